@@ -1,0 +1,83 @@
+//! Table configuration, serialisable as JSON (names follow TorchRec's
+//! `EmbeddingBagConfig`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::SparseError;
+
+/// How the rows of a bag are combined.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolingType {
+    #[default]
+    Sum,
+    /// Sum divided by the bag length; an empty bag pools to zeros.
+    Mean,
+}
+
+/// One embedding table and the features that look it up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingBagConfig {
+    pub name: String,
+    pub num_embeddings: usize,
+    pub embedding_dim: usize,
+    pub feature_names: Vec<String>,
+    #[serde(default)]
+    pub pooling: PoolingType,
+    /// Uniform initialisation range; TorchRec's default ±sqrt(1/num_embeddings) when absent.
+    #[serde(default)]
+    pub weight_init_min: Option<f32>,
+    #[serde(default)]
+    pub weight_init_max: Option<f32>,
+}
+
+impl EmbeddingBagConfig {
+    pub fn new(name: &str, num_embeddings: usize, embedding_dim: usize, features: &[&str]) -> Self {
+        Self {
+            name: name.to_string(),
+            num_embeddings,
+            embedding_dim,
+            feature_names: features.iter().map(|f| f.to_string()).collect(),
+            pooling: PoolingType::Sum,
+            weight_init_min: None,
+            weight_init_max: None,
+        }
+    }
+
+    pub fn with_pooling(mut self, pooling: PoolingType) -> Self {
+        self.pooling = pooling;
+        self
+    }
+
+    /// The uniform initialisation range.
+    pub fn init_range(&self) -> (f32, f32) {
+        let bound = (1.0 / self.num_embeddings.max(1) as f64).sqrt() as f32;
+        (
+            self.weight_init_min.unwrap_or(-bound),
+            self.weight_init_max.unwrap_or(bound),
+        )
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), SparseError> {
+        let fail = |reason: &str| {
+            Err(SparseError::InvalidConfig {
+                table: self.name.clone(),
+                reason: reason.to_string(),
+            })
+        };
+        if self.num_embeddings == 0 {
+            return fail("num_embeddings must be at least 1");
+        }
+        if self.embedding_dim == 0 {
+            return fail("embedding_dim must be at least 1");
+        }
+        if self.feature_names.is_empty() {
+            return fail("no feature looks this table up (feature_names is empty)");
+        }
+        let (lo, hi) = self.init_range();
+        if !(lo <= hi) {
+            return fail("weight_init_min is above weight_init_max");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,401 @@
+//! Jagged (ragged) inputs and pooled outputs, named as in TorchRec.
+//!
+//! A [`KeyedJaggedTensor`] holds, for `K` keys (features) and a batch of `B`
+//! samples, one bag of ids per (key, sample), key-major:
+//!
+//! ```text
+//! keys     = [f0,          f1         ]      B = 2
+//! lengths  = [2,    1,     0,    3    ]      one per (key, sample)
+//! offsets  = [0,    2,     3,    3,    6]    K*B + 1, monotonic, last = values.len()
+//! values   = [a b | c    |      | d e f]
+//! ```
+//!
+//! Invariant (checked by every constructor): offsets start at 0, never
+//! decrease and end at `values.len()`; lengths are the offset differences.
+
+use crate::SparseError;
+
+/// One jagged dimension: `offsets.len() - 1` bags over `values`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JaggedTensor {
+    values: Vec<i64>,
+    weights: Option<Vec<f32>>,
+    offsets: Vec<usize>,
+}
+
+impl JaggedTensor {
+    /// Builds from per-bag lengths.
+    pub fn from_lengths(
+        values: Vec<i64>,
+        lengths: &[i64],
+        weights: Option<Vec<f32>>,
+    ) -> Result<Self, SparseError> {
+        let offsets = offsets_from_lengths(lengths, values.len(), |i| ("", i))?;
+        check_weights(&weights, values.len())?;
+        Ok(Self {
+            values,
+            weights,
+            offsets,
+        })
+    }
+
+    /// Builds from offsets (`bags + 1` entries, starting at 0).
+    pub fn from_offsets(
+        values: Vec<i64>,
+        offsets: &[i64],
+        weights: Option<Vec<f32>>,
+    ) -> Result<Self, SparseError> {
+        let offsets = validate_offsets(offsets, values.len())?;
+        check_weights(&weights, values.len())?;
+        Ok(Self {
+            values,
+            weights,
+            offsets,
+        })
+    }
+
+    pub fn values(&self) -> &[i64] {
+        &self.values
+    }
+    pub fn weights(&self) -> Option<&[f32]> {
+        self.weights.as_deref()
+    }
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+    pub fn num_bags(&self) -> usize {
+        self.offsets.len() - 1
+    }
+    /// The ids of bag `i`.
+    pub fn bag(&self, i: usize) -> &[i64] {
+        &self.values[self.offsets[i]..self.offsets[i + 1]]
+    }
+    pub fn lengths(&self) -> Vec<usize> {
+        self.offsets.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+}
+
+/// Sparse features of a batch: `K` keys x `B` samples of bags, key-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyedJaggedTensor {
+    keys: Vec<String>,
+    values: Vec<i64>,
+    weights: Option<Vec<f32>>,
+    offsets: Vec<usize>,
+    stride: usize,
+}
+
+impl KeyedJaggedTensor {
+    /// Builds from one length per (key, sample), key-major, as TorchRec's
+    /// `KeyedJaggedTensor.from_lengths_sync`.
+    pub fn from_lengths(
+        keys: Vec<String>,
+        values: Vec<i64>,
+        lengths: &[i64],
+        weights: Option<Vec<f32>>,
+    ) -> Result<Self, SparseError> {
+        let stride = stride_of(&keys, lengths.len())?;
+        let offsets = offsets_from_lengths(lengths, values.len(), |i| {
+            (keys[i / stride.max(1)].as_str(), i % stride.max(1))
+        })?;
+        check_weights(&weights, values.len())?;
+        Ok(Self {
+            keys,
+            values,
+            weights,
+            offsets,
+            stride,
+        })
+    }
+
+    /// Builds from `K*B + 1` offsets, as TorchRec's `from_offsets_sync`.
+    pub fn from_offsets(
+        keys: Vec<String>,
+        values: Vec<i64>,
+        offsets: &[i64],
+        weights: Option<Vec<f32>>,
+    ) -> Result<Self, SparseError> {
+        if offsets.is_empty() {
+            return Err(SparseError::LengthsNotDivisible {
+                lengths: 0,
+                keys: keys.len(),
+            });
+        }
+        let stride = stride_of(&keys, offsets.len() - 1)?;
+        let offsets = validate_offsets(offsets, values.len())?;
+        check_weights(&weights, values.len())?;
+        Ok(Self {
+            keys,
+            values,
+            weights,
+            offsets,
+            stride,
+        })
+    }
+
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+    /// Batch size `B`.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+    pub fn values(&self) -> &[i64] {
+        &self.values
+    }
+    pub fn weights(&self) -> Option<&[f32]> {
+        self.weights.as_deref()
+    }
+    /// `K*B + 1` offsets into `values`, key-major.
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+    pub fn lengths(&self) -> Vec<usize> {
+        self.offsets.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+    pub fn key_index(&self, key: &str) -> Option<usize> {
+        self.keys.iter().position(|k| k == key)
+    }
+    /// The range of `values` that holds key `k`'s bags.
+    pub fn key_range(&self, k: usize) -> std::ops::Range<usize> {
+        self.offsets[k * self.stride]..self.offsets[(k + 1) * self.stride]
+    }
+    /// Key `k`'s bags as a [`JaggedTensor`] (copies).
+    pub fn get(&self, key: &str) -> Option<JaggedTensor> {
+        let k = self.key_index(key)?;
+        let base = self.offsets[k * self.stride];
+        let range = self.key_range(k);
+        Some(JaggedTensor {
+            values: self.values[range.clone()].to_vec(),
+            weights: self.weights.as_ref().map(|w| w[range].to_vec()),
+            offsets: self.offsets[k * self.stride..=(k + 1) * self.stride]
+                .iter()
+                .map(|o| o - base)
+                .collect(),
+        })
+    }
+}
+
+fn stride_of(keys: &[String], bags: usize) -> Result<usize, SparseError> {
+    for (i, k) in keys.iter().enumerate() {
+        if keys[..i].contains(k) {
+            return Err(SparseError::DuplicateKey(k.clone()));
+        }
+    }
+    if keys.is_empty() {
+        return if bags == 0 {
+            Ok(0)
+        } else {
+            Err(SparseError::LengthsNotDivisible {
+                lengths: bags,
+                keys: 0,
+            })
+        };
+    }
+    if bags % keys.len() != 0 {
+        return Err(SparseError::LengthsNotDivisible {
+            lengths: bags,
+            keys: keys.len(),
+        });
+    }
+    Ok(bags / keys.len())
+}
+
+fn offsets_from_lengths<'k>(
+    lengths: &[i64],
+    num_values: usize,
+    locate: impl Fn(usize) -> (&'k str, usize),
+) -> Result<Vec<usize>, SparseError> {
+    let mut offsets = Vec::with_capacity(lengths.len() + 1);
+    offsets.push(0usize);
+    let mut sum: i64 = 0;
+    for (i, &length) in lengths.iter().enumerate() {
+        if length < 0 {
+            let (key, sample) = locate(i);
+            return Err(SparseError::NegativeLength {
+                key: key.to_string(),
+                sample,
+                index: i,
+                length,
+            });
+        }
+        sum = sum.saturating_add(length);
+        offsets.push(sum as usize);
+    }
+    if sum as u64 != num_values as u64 {
+        return Err(SparseError::LengthSumMismatch {
+            sum,
+            values: num_values,
+        });
+    }
+    Ok(offsets)
+}
+
+fn validate_offsets(offsets: &[i64], num_values: usize) -> Result<Vec<usize>, SparseError> {
+    match offsets.first() {
+        None => {
+            return Err(SparseError::LengthSumMismatch {
+                sum: 0,
+                values: num_values,
+            })
+        }
+        Some(&first) if first != 0 => return Err(SparseError::OffsetsNotStartingAtZero(first)),
+        _ => {}
+    }
+    for i in 1..offsets.len() {
+        if offsets[i] < offsets[i - 1] {
+            return Err(SparseError::NonMonotonicOffsets {
+                index: i,
+                value: offsets[i],
+                previous: offsets[i - 1],
+            });
+        }
+    }
+    let last = offsets[offsets.len() - 1];
+    if last as u64 != num_values as u64 {
+        return Err(SparseError::LengthSumMismatch {
+            sum: last,
+            values: num_values,
+        });
+    }
+    Ok(offsets.iter().map(|&o| o as usize).collect())
+}
+
+fn check_weights(weights: &Option<Vec<f32>>, values: usize) -> Result<(), SparseError> {
+    match weights {
+        Some(w) if w.len() != values => Err(SparseError::WeightsMismatch {
+            weights: w.len(),
+            values,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Pooled embeddings of a batch: one row per sample, the features' pooled
+/// vectors side by side (TorchRec's `KeyedTensor` with `key_dim = 1`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyedTensor {
+    keys: Vec<String>,
+    length_per_key: Vec<usize>,
+    offset_per_key: Vec<usize>,
+    batch: usize,
+    values: Vec<f32>,
+}
+
+impl KeyedTensor {
+    /// A zeroed tensor for `batch` samples.
+    pub fn zeros(keys: Vec<String>, length_per_key: Vec<usize>, batch: usize) -> Self {
+        let mut offset_per_key = vec![0];
+        for l in &length_per_key {
+            offset_per_key.push(offset_per_key.last().unwrap() + l);
+        }
+        let width = *offset_per_key.last().unwrap();
+        Self {
+            keys,
+            length_per_key,
+            offset_per_key,
+            batch,
+            values: vec![0.0; batch * width],
+        }
+    }
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+    pub fn length_per_key(&self) -> &[usize] {
+        &self.length_per_key
+    }
+    pub fn offset_per_key(&self) -> &[usize] {
+        &self.offset_per_key
+    }
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    /// Total width of a row: the sum of the keys' dims.
+    pub fn width(&self) -> usize {
+        *self.offset_per_key.last().unwrap()
+    }
+    /// Row-major `[batch, width]` values.
+    pub fn values(&self) -> &[f32] {
+        &self.values
+    }
+    pub fn values_mut(&mut self) -> &mut [f32] {
+        &mut self.values
+    }
+    /// Sample `b`'s pooled vector for key index `k`.
+    pub fn get(&self, b: usize, k: usize) -> &[f32] {
+        let row = b * self.width();
+        &self.values[row + self.offset_per_key[k]..row + self.offset_per_key[k + 1]]
+    }
+    pub(crate) fn set_batch(&mut self, batch: usize) {
+        self.batch = batch;
+        self.values.resize(batch * self.width(), 0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("f{i}")).collect()
+    }
+
+    #[test]
+    fn kjt_from_lengths_matches_diagram() {
+        let kjt =
+            KeyedJaggedTensor::from_lengths(keys(2), vec![1, 2, 3, 4, 5, 6], &[2, 1, 0, 3], None)
+                .unwrap();
+        assert_eq!(kjt.stride(), 2);
+        assert_eq!(kjt.offsets(), &[0, 2, 3, 3, 6]);
+        assert_eq!(kjt.key_range(1), 3..6);
+        let f1 = kjt.get("f1").unwrap();
+        assert_eq!(f1.bag(0), &[] as &[i64]);
+        assert_eq!(f1.bag(1), &[4, 5, 6]);
+    }
+
+    #[test]
+    fn bad_inputs_name_the_fault() {
+        let e = KeyedJaggedTensor::from_lengths(keys(2), vec![1, 2], &[1, -1, 1, 1], None);
+        assert_eq!(
+            e.unwrap_err(),
+            SparseError::NegativeLength {
+                key: "f0".into(),
+                sample: 1,
+                index: 1,
+                length: -1
+            }
+        );
+        let e = KeyedJaggedTensor::from_lengths(keys(2), vec![1, 2], &[1, 1, 1, 1], None);
+        assert_eq!(
+            e.unwrap_err(),
+            SparseError::LengthSumMismatch { sum: 4, values: 2 }
+        );
+        let e = KeyedJaggedTensor::from_offsets(keys(2), vec![1, 2], &[0, 2, 1, 2, 2], None);
+        assert_eq!(
+            e.unwrap_err(),
+            SparseError::NonMonotonicOffsets {
+                index: 2,
+                value: 1,
+                previous: 2
+            }
+        );
+        let e = KeyedJaggedTensor::from_lengths(keys(2), vec![1], &[1, 0, 0], None);
+        assert!(matches!(
+            e.unwrap_err(),
+            SparseError::LengthsNotDivisible { .. }
+        ));
+        let e = KeyedJaggedTensor::from_lengths(keys(1), vec![1], &[1], Some(vec![]));
+        assert_eq!(
+            e.unwrap_err(),
+            SparseError::WeightsMismatch {
+                weights: 0,
+                values: 1
+            }
+        );
+        let e =
+            KeyedJaggedTensor::from_lengths(vec!["a".into(), "a".into()], vec![], &[0, 0], None);
+        assert_eq!(e.unwrap_err(), SparseError::DuplicateKey("a".into()));
+        let e = JaggedTensor::from_offsets(vec![1], &[1, 1], None);
+        assert_eq!(e.unwrap_err(), SparseError::OffsetsNotStartingAtZero(1));
+    }
+}

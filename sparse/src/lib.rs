@@ -1,0 +1,22 @@
+//! ember-sparse: the "SparseCore" side of Ember.
+//!
+//! Jagged inputs ([`KeyedJaggedTensor`]), embedding tables
+//! ([`EmbeddingBagCollection`]) with pooled gather lookups, and backward
+//! scatters with the optimizer ([`TableOptimizer`]) fused in. Memory-bound
+//! work: rows are contiguous, large tables sit on huge pages, and lookups
+//! prefetch rows ahead of use. Parallelism comes from the caller's rayon pool.
+
+mod collection;
+mod config;
+mod error;
+mod jagged;
+mod optimizer;
+pub mod rng;
+pub mod roofline;
+pub mod storage;
+
+pub use collection::{EmbeddingBagCollection, EmbeddingTable};
+pub use config::{EmbeddingBagConfig, PoolingType};
+pub use error::SparseError;
+pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};
+pub use optimizer::{OptimizerState, TableOptimizer};

@@ -1,0 +1,171 @@
+//! Table optimizers, applied row by row inside the backward scatter so that
+//! no dense gradient of a table ever exists (FBGEMM's "fused" TBE optimizers).
+
+use serde::{Deserialize, Serialize};
+
+use crate::storage::AlignedBuffer;
+
+/// The optimizer fused into a collection's backward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TableOptimizer {
+    /// No update: the collection is used for inference or forward benchmarks.
+    None,
+    /// w -= lr * g
+    Sgd { lr: f32 },
+    /// Per element: s += g²; w -= lr * g / (sqrt(s) + eps)
+    Adagrad { lr: f32, eps: f32 },
+    /// FBGEMM's row-wise Adagrad, one state float per row:
+    /// s += mean(g²); w -= lr * g / (sqrt(s) + eps)
+    RowWiseAdagrad { lr: f32, eps: f32 },
+    /// Adam with bias correction by the collection's step count. Only rows
+    /// seen in a batch are updated (their moments are not decayed otherwise),
+    /// as in FBGEMM's sparse Adam.
+    Adam {
+        lr: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+    },
+}
+
+impl TableOptimizer {
+    /// The default hyper-parameters of FBGEMM for each kind, at `lr`.
+    pub fn sgd(lr: f32) -> Self {
+        Self::Sgd { lr }
+    }
+    pub fn adagrad(lr: f32) -> Self {
+        Self::Adagrad { lr, eps: 1e-8 }
+    }
+    pub fn rowwise_adagrad(lr: f32) -> Self {
+        Self::RowWiseAdagrad { lr, eps: 1e-8 }
+    }
+    pub fn adam(lr: f32) -> Self {
+        Self::Adam {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        }
+    }
+
+    /// State floats kept per row of a table with `dim` columns.
+    pub fn state_floats_per_row(&self, dim: usize) -> usize {
+        match self {
+            Self::None | Self::Sgd { .. } => 0,
+            Self::Adagrad { .. } => dim,
+            Self::RowWiseAdagrad { .. } => 1,
+            Self::Adam { .. } => 2 * dim,
+        }
+    }
+}
+
+/// Optimizer state of one table, laid out row-major so a row's state sits in
+/// one place: `[rows, state_floats_per_row]` (for Adam, `[m | v]` per row).
+#[derive(Clone, Debug)]
+pub struct OptimizerState {
+    per_row: usize,
+    buffer: Option<AlignedBuffer>,
+}
+
+impl OptimizerState {
+    pub(crate) fn new(opt: &TableOptimizer, rows: usize, dim: usize) -> Option<Self> {
+        let per_row = opt.state_floats_per_row(dim);
+        let buffer = if per_row == 0 {
+            None
+        } else {
+            Some(AlignedBuffer::new(rows * per_row, |_| {})?)
+        };
+        Some(Self { per_row, buffer })
+    }
+
+    /// The state floats of every row, row-major.
+    pub fn as_slice(&self) -> &[f32] {
+        self.buffer.as_ref().map_or(&[], |b| b.as_slice())
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        self.buffer.as_mut().map_or(&mut [], |b| b.as_mut_slice())
+    }
+
+    pub fn floats_per_row(&self) -> usize {
+        self.per_row
+    }
+
+    pub(crate) fn base_ptr(&mut self) -> *mut f32 {
+        self.buffer
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |b| b.as_mut_slice().as_mut_ptr())
+    }
+}
+
+/// Bias-correction factors of Adam at step `t` (1-based), computed once per step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StepFactors {
+    pub correction1: f32,
+    pub correction2: f32,
+}
+
+impl StepFactors {
+    pub fn at(opt: &TableOptimizer, step: u64) -> Self {
+        match opt {
+            TableOptimizer::Adam { beta1, beta2, .. } => Self {
+                correction1: 1.0 - beta1.powf(step as f32),
+                correction2: 1.0 - beta2.powf(step as f32),
+            },
+            _ => Self {
+                correction1: 1.0,
+                correction2: 1.0,
+            },
+        }
+    }
+}
+
+/// Applies one optimizer step to one row, given the row's summed gradient.
+/// `state` is that row's state (`state_floats_per_row` floats).
+#[inline]
+pub(crate) fn update_row(
+    opt: &TableOptimizer,
+    factors: StepFactors,
+    row: &mut [f32],
+    grad: &[f32],
+    state: &mut [f32],
+) {
+    match *opt {
+        TableOptimizer::None => {}
+        TableOptimizer::Sgd { lr } => {
+            for (w, g) in row.iter_mut().zip(grad) {
+                *w -= lr * g;
+            }
+        }
+        TableOptimizer::Adagrad { lr, eps } => {
+            for ((w, g), s) in row.iter_mut().zip(grad).zip(state.iter_mut()) {
+                *s += g * g;
+                *w -= lr * g / (s.sqrt() + eps);
+            }
+        }
+        TableOptimizer::RowWiseAdagrad { lr, eps } => {
+            let mean_sq = grad.iter().map(|g| g * g).sum::<f32>() / grad.len() as f32;
+            state[0] += mean_sq;
+            let step = lr / (state[0].sqrt() + eps);
+            for (w, g) in row.iter_mut().zip(grad) {
+                *w -= step * g;
+            }
+        }
+        TableOptimizer::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+        } => {
+            let (m, v) = state.split_at_mut(row.len());
+            for (((w, g), m), v) in row.iter_mut().zip(grad).zip(m).zip(v) {
+                *m = beta1 * *m + (1.0 - beta1) * g;
+                *v = beta2 * *v + (1.0 - beta2) * g * g;
+                let m_hat = *m / factors.correction1;
+                let v_hat = *v / factors.correction2;
+                *w -= lr * m_hat / (v_hat.sqrt() + eps);
+            }
+        }
+    }
+}

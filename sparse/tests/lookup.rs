@@ -1,0 +1,427 @@
+//! Lookups and fused updates against plain f64 references.
+
+use ember_sparse::{
+    EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType, SparseError,
+    TableOptimizer,
+};
+use proptest::prelude::*;
+
+/// A small random problem: tables (some shared by two features) and a batch.
+#[derive(Debug, Clone)]
+struct Case {
+    configs: Vec<EmbeddingBagConfig>,
+    kjt: KeyedJaggedTensor,
+    grad: Vec<f32>,
+}
+
+fn case_strategy() -> impl Strategy<Value = Case> {
+    let table = (1usize..12, 1usize..7, 1usize..3, prop::bool::ANY);
+    (
+        prop::collection::vec(table, 1..4),
+        0usize..7,
+        any::<u64>(),
+        prop::bool::ANY,
+    )
+        .prop_map(|(tables, batch, seed, weighted)| {
+            let mut rng = ember_sparse::rng::Rng::new(seed);
+            let mut configs = Vec::new();
+            let mut keys = Vec::new();
+            let mut rows_of_key = Vec::new();
+            for (t, (rows, dim, features, mean)) in tables.into_iter().enumerate() {
+                let names: Vec<String> = (0..features).map(|f| format!("t{t}_f{f}")).collect();
+                let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+                let pooling = if mean {
+                    PoolingType::Mean
+                } else {
+                    PoolingType::Sum
+                };
+                configs.push(
+                    EmbeddingBagConfig::new(&format!("t{t}"), rows, dim, &refs)
+                        .with_pooling(pooling),
+                );
+                for n in names {
+                    keys.push(n);
+                    rows_of_key.push(rows);
+                }
+            }
+            // Input keys in reverse order: the collection must not rely on order.
+            keys.reverse();
+            rows_of_key.reverse();
+            let mut lengths = Vec::new();
+            let mut values = Vec::new();
+            for &rows in &rows_of_key {
+                for _ in 0..batch {
+                    let len = rng.below(5) as i64;
+                    lengths.push(len);
+                    for _ in 0..len {
+                        // Few rows, so duplicates are common.
+                        values.push(rng.below(rows as u64) as i64);
+                    }
+                }
+            }
+            let weights =
+                weighted.then(|| values.iter().map(|_| rng.next_f32() * 2.0 - 0.5).collect());
+            let kjt = KeyedJaggedTensor::from_lengths(keys, values, &lengths, weights).unwrap();
+            let width: usize = configs
+                .iter()
+                .map(|c| c.embedding_dim * c.feature_names.len())
+                .sum();
+            let grad = (0..batch * width)
+                .map(|_| rng.next_f32() * 2.0 - 1.0)
+                .collect();
+            Case { configs, kjt, grad }
+        })
+}
+
+/// (table index, column) of each output feature, in output order.
+fn layout(configs: &[EmbeddingBagConfig]) -> Vec<(usize, String, usize)> {
+    let mut out = Vec::new();
+    let mut col = 0;
+    for (t, c) in configs.iter().enumerate() {
+        for f in &c.feature_names {
+            out.push((t, f.clone(), col));
+            col += c.embedding_dim;
+        }
+    }
+    out
+}
+
+/// Plain pooled lookup in f64.
+fn reference_forward(
+    ebc: &EmbeddingBagCollection,
+    configs: &[EmbeddingBagConfig],
+    kjt: &KeyedJaggedTensor,
+) -> Vec<f64> {
+    let b = kjt.stride();
+    let lay = layout(configs);
+    let width: usize = configs
+        .iter()
+        .map(|c| c.embedding_dim * c.feature_names.len())
+        .sum();
+    let mut out = vec![0.0f64; b * width];
+    for (t, feature, col) in lay {
+        let jt = kjt.get(&feature).unwrap();
+        let table = &ebc.tables()[t];
+        let dim = table.dim();
+        let start = kjt.key_range(kjt.key_index(&feature).unwrap()).start;
+        for s in 0..b {
+            let bag = jt.bag(s);
+            for (i, &id) in bag.iter().enumerate() {
+                let w = kjt
+                    .weights()
+                    .map_or(1.0, |w| w[start + jt.offsets()[s] + i] as f64);
+                for d in 0..dim {
+                    out[s * width + col + d] += w * table.row(id as usize)[d] as f64;
+                }
+            }
+            if configs[t].pooling == PoolingType::Mean && !bag.is_empty() {
+                for d in 0..dim {
+                    out[s * width + col + d] /= bag.len() as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Plain gradient of each table in f64: dense [rows, dim], plus which rows were touched.
+fn reference_table_grads(
+    configs: &[EmbeddingBagConfig],
+    kjt: &KeyedJaggedTensor,
+    grad: &[f32],
+) -> Vec<(Vec<f64>, Vec<bool>)> {
+    let b = kjt.stride();
+    let width: usize = configs
+        .iter()
+        .map(|c| c.embedding_dim * c.feature_names.len())
+        .sum();
+    let mut grads: Vec<(Vec<f64>, Vec<bool>)> = configs
+        .iter()
+        .map(|c| {
+            (
+                vec![0.0; c.num_embeddings * c.embedding_dim],
+                vec![false; c.num_embeddings],
+            )
+        })
+        .collect();
+    for (t, feature, col) in layout(configs) {
+        let dim = configs[t].embedding_dim;
+        let jt = kjt.get(&feature).unwrap();
+        let start = kjt.key_range(kjt.key_index(&feature).unwrap()).start;
+        for s in 0..b {
+            let bag = jt.bag(s);
+            let mean = if configs[t].pooling == PoolingType::Mean {
+                bag.len().max(1) as f64
+            } else {
+                1.0
+            };
+            for (i, &id) in bag.iter().enumerate() {
+                let w = kjt
+                    .weights()
+                    .map_or(1.0, |w| w[start + jt.offsets()[s] + i] as f64);
+                grads[t].1[id as usize] = true;
+                for d in 0..dim {
+                    grads[t].0[id as usize * dim + d] +=
+                        w / mean * grad[s * width + col + d] as f64;
+                }
+            }
+        }
+    }
+    grads
+}
+
+/// Reference dense update of one row in f64, touched rows only.
+fn reference_update(
+    opt: &TableOptimizer,
+    step: u64,
+    row: &mut [f64],
+    g: &[f64],
+    state: &mut [f64],
+) {
+    match *opt {
+        TableOptimizer::None => {}
+        TableOptimizer::Sgd { lr } => row.iter_mut().zip(g).for_each(|(w, g)| *w -= lr as f64 * g),
+        TableOptimizer::Adagrad { lr, eps } => {
+            for i in 0..row.len() {
+                state[i] += g[i] * g[i];
+                row[i] -= lr as f64 * g[i] / (state[i].sqrt() + eps as f64);
+            }
+        }
+        TableOptimizer::RowWiseAdagrad { lr, eps } => {
+            state[0] += g.iter().map(|g| g * g).sum::<f64>() / g.len() as f64;
+            for i in 0..row.len() {
+                row[i] -= lr as f64 * g[i] / (state[0].sqrt() + eps as f64);
+            }
+        }
+        TableOptimizer::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+        } => {
+            let (b1, b2) = (beta1 as f64, beta2 as f64);
+            let d = row.len();
+            for i in 0..d {
+                state[i] = b1 * state[i] + (1.0 - b1) * g[i];
+                state[d + i] = b2 * state[d + i] + (1.0 - b2) * g[i] * g[i];
+                let m = state[i] / (1.0 - b1.powi(step as i32));
+                let v = state[d + i] / (1.0 - b2.powi(step as i32));
+                row[i] -= lr as f64 * m / (v.sqrt() + eps as f64);
+            }
+        }
+    }
+}
+
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
+}
+
+fn optimizers() -> Vec<TableOptimizer> {
+    vec![
+        TableOptimizer::sgd(0.1),
+        TableOptimizer::adagrad(0.1),
+        TableOptimizer::rowwise_adagrad(0.1),
+        TableOptimizer::adam(0.01),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn forward_matches_reference(case in case_strategy()) {
+        let ebc = EmbeddingBagCollection::new(case.configs.clone(), TableOptimizer::None, 7).unwrap();
+        let out = ebc.forward(&case.kjt).unwrap();
+        let expected = reference_forward(&ebc, &case.configs, &case.kjt);
+        prop_assert_eq!(out.values().len(), expected.len());
+        for (a, e) in out.values().iter().zip(&expected) {
+            prop_assert!(close(*a as f64, *e, 1e-5), "{} vs {}", a, e);
+        }
+    }
+
+    #[test]
+    fn fused_updates_match_reference(case in case_strategy(), which in 0usize..4) {
+        let opt = optimizers()[which];
+        let mut ebc = EmbeddingBagCollection::new(case.configs.clone(), opt, 11).unwrap();
+        let mut expected: Vec<Vec<f64>> = ebc.tables().iter().map(|t| t.weights().iter().map(|&w| w as f64).collect()).collect();
+        let mut states: Vec<Vec<f64>> = ebc.tables().iter().map(|t| vec![0.0; t.optimizer_state().as_slice().len()]).collect();
+        // Two steps with the same batch: checks the state carries over (and Adam's step count).
+        for step in 1..=2u64 {
+            ebc.forward(&case.kjt).unwrap();
+            ebc.backward_update(&case.kjt, &case.grad).unwrap();
+            let grads = reference_table_grads(&case.configs, &case.kjt, &case.grad);
+            for (t, (g, touched)) in grads.iter().enumerate() {
+                let dim = case.configs[t].embedding_dim;
+                let per_row = opt.state_floats_per_row(dim);
+                for r in 0..case.configs[t].num_embeddings {
+                    if touched[r] {
+                        reference_update(&opt, step, &mut expected[t][r * dim..(r + 1) * dim], &g[r * dim..(r + 1) * dim], &mut states[t][r * per_row..(r + 1) * per_row]);
+                    }
+                }
+            }
+        }
+        for (t, table) in ebc.tables().iter().enumerate() {
+            for (a, e) in table.weights().iter().zip(&expected[t]) {
+                prop_assert!(close(*a as f64, *e, 1e-4), "table {} ({:?}): {} vs {}", t, opt, a, e);
+            }
+            for (a, e) in table.optimizer_state().as_slice().iter().zip(&states[t]) {
+                prop_assert!(close(*a as f64, *e, 1e-4), "state of table {}: {} vs {}", t, a, e);
+            }
+        }
+    }
+
+    #[test]
+    fn jagged_roundtrip(lengths in prop::collection::vec(0i64..5, 0..20), keys in 1usize..4) {
+        let n = lengths.len() - lengths.len() % keys;
+        let lengths = &lengths[..n];
+        let values: Vec<i64> = (0..lengths.iter().sum::<i64>()).collect();
+        let names: Vec<String> = (0..keys).map(|k| format!("k{k}")).collect();
+        let a = KeyedJaggedTensor::from_lengths(names.clone(), values.clone(), lengths, None).unwrap();
+        let offsets: Vec<i64> = a.offsets().iter().map(|&o| o as i64).collect();
+        let b = KeyedJaggedTensor::from_offsets(names, values, &offsets, None).unwrap();
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(a.lengths().iter().map(|&l| l as i64).collect::<Vec<_>>(), lengths.to_vec());
+        prop_assert_eq!(a.stride() * keys, n);
+    }
+}
+
+fn one_table(opt: TableOptimizer) -> EmbeddingBagCollection {
+    let config = EmbeddingBagConfig {
+        weight_init_min: Some(1.0),
+        weight_init_max: Some(1.0),
+        ..EmbeddingBagConfig::new("t", 3, 2, &["f"])
+    };
+    EmbeddingBagCollection::new(vec![config], opt, 0).unwrap()
+}
+
+/// Row 1 appears twice in one batch with gradients (1, 2) and (3, -1):
+/// the summed gradient is (4, 1). Expected values computed by hand.
+#[test]
+fn duplicate_ids_update_with_summed_gradient_by_hand() {
+    let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], vec![1, 1], &[1, 1], None).unwrap();
+    let grad = [1.0, 2.0, 3.0, -1.0];
+    let cases: [(TableOptimizer, [f32; 2]); 4] = [
+        // 1 - 0.5 * (4, 1)
+        (TableOptimizer::sgd(0.5), [-1.0, 0.5]),
+        // s = (16, 1); 1 - 0.5 * g / sqrt(s) = 1 - 0.5 * (1, 1)
+        (TableOptimizer::Adagrad { lr: 0.5, eps: 0.0 }, [0.5, 0.5]),
+        // s = (16 + 1) / 2 = 8.5; 1 - 0.5 * (4, 1) / sqrt(8.5)
+        (
+            TableOptimizer::RowWiseAdagrad { lr: 0.5, eps: 0.0 },
+            [1.0 - 2.0 / 8.5f32.sqrt(), 1.0 - 0.5 / 8.5f32.sqrt()],
+        ),
+        // first Adam step moves each weight by lr * sign(g)
+        (
+            TableOptimizer::Adam {
+                lr: 0.5,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 0.0,
+            },
+            [0.5, 0.5],
+        ),
+    ];
+    for (opt, expected) in cases {
+        let mut ebc = one_table(opt);
+        ebc.backward_update(&kjt, &grad).unwrap();
+        let row = ebc.tables()[0].row(1);
+        for (a, e) in row.iter().zip(expected) {
+            assert!((a - e).abs() < 1e-6, "{opt:?}: {row:?} vs {expected:?}");
+        }
+        assert_eq!(ebc.tables()[0].row(0), &[1.0, 1.0], "untouched row moved");
+    }
+}
+
+#[test]
+fn same_seed_same_tables() {
+    let configs = vec![
+        EmbeddingBagConfig::new("a", 10_000, 8, &["x"]),
+        EmbeddingBagConfig::new("b", 5, 3, &["y"]),
+    ];
+    let a = EmbeddingBagCollection::new(configs.clone(), TableOptimizer::None, 42).unwrap();
+    let b = EmbeddingBagCollection::new(configs.clone(), TableOptimizer::None, 42).unwrap();
+    let c = EmbeddingBagCollection::new(configs, TableOptimizer::None, 43).unwrap();
+    assert_eq!(a.tables()[0].weights(), b.tables()[0].weights());
+    assert_ne!(a.tables()[0].weights(), c.tables()[0].weights());
+    let bound = (1.0f32 / 10_000.0).sqrt();
+    assert!(a.tables()[0].weights().iter().all(|w| w.abs() <= bound));
+    // Results do not depend on the thread count.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let d = pool.install(|| {
+        EmbeddingBagCollection::new(
+            vec![EmbeddingBagConfig::new("a", 10_000, 8, &["x"])],
+            TableOptimizer::None,
+            42,
+        )
+        .unwrap()
+    });
+    assert_eq!(a.tables()[0].weights(), d.tables()[0].weights());
+}
+
+#[test]
+fn bad_lookups_name_the_fault() {
+    let ebc = one_table(TableOptimizer::sgd(0.1));
+    let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], vec![0, 3], &[1, 1], None).unwrap();
+    assert_eq!(
+        ebc.forward(&kjt).unwrap_err(),
+        SparseError::IdOutOfRange {
+            table: "t".into(),
+            feature: "f".into(),
+            sample: 1,
+            id: 3,
+            rows: 3
+        }
+    );
+    let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], vec![-1], &[1], None).unwrap();
+    assert!(matches!(
+        ebc.forward(&kjt).unwrap_err(),
+        SparseError::IdOutOfRange { id: -1, .. }
+    ));
+    let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into(), "g".into()], vec![], &[0, 0], None)
+        .unwrap();
+    assert_eq!(
+        ebc.forward(&kjt).unwrap_err(),
+        SparseError::UnknownFeature("g".into())
+    );
+    let kjt = KeyedJaggedTensor::from_lengths(vec![], vec![], &[], None).unwrap();
+    assert_eq!(
+        ebc.forward(&kjt).unwrap_err(),
+        SparseError::MissingFeature("f".into())
+    );
+    let mut ebc = ebc;
+    let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], vec![0], &[1], None).unwrap();
+    assert!(matches!(
+        ebc.backward_update(&kjt, &[0.0; 3]).unwrap_err(),
+        SparseError::GradShape { .. }
+    ));
+    let bad = EmbeddingBagConfig::new("z", 0, 4, &["q"]);
+    assert!(matches!(
+        EmbeddingBagCollection::new(vec![bad], TableOptimizer::None, 0).unwrap_err(),
+        SparseError::InvalidConfig { .. }
+    ));
+    let twice = vec![
+        EmbeddingBagConfig::new("a", 2, 2, &["q"]),
+        EmbeddingBagConfig::new("b", 2, 2, &["q"]),
+    ];
+    assert!(matches!(
+        EmbeddingBagCollection::new(twice, TableOptimizer::None, 0).unwrap_err(),
+        SparseError::FeatureServedTwice { .. }
+    ));
+}
+
+#[test]
+fn config_is_json() {
+    let c = EmbeddingBagConfig::new("t_cat_0", 100, 16, &["cat_0"]).with_pooling(PoolingType::Mean);
+    let json = serde_json::to_string(&c).unwrap();
+    assert!(json.contains("\"pooling\":\"mean\""));
+    let back: EmbeddingBagConfig = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, c);
+    let minimal: EmbeddingBagConfig = serde_json::from_str(
+        r#"{"name":"t","num_embeddings":5,"embedding_dim":4,"feature_names":["f"]}"#,
+    )
+    .unwrap();
+    assert_eq!(minimal.pooling, PoolingType::Sum);
+}

@@ -1,0 +1,36 @@
+//! Binary cross-entropy on logits, the DLRM training loss.
+
+use crate::backend::DenseBackend;
+use crate::real::Real;
+use crate::tensor::Tensor;
+
+/// Mean BCE-with-logits plus its gradient, kept in a reused `[n, 1]`-shaped buffer that feeds
+/// straight into the over arch's backward.
+#[derive(Clone, Debug, Default)]
+pub struct BceWithLogits<T> {
+    grad: Tensor<T>,
+}
+
+impl<T: Real> BceWithLogits<T> {
+    pub fn new() -> Self {
+        BceWithLogits {
+            grad: Tensor::default(),
+        }
+    }
+
+    /// Returns the mean loss and stores `dL/dlogits` (shaped like `logits`).
+    pub fn forward_backward(
+        &mut self,
+        be: &dyn DenseBackend<T>,
+        logits: &Tensor<T>,
+        labels: &[T],
+    ) -> T {
+        self.grad.resize(logits.rows(), logits.cols());
+        be.bce_with_logits(logits.data(), labels, self.grad.data_mut())
+    }
+
+    /// The gradient from the last [`BceWithLogits::forward_backward`].
+    pub fn grad(&self) -> &Tensor<T> {
+        &self.grad
+    }
+}

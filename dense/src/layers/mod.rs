@@ -1,0 +1,8 @@
+//! Layers: parameters plus the buffers their forward and backward reuse from step to step.
+//! The math itself is delegated to a [`crate::DenseBackend`].
+
+pub mod crossnet;
+pub mod interaction;
+pub mod linear;
+pub mod loss;
+pub mod mlp;

@@ -1,0 +1,34 @@
+//! Dense tensors, layers with forward and backward passes, and the backends that run them.
+//!
+//! - [`Tensor`]: a row-major 2-D buffer, reused across steps.
+//! - [`DenseBackend`]: every dense computation, coarse enough for a compiler backend;
+//!   [`NativeBackend`] implements it with `gemm` and rayon.
+//! - Layers ([`Linear`], [`Mlp`], [`DotInteraction`], [`LowRankCrossNet`], [`BceWithLogits`])
+//!   own their parameters, gradients and activation buffers; the math goes through a backend.
+//! - [`DenseOptimizer`] updates parameters exposed through [`HasParams`].
+//! - [`conformance`]: the test suite every backend must pass.
+
+pub mod backend;
+pub mod conformance;
+pub mod error;
+pub mod init;
+pub mod layers;
+pub mod native;
+pub mod optim;
+pub mod param;
+pub mod real;
+pub mod tensor;
+
+pub use backend::{Activation, DenseBackend};
+pub use error::DenseError;
+pub use init::Initializer;
+pub use layers::crossnet::LowRankCrossNet;
+pub use layers::interaction::DotInteraction;
+pub use layers::linear::Linear;
+pub use layers::loss::BceWithLogits;
+pub use layers::mlp::Mlp;
+pub use native::NativeBackend;
+pub use optim::{DenseOptimizer, DenseOptimizerConfig};
+pub use param::{HasParams, Param};
+pub use real::Real;
+pub use tensor::Tensor;

@@ -1,0 +1,226 @@
+//! Optimizers for the dense parameters (the embedding tables have their own, fused into the
+//! sparse backward).
+
+use rayon::prelude::*;
+
+use crate::error::DenseError;
+use crate::param::Param;
+use crate::real::Real;
+
+/// Elements per rayon task of an update; tensors smaller than this update on one thread.
+const CHUNK: usize = 1 << 14;
+
+/// Which update rule, with torch's semantics (no weight decay, no momentum).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum DenseOptimizerConfig {
+    /// `p -= lr * g`.
+    Sgd { lr: f32 },
+    /// torch `Adagrad` with `initial_accumulator_value = 0`, `lr_decay = 0`:
+    /// `s += g²; p -= lr * g / (sqrt(s) + eps)`.
+    Adagrad { lr: f32, eps: f32 },
+    /// torch `Adam` with bias correction:
+    /// `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²;
+    ///  p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`.
+    Adam {
+        lr: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+    },
+}
+
+impl DenseOptimizerConfig {
+    pub fn sgd(lr: f32) -> Self {
+        DenseOptimizerConfig::Sgd { lr }
+    }
+
+    /// torch's default `eps = 1e-10`.
+    pub fn adagrad(lr: f32) -> Self {
+        DenseOptimizerConfig::Adagrad { lr, eps: 1e-10 }
+    }
+
+    /// torch's defaults `betas = (0.9, 0.999)`, `eps = 1e-8`.
+    pub fn adam(lr: f32) -> Self {
+        DenseOptimizerConfig::Adam {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        }
+    }
+}
+
+/// State of one parameter: Adagrad keeps its sum of squares in `v`; Adam uses both moments.
+#[derive(Clone, Debug)]
+struct Slot<T> {
+    name: String,
+    len: usize,
+    m: Vec<T>,
+    v: Vec<T>,
+}
+
+/// Applies a [`DenseOptimizerConfig`] to a list of [`Param`]s.
+///
+/// State is created on the first step and is keyed by the position of each parameter in the
+/// list (names may repeat across modules, e.g. two MLPs); every later step must pass the same
+/// parameters in the same order, which is checked by name and length.
+#[derive(Clone, Debug)]
+pub struct DenseOptimizer<T> {
+    config: DenseOptimizerConfig,
+    steps: u64,
+    slots: Vec<Slot<T>>,
+}
+
+impl<T: Real> DenseOptimizer<T> {
+    pub fn new(config: DenseOptimizerConfig) -> Self {
+        DenseOptimizer {
+            config,
+            steps: 0,
+            slots: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> DenseOptimizerConfig {
+        self.config
+    }
+
+    /// Steps taken so far (Adam's `t`).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Updates every parameter from its gradient.
+    ///
+    /// # Panics
+    /// When the parameters differ from those of the first step (a programming error).
+    pub fn step(&mut self, mut params: Vec<Param<'_, T>>) {
+        self.ensure_state(&params);
+        self.steps += 1;
+        let t = self.steps as i32;
+        for (p, slot) in params.iter_mut().zip(&mut self.slots) {
+            match self.config {
+                DenseOptimizerConfig::Sgd { lr } => sgd(p, T::from_f64(lr as f64)),
+                DenseOptimizerConfig::Adagrad { lr, eps } => adagrad(
+                    p,
+                    &mut slot.v,
+                    T::from_f64(lr as f64),
+                    T::from_f64(eps as f64),
+                ),
+                DenseOptimizerConfig::Adam {
+                    lr,
+                    beta1,
+                    beta2,
+                    eps,
+                } => {
+                    let (b1, b2) = (beta1 as f64, beta2 as f64);
+                    let step_size = lr as f64 / (1.0 - b1.powi(t));
+                    let inv_bc2_sqrt = 1.0 / (1.0 - b2.powi(t)).sqrt();
+                    let k = AdamScalars {
+                        b1: T::from_f64(b1),
+                        b2: T::from_f64(b2),
+                        step_size: T::from_f64(step_size),
+                        inv_bc2_sqrt: T::from_f64(inv_bc2_sqrt),
+                        eps: T::from_f64(eps as f64),
+                    };
+                    adam(p, &mut slot.m, &mut slot.v, &k)
+                }
+            }
+        }
+    }
+
+    /// Creates the state on the first step; afterwards checks that the same parameters came.
+    fn ensure_state(&mut self, params: &[Param<'_, T>]) {
+        if self.steps == 0 && self.slots.is_empty() {
+            let (moments, sums) = match self.config {
+                DenseOptimizerConfig::Sgd { .. } => (false, false),
+                DenseOptimizerConfig::Adagrad { .. } => (false, true),
+                DenseOptimizerConfig::Adam { .. } => (true, true),
+            };
+            let zeros = |on: bool, n: usize| if on { vec![T::ZERO; n] } else { Vec::new() };
+            self.slots = params
+                .iter()
+                .map(|p| Slot {
+                    name: p.name.clone(),
+                    len: p.value.len(),
+                    m: zeros(moments, p.value.len()),
+                    v: zeros(sums, p.value.len()),
+                })
+                .collect();
+        }
+        for index in 0..params.len().max(self.slots.len()) {
+            let (p, s) = (params.get(index), self.slots.get(index));
+            let ok = matches!((p, s), (Some(p), Some(s))
+                if p.name == s.name && p.value.len() == s.len && p.grad.len() == s.len);
+            if !ok {
+                panic!(
+                    "{}",
+                    DenseError::ParamMismatch {
+                        index,
+                        got: p.map_or("<none>".into(), |p| format!(
+                            "{} (grad of {})",
+                            p.name,
+                            p.grad.len()
+                        )),
+                        got_len: p.map_or(0, |p| p.value.len()),
+                        expected: s.map_or("<none>".into(), |s| s.name.clone()),
+                        expected_len: s.map_or(0, |s| s.len),
+                    }
+                );
+            }
+        }
+    }
+}
+
+fn sgd<T: Real>(p: &mut Param<'_, T>, lr: T) {
+    let f = |(w, &g): (&mut T, &T)| *w -= lr * g;
+    if p.value.len() >= 2 * CHUNK {
+        p.value
+            .par_chunks_mut(CHUNK)
+            .zip(p.grad.par_chunks(CHUNK))
+            .for_each(|(w, g)| w.iter_mut().zip(g).for_each(f));
+    } else {
+        p.value.iter_mut().zip(p.grad).for_each(f);
+    }
+}
+
+fn adagrad<T: Real>(p: &mut Param<'_, T>, sum: &mut [T], lr: T, eps: T) {
+    let f = |((w, &g), s): ((&mut T, &T), &mut T)| {
+        *s += g * g;
+        *w -= lr * g / (s.sqrt() + eps);
+    };
+    if p.value.len() >= 2 * CHUNK {
+        p.value
+            .par_chunks_mut(CHUNK)
+            .zip(p.grad.par_chunks(CHUNK))
+            .zip(sum.par_chunks_mut(CHUNK))
+            .for_each(|((w, g), s)| w.iter_mut().zip(g).zip(s).for_each(f));
+    } else {
+        p.value.iter_mut().zip(p.grad).zip(sum).for_each(f);
+    }
+}
+
+struct AdamScalars<T> {
+    b1: T,
+    b2: T,
+    step_size: T,
+    inv_bc2_sqrt: T,
+    eps: T,
+}
+
+fn adam<T: Real>(p: &mut Param<'_, T>, m: &mut [T], v: &mut [T], k: &AdamScalars<T>) {
+    let f = |(((w, &g), m), v): (((&mut T, &T), &mut T), &mut T)| {
+        *m = k.b1 * *m + (T::ONE - k.b1) * g;
+        *v = k.b2 * *v + (T::ONE - k.b2) * g * g;
+        *w -= k.step_size * *m / (v.sqrt() * k.inv_bc2_sqrt + k.eps);
+    };
+    if p.value.len() >= 2 * CHUNK {
+        p.value
+            .par_chunks_mut(CHUNK)
+            .zip(p.grad.par_chunks(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .for_each(|(((w, g), m), v)| w.iter_mut().zip(g).zip(m).zip(v).for_each(f));
+    } else {
+        p.value.iter_mut().zip(p.grad).zip(m).zip(v).for_each(f);
+    }
+}

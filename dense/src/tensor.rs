@@ -1,0 +1,169 @@
+//! A row-major 2-D tensor that owns its buffer.
+
+use crate::error::DenseError;
+use crate::real::Real;
+
+/// A dense row-major matrix `[rows, cols]`.
+///
+/// Layers keep their activations and gradients in `Tensor`s and [`Tensor::resize`] them each
+/// step, so after the first step of a given batch size no buffer is reallocated.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Tensor<T> {
+    rows: usize,
+    cols: usize,
+    data: Vec<T>,
+}
+
+impl<T: Real> Tensor<T> {
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        Tensor {
+            rows,
+            cols,
+            data: vec![T::ZERO; rows * cols],
+        }
+    }
+
+    /// Wraps `data` (row-major); fails when its length is not `rows * cols`.
+    pub fn from_vec(rows: usize, cols: usize, data: Vec<T>) -> Result<Self, DenseError> {
+        if data.len() != rows * cols {
+            return Err(DenseError::DataLength {
+                op: "Tensor::from_vec",
+                rows,
+                cols,
+                len: data.len(),
+            });
+        }
+        Ok(Tensor { rows, cols, data })
+    }
+
+    /// A tensor whose entries are `f(row, col)`.
+    pub fn from_fn(rows: usize, cols: usize, mut f: impl FnMut(usize, usize) -> T) -> Self {
+        let mut data = Vec::with_capacity(rows * cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                data.push(f(r, c));
+            }
+        }
+        Tensor { rows, cols, data }
+    }
+
+    #[inline]
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    #[inline]
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// `(rows, cols)`.
+    #[inline]
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Number of elements.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    #[inline]
+    pub fn data(&self) -> &[T] {
+        &self.data
+    }
+
+    #[inline]
+    pub fn data_mut(&mut self) -> &mut [T] {
+        &mut self.data
+    }
+
+    /// Gives the buffer back (row-major).
+    pub fn into_vec(self) -> Vec<T> {
+        self.data
+    }
+
+    #[inline]
+    pub fn row(&self, i: usize) -> &[T] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    #[inline]
+    pub fn row_mut(&mut self, i: usize) -> &mut [T] {
+        &mut self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// Reshapes to `[rows, cols]`, reusing the allocation when it is large enough. The contents
+    /// are unspecified afterwards (but initialized): callers overwrite them.
+    pub fn resize(&mut self, rows: usize, cols: usize) {
+        self.rows = rows;
+        self.cols = cols;
+        self.data.resize(rows * cols, T::ZERO);
+    }
+
+    /// Sets every element to `v`.
+    pub fn fill(&mut self, v: T) {
+        self.data.fill(v);
+    }
+
+    /// Becomes a copy of `src` (shape and values), reusing the allocation.
+    pub fn copy_from(&mut self, src: &Tensor<T>) {
+        self.resize(src.rows, src.cols);
+        self.data.copy_from_slice(&src.data);
+    }
+
+    /// Converts every element (through `f64`).
+    pub fn cast<U: Real>(&self) -> Tensor<U> {
+        Tensor {
+            rows: self.rows,
+            cols: self.cols,
+            data: self.data.iter().map(|v| U::from_f64(v.to_f64())).collect(),
+        }
+    }
+
+    /// `[rows, cols]` as text, for error messages.
+    pub(crate) fn dims(&self) -> String {
+        format!("[{}, {}]", self.rows, self.cols)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_vec_checks_length() {
+        assert!(Tensor::<f32>::from_vec(2, 3, vec![0.0; 6]).is_ok());
+        let err = Tensor::<f32>::from_vec(2, 3, vec![0.0; 5]).unwrap_err();
+        assert!(err.to_string().contains("[2, 3]"), "{err}");
+    }
+
+    #[test]
+    fn rows_and_resize() {
+        let mut t = Tensor::from_vec(2, 2, vec![1.0f64, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!(t.row(1), &[3.0, 4.0]);
+        t.row_mut(0)[1] = 9.0;
+        assert_eq!(t.data(), &[1.0, 9.0, 3.0, 4.0]);
+        let cap = t.data.capacity();
+        t.resize(1, 3);
+        assert_eq!(t.shape(), (1, 3));
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.data.capacity(), cap);
+        t.resize(3, 3);
+        assert_eq!(t.len(), 9);
+    }
+
+    #[test]
+    fn cast_round_trips() {
+        let t = Tensor::from_fn(3, 2, |r, c| (r * 2 + c) as f32 * 0.5);
+        let d: Tensor<f64> = t.cast();
+        assert_eq!(d.row(2), &[2.0, 2.5]);
+        assert_eq!(d.cast::<f32>(), t);
+    }
+}

@@ -14,6 +14,7 @@
 use rayon::prelude::*;
 
 use crate::optimizer::{update_row, OptimizerState, StepFactors};
+use crate::simd::multiversion;
 use crate::storage::{prefetch, AlignedBuffer};
 use crate::{
     EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PoolingType, SparseError, TableOptimizer,
@@ -29,6 +30,8 @@ const PREFETCH_DISTANCE: usize = 12;
 const INIT_CHUNK_ROWS: usize = 4096;
 /// Backward segments per parallel task.
 const SEGMENTS_PER_TASK: usize = 512;
+/// Distance, in distinct ids, at which the backward prefetches rows and state.
+const UPDATE_PREFETCH_DISTANCE: usize = 8;
 
 /// One table: its rows, its optimizer state and scratch for the backward pass.
 #[derive(Debug)]
@@ -84,6 +87,17 @@ impl EmbeddingTable {
     pub fn optimizer_state_mut(&mut self) -> &mut OptimizerState {
         &mut self.state
     }
+    #[inline(always)]
+    fn prefetch_row(&self, id: i64) {
+        let dim = self.dim();
+        prefetch(
+            self.weights
+                .as_ptr()
+                .wrapping_add((id as usize).wrapping_mul(dim)),
+            dim * 4,
+        );
+    }
+
     /// Bytes of weights plus optimizer state.
     pub fn bytes(&self) -> usize {
         (self.weights.len() + self.state.as_slice().len()) * std::mem::size_of::<f32>()
@@ -221,72 +235,17 @@ impl EmbeddingBagCollection {
         if width == 0 || batch == 0 {
             return Ok(());
         }
+        let job = ForwardJob {
+            tables: &self.tables,
+            slots: &self.slots,
+            keys: &keys,
+            kjt,
+            width,
+        };
         out.values_mut()
             .par_chunks_mut(SAMPLES_PER_TASK * width)
             .enumerate()
-            .try_for_each(|(task, block)| {
-                let first = task * SAMPLES_PER_TASK;
-                for (slot, &k) in self.slots.iter().zip(&keys) {
-                    self.pool_block(slot, kjt, k, first, block, width)?;
-                }
-                Ok(())
-            })
-    }
-
-    /// Pools feature `slot` (key `k` of the input) for the samples of `block`,
-    /// which starts at sample `first`.
-    fn pool_block(
-        &self,
-        slot: &FeatureSlot,
-        kjt: &KeyedJaggedTensor,
-        k: usize,
-        first: usize,
-        block: &mut [f32],
-        width: usize,
-    ) -> Result<(), SparseError> {
-        let table = &self.tables[slot.table];
-        let dim = table.dim();
-        let rows = table.num_embeddings() as u64;
-        let base = table.weights.as_ptr();
-        let row_bytes = dim * std::mem::size_of::<f32>();
-        let offsets = &kjt.offsets()[k * kjt.stride()..=(k + 1) * kjt.stride()];
-        let values = kjt.values();
-        let weights = kjt.weights();
-        let samples = block.len() / width;
-        let block_end = offsets[first + samples];
-        let mean = table.config.pooling == PoolingType::Mean;
-        for s in 0..samples {
-            let out = &mut block[s * width + slot.column..s * width + slot.column + dim];
-            out.fill(0.0);
-            let (start, end) = (offsets[first + s], offsets[first + s + 1]);
-            for p in start..end {
-                let ahead = p + PREFETCH_DISTANCE;
-                if ahead < block_end {
-                    let id = values[ahead] as usize;
-                    prefetch(base.wrapping_add(id.wrapping_mul(dim)), row_bytes);
-                }
-                let id = values[p];
-                if id < 0 || id as u64 >= rows {
-                    return Err(SparseError::IdOutOfRange {
-                        table: table.name().to_string(),
-                        feature: slot.name.clone(),
-                        sample: first + s,
-                        id,
-                        rows: rows as usize,
-                    });
-                }
-                let row = table.row(id as usize);
-                match weights {
-                    None => add_row(out, row),
-                    Some(w) => add_scaled_row(out, w[p], row),
-                }
-            }
-            if mean && end > start {
-                let inv = 1.0 / (end - start) as f32;
-                out.iter_mut().for_each(|x| *x *= inv);
-            }
-        }
-        Ok(())
+            .try_for_each(|(task, block)| pool_task(&job, task * SAMPLES_PER_TASK, block))
     }
 
     /// Backward pass of [`forward`](Self::forward) for the same input, with
@@ -409,43 +368,218 @@ impl EmbeddingTable {
         grad: &[f32],
         width: usize,
     ) {
-        let dim = self.dim();
-        let per_row = self.state.floats_per_row();
-        let weights = SharedMut(self.weights.as_mut_slice().as_mut_ptr());
-        let state = SharedMut(self.state.base_ptr());
-        let entries = &self.scratch.entries;
-        let starts = &self.scratch.segment_starts;
-        let segments = starts.len() - 1;
+        let job = UpdateJob {
+            optimizer,
+            factors,
+            entries: &self.scratch.entries,
+            starts: &self.scratch.segment_starts,
+            grad,
+            width,
+            dim: self.config.embedding_dim,
+            per_row: self.state.floats_per_row(),
+            weights: SharedMut(self.weights.as_mut_slice().as_mut_ptr()),
+            state: SharedMut(self.state.base_ptr()),
+        };
+        let segments = job.starts.len() - 1;
         (0..segments.div_ceil(SEGMENTS_PER_TASK))
             .into_par_iter()
             .for_each(|task| {
-                let mut summed = vec![0.0f32; dim];
                 let first = task * SEGMENTS_PER_TASK;
-                let last = (first + SEGMENTS_PER_TASK).min(segments);
-                for seg in first..last {
-                    let occurrences = &entries[starts[seg]..starts[seg + 1]];
-                    summed.fill(0.0);
-                    for e in occurrences {
-                        let at = e.sample as usize * width + e.column as usize;
-                        add_scaled_row(&mut summed, e.scale, &grad[at..at + dim]);
-                    }
-                    let id = occurrences[0].id as usize;
-                    // SAFETY: ids are bounds-checked in collect_entries and
-                    // each segment holds a distinct id, so every task writes
-                    // rows (and state rows) no other task touches.
-                    let (row, row_state) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(weights.at(id * dim), dim),
-                            if per_row == 0 {
-                                &mut [][..]
-                            } else {
-                                std::slice::from_raw_parts_mut(state.at(id * per_row), per_row)
-                            },
-                        )
-                    };
-                    update_row(optimizer, factors, row, &summed, row_state);
-                }
+                let mut summed = vec![0.0f32; job.dim];
+                update_task(
+                    &job,
+                    first,
+                    (first + SEGMENTS_PER_TASK).min(segments),
+                    &mut summed,
+                );
             });
+    }
+}
+
+/// What every forward task reads.
+struct ForwardJob<'a> {
+    tables: &'a [EmbeddingTable],
+    slots: &'a [FeatureSlot],
+    /// Input key index of each slot.
+    keys: &'a [usize],
+    kjt: &'a KeyedJaggedTensor,
+    width: usize,
+}
+
+multiversion!(fn pool_task(job: &ForwardJob<'_>, first: usize, block: &mut [f32]) -> Result<(), SparseError> = pool_task_body);
+
+/// Pools every feature for the samples of `block` (which starts at sample
+/// `first`), sample by sample, so each sample's output row is written
+/// front to back (sequential stores the hardware streams well). A second
+/// cursor walks the same (sample, feature, id) order `PREFETCH_DISTANCE` ids
+/// ahead and prefetches those rows, across bag and feature boundaries, so the
+/// stream of outstanding misses never drains, even with one id per bag.
+#[inline(always)]
+fn pool_task_body(
+    job: &ForwardJob<'_>,
+    first: usize,
+    block: &mut [f32],
+) -> Result<(), SparseError> {
+    let width = job.width;
+    let samples = block.len() / width;
+    let values = job.kjt.values();
+    let weights = job.kjt.weights();
+    let mut ahead = LookupCursor::new(job, first, samples);
+    for _ in 0..PREFETCH_DISTANCE {
+        if let Some((table, id)) = ahead.next() {
+            table.prefetch_row(id);
+        }
+    }
+    for s in 0..samples {
+        for (i, slot) in job.slots.iter().enumerate() {
+            let table = &job.tables[slot.table];
+            let dim = table.dim();
+            let rows = table.num_embeddings() as u64;
+            let (start, end) = job.bag(i, first + s);
+            let out = &mut block[s * width + slot.column..s * width + slot.column + dim];
+            for p in start..end {
+                if let Some((next_table, id)) = ahead.next() {
+                    next_table.prefetch_row(id);
+                }
+                let id = values[p];
+                if id < 0 || id as u64 >= rows {
+                    return Err(SparseError::IdOutOfRange {
+                        table: table.name().to_string(),
+                        feature: slot.name.clone(),
+                        sample: first + s,
+                        id,
+                        rows: rows as usize,
+                    });
+                }
+                let row = table.row(id as usize);
+                let w = weights.map_or(1.0, |w| w[p]);
+                // The first row initialises the sum: no zero-fill pass.
+                if p == start {
+                    out.iter_mut().zip(row).for_each(|(o, r)| *o = w * r);
+                } else {
+                    add_scaled_row(out, w, row);
+                }
+            }
+            if start == end {
+                out.fill(0.0);
+            } else if table.config.pooling == PoolingType::Mean {
+                let inv = 1.0 / (end - start) as f32;
+                out.iter_mut().for_each(|x| *x *= inv);
+            }
+        }
+    }
+    Ok(())
+}
+
+impl ForwardJob<'_> {
+    /// The value range of slot `i`'s bag for sample `sample`.
+    #[inline(always)]
+    fn bag(&self, i: usize, sample: usize) -> (usize, usize) {
+        let at = self.keys[i] * self.kjt.stride() + sample;
+        let offsets = self.kjt.offsets();
+        (offsets[at], offsets[at + 1])
+    }
+}
+
+/// Walks a task's ids in the order the forward kernel reads them:
+/// sample by sample, feature by feature, id by id.
+struct LookupCursor<'a> {
+    job: &'a ForwardJob<'a>,
+    first: usize,
+    samples: usize,
+    sample: usize,
+    slot: usize,
+    pos: usize,
+    end: usize,
+}
+
+impl<'a> LookupCursor<'a> {
+    fn new(job: &'a ForwardJob<'a>, first: usize, samples: usize) -> Self {
+        let (pos, end) = if samples > 0 && !job.slots.is_empty() {
+            job.bag(0, first)
+        } else {
+            (0, 0)
+        };
+        Self {
+            job,
+            first,
+            samples,
+            sample: 0,
+            slot: 0,
+            pos,
+            end,
+        }
+    }
+
+    /// The next (table, id), or `None` past the task's last id.
+    #[inline(always)]
+    fn next(&mut self) -> Option<(&'a EmbeddingTable, i64)> {
+        while self.pos == self.end {
+            self.slot += 1;
+            if self.slot == self.job.slots.len() {
+                self.slot = 0;
+                self.sample += 1;
+            }
+            if self.sample >= self.samples {
+                return None;
+            }
+            (self.pos, self.end) = self.job.bag(self.slot, self.first + self.sample);
+        }
+        let id = self.job.kjt.values()[self.pos];
+        self.pos += 1;
+        Some((&self.job.tables[self.job.slots[self.slot].table], id))
+    }
+}
+
+/// What every backward task of one table reads.
+struct UpdateJob<'a> {
+    optimizer: &'a TableOptimizer,
+    factors: StepFactors,
+    entries: &'a [Entry],
+    starts: &'a [usize],
+    grad: &'a [f32],
+    width: usize,
+    dim: usize,
+    per_row: usize,
+    weights: SharedMut,
+    state: SharedMut,
+}
+
+multiversion!(fn update_task(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut [f32]) -> () = update_task_body);
+
+/// Segments `first..last`: sum each one's gradient, update its row.
+#[inline(always)]
+fn update_task_body(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut [f32]) {
+    let (dim, per_row) = (job.dim, job.per_row);
+    for seg in first..last {
+        if let Some(&ahead) = job.starts.get(seg + UPDATE_PREFETCH_DISTANCE) {
+            if ahead < job.entries.len() {
+                let id = job.entries[ahead].id as usize;
+                prefetch(job.weights.0.wrapping_add(id * dim), dim * 4);
+                prefetch(job.state.0.wrapping_add(id * per_row), per_row * 4);
+            }
+        }
+        let occurrences = &job.entries[job.starts[seg]..job.starts[seg + 1]];
+        summed.fill(0.0);
+        for e in occurrences {
+            let at = e.sample as usize * job.width + e.column as usize;
+            add_scaled_row(summed, e.scale, &job.grad[at..at + dim]);
+        }
+        let id = occurrences[0].id as usize;
+        // SAFETY: ids are bounds-checked in collect_entries and each segment
+        // holds a distinct id, so every task writes rows (and state rows) no
+        // other task touches.
+        let (row, row_state) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(job.weights.at(id * dim), dim),
+                if per_row == 0 {
+                    &mut [][..]
+                } else {
+                    std::slice::from_raw_parts_mut(job.state.at(id * per_row), per_row)
+                },
+            )
+        };
+        update_row(job.optimizer, job.factors, row, summed, row_state);
     }
 }
 
@@ -465,14 +599,7 @@ impl SharedMut {
     }
 }
 
-#[inline]
-fn add_row(out: &mut [f32], row: &[f32]) {
-    for (o, r) in out.iter_mut().zip(row) {
-        *o += r;
-    }
-}
-
-#[inline]
+#[inline(always)]
 fn add_scaled_row(out: &mut [f32], scale: f32, row: &[f32]) {
     for (o, r) in out.iter_mut().zip(row) {
         *o += scale * r;

@@ -75,7 +75,7 @@ impl EmbeddingBagConfig {
             return fail("no feature looks this table up (feature_names is empty)");
         }
         let (lo, hi) = self.init_range();
-        if !(lo <= hi) {
+        if lo.is_nan() || hi.is_nan() || lo > hi {
             return fail("weight_init_min is above weight_init_max");
         }
         Ok(())

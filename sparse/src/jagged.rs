@@ -192,7 +192,7 @@ fn stride_of(keys: &[String], bags: usize) -> Result<usize, SparseError> {
             })
         };
     }
-    if bags % keys.len() != 0 {
+    if !bags.is_multiple_of(keys.len()) {
         return Err(SparseError::LengthsNotDivisible {
             lengths: bags,
             keys: keys.len(),

@@ -13,6 +13,7 @@ mod jagged;
 mod optimizer;
 pub mod rng;
 pub mod roofline;
+mod simd;
 pub mod storage;
 
 pub use collection::{EmbeddingBagCollection, EmbeddingTable};

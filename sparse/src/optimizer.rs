@@ -123,7 +123,7 @@ impl StepFactors {
 
 /// Applies one optimizer step to one row, given the row's summed gradient.
 /// `state` is that row's state (`state_floats_per_row` floats).
-#[inline]
+#[inline(always)]
 pub(crate) fn update_row(
     opt: &TableOptimizer,
     factors: StepFactors,

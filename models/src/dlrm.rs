@@ -1,0 +1,420 @@
+//! DLRM (dot interaction) and DLRM-DCNv2 (low-rank cross network), in
+//! TorchRec's structure: sparse_arch (embedding bags) → dense_arch (bottom
+//! MLP) → inter_arch → over_arch (top MLP ending in one logit).
+
+use std::time::{Duration, Instant};
+
+use ember_dense::{
+    Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, DotInteraction, HasParams,
+    LowRankCrossNet, Mlp, Param, Real, Tensor,
+};
+use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedTensor, TableOptimizer};
+use serde::{Deserialize, Serialize};
+
+use crate::{Batch, ModelError};
+
+/// How the bottom MLP's output and the pooled embeddings interact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum InteractionType {
+    /// Pairwise dot products (DLRM).
+    Dot,
+    /// Low-rank cross network over the concatenated features (DLRM-DCNv2).
+    Dcn { layers: usize, rank: usize },
+}
+
+/// The architecture of a DLRM, as dlrm_s_pytorch's flags describe it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DlrmConfig {
+    pub tables: Vec<EmbeddingBagConfig>,
+    /// Bottom MLP sizes including its input (the number of dense features),
+    /// e.g. `[13, 512, 256, 64, 16]`; the last equals the embedding dim.
+    pub bottom_mlp: Vec<usize>,
+    /// Top MLP sizes after its input (which follows from the interaction),
+    /// e.g. `[512, 256, 1]`; the last is 1.
+    pub top_mlp: Vec<usize>,
+    pub interaction: InteractionType,
+}
+
+impl DlrmConfig {
+    /// Criteo-style tables: feature `cat_i` looks up table `t_cat_i`.
+    pub fn criteo_tables(rows: &[usize], dim: usize) -> Vec<EmbeddingBagConfig> {
+        rows.iter()
+            .enumerate()
+            .map(|(i, &r)| {
+                EmbeddingBagConfig::new(&format!("t_cat_{i}"), r, dim, &[&format!("cat_{i}")])
+            })
+            .collect()
+    }
+
+    pub fn num_dense(&self) -> usize {
+        self.bottom_mlp[0]
+    }
+
+    pub fn embedding_dim(&self) -> usize {
+        self.tables.first().map_or(0, |t| t.embedding_dim)
+    }
+
+    /// Number of pooled embedding vectors per sample.
+    pub fn num_sparse_features(&self) -> usize {
+        self.tables.iter().map(|t| t.feature_names.len()).sum()
+    }
+
+    /// Width of the interaction's output, the top MLP's input.
+    pub fn interaction_output_dim(&self) -> usize {
+        let (f, d) = (self.num_sparse_features(), self.embedding_dim());
+        match self.interaction {
+            InteractionType::Dot => d + f * (f + 1) / 2,
+            InteractionType::Dcn { .. } => (f + 1) * d,
+        }
+    }
+
+    /// Top MLP sizes including its input.
+    pub fn top_mlp_sizes(&self) -> Vec<usize> {
+        let mut sizes = vec![self.interaction_output_dim()];
+        sizes.extend(&self.top_mlp);
+        sizes
+    }
+
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let fail = |m: String| Err(ModelError::Config(m));
+        if self.tables.is_empty() {
+            return fail("at least one embedding table is needed".into());
+        }
+        let dim = self.embedding_dim();
+        if let Some(t) = self.tables.iter().find(|t| t.embedding_dim != dim) {
+            return fail(format!(
+                "all tables need one embedding dim for the interaction: '{}' has {}, the first has {dim}",
+                t.name, t.embedding_dim
+            ));
+        }
+        if self.bottom_mlp.len() < 2 || self.bottom_mlp.contains(&0) {
+            return fail(format!(
+                "bottom MLP {:?} needs an input and at least one layer, none of size 0",
+                self.bottom_mlp
+            ));
+        }
+        if *self.bottom_mlp.last().unwrap() != dim {
+            return fail(format!(
+                "the bottom MLP ends in {} but the embedding dim is {dim}: they must match",
+                self.bottom_mlp.last().unwrap()
+            ));
+        }
+        if self.top_mlp.last() != Some(&1) || self.top_mlp.contains(&0) {
+            return fail(format!(
+                "top MLP {:?} must end in a single logit (1)",
+                self.top_mlp
+            ));
+        }
+        if let InteractionType::Dcn { layers, rank } = self.interaction {
+            if layers == 0 || rank == 0 {
+                return fail("a DCN needs at least one layer and a rank of at least 1".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+// One arch per model, so the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum InteractionArch<T: Real> {
+    Dot(DotInteraction<T>),
+    Dcn {
+        net: LowRankCrossNet<T>,
+        dim: usize,
+        combined: Tensor<T>,
+        d_dense: Tensor<T>,
+        d_sparse: Tensor<T>,
+    },
+}
+
+/// Everything of a DLRM after the embedding lookups: bottom MLP, interaction,
+/// top MLP. Generic over the float type so gradients can be checked in f64.
+pub struct DenseArch<T: Real> {
+    bottom: Mlp<T>,
+    interaction: InteractionArch<T>,
+    top: Mlp<T>,
+}
+
+impl<T: Real> DenseArch<T> {
+    pub fn new(config: &DlrmConfig, seed: u64) -> Result<Self, ModelError> {
+        config.validate()?;
+        let (f, d) = (config.num_sparse_features(), config.embedding_dim());
+        let interaction = match config.interaction {
+            InteractionType::Dot => InteractionArch::Dot(DotInteraction::new(f, d)),
+            InteractionType::Dcn { layers, rank } => InteractionArch::Dcn {
+                net: LowRankCrossNet::new((f + 1) * d, layers, rank, seed ^ 0xDC17),
+                dim: d,
+                combined: Tensor::zeros(0, 0),
+                d_dense: Tensor::zeros(0, 0),
+                d_sparse: Tensor::zeros(0, 0),
+            },
+        };
+        Ok(Self {
+            // TorchRec's DenseArch MLP applies ReLU after its last layer too.
+            bottom: Mlp::new(&config.bottom_mlp, Activation::Relu, seed ^ 0xB0770),
+            interaction,
+            top: Mlp::new(&config.top_mlp_sizes(), Activation::None, seed ^ 0x70B),
+        })
+    }
+
+    /// Logits `[batch, 1]` from dense features `[batch, num_dense]` and pooled
+    /// embeddings `[batch, F * D]`.
+    pub fn forward(
+        &mut self,
+        be: &dyn DenseBackend<T>,
+        dense: &Tensor<T>,
+        pooled: &Tensor<T>,
+    ) -> &Tensor<T> {
+        let bottom_out = self.bottom.forward(be, dense);
+        let top_in = match &mut self.interaction {
+            InteractionArch::Dot(dot) => dot.forward(be, bottom_out, pooled),
+            InteractionArch::Dcn { net, combined, .. } => {
+                concat_columns(bottom_out, pooled, combined);
+                net.forward(be, combined)
+            }
+        };
+        self.top.forward(be, top_in)
+    }
+
+    /// Backward from the logits' gradient; fills every parameter's gradient
+    /// and returns the gradient of the pooled embeddings `[batch, F * D]`.
+    pub fn backward(&mut self, be: &dyn DenseBackend<T>, d_logits: &Tensor<T>) -> &Tensor<T> {
+        let d_top_in = self
+            .top
+            .backward(be, d_logits, true)
+            .expect("asked for the input gradient");
+        let (d_bottom_out, d_pooled) = match &mut self.interaction {
+            InteractionArch::Dot(dot) => dot.backward(be, d_top_in),
+            InteractionArch::Dcn {
+                net,
+                dim,
+                d_dense,
+                d_sparse,
+                ..
+            } => {
+                let d_combined = net.backward(be, d_top_in);
+                split_columns(d_combined, *dim, d_dense, d_sparse);
+                (&*d_dense, &*d_sparse)
+            }
+        };
+        self.bottom.backward(be, d_bottom_out, false);
+        d_pooled
+    }
+
+    pub fn bottom(&self) -> &Mlp<T> {
+        &self.bottom
+    }
+    pub fn top(&self) -> &Mlp<T> {
+        &self.top
+    }
+    pub fn cross_net(&self) -> Option<&LowRankCrossNet<T>> {
+        match &self.interaction {
+            InteractionArch::Dcn { net, .. } => Some(net),
+            InteractionArch::Dot(_) => None,
+        }
+    }
+}
+
+impl<T: Real> HasParams<T> for DenseArch<T> {
+    /// Parameters named as in TorchRec's DLRM `state_dict`.
+    fn params(&mut self) -> Vec<Param<'_, T>> {
+        let mut params: Vec<_> = (self.bottom.params().into_iter())
+            .map(|p| p.with_prefix("dense_arch.model."))
+            .collect();
+        if let InteractionArch::Dcn { net, .. } = &mut self.interaction {
+            params.extend(
+                net.params()
+                    .into_iter()
+                    .map(|p| p.with_prefix("inter_arch.crossnet.")),
+            );
+        }
+        params.extend(
+            self.top
+                .params()
+                .into_iter()
+                .map(|p| p.with_prefix("over_arch.model.")),
+        );
+        params
+    }
+}
+
+/// `out = [a | b]` row by row.
+fn concat_columns<T: Real>(a: &Tensor<T>, b: &Tensor<T>, out: &mut Tensor<T>) {
+    let (ca, cb) = (a.cols(), b.cols());
+    out.resize(a.rows(), ca + cb);
+    for r in 0..a.rows() {
+        let row = out.row_mut(r);
+        row[..ca].copy_from_slice(a.row(r));
+        row[ca..].copy_from_slice(b.row(r));
+    }
+}
+
+/// Inverse of [`concat_columns`]: the first `cols_a` columns go to `a`.
+fn split_columns<T: Real>(x: &Tensor<T>, cols_a: usize, a: &mut Tensor<T>, b: &mut Tensor<T>) {
+    a.resize(x.rows(), cols_a);
+    b.resize(x.rows(), x.cols() - cols_a);
+    for r in 0..x.rows() {
+        let row = x.row(r);
+        a.row_mut(r).copy_from_slice(&row[..cols_a]);
+        b.row_mut(r).copy_from_slice(&row[cols_a..]);
+    }
+}
+
+/// Wall time of each phase of a training step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PhaseTimes {
+    pub sparse_forward: Duration,
+    pub dense_forward: Duration,
+    pub dense_backward: Duration,
+    pub dense_update: Duration,
+    pub sparse_backward_update: Duration,
+}
+
+impl PhaseTimes {
+    pub fn total(&self) -> Duration {
+        self.sparse_forward
+            + self.dense_forward
+            + self.dense_backward
+            + self.dense_update
+            + self.sparse_backward_update
+    }
+}
+
+/// What one training step reports.
+#[derive(Clone, Copy, Debug)]
+pub struct StepOutput {
+    pub loss: f32,
+    pub times: PhaseTimes,
+}
+
+/// A whole DLRM in f32: embedding bags with a fused optimizer, the dense
+/// arch and its optimizer, and the buffers reused across steps.
+pub struct Dlrm {
+    config: DlrmConfig,
+    sparse_arch: EmbeddingBagCollection,
+    dense_arch: DenseArch<f32>,
+    dense_optimizer: DenseOptimizer<f32>,
+    pooled: KeyedTensor,
+    pooled_dense: Tensor<f32>,
+    d_logits: Tensor<f32>,
+}
+
+impl Dlrm {
+    pub fn new(
+        config: DlrmConfig,
+        table_optimizer: TableOptimizer,
+        dense_optimizer: DenseOptimizerConfig,
+        seed: u64,
+    ) -> Result<Self, ModelError> {
+        config.validate()?;
+        let sparse_arch =
+            EmbeddingBagCollection::new(config.tables.clone(), table_optimizer, seed)?;
+        let dense_arch = DenseArch::new(&config, seed)?;
+        let pooled = sparse_arch.new_output(0);
+        Ok(Self {
+            config,
+            sparse_arch,
+            dense_arch,
+            dense_optimizer: DenseOptimizer::new(dense_optimizer),
+            pooled,
+            pooled_dense: Tensor::zeros(0, 0),
+            d_logits: Tensor::zeros(0, 0),
+        })
+    }
+
+    pub fn config(&self) -> &DlrmConfig {
+        &self.config
+    }
+    pub fn sparse_arch(&self) -> &EmbeddingBagCollection {
+        &self.sparse_arch
+    }
+    pub fn sparse_arch_mut(&mut self) -> &mut EmbeddingBagCollection {
+        &mut self.sparse_arch
+    }
+    pub fn dense_arch(&self) -> &DenseArch<f32> {
+        &self.dense_arch
+    }
+    pub fn dense_arch_mut(&mut self) -> &mut DenseArch<f32> {
+        &mut self.dense_arch
+    }
+
+    fn check_batch(&self, batch: &Batch) -> Result<(), ModelError> {
+        let n = batch.size();
+        if batch.dense.rows() != n || batch.dense.cols() != self.config.num_dense() {
+            return Err(ModelError::Batch(format!(
+                "dense features are [{}, {}], expected [{n}, {}]",
+                batch.dense.rows(),
+                batch.dense.cols(),
+                self.config.num_dense()
+            )));
+        }
+        if batch.sparse.stride() != n {
+            return Err(ModelError::Batch(format!(
+                "sparse features hold {} samples, the labels {n}",
+                batch.sparse.stride()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Pooled lookup, then the pooled rows as a dense `[batch, F * D]` tensor.
+    fn lookup(&mut self, batch: &Batch) -> Result<(), ModelError> {
+        self.sparse_arch
+            .forward_into(&batch.sparse, &mut self.pooled)?;
+        self.pooled_dense.resize(batch.size(), self.pooled.width());
+        self.pooled_dense
+            .data_mut()
+            .copy_from_slice(self.pooled.values());
+        Ok(())
+    }
+
+    /// Logits of a batch (no update).
+    pub fn predict(
+        &mut self,
+        be: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<&[f32], ModelError> {
+        self.check_batch(batch)?;
+        self.lookup(batch)?;
+        Ok(self
+            .dense_arch
+            .forward(be, &batch.dense, &self.pooled_dense)
+            .data())
+    }
+
+    /// One training step: forward, loss, backward, and both optimizers.
+    pub fn train_step(
+        &mut self,
+        be: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<StepOutput, ModelError> {
+        self.check_batch(batch)?;
+        let mut times = PhaseTimes::default();
+        let t = Instant::now();
+        self.lookup(batch)?;
+        times.sparse_forward = t.elapsed();
+
+        let t = Instant::now();
+        let logits = self
+            .dense_arch
+            .forward(be, &batch.dense, &self.pooled_dense);
+        self.d_logits.resize(batch.size(), 1);
+        let loss = be.bce_with_logits(logits.data(), &batch.labels, self.d_logits.data_mut());
+        times.dense_forward = t.elapsed();
+
+        let t = Instant::now();
+        let d_pooled = self.dense_arch.backward(be, &self.d_logits);
+        times.dense_backward = t.elapsed();
+
+        let t = Instant::now();
+        self.sparse_arch
+            .backward_update(&batch.sparse, d_pooled.data())?;
+        times.sparse_backward_update = t.elapsed();
+
+        let t = Instant::now();
+        self.dense_optimizer.step(self.dense_arch.params());
+        times.dense_update = t.elapsed();
+        Ok(StepOutput { loss, times })
+    }
+}

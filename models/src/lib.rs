@@ -1,0 +1,14 @@
+//! ember-models: DLRM and DLRM-DCNv2 assembled from the sparse and dense
+//! crates, the training and evaluation steps, metrics and synthetic data.
+
+mod data;
+mod dlrm;
+mod error;
+mod metrics;
+mod train;
+
+pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
+pub use dlrm::{DenseArch, Dlrm, DlrmConfig, InteractionType, PhaseTimes, StepOutput};
+pub use error::ModelError;
+pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
+pub use train::evaluate;

@@ -1,0 +1,123 @@
+//! Evaluation metrics on logits and 0/1 labels.
+
+use serde::Serialize;
+
+/// Metrics over a set of predictions.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Metrics {
+    /// Exact ROC AUC (ties get half credit); NaN when one class is absent.
+    pub auc: f64,
+    /// Mean binary cross-entropy of sigmoid(logit).
+    pub logloss: f64,
+    /// Share of predictions on the right side of probability 0.5.
+    pub accuracy: f64,
+    pub count: usize,
+}
+
+/// Accumulates (logit, label) pairs, then computes [`Metrics`].
+#[derive(Clone, Debug, Default)]
+pub struct MetricsAccumulator {
+    scores: Vec<(f32, bool)>,
+    logloss_sum: f64,
+    correct: usize,
+}
+
+impl MetricsAccumulator {
+    pub fn push(&mut self, logits: &[f32], labels: &[f32]) {
+        for (&z, &y) in logits.iter().zip(labels) {
+            let positive = y > 0.5;
+            let z = z as f64;
+            // log(1 + e^-|z|) + max(z, 0) - z*y, stable for large |z|.
+            self.logloss_sum += z.max(0.0) - z * y as f64 + (-z.abs()).exp().ln_1p();
+            if (z > 0.0) == positive {
+                self.correct += 1;
+            }
+            self.scores.push((z as f32, positive));
+        }
+    }
+
+    pub fn finish(&self) -> Metrics {
+        let n = self.scores.len();
+        Metrics {
+            auc: roc_auc(&self.scores),
+            logloss: self.logloss_sum / n.max(1) as f64,
+            accuracy: self.correct as f64 / n.max(1) as f64,
+            count: n,
+        }
+    }
+}
+
+/// Exact ROC AUC by the rank-sum (Mann-Whitney) formula with mid-ranks for ties.
+pub fn roc_auc(scores: &[(f32, bool)]) -> f64 {
+    let mut sorted: Vec<(f32, bool)> = scores.to_vec();
+    sorted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    let positives = sorted.iter().filter(|s| s.1).count() as f64;
+    let negatives = sorted.len() as f64 - positives;
+    if positives == 0.0 || negatives == 0.0 {
+        return f64::NAN;
+    }
+    let mut rank_sum = 0.0;
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j < sorted.len() && sorted[j].0 == sorted[i].0 {
+            j += 1;
+        }
+        // Ranks i+1..=j share their mean.
+        let mid_rank = (i + 1 + j) as f64 / 2.0;
+        let tied_positives = sorted[i..j].iter().filter(|s| s.1).count() as f64;
+        rank_sum += mid_rank * tied_positives;
+        i = j;
+    }
+    (rank_sum - positives * (positives + 1.0) / 2.0) / (positives * negatives)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// AUC by its definition: P(score of a positive > score of a negative), ties 1/2.
+    fn pairwise_auc(scores: &[(f32, bool)]) -> f64 {
+        let (mut wins, mut pairs) = (0.0, 0.0);
+        for p in scores.iter().filter(|s| s.1) {
+            for n in scores.iter().filter(|s| !s.1) {
+                pairs += 1.0;
+                wins += if p.0 > n.0 {
+                    1.0
+                } else if p.0 == n.0 {
+                    0.5
+                } else {
+                    0.0
+                };
+            }
+        }
+        wins / pairs
+    }
+
+    #[test]
+    fn auc_matches_pairwise_definition_with_ties() {
+        let mut rng = ember_sparse::rng::Rng::new(3);
+        for _ in 0..50 {
+            let scores: Vec<(f32, bool)> = (0..40)
+                .map(|_| ((rng.below(6) as f32) / 2.0, rng.below(3) == 0))
+                .collect();
+            if scores.iter().all(|s| s.1) || scores.iter().all(|s| !s.1) {
+                continue;
+            }
+            assert!((roc_auc(&scores) - pairwise_auc(&scores)).abs() < 1e-12);
+        }
+        assert!(roc_auc(&[(1.0, true), (2.0, true)]).is_nan());
+    }
+
+    #[test]
+    fn logloss_and_accuracy_by_hand() {
+        let mut acc = MetricsAccumulator::default();
+        acc.push(&[0.0, 2.0, -1.0], &[1.0, 0.0, 0.0]);
+        let m = acc.finish();
+        let expected = (2f64.ln() + (1.0 + 2f64.exp()).ln() + (1.0 + (-1f64).exp()).ln()) / 3.0;
+        assert!((m.logloss - expected).abs() < 1e-12);
+        // z=0 counts as predicting 0: wrong for label 1; z=2 wrong; z=-1 right.
+        assert!((m.accuracy - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(m.count, 3);
+    }
+}

@@ -1,0 +1,460 @@
+//! `ember bench dlrm`: trains a DLRM or DLRM-DCNv2 on synthetic data and
+//! reports throughput, the per-phase time split, losses and (when it tests)
+//! AUC. Flags follow dlrm_s_pytorch.py.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use ember_dense::{DenseOptimizerConfig, NativeBackend};
+use ember_models::{
+    evaluate, Batch, DataGeneration, Dlrm, DlrmConfig, InteractionType, Metrics, PhaseTimes,
+    SyntheticConfig, SyntheticData,
+};
+
+use super::bench_embedding::{median, BenchOptimizer};
+use super::{parse_sizes, peak_rss_bytes, Progress};
+
+/// Distinct batches of `random` data generated before timing and cycled.
+const RANDOM_INPUT_BATCHES: u64 = 4;
+/// Test batches are numbered from here, apart from training batches.
+const TEST_BATCH_BASE: u64 = 1 << 40;
+
+/// The 26 table sizes of the MLPerf DLRM benchmark (Criteo Terabyte).
+pub const MLPERF_TABLE_ROWS: [usize; 26] = [
+    39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
+    11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36,
+];
+/// Cap on MLPerf table rows when `--max-ind-range` is not given: keeps the
+/// preset's tables near 4 GB, so it runs on a 24 GiB machine.
+pub const MLPERF_DEFAULT_MAX_IND_RANGE: usize = 1_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// Criteo Kaggle shape: dim 16, bottom 13-512-256-64-16, top 512-256-1, 26 x 100k rows, dot.
+    Kaggle,
+    /// MLPerf DLRM-DCNv2: dim 128, bottom 13-512-256-128, DCN 3 layers rank 512, top 1024-1024-512-256-1.
+    Mlperf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum InteractionOp {
+    Dot,
+    Dcn,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DataKind {
+    Random,
+    Learnable,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct DlrmArgs {
+    /// Fill the architecture from a known shape; explicit flags still win.
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// Embedding dim [default: 2].
+    #[arg(long)]
+    pub arch_sparse_feature_size: Option<usize>,
+    /// Rows per table, dash-separated [default: 4-3-2].
+    #[arg(long)]
+    pub arch_embedding_size: Option<String>,
+    /// Bottom MLP sizes including the dense input [default: 4-3-2].
+    #[arg(long)]
+    pub arch_mlp_bot: Option<String>,
+    /// Top MLP sizes after the interaction [default: 4-2-1].
+    #[arg(long)]
+    pub arch_mlp_top: Option<String>,
+    /// dot (DLRM) or dcn (DLRM-DCNv2) [default: dot].
+    #[arg(long, value_enum)]
+    pub arch_interaction_op: Option<InteractionOp>,
+    /// Cross layers of the DCN [default: 3].
+    #[arg(long)]
+    pub dcn_num_layers: Option<usize>,
+    /// Rank of the DCN's low-rank cross layers [default: 512].
+    #[arg(long)]
+    pub dcn_low_rank_dim: Option<usize>,
+    /// Caps every table's rows (ids are drawn below the cap).
+    #[arg(long)]
+    pub max_ind_range: Option<usize>,
+    /// Ids per bag (the maximum, unless fixed) [default: 10].
+    #[arg(long)]
+    pub num_indices_per_lookup: Option<usize>,
+    /// Every bag has exactly --num-indices-per-lookup ids.
+    #[arg(long)]
+    pub num_indices_per_lookup_fixed: bool,
+    #[arg(long, value_enum, default_value_t = DataKind::Random)]
+    pub data_generation: DataKind,
+    #[arg(long, default_value_t = 2048)]
+    pub mini_batch_size: usize,
+    #[arg(long, default_value_t = 100)]
+    pub num_batches: u64,
+    #[arg(long, default_value_t = 0.01)]
+    pub learning_rate: f32,
+    /// Optimizer of the tables (fused) and, for the dense part: sgd → SGD,
+    /// adagrad and rowwise-adagrad → Adagrad, adam → Adam. The default is
+    /// TorchRec's usual fused choice: at batch 2048 and dlrm_s_pytorch's lr of
+    /// 0.01, plain SGD barely moves the rows.
+    #[arg(long, value_enum, default_value_t = BenchOptimizer::RowwiseAdagrad)]
+    pub optimizer: BenchOptimizer,
+    /// Evaluate every this many batches (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub test_freq: u64,
+    #[arg(long, default_value_t = 10)]
+    pub test_num_batches: u64,
+    /// Print a progress line every this many batches.
+    #[arg(long, default_value_t = 10)]
+    pub print_freq: u64,
+    #[arg(long, default_value_t = 123)]
+    pub seed: u64,
+    /// Threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print one JSON object at the end (progress lines go to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The architecture and data after presets and defaults are applied.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResolvedDlrm {
+    pub config: DlrmConfig,
+    pub indices_per_lookup: usize,
+    pub fixed_indices: bool,
+}
+
+impl DlrmArgs {
+    pub fn resolve(&self) -> anyhow::Result<ResolvedDlrm> {
+        let (dim, rows, bot, top, op, lookups, fixed, cap) = match self.preset {
+            None => (
+                2,
+                vec![4, 3, 2],
+                "4-3-2",
+                "4-2-1",
+                InteractionOp::Dot,
+                10,
+                false,
+                None,
+            ),
+            Some(Preset::Kaggle) => (
+                16,
+                vec![100_000; 26],
+                "13-512-256-64-16",
+                "512-256-1",
+                InteractionOp::Dot,
+                1,
+                true,
+                None,
+            ),
+            Some(Preset::Mlperf) => (
+                128,
+                MLPERF_TABLE_ROWS.to_vec(),
+                "13-512-256-128",
+                "1024-1024-512-256-1",
+                InteractionOp::Dcn,
+                1,
+                true,
+                Some(MLPERF_DEFAULT_MAX_IND_RANGE),
+            ),
+        };
+        let dim = self.arch_sparse_feature_size.unwrap_or(dim);
+        let mut rows = match &self.arch_embedding_size {
+            Some(s) => parse_sizes("--arch-embedding-size", s)?,
+            None => rows,
+        };
+        if let Some(cap) = self.max_ind_range.or(cap) {
+            anyhow::ensure!(cap > 0, "--max-ind-range must be at least 1");
+            rows.iter_mut().for_each(|r| *r = (*r).min(cap));
+        }
+        let bottom_mlp = parse_sizes(
+            "--arch-mlp-bot",
+            self.arch_mlp_bot.as_deref().unwrap_or(bot),
+        )?;
+        let top_mlp = parse_sizes(
+            "--arch-mlp-top",
+            self.arch_mlp_top.as_deref().unwrap_or(top),
+        )?;
+        let interaction = match self.arch_interaction_op.unwrap_or(op) {
+            InteractionOp::Dot => InteractionType::Dot,
+            InteractionOp::Dcn => InteractionType::Dcn {
+                layers: self.dcn_num_layers.unwrap_or(3),
+                rank: self.dcn_low_rank_dim.unwrap_or(512),
+            },
+        };
+        let config = DlrmConfig {
+            tables: DlrmConfig::criteo_tables(&rows, dim),
+            bottom_mlp,
+            top_mlp,
+            interaction,
+        };
+        config.validate()?;
+        let indices_per_lookup = self.num_indices_per_lookup.unwrap_or(lookups);
+        anyhow::ensure!(
+            indices_per_lookup >= 1,
+            "--num-indices-per-lookup must be at least 1"
+        );
+        Ok(ResolvedDlrm {
+            config,
+            indices_per_lookup,
+            fixed_indices: self.num_indices_per_lookup_fixed
+                || (self.num_indices_per_lookup.is_none() && fixed),
+        })
+    }
+
+    fn dense_optimizer(&self) -> DenseOptimizerConfig {
+        let lr = self.learning_rate;
+        match self.optimizer {
+            BenchOptimizer::None | BenchOptimizer::Sgd => DenseOptimizerConfig::Sgd { lr },
+            BenchOptimizer::Adagrad | BenchOptimizer::RowwiseAdagrad => {
+                DenseOptimizerConfig::Adagrad { lr, eps: 1e-10 }
+            }
+            BenchOptimizer::Adam => DenseOptimizerConfig::Adam {
+                lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+        }
+    }
+}
+
+/// Mean milliseconds per step of each phase.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PhaseMs {
+    pub sparse_forward: f64,
+    pub dense_forward: f64,
+    pub dense_backward: f64,
+    pub dense_update: f64,
+    pub sparse_backward_update: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DlrmReport {
+    pub architecture: ResolvedDlrm,
+    pub data_generation: DataKind,
+    pub optimizer: BenchOptimizer,
+    pub backend: &'static str,
+    pub threads: usize,
+    pub mini_batch_size: usize,
+    pub num_batches: u64,
+    /// Samples per second over the timed steps (all but the first, a warm-up).
+    pub samples_per_s: f64,
+    pub ids_per_s: f64,
+    pub step_ms_median: f64,
+    pub phase_ms: PhaseMs,
+    pub loss_first: f32,
+    pub loss_last: f32,
+    /// Of the last evaluation, when there was one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auc: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logloss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    pub table_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub setup_s: f64,
+}
+
+impl serde::Serialize for DataKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            DataKind::Random => "random",
+            DataKind::Learnable => "learnable",
+        })
+    }
+}
+
+pub fn run(args: &DlrmArgs) -> anyhow::Result<DlrmReport> {
+    if args.mini_batch_size == 0 || args.num_batches == 0 {
+        bail!("--mini-batch-size and --num-batches must be at least 1");
+    }
+    let resolved = args.resolve()?;
+    super::with_threads(args.threads, || run_in_pool(args, resolved))?
+}
+
+fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmReport> {
+    let setup = Instant::now();
+    let config = &resolved.config;
+    let table_optimizer = args.optimizer.table_optimizer(args.learning_rate);
+    let mut model = Dlrm::new(
+        config.clone(),
+        table_optimizer,
+        args.dense_optimizer(),
+        args.seed,
+    )
+    .context("building the model")?;
+    let backend = NativeBackend::new(rayon::current_num_threads());
+    let data = SyntheticData::new(SyntheticConfig {
+        kind: match args.data_generation {
+            DataKind::Random => DataGeneration::Random,
+            DataKind::Learnable => DataGeneration::Learnable,
+        },
+        num_dense: config.num_dense(),
+        features: config
+            .tables
+            .iter()
+            .map(|t| (t.feature_names[0].clone(), t.num_embeddings))
+            .collect(),
+        indices_per_lookup: resolved.indices_per_lookup,
+        fixed_indices: resolved.fixed_indices,
+        seed: args.seed,
+    });
+    let size = args.mini_batch_size;
+    // Random data: a few batches made up front and cycled, so generation is
+    // not timed; learnable data: every batch is new (the model must generalise).
+    let cached: Vec<Batch> = match args.data_generation {
+        DataKind::Random => (0..RANDOM_INPUT_BATCHES.min(args.num_batches))
+            .map(|i| data.batch(i, size))
+            .collect(),
+        DataKind::Learnable => Vec::new(),
+    };
+    let test_batches: Vec<Batch> = if args.test_freq > 0 {
+        (0..args.test_num_batches)
+            .map(|i| data.batch(TEST_BATCH_BASE + i, size))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let setup_s = setup.elapsed().as_secs_f64();
+
+    let progress = Progress::new(args.num_batches, "dlrm", args.json);
+    progress.line(&format!(
+        "ember bench dlrm: {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {size}, {} threads, setup {setup_s:.1} s",
+        config.tables.len(), config.embedding_dim(), config.bottom_mlp, config.top_mlp_sizes(),
+        config.interaction, rayon::current_num_threads()));
+    let mut step_s = Vec::new();
+    let mut phases = PhaseTimes::default();
+    let mut ids = 0u64;
+    let (mut loss_first, mut loss_last) = (f32::NAN, f32::NAN);
+    let mut window = (0.0f64, 0.0f64, 0u64);
+    let mut last_metrics: Option<Metrics> = None;
+    let mut fresh = None;
+    for i in 0..args.num_batches {
+        let batch = match args.data_generation {
+            DataKind::Random => &cached[(i % RANDOM_INPUT_BATCHES) as usize],
+            DataKind::Learnable => fresh.insert(data.batch(i, size)),
+        };
+        let out = model.train_step(&backend, batch)?;
+        if !out.loss.is_finite() {
+            bail!(
+                "loss became {} at batch {i}: lower --learning-rate",
+                out.loss
+            );
+        }
+        let seconds = out.times.total().as_secs_f64();
+        if i > 0 {
+            step_s.push(seconds);
+            ids += batch.sparse.values().len() as u64;
+            add_times(&mut phases, &out.times);
+        }
+        if i == 0 {
+            loss_first = out.loss;
+        }
+        loss_last = out.loss;
+        window = (window.0 + seconds, window.1 + out.loss as f64, window.2 + 1);
+        progress.inc();
+        let done = i + 1;
+        if done % args.print_freq.max(1) == 0 || done == args.num_batches {
+            progress.line(&format!(
+                "Finished training it {done}/{} of epoch 0, {:.2} ms/it, loss {:.6}",
+                args.num_batches,
+                window.0 * 1e3 / window.2 as f64,
+                window.1 / window.2 as f64
+            ));
+            window = (0.0, 0.0, 0);
+        }
+        if args.test_freq > 0 && (done % args.test_freq == 0 || done == args.num_batches) {
+            let m = evaluate(&mut model, &backend, &test_batches)?;
+            progress.line(&format!(
+                "Testing at - {done}/{} of epoch 0, loss {:.6}, auc {:.4}, accuracy {:.3} %",
+                args.num_batches,
+                m.logloss,
+                m.auc,
+                m.accuracy * 100.0
+            ));
+            last_metrics = Some(m);
+        }
+    }
+    progress.finish();
+    let timed = step_s.len().max(1) as f64;
+    let total_s: f64 = step_s.iter().sum();
+    let per_step_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / timed;
+    Ok(DlrmReport {
+        data_generation: args.data_generation,
+        optimizer: args.optimizer,
+        backend: "native",
+        threads: rayon::current_num_threads(),
+        mini_batch_size: size,
+        num_batches: args.num_batches,
+        samples_per_s: if total_s > 0.0 {
+            step_s.len() as f64 * size as f64 / total_s
+        } else {
+            f64::NAN
+        },
+        ids_per_s: if total_s > 0.0 {
+            ids as f64 / total_s
+        } else {
+            f64::NAN
+        },
+        step_ms_median: median(&mut step_s) * 1e3,
+        phase_ms: PhaseMs {
+            sparse_forward: per_step_ms(phases.sparse_forward),
+            dense_forward: per_step_ms(phases.dense_forward),
+            dense_backward: per_step_ms(phases.dense_backward),
+            dense_update: per_step_ms(phases.dense_update),
+            sparse_backward_update: per_step_ms(phases.sparse_backward_update),
+        },
+        loss_first,
+        loss_last,
+        auc: last_metrics.map(|m| m.auc),
+        logloss: last_metrics.map(|m| m.logloss),
+        accuracy: last_metrics.map(|m| m.accuracy),
+        table_bytes: model.sparse_arch().bytes() as u64,
+        peak_rss_bytes: peak_rss_bytes(),
+        setup_s,
+        architecture: resolved,
+    })
+}
+
+fn add_times(sum: &mut PhaseTimes, t: &PhaseTimes) {
+    sum.sparse_forward += t.sparse_forward;
+    sum.dense_forward += t.dense_forward;
+    sum.dense_backward += t.dense_backward;
+    sum.dense_update += t.dense_update;
+    sum.sparse_backward_update += t.sparse_backward_update;
+}
+
+impl std::fmt::Display for DlrmReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = &self.phase_ms;
+        writeln!(
+            f,
+            "{:.0} samples/s, {:.2} M ids/s, {:.2} ms/step (median), {} threads, {} backend",
+            self.samples_per_s,
+            self.ids_per_s / 1e6,
+            self.step_ms_median,
+            self.threads,
+            self.backend
+        )?;
+        writeln!(f, "per step: sparse forward {:.2} ms, dense forward {:.2} ms, dense backward {:.2} ms, dense update {:.2} ms, sparse backward+update {:.2} ms",
+            p.sparse_forward, p.dense_forward, p.dense_backward, p.dense_update, p.sparse_backward_update)?;
+        writeln!(f, "loss {:.6} -> {:.6}", self.loss_first, self.loss_last)?;
+        if let (Some(auc), Some(ll), Some(acc)) = (self.auc, self.logloss, self.accuracy) {
+            writeln!(
+                f,
+                "test: auc {auc:.4}, logloss {ll:.6}, accuracy {:.3} %",
+                acc * 100.0
+            )?;
+        }
+        write!(
+            f,
+            "tables + optimizer state {:.3} GiB, peak RSS {:.3} GiB",
+            self.table_bytes as f64 / (1u64 << 30) as f64,
+            self.peak_rss_bytes as f64 / (1u64 << 30) as f64
+        )
+    }
+}

@@ -1,0 +1,260 @@
+//! `ember bench embedding`: the embedding kernels alone, on the shapes of
+//! FBGEMM's TBE benchmark (T tables x E rows x D dims, batch B, L ids per bag,
+//! uniform ids).
+
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use ember_sparse::rng::{mix, Rng};
+use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, TableOptimizer};
+
+use super::{peak_rss_bytes, Progress};
+
+/// Distinct input batches generated before timing and cycled (as the peer does).
+const INPUT_BATCHES: usize = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BenchOptimizer {
+    None,
+    Sgd,
+    Adagrad,
+    RowwiseAdagrad,
+    Adam,
+}
+
+impl BenchOptimizer {
+    pub fn table_optimizer(self, lr: f32) -> TableOptimizer {
+        match self {
+            Self::None => TableOptimizer::None,
+            Self::Sgd => TableOptimizer::sgd(lr),
+            Self::Adagrad => TableOptimizer::adagrad(lr),
+            Self::RowwiseAdagrad => TableOptimizer::rowwise_adagrad(lr),
+            Self::Adam => TableOptimizer::adam(lr),
+        }
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct EmbeddingArgs {
+    /// Number of tables (one feature each).
+    #[arg(long, default_value_t = 26)]
+    pub tables: usize,
+    /// Rows per table.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub rows: usize,
+    /// Embedding dim.
+    #[arg(long, default_value_t = 128)]
+    pub dim: usize,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 2048)]
+    pub batch: usize,
+    /// Ids per bag (fixed).
+    #[arg(long, default_value_t = 1)]
+    pub pooling_factor: usize,
+    /// `none` times the forward alone; any other times forward + backward + fused update.
+    #[arg(long, value_enum, default_value_t = BenchOptimizer::None)]
+    pub optimizer: BenchOptimizer,
+    #[arg(long, default_value_t = 0.01)]
+    pub learning_rate: f32,
+    /// Timed iterations.
+    #[arg(long, default_value_t = 50)]
+    pub iters: usize,
+    /// Untimed iterations first.
+    #[arg(long, default_value_t = 5)]
+    pub warmup: usize,
+    /// Threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Also measure this machine's limit: a plain prefetched random gather over the same tables.
+    #[arg(long)]
+    pub roofline: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EmbeddingReport {
+    pub tables: usize,
+    pub rows: usize,
+    pub dim: usize,
+    pub batch: usize,
+    pub pooling_factor: usize,
+    pub optimizer: BenchOptimizer,
+    pub threads: usize,
+    pub iters: usize,
+    pub iter_ms_median: f64,
+    pub ids_per_s: f64,
+    pub samples_per_s: f64,
+    /// Rows read by the forward gathers, in GB/s (10^9 bytes).
+    pub gb_per_s: f64,
+    pub table_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub peak_rss_over_table_bytes: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_ids_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction_of_limit: Option<f64>,
+}
+
+pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
+    anyhow::ensure!(
+        args.tables > 0 && args.rows > 0 && args.dim > 0 && args.batch > 0,
+        "--tables, --rows, --dim and --batch must be at least 1"
+    );
+    anyhow::ensure!(
+        args.pooling_factor > 0,
+        "--pooling-factor must be at least 1"
+    );
+    anyhow::ensure!(args.iters > 0, "--iters must be at least 1");
+    super::with_threads(args.threads, || run_in_pool(args))?
+}
+
+fn run_in_pool(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
+    let configs: Vec<EmbeddingBagConfig> = (0..args.tables)
+        .map(|t| {
+            EmbeddingBagConfig::new(&format!("t{t}"), args.rows, args.dim, &[&format!("f{t}")])
+        })
+        .collect();
+    let ebc = EmbeddingBagCollection::new(
+        configs,
+        args.optimizer.table_optimizer(args.learning_rate),
+        args.seed,
+    )
+    .context("creating the tables")?;
+    let mut ebc = ebc;
+    let keys: Vec<String> = (0..args.tables).map(|t| format!("f{t}")).collect();
+    let ids_per_batch = args.tables * args.batch * args.pooling_factor;
+    let inputs: Vec<KeyedJaggedTensor> = (0..INPUT_BATCHES)
+        .map(|i| {
+            let mut rng = Rng::new(mix(&[args.seed, 0x1D5, i as u64]));
+            let values = (0..ids_per_batch)
+                .map(|_| rng.below(args.rows as u64) as i64)
+                .collect();
+            let lengths = vec![args.pooling_factor as i64; args.tables * args.batch];
+            KeyedJaggedTensor::from_lengths(keys.clone(), values, &lengths, None)
+        })
+        .collect::<Result<_, _>>()?;
+    let mut rng = Rng::new(args.seed ^ 0x96AD);
+    let grad: Vec<f32> = (0..args.batch * args.tables * args.dim)
+        .map(|_| rng.next_f32() - 0.5)
+        .collect();
+    let mut out = ebc.new_output(args.batch);
+
+    let progress = Progress::new((args.warmup + args.iters) as u64, "embedding", args.json);
+    let mut times = Vec::with_capacity(args.iters);
+    for i in 0..args.warmup + args.iters {
+        let kjt = &inputs[i % INPUT_BATCHES];
+        let start = Instant::now();
+        ebc.forward_into(kjt, &mut out)?;
+        if args.optimizer != BenchOptimizer::None {
+            ebc.backward_update(kjt, &grad)?;
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        if i >= args.warmup {
+            times.push(elapsed);
+        }
+        progress.inc();
+    }
+    progress.finish();
+    let total: f64 = times.iter().sum();
+    let ids_per_s = (ids_per_batch * times.len()) as f64 / total;
+
+    let (limit_ids_per_s, fraction_of_limit) = if args.roofline {
+        let limit = gather_limit(&ebc, &inputs, args);
+        (Some(limit), Some(ids_per_s / limit))
+    } else {
+        (None, None)
+    };
+    let table_bytes = ebc.bytes() as u64;
+    let peak = peak_rss_bytes();
+    Ok(EmbeddingReport {
+        tables: args.tables,
+        rows: args.rows,
+        dim: args.dim,
+        batch: args.batch,
+        pooling_factor: args.pooling_factor,
+        optimizer: args.optimizer,
+        threads: rayon::current_num_threads(),
+        iters: args.iters,
+        iter_ms_median: median(&mut times) * 1e3,
+        ids_per_s,
+        samples_per_s: (args.batch * times.len()) as f64 / total,
+        gb_per_s: ids_per_s * (args.dim * 4) as f64 / 1e9,
+        table_bytes,
+        peak_rss_bytes: peak,
+        peak_rss_over_table_bytes: peak as f64 / table_bytes as f64,
+        limit_ids_per_s,
+        fraction_of_limit,
+    })
+}
+
+/// Ids per second of the plain gather over the same tables and ids.
+fn gather_limit(
+    ebc: &EmbeddingBagCollection,
+    inputs: &[KeyedJaggedTensor],
+    args: &EmbeddingArgs,
+) -> f64 {
+    let ids: Vec<Vec<u32>> = inputs
+        .iter()
+        .map(|k| k.values().iter().map(|&v| v as u32).collect())
+        .collect();
+    let per_table = args.batch * args.pooling_factor;
+    let tables: Vec<&[f32]> = ebc.tables().iter().map(|t| t.weights()).collect();
+    let mut checksum = 0.0f32;
+    let mut times = Vec::new();
+    for i in 0..args.warmup + args.iters {
+        let batch_ids: Vec<&[u32]> = ids[i % ids.len()].chunks(per_table).collect();
+        let start = Instant::now();
+        checksum +=
+            ember_sparse::roofline::gather_sum(&tables, &batch_ids, args.dim, args.pooling_factor);
+        if i >= args.warmup {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    std::hint::black_box(checksum);
+    (args.tables * per_table * times.len()) as f64 / times.iter().sum::<f64>()
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+impl std::fmt::Display for EmbeddingReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "embedding bench: {} tables x {} rows x {} dim, batch {}, {} id(s) per bag, optimizer {:?}, {} threads",
+            self.tables, self.rows, self.dim, self.batch, self.pooling_factor, self.optimizer, self.threads)?;
+        writeln!(f, "  {:.2} M ids/s, {:.0} samples/s, {:.2} GB/s of rows read, {:.3} ms/iter (median of {})",
+            self.ids_per_s / 1e6, self.samples_per_s, self.gb_per_s, self.iter_ms_median, self.iters)?;
+        if let (Some(limit), Some(frac)) = (self.limit_ids_per_s, self.fraction_of_limit) {
+            writeln!(
+                f,
+                "  machine limit (plain prefetched gather): {:.2} M ids/s; this is {:.0}% of it",
+                limit / 1e6,
+                frac * 100.0
+            )?;
+        }
+        write!(
+            f,
+            "  tables + optimizer state {:.2} GiB, peak RSS {:.2} GiB ({:.3}x)",
+            self.table_bytes as f64 / (1u64 << 30) as f64,
+            self.peak_rss_bytes as f64 / (1u64 << 30) as f64,
+            self.peak_rss_over_table_bytes
+        )
+    }
+}

@@ -1,0 +1,39 @@
+//! The `ember` subcommands. Each `run` takes parsed arguments and returns a
+//! serialisable report; `main` prints it as text or, with `--json`, as one
+//! JSON object.
+
+pub mod bench_dlrm;
+pub mod bench_embedding;
+mod progress;
+
+pub use progress::{peak_rss_bytes, Progress};
+
+/// Runs `f` inside a rayon pool of `threads` threads (all cores when `None`).
+pub fn with_threads<R: Send>(
+    threads: Option<usize>,
+    f: impl FnOnce() -> R + Send,
+) -> anyhow::Result<R> {
+    let threads = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    anyhow::ensure!(threads >= 1, "--threads must be at least 1");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    Ok(pool.install(f))
+}
+
+/// Parses dash-separated sizes as dlrm_s_pytorch does ("13-512-256").
+pub fn parse_sizes(flag: &str, text: &str) -> anyhow::Result<Vec<usize>> {
+    text.split('-')
+        .map(|s| {
+            s.trim().parse::<usize>().map_err(|_| {
+                anyhow::anyhow!(
+                    "{flag}: '{s}' in '{text}' is not a size (expected e.g. 13-512-256)"
+                )
+            })
+        })
+        .collect()
+}

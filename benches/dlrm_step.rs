@@ -28,7 +28,8 @@ fn bench(c: &mut Criterion) {
         indices_per_lookup: 1,
         fixed_indices: true,
         seed: 0,
-    });
+    })
+    .unwrap();
     let batch = data.batch(0, batch_size);
     let be = NativeBackend::new(rayon::current_num_threads());
     let mut model = Dlrm::new(

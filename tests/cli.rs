@@ -83,6 +83,20 @@ fn bench_dlrm_json_has_the_promised_fields() {
 }
 
 #[test]
+fn bench_dlrm_single_batch_reports_numbers() {
+    let v = json(&[
+        "bench",
+        "dlrm",
+        "--num-batches",
+        "1",
+        "--mini-batch-size",
+        "8",
+        "--json",
+    ]);
+    assert!(v["samples_per_s"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[test]
 fn bench_dlrm_is_reproducible() {
     let args = [
         "bench",
@@ -121,8 +135,6 @@ fn bench_embedding_reports_roofline() {
         "64",
         "--pooling-factor",
         "4",
-        "--optimizer",
-        "adam",
         "--iters",
         "3",
         "--warmup",
@@ -140,7 +152,26 @@ fn bench_embedding_reports_roofline() {
     ] {
         assert!(v[field].as_f64().unwrap() > 0.0, "{field} in {v}");
     }
+    assert_eq!(v["optimizer"], "none");
+    let v = json(&[
+        "bench",
+        "embedding",
+        "--tables",
+        "2",
+        "--rows",
+        "100",
+        "--dim",
+        "8",
+        "--batch",
+        "16",
+        "--optimizer",
+        "adam",
+        "--iters",
+        "2",
+        "--json",
+    ]);
     assert_eq!(v["optimizer"], "adam");
+    assert!(v["ids_per_s"].as_f64().unwrap() > 0.0);
 }
 
 #[test]
@@ -165,4 +196,47 @@ fn bad_flags_are_named() {
         !out.status.success() && err.contains("embedding dim"),
         "{err}"
     );
+    // Each bad value is an error naming it (exit code 1 from anyhow, 2 from
+    // clap's own parsing), never a panic (101).
+    for (args, needle) in [
+        (
+            &["bench", "dlrm", "--arch-embedding-size", "5-0"][..],
+            "--arch-embedding-size",
+        ),
+        (
+            &["bench", "dlrm", "--mini-batch-size", "0"][..],
+            "--mini-batch-size",
+        ),
+        (
+            &["bench", "dlrm", "--max-ind-range", "0"][..],
+            "--max-ind-range",
+        ),
+        (&["bench", "dlrm", "--threads", "0"][..], "--threads"),
+        (
+            &["bench", "dlrm", "--learning-rate", "NaN"][..],
+            "--learning-rate",
+        ),
+        (
+            &[
+                "bench",
+                "dlrm",
+                "--test-freq",
+                "1",
+                "--test-num-batches",
+                "0",
+            ][..],
+            "--test-num-batches",
+        ),
+        (&["bench", "embedding", "--rows", "0"][..], "--rows"),
+        (
+            &["bench", "embedding", "--roofline", "--optimizer", "sgd"][..],
+            "--roofline",
+        ),
+        (&["bench", "embedding", "--dim", "abc"][..], "--dim"),
+    ] {
+        let out = ember(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(matches!(out.status.code(), Some(1 | 2)), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
 }

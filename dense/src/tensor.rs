@@ -14,18 +14,25 @@ pub struct Tensor<T> {
     data: Vec<T>,
 }
 
+/// `rows * cols`, refusing a product that overflows (the shape invariant
+/// `data.len() == rows * cols` is what the unsafe gemm calls rely on).
+fn element_count(rows: usize, cols: usize) -> usize {
+    rows.checked_mul(cols)
+        .unwrap_or_else(|| panic!("tensor shape [{rows}, {cols}] overflows usize"))
+}
+
 impl<T: Real> Tensor<T> {
     pub fn zeros(rows: usize, cols: usize) -> Self {
         Tensor {
             rows,
             cols,
-            data: vec![T::ZERO; rows * cols],
+            data: vec![T::ZERO; element_count(rows, cols)],
         }
     }
 
     /// Wraps `data` (row-major); fails when its length is not `rows * cols`.
     pub fn from_vec(rows: usize, cols: usize, data: Vec<T>) -> Result<Self, DenseError> {
-        if data.len() != rows * cols {
+        if rows.checked_mul(cols) != Some(data.len()) {
             return Err(DenseError::DataLength {
                 op: "Tensor::from_vec",
                 rows,
@@ -38,7 +45,7 @@ impl<T: Real> Tensor<T> {
 
     /// A tensor whose entries are `f(row, col)`.
     pub fn from_fn(rows: usize, cols: usize, mut f: impl FnMut(usize, usize) -> T) -> Self {
-        let mut data = Vec::with_capacity(rows * cols);
+        let mut data = Vec::with_capacity(element_count(rows, cols));
         for r in 0..rows {
             for c in 0..cols {
                 data.push(f(r, c));
@@ -104,7 +111,7 @@ impl<T: Real> Tensor<T> {
     pub fn resize(&mut self, rows: usize, cols: usize) {
         self.rows = rows;
         self.cols = cols;
-        self.data.resize(rows * cols, T::ZERO);
+        self.data.resize(element_count(rows, cols), T::ZERO);
     }
 
     /// Sets every element to `v`.

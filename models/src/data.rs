@@ -16,6 +16,8 @@ use ember_sparse::rng::{mix, splitmix, Rng};
 use ember_sparse::KeyedJaggedTensor;
 use serde::{Deserialize, Serialize};
 
+use crate::ModelError;
+
 /// One training or evaluation batch.
 #[derive(Clone, Debug)]
 pub struct Batch {
@@ -69,15 +71,25 @@ pub struct SyntheticData {
 }
 
 impl SyntheticData {
-    pub fn new(config: SyntheticConfig) -> Self {
+    pub fn new(config: SyntheticConfig) -> Result<Self, ModelError> {
+        if let Some((name, _)) = config.features.iter().find(|(_, rows)| *rows == 0) {
+            return Err(ModelError::Config(format!(
+                "feature '{name}' has a table of 0 rows"
+            )));
+        }
+        if config.indices_per_lookup == 0 {
+            return Err(ModelError::Config(
+                "indices per lookup must be at least 1".into(),
+            ));
+        }
         let mut rng = Rng::new(mix(&[config.seed, 0xDE45E]));
         let dense_weights = (0..config.num_dense)
             .map(|_| DENSE_EFFECT * (2.0 * rng.next_f64() - 1.0))
             .collect();
-        Self {
+        Ok(Self {
             config,
             dense_weights,
-        }
+        })
     }
 
     pub fn config(&self) -> &SyntheticConfig {
@@ -180,7 +192,7 @@ mod tests {
     #[test]
     fn batches_are_reproducible_and_in_range() {
         for kind in [DataGeneration::Random, DataGeneration::Learnable] {
-            let data = SyntheticData::new(config(kind, false));
+            let data = SyntheticData::new(config(kind, false)).unwrap();
             let a = data.batch(3, 64);
             let b = data.batch(3, 64);
             assert_eq!(a.sparse, b.sparse);
@@ -194,7 +206,9 @@ mod tests {
                 .all(|&id| (0..1000).contains(&id)));
             assert!(a.labels.iter().all(|&y| y == 0.0 || y == 1.0));
         }
-        let fixed = SyntheticData::new(config(DataGeneration::Random, true)).batch(0, 8);
+        let fixed = SyntheticData::new(config(DataGeneration::Random, true))
+            .unwrap()
+            .batch(0, 8);
         assert!(fixed.sparse.lengths().iter().all(|&l| l == 4));
     }
 

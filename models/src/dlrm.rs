@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use ember_dense::{
-    Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, DotInteraction, HasParams,
-    LowRankCrossNet, Mlp, Param, Real, Tensor,
+    Activation, BceWithLogits, DenseBackend, DenseOptimizer, DenseOptimizerConfig, DotInteraction,
+    HasParams, LowRankCrossNet, Mlp, Param, Real, Tensor,
 };
 use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedTensor, TableOptimizer};
 use serde::{Deserialize, Serialize};
@@ -80,6 +80,9 @@ impl DlrmConfig {
         let fail = |m: String| Err(ModelError::Config(m));
         if self.tables.is_empty() {
             return fail("at least one embedding table is needed".into());
+        }
+        if let Some(t) = self.tables.iter().find(|t| t.num_embeddings == 0) {
+            return fail(format!("table '{}' has no rows", t.name));
         }
         let dim = self.embedding_dim();
         if let Some(t) = self.tables.iter().find(|t| t.embedding_dim != dim) {
@@ -229,12 +232,15 @@ impl<T: Real> HasParams<T> for DenseArch<T> {
                     .map(|p| p.with_prefix("inter_arch.crossnet.")),
             );
         }
-        params.extend(
-            self.top
-                .params()
-                .into_iter()
-                .map(|p| p.with_prefix("over_arch.model.")),
-        );
+        // TorchRec's OverArch is Sequential(MLP(all but the last layer), Linear).
+        let last = format!("_mlp.{}._linear.", self.top.layers().len() - 1);
+        params.extend(self.top.params().into_iter().map(|mut p| {
+            p.name = match p.name.strip_prefix(&last) {
+                Some(tensor) => format!("over_arch.model.1.{tensor}"),
+                None => format!("over_arch.model.0.{}", p.name),
+            };
+            p
+        }));
         params
     }
 }
@@ -297,7 +303,7 @@ pub struct Dlrm {
     dense_optimizer: DenseOptimizer<f32>,
     pooled: KeyedTensor,
     pooled_dense: Tensor<f32>,
-    d_logits: Tensor<f32>,
+    loss: BceWithLogits<f32>,
 }
 
 impl Dlrm {
@@ -319,7 +325,7 @@ impl Dlrm {
             dense_optimizer: DenseOptimizer::new(dense_optimizer),
             pooled,
             pooled_dense: Tensor::zeros(0, 0),
-            d_logits: Tensor::zeros(0, 0),
+            loss: BceWithLogits::new(),
         })
     }
 
@@ -399,12 +405,11 @@ impl Dlrm {
         let logits = self
             .dense_arch
             .forward(be, &batch.dense, &self.pooled_dense);
-        self.d_logits.resize(batch.size(), 1);
-        let loss = be.bce_with_logits(logits.data(), &batch.labels, self.d_logits.data_mut());
+        let loss = self.loss.forward_backward(be, logits, &batch.labels);
         times.dense_forward = t.elapsed();
 
         let t = Instant::now();
-        let d_pooled = self.dense_arch.backward(be, &self.d_logits);
+        let d_pooled = self.dense_arch.backward(be, self.loss.grad());
         times.dense_backward = t.elapsed();
 
         let t = Instant::now();

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-/// Metrics over a set of predictions.
+/// Metrics over a set of predictions (NaN where undefined: no samples, one class).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Metrics {
     /// Exact ROC AUC (ties get half credit); NaN when one class is absent.
@@ -37,18 +37,21 @@ impl MetricsAccumulator {
     }
 
     pub fn finish(&self) -> Metrics {
-        let n = self.scores.len();
+        let n = self.scores.len() as f64;
         Metrics {
             auc: roc_auc(&self.scores),
-            logloss: self.logloss_sum / n.max(1) as f64,
-            accuracy: self.correct as f64 / n.max(1) as f64,
-            count: n,
+            logloss: self.logloss_sum / n,
+            accuracy: self.correct as f64 / n,
+            count: self.scores.len(),
         }
     }
 }
 
 /// Exact ROC AUC by the rank-sum (Mann-Whitney) formula with mid-ranks for ties.
 pub fn roc_auc(scores: &[(f32, bool)]) -> f64 {
+    if scores.iter().any(|s| s.0.is_nan()) {
+        return f64::NAN;
+    }
     let mut sorted: Vec<(f32, bool)> = scores.to_vec();
     sorted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
     let positives = sorted.iter().filter(|s| s.1).count() as f64;
@@ -107,6 +110,7 @@ mod tests {
             assert!((roc_auc(&scores) - pairwise_auc(&scores)).abs() < 1e-12);
         }
         assert!(roc_auc(&[(1.0, true), (2.0, true)]).is_nan());
+        assert!(roc_auc(&[(f32::NAN, true), (2.0, false)]).is_nan());
     }
 
     #[test]

@@ -37,6 +37,7 @@ fn batch(config: &DlrmConfig, size: usize) -> Batch {
         fixed_indices: false,
         seed: 9,
     })
+    .unwrap()
     .batch(0, size)
 }
 

@@ -81,11 +81,13 @@ impl EmbeddingTable {
         let d = self.dim();
         &self.weights()[id * d..(id + 1) * d]
     }
-    pub fn optimizer_state(&self) -> &OptimizerState {
-        &self.state
+    /// Optimizer state, row-major `[num_embeddings, state floats per row]`
+    /// (row-wise Adagrad: 1; Adagrad: dim; Adam: `[m | v]`, 2 x dim).
+    pub fn optimizer_state(&self) -> &[f32] {
+        self.state.as_slice()
     }
-    pub fn optimizer_state_mut(&mut self) -> &mut OptimizerState {
-        &mut self.state
+    pub fn optimizer_state_mut(&mut self) -> &mut [f32] {
+        self.state.as_mut_slice()
     }
     #[inline(always)]
     fn prefetch_row(&self, id: i64) {
@@ -119,6 +121,8 @@ struct FeatureSlot {
 pub struct EmbeddingBagCollection {
     tables: Vec<EmbeddingTable>,
     slots: Vec<FeatureSlot>,
+    /// Sum of the features' dims: the width of an output row.
+    width: usize,
     optimizer: TableOptimizer,
     step: u64,
 }
@@ -132,6 +136,9 @@ impl EmbeddingBagCollection {
         optimizer: TableOptimizer,
         seed: u64,
     ) -> Result<Self, SparseError> {
+        optimizer
+            .validate()
+            .map_err(SparseError::InvalidOptimizer)?;
         let mut slots: Vec<FeatureSlot> = Vec::new();
         let mut column = 0;
         for (t, config) in configs.iter().enumerate() {
@@ -143,6 +150,18 @@ impl EmbeddingBagCollection {
                 });
             }
             for feature in &config.feature_names {
+                if config
+                    .feature_names
+                    .iter()
+                    .filter(|f| *f == feature)
+                    .count()
+                    > 1
+                {
+                    return Err(SparseError::InvalidConfig {
+                        table: config.name.clone(),
+                        reason: format!("feature '{feature}' is listed twice"),
+                    });
+                }
                 if let Some(other) = slots.iter().find(|s| &s.name == feature) {
                     return Err(SparseError::FeatureServedTwice {
                         feature: feature.clone(),
@@ -166,6 +185,7 @@ impl EmbeddingBagCollection {
         Ok(Self {
             tables,
             slots,
+            width: column,
             optimizer,
             step: 0,
         })
@@ -219,7 +239,8 @@ impl EmbeddingBagCollection {
     }
 
     /// Pooled lookup into a reused output (no allocation once `out` has grown
-    /// to the batch). Every id is bounds-checked; the first bad one is reported.
+    /// to the batch). Every id is bounds-checked; a bad one is reported (with
+    /// several, which one depends on task timing).
     pub fn forward_into(
         &self,
         kjt: &KeyedJaggedTensor,
@@ -227,7 +248,16 @@ impl EmbeddingBagCollection {
     ) -> Result<(), SparseError> {
         let keys = self.resolve_keys(kjt)?;
         let batch = kjt.stride();
-        if out.keys() != self.feature_names().as_slice() {
+        let same_layout = out.keys().len() == self.slots.len()
+            && self
+                .slots
+                .iter()
+                .zip(out.keys())
+                .zip(out.length_per_key())
+                .all(|((slot, key), &len)| {
+                    &slot.name == key && self.tables[slot.table].dim() == len
+                });
+        if !same_layout {
             *out = self.new_output(batch);
         }
         out.set_batch(batch);
@@ -258,7 +288,7 @@ impl EmbeddingBagCollection {
     ) -> Result<(), SparseError> {
         let keys = self.resolve_keys(kjt)?;
         let batch = kjt.stride();
-        let width: usize = self.feature_dims().iter().sum();
+        let width = self.width;
         if grad.len() != batch * width {
             return Err(SparseError::GradShape {
                 rows: grad.len() / width.max(1),
@@ -270,19 +300,23 @@ impl EmbeddingBagCollection {
         if matches!(self.optimizer, TableOptimizer::None) {
             return Ok(());
         }
-        self.step += 1;
-        let optimizer = self.optimizer;
-        let factors = StepFactors::at(&optimizer, self.step);
+        // Every id is checked before any table changes, so an error leaves
+        // the tables and the step count as they were.
         let slots = &self.slots;
         self.tables
             .par_iter_mut()
             .enumerate()
             .try_for_each(|(t, table)| {
                 let features = slots.iter().zip(&keys).filter(|(slot, _)| slot.table == t);
-                table.collect_entries(features, kjt)?;
-                table.apply_segments(&optimizer, factors, grad, width);
-                Ok(())
-            })
+                table.collect_entries(features, kjt)
+            })?;
+        self.step += 1;
+        let optimizer = self.optimizer;
+        let factors = StepFactors::at(&optimizer, self.step);
+        self.tables
+            .par_iter_mut()
+            .for_each(|table| table.apply_segments(&optimizer, factors, grad, width));
+        Ok(())
     }
 
     /// For each output slot, the index of its key in `kjt`; every key of `kjt`
@@ -368,6 +402,13 @@ impl EmbeddingTable {
         grad: &[f32],
         width: usize,
     ) {
+        // The unsafe row writes below rely on these sizes.
+        let rows = self.config.num_embeddings;
+        assert_eq!(self.weights.len(), rows * self.config.embedding_dim);
+        assert_eq!(
+            self.state.as_slice().len(),
+            rows * self.state.floats_per_row()
+        );
         let job = UpdateJob {
             optimizer,
             factors,
@@ -552,11 +593,15 @@ multiversion!(fn update_task(job: &UpdateJob<'_>, first: usize, last: usize, sum
 fn update_task_body(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut [f32]) {
     let (dim, per_row) = (job.dim, job.per_row);
     for seg in first..last {
+        // Rows, their state and their gradient rows are all random reads:
+        // start them a few segments ahead.
         if let Some(&ahead) = job.starts.get(seg + UPDATE_PREFETCH_DISTANCE) {
-            if ahead < job.entries.len() {
-                let id = job.entries[ahead].id as usize;
+            if let Some(e) = job.entries.get(ahead) {
+                let id = e.id as usize;
                 prefetch(job.weights.0.wrapping_add(id * dim), dim * 4);
                 prefetch(job.state.0.wrapping_add(id * per_row), per_row * 4);
+                let at = e.sample as usize * job.width + e.column as usize;
+                prefetch(job.grad.as_ptr().wrapping_add(at), dim * 4);
             }
         }
         let occurrences = &job.entries[job.starts[seg]..job.starts[seg + 1]];
@@ -614,6 +659,7 @@ fn new_table(
 ) -> Result<EmbeddingTable, SparseError> {
     let (lo, hi) = config.init_range();
     let dim = config.embedding_dim;
+    // validate() checked that this product fits.
     let len = config.num_embeddings * dim;
     let alloc_error = |bytes| SparseError::Allocation {
         table: config.name.clone(),

@@ -17,6 +17,7 @@ pub enum PoolingType {
 
 /// One embedding table and the features that look it up.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EmbeddingBagConfig {
     pub name: String,
     pub num_embeddings: usize,
@@ -70,6 +71,14 @@ impl EmbeddingBagConfig {
         }
         if self.embedding_dim == 0 {
             return fail("embedding_dim must be at least 1");
+        }
+        let too_big = self
+            .num_embeddings
+            .checked_mul(self.embedding_dim)
+            .and_then(|n| n.checked_mul(std::mem::size_of::<f32>()))
+            .is_none_or(|bytes| bytes > isize::MAX as usize);
+        if too_big {
+            return fail("num_embeddings x embedding_dim floats do not fit in memory");
         }
         if self.feature_names.is_empty() {
             return fail("no feature looks this table up (feature_names is empty)");

@@ -49,12 +49,6 @@ pub enum SparseError {
     },
     #[error("table '{table}': {reason}")]
     InvalidConfig { table: String, reason: String },
-    #[error("all tables of a DLRM-style KeyedTensor must share one dim: table '{table}' has {dim}, expected {expected}")]
-    DimMismatch {
-        table: String,
-        dim: usize,
-        expected: usize,
-    },
     #[error("gradient has shape [{rows}, {cols}], expected [{expected_rows}, {expected_cols}]")]
     GradShape {
         rows: usize,
@@ -62,8 +56,8 @@ pub enum SparseError {
         expected_rows: usize,
         expected_cols: usize,
     },
-    #[error("batch size {got} does not match the collection's forward batch {expected}")]
-    BatchMismatch { got: usize, expected: usize },
+    #[error("invalid optimizer: {0}")]
+    InvalidOptimizer(String),
     #[error("could not allocate {bytes} bytes for table '{table}'")]
     Allocation { table: String, bytes: usize },
 }

@@ -20,4 +20,4 @@ pub use collection::{EmbeddingBagCollection, EmbeddingTable};
 pub use config::{EmbeddingBagConfig, PoolingType};
 pub use error::SparseError;
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};
-pub use optimizer::{OptimizerState, TableOptimizer};
+pub use optimizer::TableOptimizer;

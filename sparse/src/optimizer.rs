@@ -30,6 +30,33 @@ pub enum TableOptimizer {
 }
 
 impl TableOptimizer {
+    /// Rejects hyper-parameters that would turn the tables into NaN or inf.
+    pub fn validate(&self) -> Result<(), String> {
+        let ok = |v: f32| v.is_finite() && v >= 0.0;
+        match *self {
+            Self::None => Ok(()),
+            Self::Sgd { lr } if ok(lr) => Ok(()),
+            Self::Adagrad { lr, eps } | Self::RowWiseAdagrad { lr, eps } if ok(lr) && ok(eps) => {
+                Ok(())
+            }
+            Self::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } if ok(lr)
+                && ok(eps)
+                && (0.0..1.0).contains(&beta1)
+                && (0.0..1.0).contains(&beta2) =>
+            {
+                Ok(())
+            }
+            _ => Err(format!(
+                "invalid optimizer {self:?}: lr and eps must be finite and >= 0, betas in [0, 1)"
+            )),
+        }
+    }
+
     /// The default hyper-parameters of FBGEMM for each kind, at `lr`.
     pub fn sgd(lr: f32) -> Self {
         Self::Sgd { lr }
@@ -63,7 +90,7 @@ impl TableOptimizer {
 /// Optimizer state of one table, laid out row-major so a row's state sits in
 /// one place: `[rows, state_floats_per_row]` (for Adam, `[m | v]` per row).
 #[derive(Clone, Debug)]
-pub struct OptimizerState {
+pub(crate) struct OptimizerState {
     per_row: usize,
     buffer: Option<AlignedBuffer>,
 }
@@ -74,7 +101,7 @@ impl OptimizerState {
         let buffer = if per_row == 0 {
             None
         } else {
-            Some(AlignedBuffer::new(rows * per_row, |_| {})?)
+            Some(AlignedBuffer::new(rows.checked_mul(per_row)?, |_| {})?)
         };
         Some(Self { per_row, buffer })
     }

@@ -7,7 +7,11 @@
 use std::alloc::{alloc, dealloc, Layout};
 use std::ptr::NonNull;
 
+use rayon::prelude::*;
+
 const HUGE_PAGE: usize = 2 << 20;
+/// Floats zeroed per parallel task (4 MiB).
+const ZERO_CHUNK: usize = 1 << 20;
 
 /// A fixed-size, uninitialised-at-birth `f32` buffer. `new` fills it.
 pub struct AlignedBuffer {
@@ -25,7 +29,7 @@ impl AlignedBuffer {
     /// write every element (in parallel if it likes) before anyone reads.
     /// Returns `None` when the allocation fails.
     pub fn new(len: usize, fill: impl FnOnce(&mut [f32])) -> Option<Self> {
-        let bytes = len.max(1) * std::mem::size_of::<f32>();
+        let bytes = len.max(1).checked_mul(std::mem::size_of::<f32>())?;
         let align = if bytes >= HUGE_PAGE { HUGE_PAGE } else { 64 };
         let layout = Layout::from_size_align(bytes, align).ok()?;
         // SAFETY: layout has non-zero size.
@@ -34,15 +38,19 @@ impl AlignedBuffer {
         if bytes >= HUGE_PAGE {
             advise_huge_pages(raw as *mut u8, bytes);
         }
-        // SAFETY: the bytes are allocated; writing floats to uninitialised
-        // memory through a slice of a Copy type with no validity invariant
-        // beyond initialisation is done via `write_bytes` first so the slice
-        // is initialised before `fill` sees it. Zeroing touches every page
-        // once, after the huge-page advice, so the pages come back huge.
-        let slice = unsafe {
-            std::ptr::write_bytes(raw, 0, len);
-            std::slice::from_raw_parts_mut(raw, len)
-        };
+        // Zero in parallel (first touch of every page, after the huge-page
+        // advice, so pages come back huge) before any slice exists.
+        let base = raw as usize;
+        (0..len.div_ceil(ZERO_CHUNK))
+            .into_par_iter()
+            .for_each(|chunk| {
+                let start = chunk * ZERO_CHUNK;
+                let count = ZERO_CHUNK.min(len - start);
+                // SAFETY: each chunk is a disjoint part of our allocation of `len` floats.
+                unsafe { std::ptr::write_bytes((base as *mut f32).add(start), 0, count) };
+            });
+        // SAFETY: allocated for `len` floats, all zeroed above.
+        let slice = unsafe { std::slice::from_raw_parts_mut(raw, len) };
         fill(slice);
         Some(Self { ptr, len, layout })
     }

@@ -15,10 +15,14 @@ struct Case {
 }
 
 fn case_strategy() -> impl Strategy<Value = Case> {
-    let table = (1usize..12, 1usize..7, 1usize..3, prop::bool::ANY);
+    // Small shapes make duplicates common; large ones (over 64 samples, over
+    // 512 distinct ids) exercise the multi-task forward and update paths.
+    let rows = prop_oneof![1usize..12, 500usize..3000];
+    let table = (rows, 1usize..7, 1usize..3, prop::bool::ANY);
+    let batch = prop_oneof![0usize..7, 60usize..200];
     (
         prop::collection::vec(table, 1..4),
-        0usize..7,
+        batch,
         any::<u64>(),
         prop::bool::ANY,
     )
@@ -244,7 +248,7 @@ proptest! {
         let opt = optimizers()[which];
         let mut ebc = EmbeddingBagCollection::new(case.configs.clone(), opt, 11).unwrap();
         let mut expected: Vec<Vec<f64>> = ebc.tables().iter().map(|t| t.weights().iter().map(|&w| w as f64).collect()).collect();
-        let mut states: Vec<Vec<f64>> = ebc.tables().iter().map(|t| vec![0.0; t.optimizer_state().as_slice().len()]).collect();
+        let mut states: Vec<Vec<f64>> = ebc.tables().iter().map(|t| vec![0.0; t.optimizer_state().len()]).collect();
         // Two steps with the same batch: checks the state carries over (and Adam's step count).
         for step in 1..=2u64 {
             ebc.forward(&case.kjt).unwrap();
@@ -264,7 +268,7 @@ proptest! {
             for (a, e) in table.weights().iter().zip(&expected[t]) {
                 prop_assert!(close(*a as f64, *e, 1e-4), "table {} ({:?}): {} vs {}", t, opt, a, e);
             }
-            for (a, e) in table.optimizer_state().as_slice().iter().zip(&states[t]) {
+            for (a, e) in table.optimizer_state().iter().zip(&states[t]) {
                 prop_assert!(close(*a as f64, *e, 1e-4), "state of table {}: {} vs {}", t, a, e);
             }
         }
@@ -424,4 +428,103 @@ fn config_is_json() {
     )
     .unwrap();
     assert_eq!(minimal.pooling, PoolingType::Sum);
+}
+
+/// Sparse results are bitwise identical whatever the thread count.
+#[test]
+fn thread_count_does_not_change_results() {
+    let configs: Vec<EmbeddingBagConfig> = (0..3)
+        .map(|t| EmbeddingBagConfig::new(&format!("t{t}"), 700, 16, &[&format!("f{t}")]))
+        .collect();
+    let mut rng = ember_sparse::rng::Rng::new(8);
+    let batch = 300;
+    let lengths: Vec<i64> = (0..3 * batch).map(|_| rng.below(6) as i64).collect();
+    let values = (0..lengths.iter().sum::<i64>())
+        .map(|_| rng.below(700) as i64)
+        .collect();
+    let keys = (0..3).map(|t| format!("f{t}")).collect();
+    let kjt = KeyedJaggedTensor::from_lengths(keys, values, &lengths, None).unwrap();
+    let grad: Vec<f32> = (0..batch * 48).map(|_| rng.next_f32() - 0.5).collect();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let mut ebc =
+                EmbeddingBagCollection::new(configs.clone(), TableOptimizer::adam(0.01), 1)
+                    .unwrap();
+            let out = ebc.forward(&kjt).unwrap();
+            ebc.backward_update(&kjt, &grad).unwrap();
+            let tables: Vec<Vec<f32>> = ebc.tables().iter().map(|t| t.weights().to_vec()).collect();
+            (out.values().to_vec(), tables)
+        })
+    };
+    assert_eq!(run(1), run(2));
+    assert_eq!(run(1), run(3));
+}
+
+/// A bad id anywhere in the batch leaves every table and the step count untouched.
+#[test]
+fn failed_backward_changes_nothing() {
+    let configs = vec![
+        EmbeddingBagConfig::new("a", 10, 4, &["x"]),
+        EmbeddingBagConfig::new("b", 5, 4, &["y"]),
+    ];
+    let mut ebc = EmbeddingBagCollection::new(configs, TableOptimizer::adam(0.1), 0).unwrap();
+    let before: Vec<Vec<f32>> = ebc.tables().iter().map(|t| t.weights().to_vec()).collect();
+    let kjt = KeyedJaggedTensor::from_lengths(
+        vec!["x".into(), "y".into()],
+        vec![1, 2, 3, 9],
+        &[1, 1, 1, 1],
+        None,
+    )
+    .unwrap();
+    let err = ebc.backward_update(&kjt, &[0.5; 16]).unwrap_err();
+    assert_eq!(
+        err,
+        SparseError::IdOutOfRange {
+            table: "b".into(),
+            feature: "y".into(),
+            sample: 1,
+            id: 9,
+            rows: 5
+        }
+    );
+    let after: Vec<Vec<f32>> = ebc.tables().iter().map(|t| t.weights().to_vec()).collect();
+    assert_eq!(before, after);
+    assert_eq!(ebc.step(), 0);
+}
+
+#[test]
+fn bad_optimizers_and_sizes_are_rejected() {
+    let c = || vec![EmbeddingBagConfig::new("a", 10, 4, &["x"])];
+    let bad = TableOptimizer::Adam {
+        lr: 0.1,
+        beta1: 1.0,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    assert!(matches!(
+        EmbeddingBagCollection::new(c(), bad, 0).unwrap_err(),
+        SparseError::InvalidOptimizer(_)
+    ));
+    assert!(matches!(
+        EmbeddingBagCollection::new(c(), TableOptimizer::sgd(f32::NAN), 0).unwrap_err(),
+        SparseError::InvalidOptimizer(_)
+    ));
+    let huge = vec![EmbeddingBagConfig::new("h", usize::MAX / 2, 4, &["x"])];
+    assert!(matches!(
+        EmbeddingBagCollection::new(huge, TableOptimizer::None, 0).unwrap_err(),
+        SparseError::InvalidConfig { .. }
+    ));
+    let twice = vec![EmbeddingBagConfig::new("a", 10, 4, &["x", "x"])];
+    let err = EmbeddingBagCollection::new(twice, TableOptimizer::None, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("listed twice"), "{err}");
+    let typo = serde_json::from_str::<EmbeddingBagConfig>(
+        r#"{"name":"t","num_embeddings":5,"embedding_dim":4,"feature_names":["f"],"poolng":"mean"}"#,
+    );
+    assert!(typo.is_err());
 }

@@ -45,7 +45,8 @@ pub enum InteractionOp {
     Dcn,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DataKind {
     Random,
     Learnable,
@@ -165,6 +166,9 @@ impl DlrmArgs {
             Some(s) => parse_sizes("--arch-embedding-size", s)?,
             None => rows,
         };
+        if let Some(i) = rows.iter().position(|&r| r == 0) {
+            bail!("--arch-embedding-size: table {i} has 0 rows");
+        }
         if let Some(cap) = self.max_ind_range.or(cap) {
             anyhow::ensure!(cap > 0, "--max-ind-range must be at least 1");
             rows.iter_mut().for_each(|r| *r = (*r).min(cap));
@@ -259,18 +263,18 @@ pub struct DlrmReport {
     pub setup_s: f64,
 }
 
-impl serde::Serialize for DataKind {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(match self {
-            DataKind::Random => "random",
-            DataKind::Learnable => "learnable",
-        })
-    }
-}
-
 pub fn run(args: &DlrmArgs) -> anyhow::Result<DlrmReport> {
     if args.mini_batch_size == 0 || args.num_batches == 0 {
         bail!("--mini-batch-size and --num-batches must be at least 1");
+    }
+    if args.test_freq > 0 && args.test_num_batches == 0 {
+        bail!("--test-num-batches must be at least 1 when --test-freq is set");
+    }
+    if !(args.learning_rate.is_finite() && args.learning_rate >= 0.0) {
+        bail!(
+            "--learning-rate must be a finite number >= 0, got {}",
+            args.learning_rate
+        );
     }
     let resolved = args.resolve()?;
     super::with_threads(args.threads, || run_in_pool(args, resolved))?
@@ -302,7 +306,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         indices_per_lookup: resolved.indices_per_lookup,
         fixed_indices: resolved.fixed_indices,
         seed: args.seed,
-    });
+    })?;
     let size = args.mini_batch_size;
     // Random data: a few batches made up front and cycled, so generation is
     // not timed; learnable data: every batch is new (the model must generalise).
@@ -346,7 +350,8 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
             );
         }
         let seconds = out.times.total().as_secs_f64();
-        if i > 0 {
+        // Step 0 (allocations, first touches) is a warm-up unless it is the only one.
+        if i > 0 || args.num_batches == 1 {
             step_s.push(seconds);
             ids += batch.sparse.values().len() as u64;
             add_times(&mut phases, &out.times);

@@ -113,6 +113,14 @@ pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         "--pooling-factor must be at least 1"
     );
     anyhow::ensure!(args.iters > 0, "--iters must be at least 1");
+    anyhow::ensure!(
+        !args.roofline || args.optimizer == BenchOptimizer::None,
+        "--roofline compares the forward lookup with a plain gather: use it with --optimizer none"
+    );
+    anyhow::ensure!(
+        args.rows <= u32::MAX as usize,
+        "--rows above 2^32 are not supported by the benchmark's id generator"
+    );
     super::with_threads(args.threads, || run_in_pool(args))?
 }
 

@@ -1,13 +1,13 @@
 //! This machine's own limit for the lookup kernel: a plain random gather with
 //! sum-pooling and software prefetch over the tables' own memory, with none of
-//! the collection's bookkeeping (no bounds checks, no jagged offsets, no
+//! the collection's bookkeeping (no id validation, no jagged offsets, no
 //! per-feature dispatch, no output layout). `ember bench embedding --roofline`
 //! reports the collection's throughput as a fraction of this.
 
 use rayon::prelude::*;
 
 use crate::simd::multiversion;
-use crate::storage::prefetch;
+use crate::storage::prefetch_every;
 
 /// Ids gathered per parallel task.
 const TASK_IDS: usize = 4096;
@@ -41,11 +41,13 @@ multiversion!(fn gather_task(table: &[f32], ids: &[u32], dim: usize, pooling: us
 #[inline(always)]
 fn gather_task_body(table: &[f32], ids: &[u32], dim: usize, pooling: usize) -> f32 {
     let base = table.as_ptr();
+    // The same hint spacing as the collection's forward (see `prefetch_every`).
+    let step = if pooling >= 3 { 128 } else { 64 };
     let mut acc = vec![0.0f32; dim];
     let mut check = 0.0f32;
     for (i, &id) in ids.iter().enumerate() {
         if let Some(&next) = ids.get(i + AHEAD) {
-            prefetch(base.wrapping_add(next as usize * dim), dim * 4);
+            prefetch_every(base.wrapping_add(next as usize * dim), dim * 4, step);
         }
         let row = &table[id as usize * dim..id as usize * dim + dim];
         for (a, r) in acc.iter_mut().zip(row) {

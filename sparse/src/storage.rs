@@ -115,6 +115,15 @@ fn advise_huge_pages(_ptr: *mut u8, _bytes: usize) {}
 /// The pointer may be anything: prefetches never fault.
 #[inline(always)]
 pub fn prefetch(ptr: *const f32, bytes: usize) {
+    prefetch_every(ptr, bytes, 64)
+}
+
+/// Like [`prefetch`], one hint every `step` bytes. With 128, the CPU's
+/// adjacent-line prefetcher fetches the other half of each pair: fewer hint
+/// instructions and miss-buffer slots, which pays off with several ids per
+/// bag (measured: -15% time at 20 ids, +5% at 1-2 ids, 512-byte rows).
+#[inline(always)]
+pub fn prefetch_every(ptr: *const f32, bytes: usize, step: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -122,7 +131,7 @@ pub fn prefetch(ptr: *const f32, bytes: usize) {
         while off < bytes {
             // SAFETY: prefetch is a hint and never faults, whatever the address.
             unsafe { _mm_prefetch((ptr as *const i8).wrapping_add(off), _MM_HINT_T0) };
-            off += 64;
+            off += step;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

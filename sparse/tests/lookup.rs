@@ -18,7 +18,9 @@ fn case_strategy() -> impl Strategy<Value = Case> {
     // Small shapes make duplicates common; large ones (over 64 samples, over
     // 512 distinct ids) exercise the multi-task forward and update paths.
     let rows = prop_oneof![1usize..12, 500usize..3000];
-    let table = (rows, 1usize..7, 1usize..3, prop::bool::ANY);
+    // Dims 16, 32, 64 and 128 take the fixed-dim kernels, the others the generic one.
+    let dim = prop_oneof![1usize..7, Just(16), Just(32), Just(64), Just(128)];
+    let table = (rows, dim, 1usize..3, prop::bool::ANY);
     let batch = prop_oneof![0usize..7, 60usize..200];
     (
         prop::collection::vec(table, 1..4),

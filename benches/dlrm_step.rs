@@ -20,11 +20,7 @@ fn bench(c: &mut Criterion) {
     let data = SyntheticData::new(SyntheticConfig {
         kind: DataGeneration::Random,
         num_dense: 13,
-        features: config
-            .tables
-            .iter()
-            .map(|t| (t.feature_names[0].clone(), t.num_embeddings))
-            .collect(),
+        features: config.feature_rows(),
         indices_per_lookup: 1,
         fixed_indices: true,
         seed: 0,

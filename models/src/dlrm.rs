@@ -55,6 +55,17 @@ impl DlrmConfig {
         self.tables.first().map_or(0, |t| t.embedding_dim)
     }
 
+    /// Every sparse feature with its table's row count, in output order.
+    pub fn feature_rows(&self) -> Vec<(String, usize)> {
+        (self.tables.iter())
+            .flat_map(|t| {
+                t.feature_names
+                    .iter()
+                    .map(|f| (f.clone(), t.num_embeddings))
+            })
+            .collect()
+    }
+
     /// Number of pooled embedding vectors per sample.
     pub fn num_sparse_features(&self) -> usize {
         self.tables.iter().map(|t| t.feature_names.len()).sum()

@@ -28,11 +28,7 @@ fn batch(config: &DlrmConfig, size: usize) -> Batch {
     SyntheticData::new(SyntheticConfig {
         kind: DataGeneration::Learnable,
         num_dense: config.num_dense(),
-        features: config
-            .tables
-            .iter()
-            .map(|t| (t.feature_names[0].clone(), t.num_embeddings))
-            .collect(),
+        features: config.feature_rows(),
         indices_per_lookup: 3,
         fixed_indices: false,
         seed: 9,

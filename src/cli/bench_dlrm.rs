@@ -298,11 +298,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
             DataKind::Learnable => DataGeneration::Learnable,
         },
         num_dense: config.num_dense(),
-        features: config
-            .tables
-            .iter()
-            .map(|t| (t.feature_names[0].clone(), t.num_embeddings))
-            .collect(),
+        features: config.feature_rows(),
         indices_per_lookup: resolved.indices_per_lookup,
         fixed_indices: resolved.fixed_indices,
         seed: args.seed,

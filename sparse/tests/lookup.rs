@@ -27,8 +27,10 @@ fn case_strategy() -> impl Strategy<Value = Case> {
         batch,
         any::<u64>(),
         prop::bool::ANY,
+        // Short bags take the sample-major forward, long ones the feature-major.
+        prop_oneof![Just(5u64), Just(12u64)],
     )
-        .prop_map(|(tables, batch, seed, weighted)| {
+        .prop_map(|(tables, batch, seed, weighted, max_len)| {
             let mut rng = ember_sparse::rng::Rng::new(seed);
             let mut configs = Vec::new();
             let mut keys = Vec::new();
@@ -57,7 +59,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
             let mut values = Vec::new();
             for &rows in &rows_of_key {
                 for _ in 0..batch {
-                    let len = rng.below(5) as i64;
+                    let len = rng.below(max_len) as i64;
                     lengths.push(len);
                     for _ in 0..len {
                         // Few rows, so duplicates are common.

@@ -556,29 +556,10 @@ fn pool_bag<const D: usize>(
         if id < 0 || id as u64 >= rows {
             return Err(id);
         }
-        let row = table.row(id as usize);
         let w = weights.map_or(1.0, |w| w[p]);
-        if D > 0 {
-            let row: &[f32; D] = row.try_into().expect("D is the table's dim");
-            for d in 0..D {
-                acc[d] += w * row[d];
-            }
-        } else if p == start {
-            // The first row initialises the sum: no zero-fill pass.
-            out.iter_mut().zip(row).for_each(|(o, r)| *o = w * r);
-        } else {
-            add_scaled_row(out, w, row);
-        }
+        accumulate(&mut acc, out, table.row(id as usize), w, p == start);
     }
-    if D > 0 {
-        out.copy_from_slice(&acc);
-    } else if start == end {
-        out.fill(0.0);
-    }
-    if table.config.pooling == PoolingType::Mean && end > start {
-        let inv = 1.0 / (end - start) as f32;
-        out.iter_mut().for_each(|x| *x *= inv);
-    }
+    finish_bag(table, &acc, end - start, out);
     Ok(())
 }
 
@@ -655,29 +636,10 @@ fn pool_bag_cursor<const D: usize>(
         if id < 0 || id as u64 >= rows {
             return Err(id);
         }
-        let row = table.row(id as usize);
         let w = weights.map_or(1.0, |w| w[p]);
-        if D > 0 {
-            let row: &[f32; D] = row.try_into().expect("D is the table's dim");
-            for d in 0..D {
-                acc[d] += w * row[d];
-            }
-        } else if p == start {
-            // The first row initialises the sum: no zero-fill pass.
-            out.iter_mut().zip(row).for_each(|(o, r)| *o = w * r);
-        } else {
-            add_scaled_row(out, w, row);
-        }
+        accumulate(&mut acc, out, table.row(id as usize), w, p == start);
     }
-    if D > 0 {
-        out.copy_from_slice(&acc);
-    } else if start == end {
-        out.fill(0.0);
-    }
-    if table.config.pooling == PoolingType::Mean && end > start {
-        let inv = 1.0 / (end - start) as f32;
-        out.iter_mut().for_each(|x| *x *= inv);
-    }
+    finish_bag(table, &acc, end - start, out);
     Ok(())
 }
 
@@ -794,6 +756,44 @@ fn update_task_body(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut
             )
         };
         update_row(job.optimizer, job.factors, row, summed, row_state);
+    }
+}
+
+/// Adds `w * row` to a bag's running sum: in `acc` when the dim is a
+/// compile-time `D > 0`, else in `out` (whose first row initialises it).
+#[inline(always)]
+fn accumulate<const D: usize>(
+    acc: &mut [f32; D],
+    out: &mut [f32],
+    row: &[f32],
+    w: f32,
+    first: bool,
+) {
+    if D > 0 {
+        let row: &[f32; D] = row.try_into().expect("D is the table's dim");
+        for d in 0..D {
+            acc[d] += w * row[d];
+        }
+    } else if first {
+        // The first row initialises the sum: no zero-fill pass.
+        out.iter_mut().zip(row).for_each(|(o, r)| *o = w * r);
+    } else {
+        add_scaled_row(out, w, row);
+    }
+}
+
+/// Writes a bag of `len` ids' sum to `out` (zeros for an empty bag) and
+/// applies mean pooling.
+#[inline(always)]
+fn finish_bag<const D: usize>(table: &EmbeddingTable, acc: &[f32; D], len: usize, out: &mut [f32]) {
+    if D > 0 {
+        out.copy_from_slice(acc);
+    } else if len == 0 {
+        out.fill(0.0);
+    }
+    if table.config.pooling == PoolingType::Mean && len > 0 {
+        let inv = 1.0 / len as f32;
+        out.iter_mut().for_each(|x| *x *= inv);
     }
 }
 

@@ -17,8 +17,6 @@ use ember_models::{
 use super::bench_embedding::{median, BenchOptimizer};
 use super::{parse_sizes, peak_rss_bytes, Progress};
 
-/// Distinct batches of `random` data generated before timing and cycled.
-const RANDOM_INPUT_BATCHES: u64 = 4;
 /// Test batches are numbered from here, apart from training batches.
 const TEST_BATCH_BASE: u64 = 1 << 40;
 
@@ -304,14 +302,6 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         seed: args.seed,
     })?;
     let size = args.mini_batch_size;
-    // Random data: a few batches made up front and cycled, so generation is
-    // not timed; learnable data: every batch is new (the model must generalise).
-    let cached: Vec<Batch> = match args.data_generation {
-        DataKind::Random => (0..RANDOM_INPUT_BATCHES.min(args.num_batches))
-            .map(|i| data.batch(i, size))
-            .collect(),
-        DataKind::Learnable => Vec::new(),
-    };
     let test_batches: Vec<Batch> = if args.test_freq > 0 {
         (0..args.test_num_batches)
             .map(|i| data.batch(TEST_BATCH_BASE + i, size))
@@ -332,13 +322,11 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
     let (mut loss_first, mut loss_last) = (f32::NAN, f32::NAN);
     let mut window = (0.0f64, 0.0f64, 0u64);
     let mut last_metrics: Option<Metrics> = None;
-    let mut fresh = None;
     for i in 0..args.num_batches {
-        let batch = match args.data_generation {
-            DataKind::Random => &cached[(i % RANDOM_INPUT_BATCHES) as usize],
-            DataKind::Learnable => fresh.insert(data.batch(i, size)),
-        };
-        let out = model.train_step(&backend, batch)?;
+        // Every batch is new, made off the clock: cycling a few batches would
+        // let the model memorise random labels and keep their rows in cache.
+        let batch = data.batch(i, size);
+        let out = model.train_step(&backend, &batch)?;
         if !out.loss.is_finite() {
             bail!(
                 "loss became {} at batch {i}: lower --learning-rate",

@@ -25,6 +25,8 @@ pub enum SparseError {
     LengthsNotDivisible { lengths: usize, keys: usize },
     #[error("{weights} weights given for {values} values")]
     WeightsMismatch { weights: usize, values: usize },
+    #[error("keyed tensor: {0}")]
+    KeyedTensorShape(String),
     #[error("duplicate key '{0}'")]
     DuplicateKey(String),
     #[error("no table serves feature '{0}'")]

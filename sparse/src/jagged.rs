@@ -283,8 +283,42 @@ pub struct KeyedTensor {
 }
 
 impl KeyedTensor {
+    /// Wraps pooled values, row-major `[batch, sum(length_per_key)]`, as
+    /// TorchRec's `KeyedTensor(keys, length_per_key, values)`.
+    pub fn new(
+        keys: Vec<String>,
+        length_per_key: Vec<usize>,
+        values: Vec<f32>,
+    ) -> Result<Self, SparseError> {
+        if keys.len() != length_per_key.len() {
+            return Err(SparseError::KeyedTensorShape(format!(
+                "{} keys but {} lengths",
+                keys.len(),
+                length_per_key.len()
+            )));
+        }
+        stride_of(&keys, 0)?;
+        let width: usize = length_per_key.iter().sum();
+        if !values.len().is_multiple_of(width) {
+            return Err(SparseError::KeyedTensorShape(format!(
+                "{} values do not fill rows of width {width}",
+                values.len()
+            )));
+        }
+        let batch = values.len().checked_div(width).unwrap_or(0);
+        let mut tensor = Self::zeros(keys, length_per_key, 0);
+        tensor.batch = batch;
+        tensor.values = values;
+        Ok(tensor)
+    }
+
     /// A zeroed tensor for `batch` samples.
+    ///
+    /// # Panics
+    /// When `keys` and `length_per_key` differ in length (use [`KeyedTensor::new`]
+    /// for unchecked input).
     pub fn zeros(keys: Vec<String>, length_per_key: Vec<usize>, batch: usize) -> Self {
+        assert_eq!(keys.len(), length_per_key.len(), "one length per key");
         let mut offset_per_key = vec![0];
         for l in &length_per_key {
             offset_per_key.push(offset_per_key.last().unwrap() + l);
@@ -351,6 +385,20 @@ mod tests {
         let f1 = kjt.get("f1").unwrap();
         assert_eq!(f1.bag(0), &[] as &[i64]);
         assert_eq!(f1.bag(1), &[4, 5, 6]);
+    }
+
+    #[test]
+    fn keyed_tensor_checks_its_shape() {
+        let kt = KeyedTensor::new(keys(2), vec![2, 1], vec![1., 2., 3., 4., 5., 6.]).unwrap();
+        assert_eq!(kt.batch(), 2);
+        assert_eq!(kt.get(1, 0), &[4., 5.]);
+        assert_eq!(kt.get(1, 1), &[6.]);
+        assert!(KeyedTensor::new(keys(2), vec![2], vec![]).is_err());
+        assert!(KeyedTensor::new(keys(2), vec![2, 1], vec![1.; 4]).is_err());
+        assert_eq!(
+            KeyedTensor::new(vec!["a".into(), "a".into()], vec![1, 1], vec![]).unwrap_err(),
+            SparseError::DuplicateKey("a".into())
+        );
     }
 
     #[test]

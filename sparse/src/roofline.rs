@@ -86,3 +86,42 @@ fn gather<const D: usize>(table: &[f32], ids: &[u32], dim: usize, pooling: usize
     }
     check
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checksum is the sum over bags of each pooled row's first element.
+    #[test]
+    fn gather_sum_matches_plain_sums() {
+        let mut rng = crate::rng::Rng::new(5);
+        for (dim, pooling) in [(16, 1), (16, 3), (5, 2), (128, 20)] {
+            let rows = 300;
+            let tables: Vec<Vec<f32>> = (0..2)
+                .map(|_| (0..rows * dim).map(|_| rng.next_f32() - 0.5).collect())
+                .collect();
+            let ids: Vec<Vec<u32>> = (0..2)
+                .map(|_| {
+                    (0..pooling * 50)
+                        .map(|_| rng.below(rows as u64) as u32)
+                        .collect()
+                })
+                .collect();
+            let expected: f64 = (0..2)
+                .map(|t| {
+                    ids[t]
+                        .iter()
+                        .map(|&id| tables[t][id as usize * dim] as f64)
+                        .sum::<f64>()
+                })
+                .sum();
+            let table_refs: Vec<&[f32]> = tables.iter().map(|t| t.as_slice()).collect();
+            let id_refs: Vec<&[u32]> = ids.iter().map(|i| i.as_slice()).collect();
+            let got = gather_sum(&table_refs, &id_refs, dim, pooling) as f64;
+            assert!(
+                (got - expected).abs() < 1e-3,
+                "dim {dim}, pooling {pooling}: {got} vs {expected}"
+            );
+        }
+    }
+}

@@ -127,6 +127,9 @@ pub fn check_linear_backward<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
         (33, 13, 64),
         (300, 67, 129),
         (600, 40, 3),
+        // Narrow outputs over many rows: the native backend's parallel
+        // column-sum path for the bias gradient (rows x cols >= 32768).
+        (4096, 24, 16),
     ] {
         for act in ACTIVATIONS {
             for want_dx in [true, false] {
@@ -207,7 +210,7 @@ pub fn check_dot_interaction<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
 pub fn check_cross_combine<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
     let mut rng = Initializer::new(15);
     let mut n = 0;
-    for &(rows, cols) in &[(1, 1), (4, 7), (300, 129)] {
+    for &(rows, cols) in &[(1, 1), (4, 7), (300, 129), (4096, 32)] {
         let (x0, h, xl) = (
             random(&mut rng, rows, cols),
             random(&mut rng, rows, cols),

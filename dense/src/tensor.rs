@@ -6,7 +6,8 @@ use crate::real::Real;
 /// A dense row-major matrix `[rows, cols]`.
 ///
 /// Layers keep their activations and gradients in `Tensor`s and [`Tensor::resize`] them each
-/// step, so after the first step of a given batch size no buffer is reallocated.
+/// step, so after the first step of a given batch size none of these buffers is reallocated
+/// (the gemm crate still allocates its own packing buffers inside each product).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Tensor<T> {
     rows: usize,

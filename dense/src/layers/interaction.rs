@@ -20,7 +20,13 @@ pub struct DotInteraction<T> {
 
 impl<T: Real> DotInteraction<T> {
     /// `num_sparse` pooled embeddings (F) of dimension `dim` (D, also the dense arch's output).
+    /// # Panics
+    /// When `dim` is 0 (there is nothing to take dot products of).
     pub fn new(num_sparse: usize, dim: usize) -> Self {
+        assert!(
+            dim > 0,
+            "DotInteraction::new: the embedding dim must be at least 1"
+        );
         DotInteraction {
             num_sparse,
             dim,

@@ -11,7 +11,7 @@ use crate::tensor::Tensor;
 /// Linear layers with ReLU between them and a chosen activation after the last one.
 ///
 /// Keeps the input, every layer's output and every gradient in buffers that are reused from
-/// step to step (no allocation once the batch size is steady).
+/// step to step (none of them reallocates once the batch size is steady).
 #[derive(Clone, Debug)]
 pub struct Mlp<T> {
     layers: Vec<Linear<T>>,

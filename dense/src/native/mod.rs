@@ -156,8 +156,11 @@ impl NativeBackend {
     /// `[a.rows, b.cols]` and is not read when `beta == 0`.
     fn gemm<T: Real>(&self, a: Operand<'_, T>, b: Operand<'_, T>, alpha: T, beta: T, c: &mut [T]) {
         let (m, k, n) = (a.rows, a.cols, b.cols);
+        // The raw-pointer call below relies on these: each view's buffer holds exactly
+        // rows x cols elements (the Tensor invariant), and the shapes chain.
+        let spans = |x: &Operand<'_, T>| x.rows.checked_mul(x.cols) == Some(x.data.len());
         assert!(
-            b.rows == k && c.len() == m * n,
+            spans(&a) && spans(&b) && b.rows == k && m.checked_mul(n) == Some(c.len()),
             "gemm: internal shape error"
         );
         if m == 0 || n == 0 {
@@ -178,8 +181,8 @@ impl NativeBackend {
         } else {
             Parallelism::None
         };
-        // SAFETY: every view spans exactly its tensor's buffer (checked shapes, strides derived
-        // from them), `c` is an exclusive borrow of m*n elements with row stride n, and the
+        // SAFETY: every view spans exactly its buffer (asserted above; strides derived from
+        // the shapes), `c` is an exclusive borrow of m*n elements with row stride n, and the
         // shared views cannot alias it. `T` is f32 or f64 (sealed `Real`), which gemm supports.
         // gemm's own convention is dst = alpha·dst + beta·lhs·rhs, hence the swapped scalars.
         unsafe {

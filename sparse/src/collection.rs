@@ -97,6 +97,17 @@ impl EmbeddingTable {
     pub fn optimizer_state_mut(&mut self) -> &mut [f32] {
         self.state.as_mut_slice()
     }
+    /// The error for `id`, found in `feature`'s bag of `sample`.
+    fn id_error(&self, feature: &str, sample: usize, id: i64) -> SparseError {
+        SparseError::IdOutOfRange {
+            table: self.config.name.clone(),
+            feature: feature.to_string(),
+            sample,
+            id,
+            rows: self.num_embeddings(),
+        }
+    }
+
     #[inline(always)]
     fn prefetch_row(&self, id: i64, step: usize) {
         let dim = self.dim();
@@ -397,13 +408,7 @@ impl EmbeddingTable {
                 for p in start..end {
                     let id = kjt.values()[p];
                     if id < 0 || id as u64 >= rows {
-                        return Err(SparseError::IdOutOfRange {
-                            table: self.config.name.clone(),
-                            feature: slot.name.clone(),
-                            sample,
-                            id,
-                            rows: rows as usize,
-                        });
+                        return Err(self.id_error(&slot.name, sample, id));
                     }
                     let weight = kjt.weights().map_or(1.0, |w| w[p]);
                     entries.push(Entry {
@@ -470,6 +475,20 @@ impl EmbeddingTable {
     }
 }
 
+/// Calls `pool::<D>(args)` with the dim as a compile-time `D` where a
+/// fixed-dim kernel exists (16, 32, 64, 128), else `pool::<0>(args)`.
+macro_rules! with_fixed_dim {
+    ($dim:expr, $pool:ident($($arg:expr),* $(,)?)) => {
+        match $dim {
+            16 => $pool::<16>($($arg),*),
+            32 => $pool::<32>($($arg),*),
+            64 => $pool::<64>($($arg),*),
+            128 => $pool::<128>($($arg),*),
+            _ => $pool::<0>($($arg),*),
+        }
+    };
+}
+
 /// What every forward task reads.
 struct ForwardJob<'a> {
     tables: &'a [EmbeddingTable],
@@ -511,20 +530,11 @@ fn pool_task_body(job: &ForwardJob<'_>, slot: usize, first: usize) -> Result<(),
                 dim,
             )
         };
-        let pooled = match dim {
-            16 => pool_bag::<16>(job, table, (bag[0], bag[1]), prefetch_end, out),
-            32 => pool_bag::<32>(job, table, (bag[0], bag[1]), prefetch_end, out),
-            64 => pool_bag::<64>(job, table, (bag[0], bag[1]), prefetch_end, out),
-            128 => pool_bag::<128>(job, table, (bag[0], bag[1]), prefetch_end, out),
-            _ => pool_bag::<0>(job, table, (bag[0], bag[1]), prefetch_end, out),
-        };
-        pooled.map_err(|id| SparseError::IdOutOfRange {
-            table: table.name().to_string(),
-            feature: feature.name.clone(),
-            sample: first + s,
-            id,
-            rows: table.num_embeddings(),
-        })?;
+        with_fixed_dim!(
+            dim,
+            pool_bag(job, table, (bag[0], bag[1]), prefetch_end, out)
+        )
+        .map_err(|id| table.id_error(&feature.name, first + s, id))?;
     }
     Ok(())
 }
@@ -594,20 +604,11 @@ fn pool_samples_body(
             let dim = table.dim();
             let bag = job.bag(i, first + s);
             let out = &mut block[s * width + slot.column..s * width + slot.column + dim];
-            let pooled = match dim {
-                16 => pool_bag_cursor::<16>(table, bag, values, weights, &mut ahead, out),
-                32 => pool_bag_cursor::<32>(table, bag, values, weights, &mut ahead, out),
-                64 => pool_bag_cursor::<64>(table, bag, values, weights, &mut ahead, out),
-                128 => pool_bag_cursor::<128>(table, bag, values, weights, &mut ahead, out),
-                _ => pool_bag_cursor::<0>(table, bag, values, weights, &mut ahead, out),
-            };
-            pooled.map_err(|id| SparseError::IdOutOfRange {
-                table: table.name().to_string(),
-                feature: slot.name.clone(),
-                sample: first + s,
-                id,
-                rows: table.num_embeddings(),
-            })?;
+            with_fixed_dim!(
+                dim,
+                pool_bag_cursor(table, bag, values, weights, &mut ahead, out)
+            )
+            .map_err(|id| table.id_error(&slot.name, first + s, id))?;
         }
     }
     Ok(())

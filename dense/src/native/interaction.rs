@@ -179,20 +179,18 @@ fn backward_fixed<T: Real, const D: usize>(
         let gout = dout.row(r);
         let g = &gout[D..];
         let vector = |j: usize| if j == 0 { dv } else { &sv[j - 1] };
-        // d combined_i = Σ_{j≠i} g(i,j) combined_j, g(i,j) at pair index i·nv - i(i+1)/2 + j-i-1.
+        // d combined_i = Σ_{j≠i} g(i,j) combined_j, g(i,j) at pair_index(nv, i, j).
         for vi in 0..nv {
             let mut acc = [T::ZERO; D];
             if vi == 0 {
                 acc.copy_from_slice(&gout[..D]);
             }
-            // Partners before vi: pair (j, vi); the index grows by nv - j - 2 from j to j + 1.
-            let mut idx = vi;
+            // Partners before vi: pairs (j, vi).
             for j in 0..vi {
-                axpy_fixed(&mut acc, g[idx - 1], vector(j));
-                idx += nv - j - 2;
+                axpy_fixed(&mut acc, g[pair_index(nv, j, vi)], vector(j));
             }
             // Partners after vi: pairs (vi, j) are contiguous.
-            let base = vi * nv - vi * (vi + 1) / 2;
+            let base = pair_index(nv, vi, vi + 1);
             for (&gij, vj) in g[base..base + (nv - 1 - vi)].iter().zip(&sv[vi..]) {
                 axpy_fixed(&mut acc, gij, vj);
             }

@@ -1,0 +1,330 @@
+//! `ember ingest criteo`: Criteo TSV (plain or gzip) into Parquet in one
+//! streaming pass. Memory is bounded by one row group: lines are parsed into
+//! column builders and written out every `row_group_size` rows.
+//!
+//! Each input `NAME[.tsv|.txt][.gz]` becomes `NAME-00000.parquet`, ... and,
+//! once all its parts are complete, a marker `NAME.ingest.json` holding its
+//! counts. `resume` skips inputs whose marker exists; any other input's old
+//! parts are deleted and rewritten.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::criteo::{parse_line, CriteoRecord, Reject};
+use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
+use crate::writer::{write_atomic, CriteoBatchBuilder, ParquetSink, SinkOptions};
+use crate::DataError;
+
+/// Rejected lines reported one by one; the rest are only counted.
+pub const REPORTED_REJECTS: usize = 10;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IngestOptions {
+    pub sink: SinkOptions,
+    /// Stop at the first malformed line instead of skipping it.
+    pub strict: bool,
+    /// Skip inputs whose output is complete.
+    pub resume: bool,
+}
+
+/// A rejected line, with where it was.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedLine {
+    pub file: PathBuf,
+    pub line: u64,
+    pub reason: String,
+}
+
+/// Null count of one column.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnNulls {
+    pub column: String,
+    pub nulls: u64,
+}
+
+/// What one input file produced (also the content of its marker file).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputSummary {
+    pub input: PathBuf,
+    pub files: Vec<PathBuf>,
+    pub rows_written: u64,
+    /// Rejected lines by reason (`field_count`, `label`, `integer`, `categorical`).
+    pub rejected: BTreeMap<String, u64>,
+    pub first_rejected: Vec<RejectedLine>,
+    pub nulls: Vec<ColumnNulls>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// The whole run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct IngestSummary {
+    pub rows_written: u64,
+    pub lines_rejected: u64,
+    pub rejected: BTreeMap<String, u64>,
+    /// The first rejected lines, with file and line number.
+    pub first_rejected: Vec<RejectedLine>,
+    pub nulls: Vec<ColumnNulls>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub seconds: f64,
+    pub rows_per_s: f64,
+    pub files: Vec<PathBuf>,
+    /// Inputs skipped by `resume` (their counts are included above).
+    pub resumed_inputs: Vec<PathBuf>,
+}
+
+impl IngestSummary {
+    fn add(&mut self, s: &InputSummary) {
+        self.rows_written += s.rows_written;
+        for (k, v) in &s.rejected {
+            *self.rejected.entry(k.clone()).or_default() += v;
+            self.lines_rejected += v;
+        }
+        let room = REPORTED_REJECTS.saturating_sub(self.first_rejected.len());
+        (self.first_rejected).extend(s.first_rejected.iter().take(room).cloned());
+        if self.nulls.is_empty() {
+            self.nulls = s.nulls.clone();
+        } else {
+            for (a, b) in self.nulls.iter_mut().zip(&s.nulls) {
+                a.nulls += b.nulls;
+            }
+        }
+        self.bytes_in += s.bytes_in;
+        self.bytes_out += s.bytes_out;
+        self.files.extend(s.files.iter().cloned());
+    }
+}
+
+/// The output prefix of an input: its file name without `.gz` and a
+/// `.tsv`/`.txt`/`.csv` extension.
+pub fn output_prefix(input: &Path) -> String {
+    let mut name = input
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    for ext in [".gz", ".tsv", ".txt", ".csv"] {
+        if let Some(stem) = name.strip_suffix(ext) {
+            name = stem.to_string();
+        }
+    }
+    name
+}
+
+fn marker_path(output: &Path, prefix: &str) -> PathBuf {
+    output.join(format!("{prefix}.ingest.json"))
+}
+
+/// Ingests `inputs` into `output`; `progress` is called with the input bytes
+/// read so far (of the sum of the inputs' sizes).
+pub fn ingest_criteo(
+    inputs: &[PathBuf],
+    output: &Path,
+    options: &IngestOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<IngestSummary, DataError> {
+    let start = Instant::now();
+    if options.sink.row_group_size == 0 || options.sink.rows_per_file == Some(0) {
+        return Err(DataError::Config(
+            "row group size and rows per file must be at least 1".into(),
+        ));
+    }
+    let mut prefixes = BTreeMap::new();
+    for input in inputs {
+        if let Some(other) = prefixes.insert(output_prefix(input), input) {
+            return Err(DataError::Config(format!(
+                "inputs {} and {} would write the same output files",
+                other.display(),
+                input.display()
+            )));
+        }
+    }
+    std::fs::create_dir_all(output).map_err(DataError::io(output))?;
+    let mut summary = IngestSummary::default();
+    let mut done_bytes = 0;
+    for input in inputs {
+        let prefix = output_prefix(input);
+        let marker = marker_path(output, &prefix);
+        let s = match options.resume.then(|| read_marker(&marker)).flatten() {
+            Some(s) => {
+                summary.resumed_inputs.push(input.clone());
+                s
+            }
+            None => {
+                remove_parts(output, &prefix)?;
+                let s = ingest_one(input, output, &prefix, options, &mut |b| {
+                    progress(done_bytes + b)
+                })?;
+                let json = serde_json::to_vec_pretty(&s).expect("a summary serialises");
+                write_atomic(&marker, &json)?;
+                s
+            }
+        };
+        done_bytes += s.bytes_in;
+        progress(done_bytes);
+        summary.add(&s);
+    }
+    summary.seconds = start.elapsed().as_secs_f64();
+    summary.rows_per_s = summary.rows_written as f64 / summary.seconds.max(1e-9);
+    Ok(summary)
+}
+
+/// A marker whose files all still exist, or `None` (then the input is redone).
+fn read_marker(path: &Path) -> Option<InputSummary> {
+    let s: InputSummary = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    s.files.iter().all(|f| f.is_file()).then_some(s)
+}
+
+/// Deletes an input's marker, parts and temporary files from an earlier run.
+fn remove_parts(output: &Path, prefix: &str) -> Result<(), DataError> {
+    let entries = std::fs::read_dir(output).map_err(DataError::io(output))?;
+    for entry in entries {
+        let entry = entry.map_err(DataError::io(output))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let bare = name.strip_prefix('.').unwrap_or(&name);
+        let part = bare.strip_prefix(prefix).and_then(|r| r.strip_prefix('-'));
+        let is_part = part.is_some_and(|r| {
+            let r = r.strip_suffix(".tmp").unwrap_or(r);
+            r.strip_suffix(".parquet")
+                .is_some_and(|n| n.len() == 5 && n.bytes().all(|b| b.is_ascii_digit()))
+        });
+        if is_part || name == format!("{prefix}.ingest.json") {
+            std::fs::remove_file(entry.path()).map_err(DataError::io(entry.path()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Bytes read so far from an input file, shared with the reader that counts them.
+type ByteCount = Rc<Cell<u64>>;
+
+/// Counts the bytes read from the file underneath any decompression.
+struct Counting<R> {
+    inner: R,
+    bytes: ByteCount,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes.set(self.bytes.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// Lines of a plain or gzip file (told apart by the gzip magic bytes).
+fn open_lines(path: &Path) -> Result<(Box<dyn BufRead>, ByteCount), DataError> {
+    let file = File::open(path).map_err(DataError::io(path))?;
+    let bytes = Rc::new(Cell::new(0));
+    let mut raw = BufReader::with_capacity(
+        1 << 16,
+        Counting {
+            inner: file,
+            bytes: bytes.clone(),
+        },
+    );
+    let gzip = raw
+        .fill_buf()
+        .map_err(DataError::io(path))?
+        .starts_with(&[0x1f, 0x8b]);
+    let lines: Box<dyn BufRead> = if gzip {
+        Box::new(BufReader::with_capacity(
+            1 << 16,
+            flate2::bufread::MultiGzDecoder::new(raw),
+        ))
+    } else {
+        Box::new(raw)
+    };
+    Ok((lines, bytes))
+}
+
+fn ingest_one(
+    input: &Path,
+    output: &Path,
+    prefix: &str,
+    options: &IngestOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<InputSummary, DataError> {
+    let (mut lines, bytes_read) = open_lines(input)?;
+    let mut builder = CriteoBatchBuilder::new(&[false; NUM_CAT]);
+    let mut sink = ParquetSink::new(output, prefix, builder.schema().clone(), options.sink);
+    let mut s = InputSummary {
+        input: input.to_path_buf(),
+        ..Default::default()
+    };
+    let mut int_nulls = [0u64; NUM_INT];
+    let mut cat_nulls = [0u64; NUM_CAT];
+    let mut record = CriteoRecord::default();
+    let mut buf = Vec::with_capacity(512);
+    let mut line_no = 0u64;
+    loop {
+        buf.clear();
+        if lines
+            .read_until(b'\n', &mut buf)
+            .map_err(DataError::io(input))?
+            == 0
+        {
+            break;
+        }
+        line_no += 1;
+        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        match parse_line(line, &mut record) {
+            Ok(()) => {
+                count_nulls(&record, &mut int_nulls, &mut cat_nulls);
+                builder.push_record(&record);
+                if builder.len() == options.sink.row_group_size {
+                    sink.write(&builder.finish())?;
+                    progress(bytes_read.get());
+                }
+            }
+            Err(reason) if options.strict => {
+                return Err(DataError::Malformed {
+                    path: input.to_path_buf(),
+                    line: line_no,
+                    reason,
+                })
+            }
+            Err(reason) => note_reject(&mut s, input, line_no, &reason),
+        }
+    }
+    if !builder.is_empty() {
+        sink.write(&builder.finish())?;
+    }
+    let (files, bytes_out) = sink.finish()?;
+    s.rows_written = line_no - s.rejected.values().sum::<u64>();
+    s.files = files;
+    s.bytes_out = bytes_out;
+    s.bytes_in = bytes_read.get();
+    s.nulls = (0..NUM_INT)
+        .map(|i| (int_column(i), int_nulls[i]))
+        .chain((0..NUM_CAT).map(|i| (cat_column(i), cat_nulls[i])))
+        .map(|(column, nulls)| ColumnNulls { column, nulls })
+        .collect();
+    Ok(s)
+}
+
+fn count_nulls(r: &CriteoRecord, ints: &mut [u64; NUM_INT], cats: &mut [u64; NUM_CAT]) {
+    for (n, v) in ints.iter_mut().zip(&r.ints) {
+        *n += v.is_none() as u64;
+    }
+    for (n, v) in cats.iter_mut().zip(&r.cats) {
+        *n += v.is_none() as u64;
+    }
+}
+
+fn note_reject(s: &mut InputSummary, input: &Path, line: u64, reason: &Reject) {
+    *s.rejected.entry(reason.kind().to_string()).or_default() += 1;
+    if s.first_rejected.len() < REPORTED_REJECTS {
+        s.first_rejected.push(RejectedLine {
+            file: input.to_path_buf(),
+            line,
+            reason: reason.to_string(),
+        });
+    }
+}

@@ -1,0 +1,370 @@
+//! The pipelined loader.
+//!
+//! ```text
+//!  epoch units (row groups) ── shuffled by (seed, epoch), then every
+//!   │                          world_size-th one from `rank` kept
+//!   ├─ unit 0, T, 2T.. ─► decode thread 0 ─► bounded queue 0 ─┐
+//!   ├─ unit 1, T+1 ..  ─► decode thread 1 ─► bounded queue 1 ─┼─► batches, in unit order
+//!   └─ ...                                                    ┘   (taken round-robin)
+//! ```
+//! Decoding (Parquet, then the transforms) runs on `threads` threads ahead
+//! of the consumer, at most `prefetch` row groups each; the consumer only
+//! copies rows into batches. Taking the queues round-robin keeps the order
+//! of batches a pure function of (data, seed, epoch), whatever the timing,
+//! so a resumed run sees the same batches as one that never stopped.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{bounded, Receiver};
+use ember_sparse::rng::{mix, Rng};
+use ember_sparse::KeyedJaggedTensor;
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::{Chunk, DecodeSpec, Unit};
+use crate::schema::{int_column, LABEL, NUM_INT};
+use crate::transform::{DenseTransform, IdTransform};
+use crate::{DataError, Dataset};
+
+/// A categorical column read as the sparse feature `key` of a table with
+/// `num_embeddings` rows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SparseColumn {
+    pub column: String,
+    pub key: String,
+    pub num_embeddings: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoaderConfig {
+    pub batch_size: usize,
+    pub label_column: String,
+    pub dense_columns: Vec<String>,
+    pub sparse_columns: Vec<SparseColumn>,
+    pub dense_transform: DenseTransform,
+    pub id_transform: IdTransform,
+    /// Shuffle the row groups of every epoch with this seed (`None`: file order).
+    pub shuffle_seed: Option<u64>,
+    /// Drop an epoch's last batch when it is short.
+    pub drop_last: bool,
+    /// This process's share of the row groups: those at positions `rank`,
+    /// `rank + world_size`, ... of the (shuffled) epoch.
+    pub rank: usize,
+    pub world_size: usize,
+    /// Decoding threads.
+    pub threads: usize,
+    /// Decoded row groups queued ahead, per thread.
+    pub prefetch: usize,
+}
+
+impl LoaderConfig {
+    /// The Criteo schema's columns: `label`, `int_0..int_12`, and for each
+    /// `(feature, rows)` the column of the same name (`cat_i`).
+    pub fn criteo(batch_size: usize, features: &[(String, usize)]) -> Self {
+        Self {
+            batch_size,
+            label_column: LABEL.into(),
+            dense_columns: (0..NUM_INT).map(int_column).collect(),
+            sparse_columns: features
+                .iter()
+                .map(|(key, rows)| SparseColumn {
+                    column: key.clone(),
+                    key: key.clone(),
+                    num_embeddings: *rows as u64,
+                })
+                .collect(),
+            dense_transform: DenseTransform::default(),
+            id_transform: IdTransform::default(),
+            shuffle_seed: None,
+            drop_last: false,
+            rank: 0,
+            world_size: 1,
+            threads: 1,
+            prefetch: 2,
+        }
+    }
+
+    fn validate(&self) -> Result<(), DataError> {
+        let fail = |m: String| Err(DataError::Config(m));
+        if self.batch_size == 0 {
+            return fail("batch size must be at least 1".into());
+        }
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return fail(format!(
+                "rank {} is not below world size {}",
+                self.rank, self.world_size
+            ));
+        }
+        if self.threads == 0 || self.prefetch == 0 {
+            return fail("loader threads and prefetch depth must be at least 1".into());
+        }
+        if let Some(c) = self.sparse_columns.iter().find(|c| c.num_embeddings == 0) {
+            return fail(format!("feature '{}' has a table of 0 rows", c.key));
+        }
+        Ok(())
+    }
+}
+
+/// One batch as the loader produces it.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    /// Row-major `[batch, num_dense]`.
+    pub dense: Vec<f32>,
+    pub num_dense: usize,
+    pub sparse: KeyedJaggedTensor,
+    pub labels: Vec<f32>,
+}
+
+impl Batch {
+    pub fn size(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Bytes of decoded data: dense and labels (f32), ids (i64), and one
+    /// length per bag (i32, as TorchRec's KJT holds them).
+    pub fn bytes(&self) -> usize {
+        4 * (self.dense.len() + self.labels.len())
+            + 8 * self.sparse.values().len()
+            + 4 * self.sparse.keys().len() * self.size()
+    }
+}
+
+/// Batches from a dataset.
+pub struct Loader {
+    dataset: Arc<Dataset>,
+    config: LoaderConfig,
+    spec: Arc<DecodeSpec>,
+}
+
+impl Loader {
+    /// Checks every file for the configured columns and types.
+    pub fn new(dataset: Dataset, config: LoaderConfig) -> Result<Self, DataError> {
+        config.validate()?;
+        let spec = DecodeSpec {
+            label: config.label_column.clone(),
+            dense: config.dense_columns.clone(),
+            sparse: (config.sparse_columns.iter())
+                .map(|c| (c.column.clone(), c.num_embeddings))
+                .collect(),
+            dense_transform: config.dense_transform,
+            id_transform: config.id_transform,
+        };
+        spec.check(&dataset)?;
+        Ok(Self {
+            dataset: Arc::new(dataset),
+            config,
+            spec: Arc::new(spec),
+        })
+    }
+
+    /// Opens `inputs` (files or directories) and checks them.
+    pub fn open(inputs: &[PathBuf], config: LoaderConfig) -> Result<Self, DataError> {
+        Self::new(Dataset::open(inputs)?, config)
+    }
+
+    pub fn config(&self) -> &LoaderConfig {
+        &self.config
+    }
+
+    pub fn dataset(&self) -> &Dataset {
+        &self.dataset
+    }
+
+    /// This rank's row groups of `epoch`, in the order they are read.
+    pub fn units(&self, epoch: u64) -> Vec<Unit> {
+        let mut units = self.dataset.units();
+        if let Some(seed) = self.config.shuffle_seed {
+            let mut rng = Rng::new(mix(&[seed, epoch, 0x5_4FF1E]));
+            for i in (1..units.len()).rev() {
+                units.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        let (rank, world) = (self.config.rank, self.config.world_size);
+        (units.into_iter().enumerate())
+            .filter(|(i, _)| i % world == rank)
+            .map(|(_, u)| u)
+            .collect()
+    }
+
+    /// Batches of `epoch` (from the metadata: nothing is read).
+    pub fn batches_per_epoch(&self, epoch: u64) -> u64 {
+        let rows: u64 = self.units(epoch).iter().map(|u| u.rows as u64).sum();
+        let b = self.config.batch_size as u64;
+        if self.config.drop_last {
+            rows / b
+        } else {
+            rows.div_ceil(b)
+        }
+    }
+
+    /// The batches of `epoch`, starting after its first `skip` batches
+    /// (whole row groups before them are not read at all).
+    pub fn epoch(&self, epoch: u64, skip: u64) -> Batches {
+        let mut units: VecDeque<Unit> = self.units(epoch).into();
+        let mut skip_rows = skip.saturating_mul(self.config.batch_size as u64);
+        while let Some(u) = units.front() {
+            if (u.rows as u64) > skip_rows {
+                break;
+            }
+            skip_rows -= u.rows as u64;
+            units.pop_front();
+        }
+        let units: Vec<Unit> = units.into();
+        let threads = self.config.threads.min(units.len()).max(1);
+        let mut receivers = Vec::with_capacity(threads);
+        let mut workers = Vec::with_capacity(threads);
+        for w in 0..threads {
+            let (tx, rx) = bounded(self.config.prefetch);
+            let mine: Vec<Unit> = units.iter().skip(w).step_by(threads).copied().collect();
+            let (dataset, spec) = (self.dataset.clone(), self.spec.clone());
+            workers.push(std::thread::spawn(move || {
+                for unit in mine {
+                    let chunk = spec.decode(&dataset, unit);
+                    let failed = chunk.is_err();
+                    // A closed queue means the consumer is gone: stop.
+                    if tx.send(chunk).is_err() || failed {
+                        return;
+                    }
+                }
+            }));
+            receivers.push(rx);
+        }
+        Batches {
+            receivers,
+            workers,
+            num_units: units.len(),
+            next_unit: 0,
+            pending: VecDeque::new(),
+            first_skip: skip_rows as usize,
+            keys: (self.config.sparse_columns.iter())
+                .map(|c| c.key.clone())
+                .collect(),
+            num_dense: self.config.dense_columns.len(),
+            batch_size: self.config.batch_size,
+            drop_last: self.config.drop_last,
+            failed: false,
+        }
+    }
+}
+
+/// The batches of one epoch; dropping it stops the decoding threads.
+pub struct Batches {
+    receivers: Vec<Receiver<Result<Chunk, DataError>>>,
+    workers: Vec<JoinHandle<()>>,
+    num_units: usize,
+    next_unit: usize,
+    /// Decoded chunks not yet fully consumed, with the first unread row.
+    pending: VecDeque<(Chunk, usize)>,
+    /// Rows to skip in the first chunk (a resumed epoch).
+    first_skip: usize,
+    keys: Vec<String>,
+    num_dense: usize,
+    batch_size: usize,
+    drop_last: bool,
+    failed: bool,
+}
+
+impl Batches {
+    /// Pulls decoded chunks until `want` rows are pending or the epoch ends.
+    fn fill(&mut self, want: usize) -> Result<usize, DataError> {
+        let mut have: usize = self.pending.iter().map(|(c, at)| c.rows - at).sum();
+        while have < want && self.next_unit < self.num_units {
+            let rx = &self.receivers[self.next_unit % self.receivers.len()];
+            let chunk = rx.recv().map_err(|_| {
+                DataError::Config("a decoding thread stopped without a result".into())
+            })??;
+            let at = if self.next_unit == 0 {
+                self.first_skip.min(chunk.rows)
+            } else {
+                0
+            };
+            self.next_unit += 1;
+            have += chunk.rows - at;
+            self.pending.push_back((chunk, at));
+        }
+        Ok(have)
+    }
+
+    fn assemble(&mut self, n: usize) -> Result<Batch, DataError> {
+        let nd = self.num_dense;
+        let mut dense = Vec::with_capacity(n * nd);
+        let mut labels = Vec::with_capacity(n);
+        // Which rows of which pending chunks make this batch.
+        let mut pieces = Vec::new();
+        let mut left = n;
+        for (i, (chunk, at)) in self.pending.iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(chunk.rows - at);
+            pieces.push((i, *at..*at + take));
+            left -= take;
+        }
+        for (i, rows) in &pieces {
+            let chunk = &self.pending[*i].0;
+            dense.extend_from_slice(&chunk.dense[rows.start * nd..rows.end * nd]);
+            labels.extend_from_slice(&chunk.labels[rows.clone()]);
+        }
+        let mut lengths = Vec::with_capacity(self.keys.len() * n);
+        let mut values = Vec::new();
+        for f in 0..self.keys.len() {
+            for (i, rows) in &pieces {
+                let feature = &self.pending[*i].0.features[f];
+                let offsets = &feature.offsets[rows.start..=rows.end];
+                lengths.extend(offsets.windows(2).map(|w| (w[1] - w[0]) as i64));
+                values.extend_from_slice(
+                    &feature.values[offsets[0] as usize..offsets[offsets.len() - 1] as usize],
+                );
+            }
+        }
+        // Advance past the rows taken.
+        for (i, rows) in pieces.iter().rev() {
+            let (chunk, at) = &mut self.pending[*i];
+            *at = rows.end;
+            if *at == chunk.rows {
+                self.pending.remove(*i);
+            }
+        }
+        let sparse = KeyedJaggedTensor::from_lengths(self.keys.clone(), values, &lengths, None)?;
+        Ok(Batch {
+            dense,
+            num_dense: nd,
+            sparse,
+            labels,
+        })
+    }
+}
+
+impl Iterator for Batches {
+    type Item = Result<Batch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let have = match self.fill(self.batch_size) {
+            Ok(have) => have,
+            Err(e) => {
+                self.failed = true;
+                return Some(Err(e));
+            }
+        };
+        let n = have.min(self.batch_size);
+        if n == 0 || (self.drop_last && n < self.batch_size) {
+            return None;
+        }
+        Some(self.assemble(n))
+    }
+}
+
+impl Drop for Batches {
+    fn drop(&mut self) {
+        // Closing the queues makes every thread stop at its next send.
+        self.receivers.clear();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The named transforms applied while decoding, as the reference pipelines
+//! name them.
+
+use serde::{Deserialize, Serialize};
+
+/// Raw integer feature → model input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DenseTransform {
+    /// `ln(1 + max(x, 0))`, missing as 0: dlrm_s_pytorch's Criteo loader.
+    #[default]
+    Log1p,
+    /// `ln(x + 3)`, missing as 0 (so `ln 3`): TorchRec's Criteo Parquet path.
+    /// Criteo's integers are at least -2; anything lower is clamped to -2 so
+    /// the log stays finite.
+    LogPlus3,
+}
+
+impl DenseTransform {
+    #[inline]
+    pub fn apply(self, x: Option<i32>) -> f32 {
+        let x = x.unwrap_or(0) as f32;
+        match self {
+            DenseTransform::Log1p => x.max(0.0).ln_1p(),
+            DenseTransform::LogPlus3 => (x.max(-2.0) + 3.0).ln(),
+        }
+    }
+}
+
+/// Raw categorical id → row of a table with `rows` rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IdTransform {
+    /// `id mod rows` (non-negative): TorchRec and MLPerf.
+    #[default]
+    Modulo,
+    /// `splitmix64(id) mod rows`: spreads ids whose low bits are correlated
+    /// (sequential or bucketed ids) evenly over the rows.
+    Hash,
+}
+
+impl IdTransform {
+    #[inline]
+    pub fn apply(self, id: i64, rows: u64) -> i64 {
+        match self {
+            IdTransform::Modulo => id.rem_euclid(rows as i64),
+            IdTransform::Hash => (ember_sparse::rng::splitmix(id as u64) % rows) as i64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dense_transforms() {
+        assert_eq!(DenseTransform::Log1p.apply(None), 0.0);
+        assert_eq!(DenseTransform::Log1p.apply(Some(-5)), 0.0);
+        assert!((DenseTransform::Log1p.apply(Some(9)) - 10f32.ln()).abs() < 1e-6);
+        assert!((DenseTransform::LogPlus3.apply(None) - 3f32.ln()).abs() < 1e-6);
+        assert!((DenseTransform::LogPlus3.apply(Some(7)) - 10f32.ln()).abs() < 1e-6);
+        assert_eq!(DenseTransform::LogPlus3.apply(Some(-9)), 0.0);
+    }
+
+    #[test]
+    fn id_transforms_stay_in_range() {
+        assert_eq!(IdTransform::Modulo.apply(0x68fd1e64, 100), 0x68fd1e64 % 100);
+        assert_eq!(IdTransform::Modulo.apply(-3, 10), 7);
+        for id in [-5i64, 0, 1, i64::MAX] {
+            assert!((0..7).contains(&IdTransform::Hash.apply(id, 7)));
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! Writing Criteo-schema Parquet: a builder of record batches, and a sink
+//! that splits rows into files and row groups and never leaves a partial
+//! file under a final name.
+//!
+//! A file is written as `.<name>.tmp`, closed, fsynced and renamed to
+//! `<name>` (then the directory is fsynced), so `*.parquet` files are always
+//! complete; the loader reads only `*.parquet` names.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{Int32Builder, Int64Builder, Int8Builder, ListBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::SchemaRef;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
+
+use crate::criteo::CriteoRecord;
+use crate::schema::{criteo_schema, NUM_CAT, NUM_INT};
+use crate::DataError;
+
+/// Parquet page compression.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    #[default]
+    Zstd,
+    Snappy,
+    None,
+}
+
+impl Codec {
+    fn compression(self) -> Compression {
+        match self {
+            Codec::Zstd => Compression::ZSTD(ZstdLevel::default()),
+            Codec::Snappy => Compression::SNAPPY,
+            Codec::None => Compression::UNCOMPRESSED,
+        }
+    }
+}
+
+/// How rows are laid out in files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkOptions {
+    /// Rows per output file (`None`: one file per input).
+    pub rows_per_file: Option<u64>,
+    /// Rows per Parquet row group, the loader's unit of shuffling and sharding.
+    pub row_group_size: usize,
+    pub compression: Codec,
+}
+
+impl Default for SinkOptions {
+    fn default() -> Self {
+        Self {
+            rows_per_file: None,
+            row_group_size: 1 << 16,
+            compression: Codec::Zstd,
+        }
+    }
+}
+
+enum CatBuilder {
+    Scalar(Int64Builder),
+    List(ListBuilder<Int64Builder>),
+}
+
+/// Accumulates rows of the Criteo schema column by column.
+pub struct CriteoBatchBuilder {
+    schema: SchemaRef,
+    label: Int8Builder,
+    ints: Vec<Int32Builder>,
+    cats: Vec<CatBuilder>,
+    rows: usize,
+}
+
+impl CriteoBatchBuilder {
+    /// `multi_hot[i]`: `cat_i` is a `list<int64>` column.
+    pub fn new(multi_hot: &[bool; NUM_CAT]) -> Self {
+        let schema = criteo_schema(multi_hot);
+        let cats = multi_hot
+            .iter()
+            .map(|&m| match m {
+                true => {
+                    CatBuilder::List(ListBuilder::new(Int64Builder::new()).with_field(Arc::new(
+                        arrow_schema::Field::new("item", arrow_schema::DataType::Int64, true),
+                    )))
+                }
+                false => CatBuilder::Scalar(Int64Builder::new()),
+            })
+            .collect();
+        Self {
+            schema,
+            label: Int8Builder::new(),
+            ints: (0..NUM_INT).map(|_| Int32Builder::new()).collect(),
+            cats,
+            rows: 0,
+        }
+    }
+
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Appends a parsed Criteo line (every categorical column must be scalar).
+    pub fn push_record(&mut self, r: &CriteoRecord) {
+        self.push_row(r.label, &r.ints, |i| {
+            r.cats[i].map(Bag::One).unwrap_or(Bag::Missing)
+        });
+    }
+
+    /// Appends one row; `cat(i)` gives feature `i`'s ids.
+    pub fn push_row<'a>(
+        &mut self,
+        label: i8,
+        ints: &[Option<i32>; NUM_INT],
+        cat: impl Fn(usize) -> Bag<'a>,
+    ) {
+        self.label.append_value(label);
+        for (b, &v) in self.ints.iter_mut().zip(ints) {
+            b.append_option(v);
+        }
+        for (i, b) in self.cats.iter_mut().enumerate() {
+            match (b, cat(i)) {
+                (CatBuilder::Scalar(b), Bag::One(id)) => b.append_value(id),
+                (CatBuilder::Scalar(b), Bag::Missing) => b.append_null(),
+                (CatBuilder::Scalar(b), Bag::Many(ids)) => b.append_option(ids.first().copied()),
+                (CatBuilder::List(b), Bag::One(id)) => {
+                    b.values().append_value(id);
+                    b.append(true)
+                }
+                (CatBuilder::List(b), Bag::Many(ids)) => {
+                    b.values().append_slice(ids);
+                    b.append(true)
+                }
+                (CatBuilder::List(b), Bag::Missing) => b.append(false),
+            }
+        }
+        self.rows += 1;
+    }
+
+    /// The rows so far as a record batch; the builder starts empty again.
+    pub fn finish(&mut self) -> RecordBatch {
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(self.label.finish())];
+        columns.extend(
+            self.ints
+                .iter_mut()
+                .map(|b| Arc::new(b.finish()) as ArrayRef),
+        );
+        columns.extend(self.cats.iter_mut().map(|b| match b {
+            CatBuilder::Scalar(b) => Arc::new(b.finish()) as ArrayRef,
+            CatBuilder::List(b) => Arc::new(b.finish()) as ArrayRef,
+        }));
+        self.rows = 0;
+        RecordBatch::try_new(self.schema.clone(), columns)
+            .expect("the builders follow the schema they were made from")
+    }
+}
+
+/// The ids of one categorical feature of one row.
+#[derive(Clone, Copy, Debug)]
+pub enum Bag<'a> {
+    Missing,
+    One(i64),
+    Many(&'a [i64]),
+}
+
+struct OpenFile {
+    writer: ArrowWriter<File>,
+    temp: PathBuf,
+    path: PathBuf,
+    rows: u64,
+}
+
+/// Writes record batches into `<dir>/<prefix>-NNNNN.parquet` files.
+pub struct ParquetSink {
+    dir: PathBuf,
+    prefix: String,
+    schema: SchemaRef,
+    options: SinkOptions,
+    open: Option<OpenFile>,
+    files: Vec<PathBuf>,
+    bytes_written: u64,
+}
+
+impl ParquetSink {
+    pub fn new(dir: &Path, prefix: &str, schema: SchemaRef, options: SinkOptions) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            prefix: prefix.to_string(),
+            schema,
+            options,
+            open: None,
+            files: Vec::new(),
+            bytes_written: 0,
+        }
+    }
+
+    /// The final name of part `n` (also used to clean up before a rerun).
+    pub fn part_name(prefix: &str, n: usize) -> String {
+        format!("{prefix}-{n:05}.parquet")
+    }
+
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<(), DataError> {
+        let limit = self.options.rows_per_file;
+        let mut start = 0;
+        while start < batch.num_rows() {
+            let file = self.open_file()?;
+            let room = match limit {
+                Some(limit) => (limit - file.rows) as usize,
+                None => usize::MAX,
+            };
+            let n = room.min(batch.num_rows() - start);
+            file.writer
+                .write(&batch.slice(start, n))
+                .map_err(DataError::parquet(&file.temp))?;
+            file.rows += n as u64;
+            start += n;
+            if Some(file.rows) == limit {
+                self.close_file()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the last file; returns every file written, in order, and their bytes.
+    pub fn finish(mut self) -> Result<(Vec<PathBuf>, u64), DataError> {
+        self.close_file()?;
+        Ok((std::mem::take(&mut self.files), self.bytes_written))
+    }
+
+    fn open_file(&mut self) -> Result<&mut OpenFile, DataError> {
+        if self.open.is_none() {
+            let name = Self::part_name(&self.prefix, self.files.len());
+            let path = self.dir.join(&name);
+            let temp = self.dir.join(format!(".{name}.tmp"));
+            let file = File::create(&temp).map_err(DataError::io(&temp))?;
+            let props = WriterProperties::builder()
+                .set_compression(self.options.compression.compression())
+                .set_max_row_group_row_count(Some(self.options.row_group_size.max(1)))
+                .build();
+            let writer = ArrowWriter::try_new(file, self.schema.clone(), Some(props))
+                .map_err(DataError::parquet(&temp))?;
+            self.open = Some(OpenFile {
+                writer,
+                temp,
+                path,
+                rows: 0,
+            });
+        }
+        Ok(self.open.as_mut().expect("opened above"))
+    }
+
+    fn close_file(&mut self) -> Result<(), DataError> {
+        let Some(open) = self.open.take() else {
+            return Ok(());
+        };
+        let file = open
+            .writer
+            .into_inner()
+            .map_err(DataError::parquet(&open.temp))?;
+        file.sync_all().map_err(DataError::io(&open.temp))?;
+        self.bytes_written += file.metadata().map_err(DataError::io(&open.temp))?.len();
+        drop(file);
+        commit(&open.temp, &open.path)?;
+        self.files.push(open.path);
+        Ok(())
+    }
+}
+
+impl Drop for ParquetSink {
+    /// A sink dropped before `finish` (an error, a strict stop) removes its
+    /// unfinished file.
+    fn drop(&mut self) {
+        if let Some(open) = self.open.take() {
+            let _ = std::fs::remove_file(&open.temp);
+        }
+    }
+}
+
+/// Renames a complete, fsynced `temp` to `path` and fsyncs the directory.
+pub fn commit(temp: &Path, path: &Path) -> Result<(), DataError> {
+    std::fs::rename(temp, path).map_err(DataError::io(path))?;
+    if let Some(dir) = path.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(DataError::io(dir))?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
+    use std::io::Write;
+    let name = path
+        .file_name()
+        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+    let temp = path.with_file_name(format!(".{name}.tmp"));
+    let mut file = File::create(&temp).map_err(DataError::io(&temp))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(DataError::io(&temp))?;
+    commit(&temp, path)
+}

@@ -21,7 +21,7 @@ fn good_line(i: usize) -> String {
         });
     }
     for j in 0..NUM_CAT {
-        f.push(if j == 2 && i % 3 == 0 {
+        f.push(if j == 2 && i.is_multiple_of(3) {
             String::new()
         } else {
             format!("{:x}", i * 1000 + j)

@@ -79,8 +79,13 @@ fn ingest_then_load_gives_the_exact_tensors() {
             gzip,
         );
         let out = dir.path().join(format!("out_{gzip}"));
-        let summary =
-            ingest_criteo(&[input.clone()], &out, &options(3, Some(5)), &mut |_| {}).unwrap();
+        let summary = ingest_criteo(
+            std::slice::from_ref(&input),
+            &out,
+            &options(3, Some(5)),
+            &mut |_| {},
+        )
+        .unwrap();
         assert_eq!(summary.rows_written, GOOD as u64);
         assert_eq!(summary.lines_rejected, 4);
         for kind in ["field_count", "label", "integer", "categorical"] {
@@ -100,7 +105,7 @@ fn ingest_then_load_gives_the_exact_tensors() {
         assert_eq!(summary.files.len(), 2, "5 rows per file");
         assert!(summary.bytes_in > 0 && summary.bytes_out > 0);
 
-        let loader = Loader::open(&[out.clone()], loader_config(4, 1000)).unwrap();
+        let loader = Loader::open(std::slice::from_ref(&out), loader_config(4, 1000)).unwrap();
         assert_eq!(loader.dataset().num_rows(), GOOD as u64);
         let batches: Vec<_> = loader.epoch(0, 0).collect::<Result<_, _>>().unwrap();
         assert_eq!(batches.iter().map(|b| b.size()).collect::<Vec<_>>(), [4, 3]);
@@ -151,7 +156,7 @@ fn strict_stops_at_the_first_bad_line_and_leaves_no_partial_file() {
         strict: true,
         ..options(1, None)
     };
-    let err = ingest_criteo(&[input.clone()], &out, &opts, &mut |_| {}).unwrap_err();
+    let err = ingest_criteo(std::slice::from_ref(&input), &out, &opts, &mut |_| {}).unwrap_err();
     match &err {
         DataError::Malformed { path, line, .. } => {
             assert_eq!(path, &input);
@@ -273,7 +278,12 @@ fn bad_files_and_columns_are_named() {
     let dir = tempfile::tempdir().unwrap();
     write_multi_hot(dir.path(), 10, 4);
     let path = dir.path().join("mh-00000.parquet");
-    let open = |c: LoaderConfig| Loader::open(&[path.clone()], c).err().unwrap().to_string();
+    let open = |c: LoaderConfig| {
+        Loader::open(std::slice::from_ref(&path), c)
+            .err()
+            .unwrap()
+            .to_string()
+    };
 
     let mut missing = loader_config(4, 10);
     missing.sparse_columns[3].column = "cat_99".into();

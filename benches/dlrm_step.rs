@@ -22,6 +22,7 @@ fn bench(c: &mut Criterion) {
         num_dense: 13,
         features: config.feature_rows(),
         indices_per_lookup: 1,
+        indices_per_feature: vec![],
         fixed_indices: true,
         seed: 0,
     })

@@ -89,6 +89,24 @@ impl<T: Real> DenseOptimizer<T> {
         self.steps
     }
 
+    /// Saved state per parameter, in parameter order: `(name, len, m, v)`,
+    /// where Adagrad keeps its sum of squares in `v` and Adam both moments
+    /// (torch's `exp_avg`, `exp_avg_sq`); unused moments are empty. Empty
+    /// before the first step.
+    pub fn state(&self) -> impl Iterator<Item = (&str, usize, &[T], &[T])> {
+        (self.slots.iter()).map(|s| (s.name.as_str(), s.len, &s.m[..], &s.v[..]))
+    }
+
+    /// Restores what [`Self::state`] gave, and the step count, as a
+    /// checkpoint does. The next `step` checks the names and lengths against
+    /// the parameters, as after a first step.
+    pub fn set_state(&mut self, steps: u64, state: Vec<(String, usize, Vec<T>, Vec<T>)>) {
+        self.steps = steps;
+        self.slots = (state.into_iter())
+            .map(|(name, len, m, v)| Slot { name, len, m, v })
+            .collect();
+    }
+
     /// Updates every parameter from its gradient.
     ///
     /// # Panics

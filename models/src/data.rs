@@ -11,6 +11,8 @@
 //! Batch `i` is a pure function of (seed, i): batches can be generated in any
 //! order, on any thread, and a run is reproducible.
 
+use ember_dataloader::schema::{NUM_CAT, NUM_INT};
+use ember_dataloader::writer::{Bag, CriteoBatchBuilder};
 use ember_dense::Tensor;
 use ember_sparse::rng::{mix, splitmix, Rng};
 use ember_sparse::KeyedJaggedTensor;
@@ -33,6 +35,49 @@ impl Batch {
     pub fn size(&self) -> usize {
         self.labels.len()
     }
+
+    /// A batch of the Parquet loader.
+    pub fn from_loader(b: ember_dataloader::Batch) -> Result<Self, ModelError> {
+        let rows = b.labels.len();
+        Ok(Self {
+            dense: Tensor::from_vec(rows, b.num_dense, b.dense)?,
+            sparse: b.sparse,
+            labels: b.labels,
+        })
+    }
+
+    /// Appends the batch as raw Criteo-schema rows (13 dense, 26 sparse
+    /// features), inverting the loader's default transforms: a dense value
+    /// `u` is written as `round(exp(8u) - 1)` (so `ln(1 + x)` gives back
+    /// about `8u`), ids as they are (the loader's `id mod rows` leaves ids
+    /// below the table's rows unchanged).
+    pub fn write_criteo_rows(&self, out: &mut CriteoBatchBuilder) -> Result<(), ModelError> {
+        if self.dense.cols() != NUM_INT || self.sparse.keys().len() != NUM_CAT {
+            return Err(ModelError::Config(format!(
+                "the Criteo schema needs {NUM_INT} dense and {NUM_CAT} sparse features, not {} and {}",
+                self.dense.cols(),
+                self.sparse.keys().len()
+            )));
+        }
+        let offsets = self.sparse.offsets();
+        let values = self.sparse.values();
+        let n = self.size();
+        for s in 0..n {
+            let mut ints = [None; NUM_INT];
+            for (x, &u) in ints.iter_mut().zip(self.dense.row(s)) {
+                *x = Some((8.0 * u as f64).exp_m1().round() as i32);
+            }
+            let bag = |f: usize| {
+                let ids = &values[offsets[f * n + s]..offsets[f * n + s + 1]];
+                match ids {
+                    [] => Bag::Missing,
+                    ids => Bag::Many(ids),
+                }
+            };
+            out.push_row(self.labels[s] as i8, &ints, bag);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +97,9 @@ pub struct SyntheticConfig {
     /// Ids per bag: exactly this many when `fixed_indices`, else uniform-ish
     /// in 1..=this many (dlrm_s_pytorch's rule).
     pub indices_per_lookup: usize,
+    /// Per-feature override of `indices_per_lookup` (empty: none).
+    #[serde(default)]
+    pub indices_per_feature: Vec<usize>,
     pub fixed_indices: bool,
     pub seed: u64,
 }
@@ -77,7 +125,16 @@ impl SyntheticData {
                 "feature '{name}' has a table of 0 rows"
             )));
         }
-        if config.indices_per_lookup == 0 {
+        if !config.indices_per_feature.is_empty()
+            && config.indices_per_feature.len() != config.features.len()
+        {
+            return Err(ModelError::Config(format!(
+                "{} per-feature bag sizes for {} features",
+                config.indices_per_feature.len(),
+                config.features.len()
+            )));
+        }
+        if config.indices_per_lookup == 0 || config.indices_per_feature.contains(&0) {
             return Err(ModelError::Config(
                 "indices per lookup must be at least 1".into(),
             ));
@@ -111,7 +168,7 @@ impl SyntheticData {
         let mut logit = vec![0.0f64; size];
         for (f, (_, rows)) in c.features.iter().enumerate() {
             for z in logit.iter_mut() {
-                let len = self.bag_length(&mut rng, *rows);
+                let len = self.bag_length(&mut rng, f, *rows);
                 lengths.push(len as i64);
                 let mut effect = 0.0;
                 for _ in 0..len {
@@ -150,8 +207,13 @@ impl SyntheticData {
         }
     }
 
-    fn bag_length(&self, rng: &mut Rng, rows: usize) -> usize {
-        let n = self.config.indices_per_lookup;
+    fn bag_length(&self, rng: &mut Rng, feature: usize, rows: usize) -> usize {
+        let c = &self.config;
+        let n = c
+            .indices_per_feature
+            .get(feature)
+            .copied()
+            .unwrap_or(c.indices_per_lookup);
         if self.config.fixed_indices {
             n
         } else {
@@ -184,6 +246,7 @@ mod tests {
             num_dense: 3,
             features: vec![("a".into(), 10), ("b".into(), 1000)],
             indices_per_lookup: 4,
+            indices_per_feature: vec![],
             fixed_indices: fixed,
             seed: 5,
         }

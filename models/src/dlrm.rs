@@ -355,6 +355,12 @@ impl Dlrm {
     pub fn dense_arch_mut(&mut self) -> &mut DenseArch<f32> {
         &mut self.dense_arch
     }
+    pub fn dense_optimizer(&self) -> &DenseOptimizer<f32> {
+        &self.dense_optimizer
+    }
+    pub fn dense_optimizer_mut(&mut self) -> &mut DenseOptimizer<f32> {
+        &mut self.dense_optimizer
+    }
 
     fn check_batch(&self, batch: &Batch) -> Result<(), ModelError> {
         let n = batch.size();

@@ -12,4 +12,14 @@ pub enum ModelError {
     Config(String),
     #[error("batch does not fit the model: {0}")]
     Batch(String),
+    /// A checkpoint that cannot be read or does not fit; names the tensor
+    /// when one is at fault.
+    #[error("{}: {}{message}", path.display(), tensor.as_ref().map_or(String::new(), |t| format!("tensor '{t}': ")))]
+    Checkpoint {
+        path: std::path::PathBuf,
+        tensor: Option<String>,
+        message: String,
+    },
+    #[error(transparent)]
+    Data(#[from] ember_dataloader::DataError),
 }

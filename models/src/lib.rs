@@ -1,12 +1,14 @@
 //! ember-models: DLRM and DLRM-DCNv2 assembled from the sparse and dense
 //! crates, the training and evaluation steps, metrics and synthetic data.
 
+pub mod checkpoint;
 mod data;
 mod dlrm;
 mod error;
 mod metrics;
 mod train;
 
+pub use checkpoint::{Checkpoint, TrainState};
 pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
 pub use dlrm::{DenseArch, Dlrm, DlrmConfig, InteractionType, PhaseTimes, StepOutput};
 pub use error::ModelError;

@@ -30,6 +30,7 @@ fn batch(config: &DlrmConfig, size: usize) -> Batch {
         num_dense: config.num_dense(),
         features: config.feature_rows(),
         indices_per_lookup: 3,
+        indices_per_feature: vec![],
         fixed_indices: false,
         seed: 9,
     })

@@ -298,6 +298,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         num_dense: config.num_dense(),
         features: config.feature_rows(),
         indices_per_lookup: resolved.indices_per_lookup,
+        indices_per_feature: vec![],
         fixed_indices: resolved.fixed_indices,
         seed: args.seed,
     })?;

@@ -1,0 +1,560 @@
+//! Checkpoints: one safetensors file, memory-mapped on load, with the tensor
+//! names and shapes of TorchRec's DLRM `state_dict`:
+//!
+//! ```text
+//! sparse_arch.embedding_bag_collection.embedding_bags.<table>.weight   [rows, dim]
+//! dense_arch.model._mlp.<i>._linear.{weight [out, in], bias [out]}
+//! over_arch.model.0._mlp.<i>._linear.{weight, bias}   every top layer but the last
+//! over_arch.model.1.{weight, bias}                    the last top layer
+//! inter_arch.crossnet.W_kernels.<l> [in, rank], V_kernels.<l> [rank, in], bias.<l> [in]
+//! ```
+//!
+//! Optimizer state sits beside the weights under `optimizer.<weight name
+//! without .weight>.<state>`, with FBGEMM's names for the tables
+//! (`momentum1`: row-wise Adagrad `[rows]`, Adagrad `[rows, dim]`, Adam's
+//! first moment `[rows, dim]`; `momentum2`: Adam's second moment) and
+//! torch's for the dense parameters (`sum` for Adagrad, `exp_avg` and
+//! `exp_avg_sq` for Adam), e.g. `optimizer.dense_arch.model._mlp.0._linear.weight.exp_avg`.
+//! The metadata holds the architecture (`ember.config`, JSON), both
+//! optimizers, their step counts and the training position, so `eval` and
+//! `predict` need no flags. A file without Ember's metadata (TorchRec's
+//! `safetensors.torch.save_file(model.state_dict(), path)`) loads too: the
+//! architecture is inferred from the names and shapes.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use ember_dense::{DenseOptimizerConfig, HasParams};
+use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, TensorView, View};
+use safetensors::SafeTensors;
+use serde::{Deserialize, Serialize};
+
+use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
+
+pub const TABLE_PREFIX: &str = "sparse_arch.embedding_bag_collection.embedding_bags.";
+pub const OPTIMIZER_PREFIX: &str = "optimizer.";
+
+const META_CONFIG: &str = "ember.config";
+const META_TABLE_OPTIMIZER: &str = "ember.table_optimizer";
+const META_DENSE_OPTIMIZER: &str = "ember.dense_optimizer";
+const META_SPARSE_STEP: &str = "ember.sparse_step";
+const META_DENSE_STEPS: &str = "ember.dense_steps";
+const META_TRAIN_STATE: &str = "ember.train_state";
+
+/// Where training stood when a checkpoint was written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// The epoch in progress (0-based).
+    pub epoch: u64,
+    /// Batches of that epoch already trained on.
+    pub batches_in_epoch: u64,
+    /// Training steps in all.
+    pub steps: u64,
+}
+
+/// Name of table `t`'s weight.
+pub fn table_weight_name(table: &str) -> String {
+    format!("{TABLE_PREFIX}{table}.weight")
+}
+
+/// Names and shapes of the dense parameters of `config`.
+pub fn dense_shapes(config: &DlrmConfig) -> BTreeMap<String, Vec<usize>> {
+    let mut shapes = BTreeMap::new();
+    let mut linear = |prefix: String, inp: usize, out: usize| {
+        shapes.insert(format!("{prefix}weight"), vec![out, inp]);
+        shapes.insert(format!("{prefix}bias"), vec![out]);
+    };
+    for (i, w) in config.bottom_mlp.windows(2).enumerate() {
+        linear(format!("dense_arch.model._mlp.{i}._linear."), w[0], w[1]);
+    }
+    let top = config.top_mlp_sizes();
+    let last = top.len() - 2;
+    for (i, w) in top.windows(2).enumerate() {
+        let prefix = match i == last {
+            true => "over_arch.model.1.".to_string(),
+            false => format!("over_arch.model.0._mlp.{i}._linear."),
+        };
+        linear(prefix, w[0], w[1]);
+    }
+    if let InteractionType::Dcn { layers, rank } = config.interaction {
+        let n = (config.num_sparse_features() + 1) * config.embedding_dim();
+        for l in 0..layers {
+            let p = "inter_arch.crossnet.";
+            shapes.insert(format!("{p}W_kernels.{l}"), vec![n, rank]);
+            shapes.insert(format!("{p}V_kernels.{l}"), vec![rank, n]);
+            shapes.insert(format!("{p}bias.{l}"), vec![n]);
+        }
+    }
+    shapes
+}
+
+/// An f32 tensor to write, borrowed where it can be.
+struct F32Tensor<'a> {
+    shape: Vec<usize>,
+    data: Cow<'a, [f32]>,
+}
+
+impl View for F32Tensor<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(f32_bytes(&self.data))
+    }
+    fn data_len(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// The bytes of `x` in safetensors' (little-endian) layout.
+fn f32_bytes(x: &[f32]) -> &[u8] {
+    #[cfg(not(target_endian = "little"))]
+    compile_error!("checkpoints are written by reinterpreting f32 memory as little-endian");
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the
+    // length covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+fn json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("plain data serialises")
+}
+
+/// Writes `model` (weights and optimizer state) to `path` atomically:
+/// a temporary file in the same directory, fsynced, then renamed.
+pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result<(), ModelError> {
+    let fail = |message: String| ModelError::Checkpoint {
+        path: path.to_path_buf(),
+        tensor: None,
+        message,
+    };
+    let mut meta = HashMap::from([
+        ("format".to_string(), "pt".to_string()),
+        (META_CONFIG.into(), json(model.config())),
+        (
+            META_TABLE_OPTIMIZER.into(),
+            json(model.sparse_arch().optimizer()),
+        ),
+        (
+            META_DENSE_OPTIMIZER.into(),
+            json(&model.dense_optimizer().config()),
+        ),
+        (
+            META_SPARSE_STEP.into(),
+            model.sparse_arch().step().to_string(),
+        ),
+        (
+            META_DENSE_STEPS.into(),
+            model.dense_optimizer().steps().to_string(),
+        ),
+    ]);
+    if let Some(t) = train {
+        meta.insert(META_TRAIN_STATE.into(), json(t));
+    }
+    let shapes = dense_shapes(model.config());
+    let mut tensors: Vec<(String, F32Tensor)> = Vec::new();
+    // Dense state is copied (it is small); table data is borrowed.
+    let dense_state: Vec<(String, usize, Vec<f32>, Vec<f32>)> = (model.dense_optimizer().state())
+        .map(|(n, len, m, v)| (n.to_string(), len, m.to_vec(), v.to_vec()))
+        .collect();
+    let dense_opt = model.dense_optimizer().config();
+    let params: Vec<(String, Vec<f32>)> = (model.dense_arch_mut().params().into_iter())
+        .map(|p| (p.name, p.value.to_vec()))
+        .collect();
+    for (name, value) in params {
+        let shape = shapes
+            .get(&name)
+            .ok_or_else(|| fail(format!("no shape known for parameter {name}")))?
+            .clone();
+        tensors.push((
+            name,
+            F32Tensor {
+                shape,
+                data: Cow::Owned(value),
+            },
+        ));
+    }
+    for (name, _, m, v) in dense_state {
+        let shape = shapes.get(&name).cloned().unwrap_or_default();
+        let (m_name, v_name) = match dense_opt {
+            DenseOptimizerConfig::Adam { .. } => ("exp_avg", "exp_avg_sq"),
+            _ => ("", "sum"),
+        };
+        for (state, data) in [(m_name, m), (v_name, v)] {
+            if !data.is_empty() {
+                let data = Cow::Owned(data);
+                let shape = shape.clone();
+                tensors.push((
+                    format!("{OPTIMIZER_PREFIX}{name}.{state}"),
+                    F32Tensor { shape, data },
+                ));
+            }
+        }
+    }
+    let table_opt = *model.sparse_arch().optimizer();
+    for table in model.sparse_arch().tables() {
+        let (rows, dim) = (table.num_embeddings(), table.dim());
+        let data = Cow::Borrowed(table.weights());
+        tensors.push((
+            table_weight_name(table.name()),
+            F32Tensor {
+                shape: vec![rows, dim],
+                data,
+            },
+        ));
+        let state = table.optimizer_state();
+        let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", table.name());
+        match table_opt {
+            TableOptimizer::None | TableOptimizer::Sgd { .. } => {}
+            TableOptimizer::RowWiseAdagrad { .. } => tensors.push((
+                opt_name("momentum1"),
+                F32Tensor {
+                    shape: vec![rows],
+                    data: Cow::Borrowed(state),
+                },
+            )),
+            TableOptimizer::Adagrad { .. } => tensors.push((
+                opt_name("momentum1"),
+                F32Tensor {
+                    shape: vec![rows, dim],
+                    data: Cow::Borrowed(state),
+                },
+            )),
+            TableOptimizer::Adam { .. } => {
+                // Kept as [m | v] per row; saved as two tensors.
+                let half = |k: usize| -> Vec<f32> {
+                    state
+                        .chunks_exact(2 * dim)
+                        .flat_map(|r| &r[k * dim..(k + 1) * dim])
+                        .copied()
+                        .collect()
+                };
+                for (k, s) in ["momentum1", "momentum2"].iter().enumerate() {
+                    tensors.push((
+                        opt_name(s),
+                        F32Tensor {
+                            shape: vec![rows, dim],
+                            data: Cow::Owned(half(k)),
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    let name = path
+        .file_name()
+        .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let temp = path.with_file_name(format!(".{name}.tmp"));
+    let result = (|| {
+        safetensors::serialize_to_file(tensors, Some(meta), &temp)
+            .map_err(|e| fail(e.to_string()))?;
+        File::open(&temp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| fail(e.to_string()))?;
+        ember_dataloader::writer::commit(&temp, path).map_err(|e| fail(e.to_string()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}
+
+/// A checkpoint file, mapped and checked.
+pub struct Checkpoint {
+    path: PathBuf,
+    mmap: Mmap,
+    config: DlrmConfig,
+    table_optimizer: Option<TableOptimizer>,
+    dense_optimizer: Option<DenseOptimizerConfig>,
+    sparse_step: u64,
+    dense_steps: u64,
+    train_state: Option<TrainState>,
+}
+
+impl Checkpoint {
+    /// Maps `path`, reads the architecture (from the metadata, or inferred
+    /// from TorchRec names) and checks every tensor it needs: present, f32,
+    /// and of the right shape.
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let fail = |tensor: Option<&str>, message: String| ModelError::Checkpoint {
+            path: path.to_path_buf(),
+            tensor: tensor.map(str::to_string),
+            message,
+        };
+        let file = File::open(path).map_err(|e| fail(None, e.to_string()))?;
+        // SAFETY: the map is read-only; a file changed under a running
+        // process is outside what a checkpoint reader can defend against.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| fail(None, e.to_string()))?;
+        let (_, header) = SafeTensors::read_metadata(&mmap)
+            .map_err(|e| fail(None, format!("not a safetensors file: {e}")))?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        let config: DlrmConfig = match meta_value(&meta, META_CONFIG, path)? {
+            Some(c) => c,
+            None => {
+                let tensors = SafeTensors::deserialize(&mmap)
+                    .map_err(|e| fail(None, format!("not a safetensors file: {e}")))?;
+                infer_config(&tensors).map_err(|m| fail(None, m))?
+            }
+        };
+        config.validate().map_err(|e| fail(None, e.to_string()))?;
+        let checkpoint = Self {
+            path: path.to_path_buf(),
+            config,
+            table_optimizer: meta_value(&meta, META_TABLE_OPTIMIZER, path)?,
+            dense_optimizer: meta_value(&meta, META_DENSE_OPTIMIZER, path)?,
+            sparse_step: meta_value(&meta, META_SPARSE_STEP, path)?.unwrap_or(0),
+            dense_steps: meta_value(&meta, META_DENSE_STEPS, path)?.unwrap_or(0),
+            train_state: meta_value(&meta, META_TRAIN_STATE, path)?,
+            mmap,
+        };
+        for (name, shape) in checkpoint.expected_tensors() {
+            checkpoint.tensor(&name, &shape)?;
+        }
+        Ok(checkpoint)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn config(&self) -> &DlrmConfig {
+        &self.config
+    }
+    /// The table optimizer it was trained with (`None` for a TorchRec file).
+    pub fn table_optimizer(&self) -> Option<TableOptimizer> {
+        self.table_optimizer
+    }
+    pub fn dense_optimizer(&self) -> Option<DenseOptimizerConfig> {
+        self.dense_optimizer
+    }
+    pub fn train_state(&self) -> Option<&TrainState> {
+        self.train_state.as_ref()
+    }
+
+    fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let mut names: Vec<_> = (self.config.tables.iter())
+            .map(|t| {
+                (
+                    table_weight_name(&t.name),
+                    vec![t.num_embeddings, t.embedding_dim],
+                )
+            })
+            .collect();
+        names.extend(dense_shapes(&self.config));
+        names
+    }
+
+    /// The named tensor as f32 values, checked for dtype and shape.
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let fail = |message: String| ModelError::Checkpoint {
+            path: self.path.clone(),
+            tensor: Some(name.to_string()),
+            message,
+        };
+        let tensors = SafeTensors::deserialize(&self.mmap).map_err(|e| fail(e.to_string()))?;
+        let view: TensorView = tensors.tensor(name).map_err(|_| fail("missing".into()))?;
+        if view.dtype() != Dtype::F32 {
+            return Err(fail(format!("dtype {:?}, expected F32", view.dtype())));
+        }
+        if view.shape() != shape {
+            return Err(fail(format!(
+                "shape {:?}, expected {shape:?}",
+                view.shape()
+            )));
+        }
+        Ok(view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// A model for inference: the saved weights, no optimizer.
+    pub fn inference_model(&self) -> Result<Dlrm, ModelError> {
+        self.model(TableOptimizer::None, DenseOptimizerConfig::sgd(0.0))
+    }
+
+    /// The model with the saved weights and the given optimizers; the saved
+    /// optimizer state and step counts are restored where the saved
+    /// optimizer is of the same kind (so training resumes exactly).
+    pub fn model(
+        &self,
+        table_optimizer: TableOptimizer,
+        dense_optimizer: DenseOptimizerConfig,
+    ) -> Result<Dlrm, ModelError> {
+        let mut model = Dlrm::new(self.config.clone(), table_optimizer, dense_optimizer, 0)?;
+        let same_table_opt = self
+            .table_optimizer
+            .is_some_and(|o| same_kind(&o, &table_optimizer));
+        for table in model.sparse_arch_mut().tables_mut() {
+            let (name, rows, dim) = (
+                table.name().to_string(),
+                table.num_embeddings(),
+                table.dim(),
+            );
+            let w = self.tensor(&table_weight_name(&name), &[rows, dim])?;
+            table.weights_mut().copy_from_slice(&w);
+            if !same_table_opt {
+                continue;
+            }
+            let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{name}.{s}");
+            let state = match table_optimizer {
+                TableOptimizer::None | TableOptimizer::Sgd { .. } => continue,
+                TableOptimizer::RowWiseAdagrad { .. } => {
+                    self.tensor(&opt_name("momentum1"), &[rows])?
+                }
+                TableOptimizer::Adagrad { .. } => {
+                    self.tensor(&opt_name("momentum1"), &[rows, dim])?
+                }
+                TableOptimizer::Adam { .. } => {
+                    let m = self.tensor(&opt_name("momentum1"), &[rows, dim])?;
+                    let v = self.tensor(&opt_name("momentum2"), &[rows, dim])?;
+                    (m.chunks_exact(dim).zip(v.chunks_exact(dim)))
+                        .flat_map(|(m, v)| m.iter().chain(v))
+                        .copied()
+                        .collect()
+                }
+            };
+            table.optimizer_state_mut().copy_from_slice(&state);
+        }
+        if same_table_opt {
+            model.sparse_arch_mut().set_step(self.sparse_step);
+        }
+        let shapes = dense_shapes(&self.config);
+        for p in model.dense_arch_mut().params() {
+            let w = self.tensor(&p.name, &shapes[&p.name])?;
+            p.value.copy_from_slice(&w);
+        }
+        let same_dense_opt = self.dense_optimizer.is_some_and(|o| {
+            std::mem::discriminant(&o) == std::mem::discriminant(&dense_optimizer)
+        });
+        if same_dense_opt && self.dense_steps > 0 {
+            let (m_name, v_name) = match dense_optimizer {
+                DenseOptimizerConfig::Adam { .. } => (Some("exp_avg"), Some("exp_avg_sq")),
+                DenseOptimizerConfig::Adagrad { .. } => (None, Some("sum")),
+                DenseOptimizerConfig::Sgd { .. } => (None, None),
+            };
+            let mut state = Vec::new();
+            for p in model.dense_arch_mut().params() {
+                let shape = &shapes[&p.name];
+                let load = |s: Option<&str>| match s {
+                    Some(s) => self.tensor(&format!("{OPTIMIZER_PREFIX}{}.{s}", p.name), shape),
+                    None => Ok(Vec::new()),
+                };
+                state.push((p.name.clone(), p.value.len(), load(m_name)?, load(v_name)?));
+            }
+            model
+                .dense_optimizer_mut()
+                .set_state(self.dense_steps, state);
+        }
+        Ok(model)
+    }
+}
+
+/// A JSON value of the metadata, if present.
+fn meta_value<T: serde::de::DeserializeOwned>(
+    meta: &HashMap<String, String>,
+    key: &str,
+    path: &Path,
+) -> Result<Option<T>, ModelError> {
+    (meta.get(key).map(|s| serde_json::from_str(s)))
+        .transpose()
+        .map_err(|e| ModelError::Checkpoint {
+            path: path.to_path_buf(),
+            tensor: None,
+            message: format!("metadata '{key}': {e}"),
+        })
+}
+
+fn same_kind(a: &TableOptimizer, b: &TableOptimizer) -> bool {
+    std::mem::discriminant(a) == std::mem::discriminant(b)
+}
+
+/// Orders `t_cat_2` before `t_cat_10`: digit runs compare as numbers.
+fn natural_key(s: &str) -> Vec<(String, u64)> {
+    let mut key = Vec::new();
+    let mut text = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let mut n = c.to_digit(10).unwrap_or(0) as u64;
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n.saturating_mul(10).saturating_add(d as u64);
+                chars.next();
+            }
+            key.push((std::mem::take(&mut text), n));
+        } else {
+            text.push(c);
+        }
+    }
+    key.push((text, u64::MAX));
+    key
+}
+
+/// The architecture of a TorchRec DLRM `state_dict` from its names and shapes.
+fn infer_config(tensors: &SafeTensors) -> Result<DlrmConfig, String> {
+    let shape = |name: &str| tensors.tensor(name).ok().map(|t| t.shape().to_vec());
+    let mut tables: Vec<(String, Vec<usize>)> = (tensors.names().into_iter())
+        .filter_map(|n| {
+            let table = n.strip_prefix(TABLE_PREFIX)?.strip_suffix(".weight")?;
+            Some((table.to_string(), shape(n)?))
+        })
+        .collect();
+    if tables.is_empty() {
+        return Err(format!(
+            "no Ember metadata and no {TABLE_PREFIX}<table>.weight tensors: not a DLRM checkpoint"
+        ));
+    }
+    tables.sort_by_key(|(t, _)| natural_key(t));
+    let tables = (tables.into_iter())
+        .map(|(name, s)| match s[..] {
+            [rows, dim] => {
+                let feature = name.strip_prefix("t_").unwrap_or(&name).to_string();
+                Ok(EmbeddingBagConfig::new(&name, rows, dim, &[&feature]))
+            }
+            _ => Err(format!(
+                "tensor '{}': shape {s:?}, expected [rows, dim]",
+                table_weight_name(&name)
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // An MLP's sizes from consecutive `<prefix><i>._linear.weight` [out, in].
+    let mlp = |prefix: &str| -> Vec<[usize; 2]> {
+        (0..)
+            .map_while(|i| shape(&format!("{prefix}{i}._linear.weight")))
+            .filter_map(|s| <[usize; 2]>::try_from(s).ok())
+            .collect()
+    };
+    let bottom = mlp("dense_arch.model._mlp.");
+    let Some(first) = bottom.first() else {
+        return Err("no dense_arch.model._mlp.0._linear.weight tensor".into());
+    };
+    let mut bottom_mlp = vec![first[1]];
+    bottom_mlp.extend(bottom.iter().map(|s| s[0]));
+    let mut top_mlp: Vec<usize> = mlp("over_arch.model.0._mlp.")
+        .iter()
+        .map(|s| s[0])
+        .collect();
+    match shape("over_arch.model.1.weight").as_deref() {
+        Some(&[out, _]) => top_mlp.push(out),
+        _ => return Err("no over_arch.model.1.weight [1, in] tensor".into()),
+    }
+    let layers = (0..)
+        .take_while(|l| shape(&format!("inter_arch.crossnet.W_kernels.{l}")).is_some())
+        .count();
+    let interaction = match shape("inter_arch.crossnet.W_kernels.0").as_deref() {
+        Some(&[_, rank]) => InteractionType::Dcn { layers, rank },
+        _ => InteractionType::Dot,
+    };
+    Ok(DlrmConfig {
+        tables,
+        bottom_mlp,
+        top_mlp,
+        interaction,
+    })
+}

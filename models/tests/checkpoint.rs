@@ -1,0 +1,230 @@
+//! Checkpoints: exact round trips, exact resumption, TorchRec-named files
+//! without Ember metadata, and errors that name the tensor.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ember_dense::{DenseOptimizerConfig, HasParams, NativeBackend};
+use ember_models::checkpoint::{save, table_weight_name};
+use ember_models::{
+    Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig, SyntheticData,
+    TrainState,
+};
+use ember_sparse::TableOptimizer;
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+
+fn config(interaction: InteractionType, tables: usize) -> DlrmConfig {
+    let rows: Vec<usize> = (0..tables).map(|t| 5 + t).collect();
+    DlrmConfig {
+        tables: DlrmConfig::criteo_tables(&rows, 4),
+        bottom_mlp: vec![3, 6, 4],
+        top_mlp: vec![5, 3, 1],
+        interaction,
+    }
+}
+
+fn data(config: &DlrmConfig) -> SyntheticData {
+    SyntheticData::new(SyntheticConfig {
+        kind: DataGeneration::Learnable,
+        num_dense: config.num_dense(),
+        features: config.feature_rows(),
+        indices_per_lookup: 3,
+        indices_per_feature: vec![],
+        fixed_indices: false,
+        seed: 4,
+    })
+    .unwrap()
+}
+
+fn optimizers() -> [(TableOptimizer, DenseOptimizerConfig); 3] {
+    [
+        (
+            TableOptimizer::rowwise_adagrad(0.1),
+            DenseOptimizerConfig::adagrad(0.1),
+        ),
+        (TableOptimizer::adam(0.01), DenseOptimizerConfig::adam(0.01)),
+        (TableOptimizer::adagrad(0.1), DenseOptimizerConfig::sgd(0.1)),
+    ]
+}
+
+fn weights(model: &mut Dlrm) -> Vec<f32> {
+    let mut all: Vec<f32> = (model.sparse_arch().tables().iter())
+        .flat_map(|t| t.weights().iter().chain(t.optimizer_state()).copied())
+        .collect();
+    for p in model.dense_arch_mut().params() {
+        all.extend_from_slice(p.value);
+    }
+    all
+}
+
+#[test]
+fn save_load_predicts_identically_and_resumes_exactly() {
+    let be = NativeBackend::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    for interaction in [
+        InteractionType::Dot,
+        InteractionType::Dcn { layers: 2, rank: 3 },
+    ] {
+        for (table_opt, dense_opt) in optimizers() {
+            let cfg = config(interaction, 3);
+            let data = data(&cfg);
+            let mut model = Dlrm::new(cfg.clone(), table_opt, dense_opt, 7).unwrap();
+            for i in 0..4 {
+                model.train_step(&be, &data.batch(i, 16)).unwrap();
+            }
+            let path = dir.path().join("model.safetensors");
+            let state = TrainState {
+                epoch: 1,
+                batches_in_epoch: 4,
+                steps: 4,
+            };
+            save(&mut model, &path, Some(&state)).unwrap();
+            let ckpt = Checkpoint::open(&path).unwrap();
+            assert_eq!(ckpt.config(), &cfg);
+            assert_eq!(ckpt.train_state(), Some(&state));
+            assert_eq!(ckpt.table_optimizer(), Some(table_opt));
+            let test = data.batch(100, 32);
+            let want = model.predict(&be, &test).unwrap().to_vec();
+            let mut served = ckpt.inference_model().unwrap();
+            assert_eq!(served.predict(&be, &test).unwrap(), &want[..]);
+
+            // Resuming: the loaded model continues exactly as the original.
+            let mut resumed = ckpt.model(table_opt, dense_opt).unwrap();
+            assert_eq!(weights(&mut resumed), weights(&mut model));
+            for i in 4..7 {
+                let batch = data.batch(i, 16);
+                let a = model.train_step(&be, &batch).unwrap().loss;
+                let b = resumed.train_step(&be, &batch).unwrap().loss;
+                assert_eq!(a, b, "{interaction:?} {table_opt:?} step {i}");
+            }
+            assert_eq!(weights(&mut resumed), weights(&mut model));
+        }
+    }
+}
+
+/// Name, dtype, shape and bytes of each tensor of a file.
+type Tensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
+
+/// Rewrites `src` into `dst` keeping only TorchRec's model tensors (no
+/// metadata, no optimizer state), with `edit` applied to the tensor list.
+fn rewrite(src: &Path, dst: &Path, metadata: bool, edit: impl FnOnce(&mut Tensors)) {
+    let bytes = std::fs::read(src).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Tensors = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| metadata || !n.starts_with("optimizer."))
+        .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    edit(&mut tensors);
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    let meta = if metadata {
+        let (_, m) = SafeTensors::read_metadata(&bytes).unwrap();
+        m.metadata().clone()
+    } else {
+        None
+    };
+    safetensors::serialize_to_file(views, meta.map(|m: HashMap<_, _>| m), dst).unwrap();
+}
+
+#[test]
+fn torchrec_named_files_without_metadata_load_with_the_inferred_architecture() {
+    let be = NativeBackend::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    // 12 tables: the names sort t_cat_10 before t_cat_2, the features must not.
+    for interaction in [
+        InteractionType::Dot,
+        InteractionType::Dcn { layers: 3, rank: 2 },
+    ] {
+        let cfg = config(interaction, 12);
+        let mut model = Dlrm::new(
+            cfg.clone(),
+            TableOptimizer::None,
+            DenseOptimizerConfig::sgd(0.0),
+            3,
+        )
+        .unwrap();
+        let ours = dir.path().join("ours.safetensors");
+        save(&mut model, &ours, None).unwrap();
+        let torchrec = dir.path().join("torchrec.safetensors");
+        rewrite(&ours, &torchrec, false, |_| {});
+        let ckpt = Checkpoint::open(&torchrec).unwrap();
+        assert_eq!(ckpt.config(), &cfg);
+        assert_eq!(ckpt.table_optimizer(), None);
+        let test = data(&cfg).batch(0, 8);
+        let want = model.predict(&be, &test).unwrap().to_vec();
+        assert_eq!(
+            ckpt.inference_model().unwrap().predict(&be, &test).unwrap(),
+            &want[..]
+        );
+    }
+}
+
+#[test]
+fn bad_tensors_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(InteractionType::Dot, 3);
+    let mut model = Dlrm::new(
+        cfg,
+        TableOptimizer::rowwise_adagrad(0.1),
+        DenseOptimizerConfig::sgd(0.1),
+        3,
+    )
+    .unwrap();
+    let ours = dir.path().join("ours.safetensors");
+    save(&mut model, &ours, None).unwrap();
+    let bad = dir.path().join("bad.safetensors");
+    let error = |edit: &dyn Fn(&mut Tensors)| {
+        rewrite(&ours, &bad, true, edit);
+        Checkpoint::open(&bad).err().expect("must fail").to_string()
+    };
+    let t1 = table_weight_name("t_cat_1");
+    let e = error(&|t| t.retain(|(n, ..)| *n != t1));
+    assert!(e.contains(&t1) && e.contains("missing"), "{e}");
+
+    let bias = "over_arch.model.1.bias";
+    let e = error(&|t| {
+        let x = t.iter_mut().find(|x| x.0 == bias).unwrap();
+        x.2 = vec![1, 1];
+    });
+    assert!(e.contains(bias) && e.contains("shape [1, 1]"), "{e}");
+
+    let w = "dense_arch.model._mlp.0._linear.weight";
+    let e = error(&|t| {
+        let x = t.iter_mut().find(|x| x.0 == w).unwrap();
+        x.1 = Dtype::I32;
+    });
+    assert!(e.contains(w) && e.contains("I32"), "{e}");
+
+    // The optimizer state is checked when a model that uses it is built.
+    let m1 = format!(
+        "optimizer.{}",
+        table_weight_name("t_cat_0").replace(".weight", ".momentum1")
+    );
+    rewrite(&ours, &bad, true, |t| t.retain(|(n, ..)| *n != m1));
+    let ckpt = Checkpoint::open(&bad).unwrap();
+    let e = ckpt
+        .model(
+            TableOptimizer::rowwise_adagrad(0.1),
+            DenseOptimizerConfig::sgd(0.1),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(&m1), "{e}");
+
+    std::fs::write(&bad, b"\x08\x00\x00\x00\x00\x00\x00\x00{}").unwrap();
+    assert!(Checkpoint::open(&bad)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("bad.safetensors"));
+    let truncated = std::fs::read(&ours).unwrap();
+    std::fs::write(&bad, &truncated[..truncated.len() / 2]).unwrap();
+    let e = Checkpoint::open(&bad).err().unwrap().to_string();
+    assert!(e.contains("bad.safetensors"), "{e}");
+}

@@ -1,6 +1,7 @@
 use clap::{Parser, Subcommand};
 
-use ember::cli::{bench_dlrm, bench_embedding};
+use ember::cli::ingest::{self, IngestCommand, IngestReport};
+use ember::cli::{bench_dlrm, bench_embedding, bench_loader, serve, train};
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
 #[derive(Parser)]
@@ -15,6 +16,15 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(Bench),
+    /// Convert data into Ember's Parquet schema.
+    #[command(subcommand)]
+    Ingest(IngestCommand),
+    /// Train a DLRM on Parquet data.
+    Train(train::TrainArgs),
+    /// AUC, log loss and accuracy of a checkpoint on Parquet data.
+    Eval(serve::ServeArgs),
+    /// Write a checkpoint's predictions for Parquet data to a Parquet file.
+    Predict(serve::PredictArgs),
 }
 
 #[derive(Subcommand)]
@@ -23,6 +33,8 @@ enum Bench {
     Dlrm(bench_dlrm::DlrmArgs),
     /// The embedding kernels alone, like FBGEMM's TBE benchmark.
     Embedding(bench_embedding::EmbeddingArgs),
+    /// Decoded-batch throughput of the Parquet loader.
+    Loader(bench_loader::LoaderBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,6 +42,16 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(Bench::Dlrm(args)) => print(&bench_dlrm::run(&args)?, args.json),
         Command::Bench(Bench::Embedding(args)) => print(&bench_embedding::run(&args)?, args.json),
+        Command::Bench(Bench::Loader(args)) => print(&bench_loader::run(&args)?, args.json),
+        Command::Ingest(IngestCommand::Criteo(args)) => {
+            print(&IngestReport(ingest::criteo(&args)?), args.json)
+        }
+        Command::Ingest(IngestCommand::Synthetic(args)) => {
+            print(&ingest::synthetic(&args)?, args.json)
+        }
+        Command::Train(args) => print(&train::run(&args)?, args.json),
+        Command::Eval(args) => print(&serve::eval(&args)?, args.json),
+        Command::Predict(args) => print(&serve::predict(&args)?, args.serve.json),
     }
 }
 

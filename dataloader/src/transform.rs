@@ -49,6 +49,24 @@ impl IdTransform {
     }
 }
 
+/// Parses the names above (`log1p`, `log-plus3`; `modulo`, `hash`), as the
+/// command line takes them.
+macro_rules! named {
+    ($t:ty, $($name:literal => $v:expr),+) => {
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($v),)+
+                    _ => Err(format!("'{s}' is not one of: {}", [$($name),+].join(", "))),
+                }
+            }
+        }
+    };
+}
+named!(DenseTransform, "log1p" => DenseTransform::Log1p, "log-plus3" => DenseTransform::LogPlus3);
+named!(IdTransform, "modulo" => IdTransform::Modulo, "hash" => IdTransform::Hash);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,6 +62,18 @@ impl Default for SinkOptions {
     }
 }
 
+impl std::str::FromStr for Codec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "zstd" => Ok(Codec::Zstd),
+            "snappy" => Ok(Codec::Snappy),
+            "none" => Ok(Codec::None),
+            _ => Err(format!("'{s}' is not one of: zstd, snappy, none")),
+        }
+    }
+}
+
 enum CatBuilder {
     Scalar(Int64Builder),
     List(ListBuilder<Int64Builder>),
@@ -316,4 +328,68 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
         .and_then(|()| file.sync_all())
         .map_err(DataError::io(&temp))?;
     commit(&temp, path)
+}
+
+/// Streams model outputs into a Parquet file with columns `logit` and
+/// `probability` (float32), one row per input row, committed atomically.
+pub struct PredictionWriter {
+    writer: ArrowWriter<File>,
+    temp: PathBuf,
+    path: PathBuf,
+    schema: SchemaRef,
+    rows: u64,
+}
+
+impl PredictionWriter {
+    pub fn create(path: &Path) -> Result<Self, DataError> {
+        use arrow_schema::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("logit", DataType::Float32, false),
+            Field::new("probability", DataType::Float32, false),
+        ]));
+        let name = path.file_name().map_or_else(
+            || "predictions".into(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let temp = path.with_file_name(format!(".{name}.tmp"));
+        let file = File::create(&temp).map_err(DataError::io(&temp))?;
+        let props = WriterProperties::builder()
+            .set_compression(Codec::Zstd.compression())
+            .build();
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
+            .map_err(DataError::parquet(&temp))?;
+        Ok(Self {
+            writer,
+            temp,
+            path: path.to_path_buf(),
+            schema,
+            rows: 0,
+        })
+    }
+
+    pub fn write(&mut self, logits: &[f32]) -> Result<(), DataError> {
+        use arrow_array::Float32Array;
+        let p: Float32Array = logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
+        let columns: Vec<ArrayRef> =
+            vec![Arc::new(Float32Array::from(logits.to_vec())), Arc::new(p)];
+        let batch = RecordBatch::try_new(self.schema.clone(), columns)
+            .expect("two float columns of one length");
+        self.writer
+            .write(&batch)
+            .map_err(DataError::parquet(&self.temp))?;
+        self.rows += logits.len() as u64;
+        Ok(())
+    }
+
+    /// Closes, fsyncs and renames the file; returns the rows written.
+    pub fn finish(self) -> Result<u64, DataError> {
+        let file = self
+            .writer
+            .into_inner()
+            .map_err(DataError::parquet(&self.temp))?;
+        file.sync_all().map_err(DataError::io(&self.temp))?;
+        drop(file);
+        commit(&self.temp, &self.path)?;
+        Ok(self.rows)
+    }
 }

@@ -8,40 +8,18 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use ember_dense::{DenseOptimizerConfig, NativeBackend};
+use ember_dense::NativeBackend;
 use ember_models::{
-    evaluate, Batch, DataGeneration, Dlrm, DlrmConfig, InteractionType, Metrics, PhaseTimes,
-    SyntheticConfig, SyntheticData,
+    evaluate, Batch, DataGeneration, Dlrm, DlrmConfig, Metrics, PhaseTimes, SyntheticConfig,
+    SyntheticData,
 };
 
+use super::arch::{ArchArgs, OptimArgs};
 use super::bench_embedding::{median, BenchOptimizer};
-use super::{parse_sizes, peak_rss_bytes, Progress};
+use super::{peak_rss_bytes, Progress};
 
 /// Test batches are numbered from here, apart from training batches.
 const TEST_BATCH_BASE: u64 = 1 << 40;
-
-/// The 26 table sizes of the MLPerf DLRM benchmark (Criteo Terabyte).
-pub const MLPERF_TABLE_ROWS: [usize; 26] = [
-    39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
-    11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36,
-];
-/// Cap on MLPerf table rows when `--max-ind-range` is not given: keeps the
-/// preset's tables near 4 GB, so it runs on a 24 GiB machine.
-pub const MLPERF_DEFAULT_MAX_IND_RANGE: usize = 1_000_000;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Preset {
-    /// Criteo Kaggle shape: dim 16, bottom 13-512-256-64-16, top 512-256-1, 26 x 100k rows, dot.
-    Kaggle,
-    /// MLPerf DLRM-DCNv2: dim 128, bottom 13-512-256-128, DCN 3 layers rank 512, top 1024-1024-512-256-1.
-    Mlperf,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum InteractionOp {
-    Dot,
-    Dcn,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -52,33 +30,8 @@ pub enum DataKind {
 
 #[derive(Args, Clone, Debug)]
 pub struct DlrmArgs {
-    /// Fill the architecture from a known shape; explicit flags still win.
-    #[arg(long, value_enum)]
-    pub preset: Option<Preset>,
-    /// Embedding dim [default: 2].
-    #[arg(long)]
-    pub arch_sparse_feature_size: Option<usize>,
-    /// Rows per table, dash-separated [default: 4-3-2].
-    #[arg(long)]
-    pub arch_embedding_size: Option<String>,
-    /// Bottom MLP sizes including the dense input [default: 4-3-2].
-    #[arg(long)]
-    pub arch_mlp_bot: Option<String>,
-    /// Top MLP sizes after the interaction [default: 4-2-1].
-    #[arg(long)]
-    pub arch_mlp_top: Option<String>,
-    /// dot (DLRM) or dcn (DLRM-DCNv2) [default: dot].
-    #[arg(long, value_enum)]
-    pub arch_interaction_op: Option<InteractionOp>,
-    /// Cross layers of the DCN [default: 3].
-    #[arg(long)]
-    pub dcn_num_layers: Option<usize>,
-    /// Rank of the DCN's low-rank cross layers [default: 512].
-    #[arg(long)]
-    pub dcn_low_rank_dim: Option<usize>,
-    /// Caps every table's rows (ids are drawn below the cap).
-    #[arg(long)]
-    pub max_ind_range: Option<usize>,
+    #[command(flatten)]
+    pub arch: ArchArgs,
     /// Ids per bag (the maximum, unless fixed) [default: 10].
     #[arg(long)]
     pub num_indices_per_lookup: Option<usize>,
@@ -91,14 +44,8 @@ pub struct DlrmArgs {
     pub mini_batch_size: usize,
     #[arg(long, default_value_t = 100)]
     pub num_batches: u64,
-    #[arg(long, default_value_t = 0.01)]
-    pub learning_rate: f32,
-    /// Optimizer of the tables (fused) and, for the dense part: sgd → SGD,
-    /// adagrad and rowwise-adagrad → Adagrad, adam → Adam. The default is
-    /// TorchRec's usual fused choice: at batch 2048 and dlrm_s_pytorch's lr of
-    /// 0.01, plain SGD barely moves the rows.
-    #[arg(long, value_enum, default_value_t = BenchOptimizer::RowwiseAdagrad)]
-    pub optimizer: BenchOptimizer,
+    #[command(flatten)]
+    pub optim: OptimArgs,
     /// Evaluate every this many batches (0: never).
     #[arg(long, default_value_t = 0)]
     pub test_freq: u64,
@@ -127,72 +74,7 @@ pub struct ResolvedDlrm {
 
 impl DlrmArgs {
     pub fn resolve(&self) -> anyhow::Result<ResolvedDlrm> {
-        let (dim, rows, bot, top, op, lookups, fixed, cap) = match self.preset {
-            None => (
-                2,
-                vec![4, 3, 2],
-                "4-3-2",
-                "4-2-1",
-                InteractionOp::Dot,
-                10,
-                false,
-                None,
-            ),
-            Some(Preset::Kaggle) => (
-                16,
-                vec![100_000; 26],
-                "13-512-256-64-16",
-                "512-256-1",
-                InteractionOp::Dot,
-                1,
-                true,
-                None,
-            ),
-            Some(Preset::Mlperf) => (
-                128,
-                MLPERF_TABLE_ROWS.to_vec(),
-                "13-512-256-128",
-                "1024-1024-512-256-1",
-                InteractionOp::Dcn,
-                1,
-                true,
-                Some(MLPERF_DEFAULT_MAX_IND_RANGE),
-            ),
-        };
-        let dim = self.arch_sparse_feature_size.unwrap_or(dim);
-        let mut rows = match &self.arch_embedding_size {
-            Some(s) => parse_sizes("--arch-embedding-size", s)?,
-            None => rows,
-        };
-        if let Some(i) = rows.iter().position(|&r| r == 0) {
-            bail!("--arch-embedding-size: table {i} has 0 rows");
-        }
-        if let Some(cap) = self.max_ind_range.or(cap) {
-            anyhow::ensure!(cap > 0, "--max-ind-range must be at least 1");
-            rows.iter_mut().for_each(|r| *r = (*r).min(cap));
-        }
-        let bottom_mlp = parse_sizes(
-            "--arch-mlp-bot",
-            self.arch_mlp_bot.as_deref().unwrap_or(bot),
-        )?;
-        let top_mlp = parse_sizes(
-            "--arch-mlp-top",
-            self.arch_mlp_top.as_deref().unwrap_or(top),
-        )?;
-        let interaction = match self.arch_interaction_op.unwrap_or(op) {
-            InteractionOp::Dot => InteractionType::Dot,
-            InteractionOp::Dcn => InteractionType::Dcn {
-                layers: self.dcn_num_layers.unwrap_or(3),
-                rank: self.dcn_low_rank_dim.unwrap_or(512),
-            },
-        };
-        let config = DlrmConfig {
-            tables: DlrmConfig::criteo_tables(&rows, dim),
-            bottom_mlp,
-            top_mlp,
-            interaction,
-        };
-        config.validate()?;
+        let (config, lookups, fixed) = self.arch.resolve()?;
         let indices_per_lookup = self.num_indices_per_lookup.unwrap_or(lookups);
         anyhow::ensure!(
             indices_per_lookup >= 1,
@@ -204,22 +86,6 @@ impl DlrmArgs {
             fixed_indices: self.num_indices_per_lookup_fixed
                 || (self.num_indices_per_lookup.is_none() && fixed),
         })
-    }
-
-    fn dense_optimizer(&self) -> DenseOptimizerConfig {
-        let lr = self.learning_rate;
-        match self.optimizer {
-            BenchOptimizer::None | BenchOptimizer::Sgd => DenseOptimizerConfig::Sgd { lr },
-            BenchOptimizer::Adagrad | BenchOptimizer::RowwiseAdagrad => {
-                DenseOptimizerConfig::Adagrad { lr, eps: 1e-10 }
-            }
-            BenchOptimizer::Adam => DenseOptimizerConfig::Adam {
-                lr,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-            },
-        }
     }
 }
 
@@ -268,12 +134,7 @@ pub fn run(args: &DlrmArgs) -> anyhow::Result<DlrmReport> {
     if args.test_freq > 0 && args.test_num_batches == 0 {
         bail!("--test-num-batches must be at least 1 when --test-freq is set");
     }
-    if !(args.learning_rate.is_finite() && args.learning_rate >= 0.0) {
-        bail!(
-            "--learning-rate must be a finite number >= 0, got {}",
-            args.learning_rate
-        );
-    }
+    args.optim.validate()?;
     let resolved = args.resolve()?;
     super::with_threads(args.threads, || run_in_pool(args, resolved))?
 }
@@ -281,11 +142,11 @@ pub fn run(args: &DlrmArgs) -> anyhow::Result<DlrmReport> {
 fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmReport> {
     let setup = Instant::now();
     let config = &resolved.config;
-    let table_optimizer = args.optimizer.table_optimizer(args.learning_rate);
+    let table_optimizer = args.optim.table_optimizer();
     let mut model = Dlrm::new(
         config.clone(),
         table_optimizer,
-        args.dense_optimizer(),
+        args.optim.dense_optimizer(),
         args.seed,
     )
     .context("building the model")?;
@@ -375,7 +236,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
     let per_step_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / timed;
     Ok(DlrmReport {
         data_generation: args.data_generation,
-        optimizer: args.optimizer,
+        optimizer: args.optim.optimizer,
         backend: "native",
         threads: rayon::current_num_threads(),
         mini_batch_size: size,

@@ -2,9 +2,15 @@
 //! serialisable report; `main` prints it as text or, with `--json`, as one
 //! JSON object.
 
+pub mod arch;
 pub mod bench_dlrm;
 pub mod bench_embedding;
+pub mod bench_loader;
+pub mod data;
+pub mod ingest;
 mod progress;
+pub mod serve;
+pub mod train;
 
 pub use progress::{peak_rss_bytes, Progress};
 

@@ -29,6 +29,27 @@ impl Progress {
         }
     }
 
+    /// A bar counting bytes.
+    pub fn bytes(total: u64, what: &str, json: bool) -> Self {
+        let p = Self::new(total, what, json);
+        if let Some(bar) = &p.bar {
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} (eta {eta})",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+        }
+        p
+    }
+
+    pub fn set(&self, pos: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(pos);
+        }
+    }
+
     pub fn line(&self, text: &str) {
         match (&self.bar, self.to_stderr) {
             (Some(bar), false) => bar.suspend(|| println!("{text}")),

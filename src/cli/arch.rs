@@ -1,0 +1,224 @@
+//! The architecture and optimizer flags shared by `bench dlrm`, `train`,
+//! `ingest synthetic` (the table sizes) and, later, `plan`; names follow
+//! dlrm_s_pytorch.py.
+
+use anyhow::bail;
+use clap::{Args, ValueEnum};
+
+use ember_dense::DenseOptimizerConfig;
+use ember_models::{DlrmConfig, InteractionType};
+use ember_sparse::TableOptimizer;
+
+use super::bench_embedding::BenchOptimizer;
+use super::parse_sizes;
+
+/// The 26 table sizes of the MLPerf DLRM benchmark (Criteo Terabyte).
+pub const MLPERF_TABLE_ROWS: [usize; 26] = [
+    39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
+    11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36,
+];
+/// Cap on MLPerf table rows when `--max-ind-range` is not given: keeps the
+/// preset's tables near 4 GB, so it runs on a 24 GiB machine.
+pub const MLPERF_DEFAULT_MAX_IND_RANGE: usize = 1_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// Criteo Kaggle shape: dim 16, bottom 13-512-256-64-16, top 512-256-1, 26 x 100k rows, dot.
+    Kaggle,
+    /// MLPerf DLRM-DCNv2: dim 128, bottom 13-512-256-128, DCN 3 layers rank 512, top 1024-1024-512-256-1.
+    Mlperf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum InteractionOp {
+    Dot,
+    Dcn,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ArchArgs {
+    /// Fill the architecture from a known shape; explicit flags still win.
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// Embedding dim [default: 2].
+    #[arg(long)]
+    pub arch_sparse_feature_size: Option<usize>,
+    /// Rows per table, dash-separated [default: 4-3-2].
+    #[arg(long)]
+    pub arch_embedding_size: Option<String>,
+    /// Bottom MLP sizes including the dense input [default: 4-3-2].
+    #[arg(long)]
+    pub arch_mlp_bot: Option<String>,
+    /// Top MLP sizes after the interaction [default: 4-2-1].
+    #[arg(long)]
+    pub arch_mlp_top: Option<String>,
+    /// dot (DLRM) or dcn (DLRM-DCNv2) [default: dot].
+    #[arg(long, value_enum)]
+    pub arch_interaction_op: Option<InteractionOp>,
+    /// Cross layers of the DCN [default: 3].
+    #[arg(long)]
+    pub dcn_num_layers: Option<usize>,
+    /// Rank of the DCN's low-rank cross layers [default: 512].
+    #[arg(long)]
+    pub dcn_low_rank_dim: Option<usize>,
+    /// Caps every table's rows (ids are reduced below the cap).
+    #[arg(long)]
+    pub max_ind_range: Option<usize>,
+}
+
+impl ArchArgs {
+    /// The architecture, and the preset's default ids per bag (and whether fixed).
+    pub fn resolve(&self) -> anyhow::Result<(DlrmConfig, usize, bool)> {
+        let (dim, rows, bot, top, op, lookups, fixed, cap) = match self.preset {
+            None => (
+                2,
+                vec![4, 3, 2],
+                "4-3-2",
+                "4-2-1",
+                InteractionOp::Dot,
+                10,
+                false,
+                None,
+            ),
+            Some(Preset::Kaggle) => (
+                16,
+                vec![100_000; 26],
+                "13-512-256-64-16",
+                "512-256-1",
+                InteractionOp::Dot,
+                1,
+                true,
+                None,
+            ),
+            Some(Preset::Mlperf) => (
+                128,
+                MLPERF_TABLE_ROWS.to_vec(),
+                "13-512-256-128",
+                "1024-1024-512-256-1",
+                InteractionOp::Dcn,
+                1,
+                true,
+                Some(MLPERF_DEFAULT_MAX_IND_RANGE),
+            ),
+        };
+        let dim = self.arch_sparse_feature_size.unwrap_or(dim);
+        let mut rows = match &self.arch_embedding_size {
+            Some(s) => parse_sizes("--arch-embedding-size", s)?,
+            None => rows,
+        };
+        if let Some(i) = rows.iter().position(|&r| r == 0) {
+            bail!("--arch-embedding-size: table {i} has 0 rows");
+        }
+        if let Some(cap) = self.max_ind_range.or(cap) {
+            anyhow::ensure!(cap > 0, "--max-ind-range must be at least 1");
+            rows.iter_mut().for_each(|r| *r = (*r).min(cap));
+        }
+        let bottom_mlp = parse_sizes(
+            "--arch-mlp-bot",
+            self.arch_mlp_bot.as_deref().unwrap_or(bot),
+        )?;
+        let top_mlp = parse_sizes(
+            "--arch-mlp-top",
+            self.arch_mlp_top.as_deref().unwrap_or(top),
+        )?;
+        let interaction = match self.arch_interaction_op.unwrap_or(op) {
+            InteractionOp::Dot => InteractionType::Dot,
+            InteractionOp::Dcn => InteractionType::Dcn {
+                layers: self.dcn_num_layers.unwrap_or(3),
+                rank: self.dcn_low_rank_dim.unwrap_or(512),
+            },
+        };
+        let config = DlrmConfig {
+            tables: DlrmConfig::criteo_tables(&rows, dim),
+            bottom_mlp,
+            top_mlp,
+            interaction,
+        };
+        config.validate()?;
+        Ok((config, lookups, fixed))
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct OptimArgs {
+    #[arg(long, default_value_t = 0.01)]
+    pub learning_rate: f32,
+    /// Optimizer of the tables (fused) and, for the dense part: sgd → SGD,
+    /// adagrad and rowwise-adagrad → Adagrad, adam → Adam. The default is
+    /// TorchRec's usual fused choice: at batch 2048 and dlrm_s_pytorch's lr of
+    /// 0.01, plain SGD barely moves the rows.
+    #[arg(long, value_enum, default_value_t = BenchOptimizer::RowwiseAdagrad)]
+    pub optimizer: BenchOptimizer,
+}
+
+impl OptimArgs {
+    pub fn table_optimizer(&self) -> TableOptimizer {
+        self.optimizer.table_optimizer(self.learning_rate)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
+            bail!(
+                "--learning-rate must be a finite number >= 0, got {}",
+                self.learning_rate
+            );
+        }
+        Ok(())
+    }
+
+    pub fn dense_optimizer(&self) -> DenseOptimizerConfig {
+        let lr = self.learning_rate;
+        match self.optimizer {
+            BenchOptimizer::None | BenchOptimizer::Sgd => DenseOptimizerConfig::Sgd { lr },
+            BenchOptimizer::Adagrad | BenchOptimizer::RowwiseAdagrad => {
+                DenseOptimizerConfig::Adagrad { lr, eps: 1e-10 }
+            }
+            BenchOptimizer::Adam => DenseOptimizerConfig::Adam {
+                lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+        }
+    }
+}
+
+/// Table sizes alone, for commands that read or write data but build no
+/// model (`ingest synthetic`, `bench loader`): ids are drawn below, or
+/// reduced modulo, these sizes.
+#[derive(Args, Clone, Debug)]
+pub struct TableArgs {
+    #[arg(long, value_enum, default_value_t = Preset::Kaggle)]
+    pub preset: Preset,
+    /// Rows per table, dash-separated (26 tables) [default: the preset's].
+    #[arg(long)]
+    pub arch_embedding_size: Option<String>,
+    /// Caps every table's rows.
+    #[arg(long)]
+    pub max_ind_range: Option<usize>,
+}
+
+impl TableArgs {
+    /// `(feature, rows)` of every table: `cat_i` for table `t_cat_i`.
+    pub fn feature_rows(&self) -> anyhow::Result<Vec<(String, usize)>> {
+        let arch = ArchArgs {
+            preset: Some(self.preset),
+            arch_sparse_feature_size: None,
+            arch_embedding_size: self.arch_embedding_size.clone(),
+            arch_mlp_bot: None,
+            arch_mlp_top: None,
+            arch_interaction_op: None,
+            dcn_num_layers: None,
+            dcn_low_rank_dim: None,
+            max_ind_range: self.max_ind_range,
+        };
+        let rows = arch.resolve()?.0.feature_rows();
+        anyhow::ensure!(
+            rows.len() == ember_dataloader::schema::NUM_CAT,
+            "the Criteo schema has {} categorical columns; --arch-embedding-size gives {} tables",
+            ember_dataloader::schema::NUM_CAT,
+            rows.len()
+        );
+        Ok(rows)
+    }
+}

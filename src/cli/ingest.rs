@@ -1,0 +1,253 @@
+//! `ember ingest criteo` and `ember ingest synthetic`: data into Parquet.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use ember_dataloader::ingest::{ingest_criteo, IngestOptions, IngestSummary};
+use ember_dataloader::schema::NUM_CAT;
+use ember_dataloader::writer::{Codec, CriteoBatchBuilder, ParquetSink, SinkOptions};
+use ember_models::{DataGeneration, SyntheticConfig, SyntheticData};
+
+use super::arch::TableArgs;
+use super::Progress;
+
+#[derive(Subcommand, Clone, Debug)]
+pub enum IngestCommand {
+    /// Criteo display-advertising TSV files (plain or gzip) into Parquet.
+    Criteo(CriteoArgs),
+    /// Learnable synthetic data in the same schema (for benchmarks and tests).
+    Synthetic(SyntheticArgs),
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SinkArgs {
+    /// Rows per output file [default: one file per input].
+    #[arg(long)]
+    pub rows_per_file: Option<u64>,
+    /// Rows per Parquet row group (the loader's unit of shuffling and sharding).
+    #[arg(long, default_value_t = 65536)]
+    pub row_group_size: usize,
+    /// zstd, snappy or none.
+    #[arg(long, default_value = "zstd")]
+    pub compression: Codec,
+}
+
+impl SinkArgs {
+    fn options(&self) -> anyhow::Result<SinkOptions> {
+        anyhow::ensure!(
+            self.row_group_size > 0 && self.rows_per_file != Some(0),
+            "--row-group-size and --rows-per-file must be at least 1"
+        );
+        Ok(SinkOptions {
+            rows_per_file: self.rows_per_file,
+            row_group_size: self.row_group_size,
+            compression: self.compression,
+        })
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct CriteoArgs {
+    /// Input files: `day_0`, `day_0.gz`, `train.txt`, ...
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    #[arg(long)]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub sink: SinkArgs,
+    /// Stop at the first malformed line (default: skip, count and report).
+    #[arg(long)]
+    pub strict: bool,
+    /// Skip inputs whose output is complete from an earlier run.
+    #[arg(long)]
+    pub resume: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn criteo(args: &CriteoArgs) -> anyhow::Result<IngestSummary> {
+    let options = IngestOptions {
+        sink: args.sink.options()?,
+        strict: args.strict,
+        resume: args.resume,
+    };
+    let total: u64 = (args.inputs.iter())
+        .map(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.len())
+                .with_context(|| p.display().to_string())
+        })
+        .sum::<anyhow::Result<u64>>()?;
+    let progress = Progress::bytes(total, "ingest", args.json);
+    let summary = ingest_criteo(&args.inputs, &args.output, &options, &mut |b| {
+        progress.set(b)
+    });
+    progress.finish();
+    Ok(summary?)
+}
+
+/// The text form of an ingest summary.
+pub struct IngestReport(pub IngestSummary);
+
+impl Serialize for IngestReport {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl std::fmt::Display for IngestReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.0;
+        writeln!(
+            f,
+            "{} rows written to {} files in {:.1} s ({:.0} rows/s); {:.1} MB in, {:.1} MB out",
+            s.rows_written,
+            s.files.len(),
+            s.seconds,
+            s.rows_per_s,
+            s.bytes_in as f64 / 1e6,
+            s.bytes_out as f64 / 1e6
+        )?;
+        if !s.resumed_inputs.is_empty() {
+            writeln!(
+                f,
+                "{} inputs already complete (resumed)",
+                s.resumed_inputs.len()
+            )?;
+        }
+        write!(f, "{} lines rejected", s.lines_rejected)?;
+        for (reason, n) in &s.rejected {
+            write!(f, ", {n} {reason}")?;
+        }
+        writeln!(f)?;
+        for r in &s.first_rejected {
+            writeln!(f, "  {}:{}: {}", r.file.display(), r.line, r.reason)?;
+        }
+        if s.lines_rejected > s.first_rejected.len() as u64 {
+            writeln!(
+                f,
+                "  ... and {} more",
+                s.lines_rejected - s.first_rejected.len() as u64
+            )?;
+        }
+        write!(f, "nulls:")?;
+        for n in &s.nulls {
+            write!(f, " {}={}", n.column, n.nulls)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SyntheticArgs {
+    #[arg(long)]
+    pub rows: u64,
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Ids per bag: one size for every feature or 26 dash-separated; a
+    /// feature above 1 is written as a `list<int64>` column of 1..=size ids
+    /// [default: 1, all scalar].
+    #[arg(long)]
+    pub multi_hot: Option<String>,
+    /// Seeds the hidden model and the rows.
+    #[arg(long, default_value_t = 123)]
+    pub seed: u64,
+    /// A disjoint stream of rows from the same hidden model: write training
+    /// data with 0 and evaluation data with 1 (same seed).
+    #[arg(long, default_value_t = 0)]
+    pub stream: u32,
+    #[command(flatten)]
+    pub tables: TableArgs,
+    #[command(flatten)]
+    pub sink: SinkArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SyntheticReport {
+    pub rows_written: u64,
+    pub files: Vec<PathBuf>,
+    pub bytes_out: u64,
+    pub seconds: f64,
+    pub rows_per_s: f64,
+}
+
+impl std::fmt::Display for SyntheticReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rows written to {} files in {:.1} s ({:.0} rows/s), {:.1} MB",
+            self.rows_written,
+            self.files.len(),
+            self.seconds,
+            self.rows_per_s,
+            self.bytes_out as f64 / 1e6
+        )
+    }
+}
+
+pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
+    let start = Instant::now();
+    let sink_options = args.sink.options()?;
+    let features = args.tables.feature_rows()?;
+    let sizes = match &args.multi_hot {
+        None => vec![1; NUM_CAT],
+        Some(s) => {
+            let sizes = super::parse_sizes("--multi-hot", s)?;
+            match sizes.len() {
+                1 => vec![sizes[0]; NUM_CAT],
+                NUM_CAT => sizes,
+                n => anyhow::bail!("--multi-hot: {n} sizes; give one or {NUM_CAT}"),
+            }
+        }
+    };
+    anyhow::ensure!(!sizes.contains(&0), "--multi-hot sizes must be at least 1");
+    let data = SyntheticData::new(SyntheticConfig {
+        kind: DataGeneration::Learnable,
+        num_dense: ember_dataloader::schema::NUM_INT,
+        features,
+        indices_per_lookup: 1,
+        indices_per_feature: sizes.clone(),
+        fixed_indices: false,
+        seed: args.seed,
+    })?;
+    let multi: [bool; NUM_CAT] = std::array::from_fn(|i| sizes[i] > 1);
+    let mut builder = CriteoBatchBuilder::new(&multi);
+    std::fs::create_dir_all(&args.output).with_context(|| args.output.display().to_string())?;
+    let mut sink = ParquetSink::new(
+        &args.output,
+        "synthetic",
+        builder.schema().clone(),
+        sink_options,
+    );
+    let progress = Progress::new(args.rows, "synthetic", args.json);
+    let chunk = sink_options.row_group_size.min(1 << 16) as u64;
+    let mut written = 0;
+    let first = (args.stream as u64) << 32;
+    for index in first.. {
+        if written == args.rows {
+            break;
+        }
+        let n = chunk.min(args.rows - written);
+        data.batch(index, n as usize)
+            .write_criteo_rows(&mut builder)?;
+        sink.write(&builder.finish())?;
+        written += n;
+        progress.set(written);
+    }
+    let (files, bytes_out) = sink.finish()?;
+    progress.finish();
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(SyntheticReport {
+        rows_written: written,
+        files,
+        bytes_out,
+        seconds,
+        rows_per_s: written as f64 / seconds.max(1e-9),
+    })
+}

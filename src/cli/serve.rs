@@ -1,0 +1,104 @@
+//! `ember eval` and `ember predict`: a checkpoint on Parquet data. The
+//! architecture comes from the checkpoint, so no model flags are needed.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+
+use ember_dataloader::writer::PredictionWriter;
+use ember_dense::NativeBackend;
+use ember_models::{Batch, Checkpoint, Dlrm};
+
+use super::data::LoaderArgs;
+use super::train::{evaluate, MetricsReport};
+use super::Progress;
+
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// A safetensors checkpoint (Ember's, or a TorchRec DLRM state_dict).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Parquet files or directories, read in order.
+    #[arg(long, required = true, num_args = 1..)]
+    pub data: Vec<PathBuf>,
+    #[arg(long, default_value_t = 2048)]
+    pub mini_batch_size: usize,
+    #[command(flatten)]
+    pub loader: LoaderArgs,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ServeArgs {
+    fn open(&self) -> anyhow::Result<(Dlrm, ember_dataloader::Loader)> {
+        anyhow::ensure!(
+            self.mini_batch_size > 0,
+            "--mini-batch-size must be at least 1"
+        );
+        let model = Checkpoint::open(&self.checkpoint)?.inference_model()?;
+        let config = model.config();
+        let loader = self.loader.open(
+            &self.data,
+            &config.feature_rows(),
+            config.num_dense(),
+            self.mini_batch_size,
+        )?;
+        Ok((model, loader))
+    }
+}
+
+pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
+    super::with_threads(args.threads, || {
+        let (mut model, loader) = args.open()?;
+        let be = NativeBackend::new(rayon::current_num_threads());
+        Ok(evaluate(&mut model, &be, &loader)?.into())
+    })?
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct PredictArgs {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// Parquet file to write: columns `logit` and `probability`, one row per input row.
+    #[arg(long)]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PredictReport {
+    pub rows: u64,
+    pub output: PathBuf,
+}
+
+impl std::fmt::Display for PredictReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} predictions written to {}",
+            self.rows,
+            self.output.display()
+        )
+    }
+}
+
+pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
+    super::with_threads(args.serve.threads, || {
+        let (mut model, loader) = args.serve.open()?;
+        let be = NativeBackend::new(rayon::current_num_threads());
+        let progress = Progress::new(loader.batches_per_epoch(0), "predict", args.serve.json);
+        let mut out = PredictionWriter::create(&args.output)?;
+        for batch in loader.epoch(0, 0) {
+            let batch = Batch::from_loader(batch?)?;
+            out.write(model.predict(&be, &batch)?)?;
+            progress.inc();
+        }
+        progress.finish();
+        Ok(PredictReport {
+            rows: out.finish()?,
+            output: args.output.clone(),
+        })
+    })?
+}

@@ -1,0 +1,416 @@
+//! `ember train`: DLRM training from Parquet, with evaluation, checkpoints
+//! and exact resumption.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use serde::Serialize;
+
+use ember_dataloader::Loader;
+use ember_dense::{DenseBackend, NativeBackend};
+use ember_models::checkpoint::save;
+use ember_models::{Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainState};
+
+use super::arch::{ArchArgs, OptimArgs};
+use super::data::LoaderArgs;
+use super::Progress;
+
+/// The checkpoint `--checkpoint-dir` holds and `--resume` reads.
+pub const CHECKPOINT_FILE: &str = "model.safetensors";
+
+#[derive(Args, Clone, Debug)]
+pub struct TrainArgs {
+    /// Training data: Parquet files or directories.
+    #[arg(long, required = true, num_args = 1..)]
+    pub data: Vec<PathBuf>,
+    /// Evaluation data, read in order.
+    #[arg(long, num_args = 1..)]
+    pub eval_data: Vec<PathBuf>,
+    #[command(flatten)]
+    pub arch: ArchArgs,
+    #[command(flatten)]
+    pub optim: OptimArgs,
+    #[command(flatten)]
+    pub loader: LoaderArgs,
+    #[arg(long, default_value_t = 2048)]
+    pub mini_batch_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Evaluate every this many training batches (0: at the end of each epoch).
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: u64,
+    /// Write `model.safetensors` here at the end of each epoch.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint every this many batches (0: at epoch ends only).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Continue from the checkpoint in --checkpoint-dir (its architecture
+    /// and optimizer state, at the batch where it stopped).
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop after this many steps in all, checkpointing there.
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Read row groups in file order instead of shuffling them per epoch.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Drop each epoch's last, short batch.
+    #[arg(long)]
+    pub drop_last: bool,
+    /// Seeds the model's initialisation and the shuffling.
+    #[arg(long, default_value_t = 123)]
+    pub seed: u64,
+    /// Print the mean loss every this many batches.
+    #[arg(long, default_value_t = 100)]
+    pub print_freq: u64,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// JSON lines on stdout: one per log event, then the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One line of the training log.
+#[derive(Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+enum Event {
+    Train {
+        epoch: u64,
+        batch: u64,
+        steps: u64,
+        loss: f64,
+        ms_per_step: f64,
+    },
+    Eval {
+        epoch: u64,
+        steps: u64,
+        auc: f64,
+        logloss: f64,
+        accuracy: f64,
+        rows: usize,
+    },
+    Checkpoint {
+        path: PathBuf,
+        steps: u64,
+    },
+}
+
+#[derive(Debug, Serialize)]
+pub struct TrainReport {
+    pub event: &'static str,
+    pub steps: u64,
+    pub samples: u64,
+    /// Training time, evaluation and checkpoints excluded (loader waits included).
+    pub train_seconds: f64,
+    pub samples_per_s: f64,
+    /// Time the training loop waited for the loader.
+    pub loader_wait_seconds: f64,
+    pub loss_first: f64,
+    pub loss_last: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval: Option<MetricsReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<PathBuf>,
+    pub resumed_at_step: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct MetricsReport {
+    pub auc: f64,
+    pub logloss: f64,
+    pub accuracy: f64,
+    pub rows: usize,
+}
+
+impl From<Metrics> for MetricsReport {
+    fn from(m: Metrics) -> Self {
+        Self {
+            auc: m.auc,
+            logloss: m.logloss,
+            accuracy: m.accuracy,
+            rows: m.count,
+        }
+    }
+}
+
+impl std::fmt::Display for MetricsReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "auc {:.4}, logloss {:.6}, accuracy {:.3} % ({} rows)",
+            self.auc,
+            self.logloss,
+            self.accuracy * 100.0,
+            self.rows
+        )
+    }
+}
+
+impl std::fmt::Display for TrainReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} steps, {} samples in {:.1} s: {:.0} samples/s (loader waits {:.2} s); loss {:.6} -> {:.6}",
+            self.steps,
+            self.samples,
+            self.train_seconds,
+            self.samples_per_s,
+            self.loader_wait_seconds,
+            self.loss_first,
+            self.loss_last
+        )?;
+        if let Some(m) = &self.eval {
+            write!(f, "\neval: {m}")?;
+        }
+        if let Some(p) = &self.checkpoint {
+            write!(f, "\ncheckpoint: {}", p.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// Metrics of `model` over every batch of `loader` (epoch 0, in order).
+pub fn evaluate(
+    model: &mut Dlrm,
+    be: &dyn DenseBackend<f32>,
+    loader: &Loader,
+) -> anyhow::Result<Metrics> {
+    let mut acc = MetricsAccumulator::default();
+    for batch in loader.epoch(0, 0) {
+        let batch = Batch::from_loader(batch?)?;
+        acc.push(model.predict(be, &batch)?, &batch.labels);
+    }
+    Ok(acc.finish())
+}
+
+pub fn run(args: &TrainArgs) -> anyhow::Result<TrainReport> {
+    args.optim.validate()?;
+    anyhow::ensure!(
+        args.mini_batch_size > 0,
+        "--mini-batch-size must be at least 1"
+    );
+    anyhow::ensure!(
+        !args.resume || args.checkpoint_dir.is_some(),
+        "--resume needs --checkpoint-dir"
+    );
+    super::with_threads(args.threads, || run_in_pool(args))?
+}
+
+fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
+    let progress = Progress::new(0, "train", args.json);
+    let log = |e: Event, text: String| {
+        if args.json {
+            println!("{}", serde_json::to_string(&e).expect("events serialise"));
+        } else {
+            progress.line(&text);
+        }
+    };
+    let checkpoint_path = args
+        .checkpoint_dir
+        .as_ref()
+        .map(|d| d.join(CHECKPOINT_FILE));
+    let resume_from = match &checkpoint_path {
+        Some(p) if args.resume && p.exists() => Some(Checkpoint::open(p)?),
+        Some(p) if args.resume => {
+            progress.line(&format!(
+                "no checkpoint at {}: starting from scratch",
+                p.display()
+            ));
+            None
+        }
+        _ => None,
+    };
+    let (mut model, mut state) = match &resume_from {
+        Some(ckpt) => {
+            let state = ckpt.train_state().cloned().unwrap_or_default();
+            progress.line(&format!(
+                "resuming from {} at epoch {}, batch {} (step {})",
+                ckpt.path().display(),
+                state.epoch,
+                state.batches_in_epoch,
+                state.steps
+            ));
+            (
+                ckpt.model(args.optim.table_optimizer(), args.optim.dense_optimizer())?,
+                state,
+            )
+        }
+        None => {
+            let (config, _, _) = args.arch.resolve()?;
+            let model = Dlrm::new(
+                config,
+                args.optim.table_optimizer(),
+                args.optim.dense_optimizer(),
+                args.seed,
+            )
+            .context("building the model")?;
+            (model, TrainState::default())
+        }
+    };
+    let resumed_at_step = state.steps;
+    let config = model.config().clone();
+    let features = config.feature_rows();
+    let mut loader_config =
+        args.loader
+            .config(&features, config.num_dense(), args.mini_batch_size)?;
+    loader_config.shuffle_seed = (!args.no_shuffle).then_some(args.seed);
+    loader_config.drop_last = args.drop_last;
+    let train_loader = Loader::open(&args.data, loader_config)?;
+    let eval_loader = match args.eval_data.is_empty() {
+        true => None,
+        false => Some(args.loader.open(
+            &args.eval_data,
+            &features,
+            config.num_dense(),
+            args.mini_batch_size,
+        )?),
+    };
+    let backend = NativeBackend::new(rayon::current_num_threads());
+    progress.line(&format!(
+        "ember train: {} rows in {} files, {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads",
+        train_loader.dataset().num_rows(),
+        train_loader.dataset().files().len(),
+        config.tables.len(),
+        config.embedding_dim(),
+        config.bottom_mlp,
+        config.top_mlp_sizes(),
+        config.interaction,
+        args.mini_batch_size,
+        rayon::current_num_threads()
+    ));
+
+    let mut excluded = Duration::ZERO;
+    let mut loader_wait = Duration::ZERO;
+    let (mut loss_first, mut loss_last) = (f64::NAN, f64::NAN);
+    let mut window = (0.0f64, 0.0f64, 0u64);
+    let mut samples = 0u64;
+    let mut last_eval = None;
+    let mut saved = None;
+    let started = Instant::now();
+    let max_steps = args.max_steps.unwrap_or(u64::MAX);
+    let mut checkpoint =
+        |model: &mut Dlrm, state: &TrainState, excluded: &mut Duration| -> anyhow::Result<()> {
+            if let Some(path) = &checkpoint_path {
+                let t = Instant::now();
+                std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+                save(model, path, Some(state))?;
+                *excluded += t.elapsed();
+                log(
+                    Event::Checkpoint {
+                        path: path.clone(),
+                        steps: state.steps,
+                    },
+                    format!("checkpoint {} at step {}", path.display(), state.steps),
+                );
+                saved = Some(path.clone());
+            }
+            Ok(())
+        };
+    let mut run_eval =
+        |model: &mut Dlrm, state: &TrainState, excluded: &mut Duration| -> anyhow::Result<()> {
+            if let Some(loader) = &eval_loader {
+                let t = Instant::now();
+                let m = MetricsReport::from(evaluate(model, &backend, loader)?);
+                *excluded += t.elapsed();
+                log(
+                    Event::Eval {
+                        epoch: state.epoch,
+                        steps: state.steps,
+                        auc: m.auc,
+                        logloss: m.logloss,
+                        accuracy: m.accuracy,
+                        rows: m.rows,
+                    },
+                    format!(
+                        "Testing at step {} of epoch {}: {m}",
+                        state.steps, state.epoch
+                    ),
+                );
+                last_eval = Some(m);
+            }
+            Ok(())
+        };
+    'epochs: while state.epoch < args.epochs {
+        let mut batches = train_loader.epoch(state.epoch, state.batches_in_epoch);
+        loop {
+            if state.steps >= max_steps {
+                break 'epochs;
+            }
+            let t = Instant::now();
+            let Some(batch) = batches.next() else { break };
+            let batch = Batch::from_loader(batch?)?;
+            loader_wait += t.elapsed();
+            let out = model.train_step(&backend, &batch)?;
+            anyhow::ensure!(
+                out.loss.is_finite(),
+                "loss became {} at step {}: lower --learning-rate",
+                out.loss,
+                state.steps
+            );
+            state.steps += 1;
+            state.batches_in_epoch += 1;
+            samples += batch.size() as u64;
+            let loss = out.loss as f64;
+            if loss_first.is_nan() {
+                loss_first = loss;
+            }
+            loss_last = loss;
+            window = (
+                window.0 + t.elapsed().as_secs_f64(),
+                window.1 + loss,
+                window.2 + 1,
+            );
+            if state.batches_in_epoch % args.print_freq.max(1) == 0 {
+                let (ms, mean) = (window.0 * 1e3 / window.2 as f64, window.1 / window.2 as f64);
+                log(
+                    Event::Train {
+                        epoch: state.epoch,
+                        batch: state.batches_in_epoch,
+                        steps: state.steps,
+                        loss: mean,
+                        ms_per_step: ms,
+                    },
+                    format!(
+                        "Finished training it {} of epoch {}, {ms:.2} ms/it, loss {mean:.6}",
+                        state.batches_in_epoch, state.epoch
+                    ),
+                );
+                window = (0.0, 0.0, 0);
+            }
+            if args.eval_every > 0 && state.steps % args.eval_every == 0 {
+                run_eval(&mut model, &state, &mut excluded)?;
+            }
+            if args.checkpoint_every > 0 && state.steps % args.checkpoint_every == 0 {
+                checkpoint(&mut model, &state, &mut excluded)?;
+            }
+        }
+        drop(batches);
+        state.epoch += 1;
+        state.batches_in_epoch = 0;
+        if args.eval_every == 0 {
+            run_eval(&mut model, &state, &mut excluded)?;
+        }
+        checkpoint(&mut model, &state, &mut excluded)?;
+    }
+    if state.steps >= max_steps && state.epoch < args.epochs {
+        checkpoint(&mut model, &state, &mut excluded)?;
+    }
+    progress.finish();
+    let train_seconds = (started.elapsed().saturating_sub(excluded)).as_secs_f64();
+    Ok(TrainReport {
+        event: "summary",
+        steps: state.steps,
+        samples,
+        train_seconds,
+        samples_per_s: samples as f64 / train_seconds.max(1e-9),
+        loader_wait_seconds: loader_wait.as_secs_f64(),
+        loss_first,
+        loss_last,
+        eval: last_eval,
+        checkpoint: saved,
+        resumed_at_step,
+    })
+}

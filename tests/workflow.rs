@@ -166,7 +166,20 @@ fn train_eval_predict_and_resume() {
     let stopped = dir.path().join("stopped");
     let b = train(&data, &eval_data, &stopped, &["--max-steps", "100"]);
     assert_eq!(b["steps"], 100);
-    let c = train(&data, &eval_data, &stopped, &["--resume"]);
+    // Resuming needs no architecture, optimizer or batch flags.
+    let c = json(&[
+        "train",
+        "--data",
+        &data,
+        "--eval-data",
+        &eval_data,
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        s(&stopped),
+        "--resume",
+        "--json",
+    ]);
     assert_eq!(c["resumed_at_step"], 100);
     assert_eq!(c["steps"], a["steps"]);
     assert_eq!(c["loss_last"], a["loss_last"]);
@@ -221,6 +234,41 @@ fn train_eval_predict_and_resume() {
         n += batch.num_rows();
     }
     assert_eq!(n, 2000);
+}
+
+#[test]
+fn multi_hot_synthetic_data_is_read_as_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("mh");
+    let tables = ["100"; 26].join("-");
+    ember(&[
+        "ingest",
+        "synthetic",
+        "--rows",
+        "1000",
+        "--output",
+        s(&out),
+        "--multi-hot",
+        "4",
+        "--arch-embedding-size",
+        &tables,
+    ]);
+    let b = json(&[
+        "bench",
+        "loader",
+        "--data",
+        s(&out),
+        "--arch-embedding-size",
+        &tables,
+        "--json",
+    ]);
+    assert_eq!(b["rows"], 1000);
+    // max(1, round(4u)) ids per bag (dlrm_s_pytorch's rule): 2.125 on average, 26 bags a row.
+    let per_row = b["ids"].as_f64().unwrap() / 1000.0;
+    assert!(
+        (26.0 * 1.95..26.0 * 2.3).contains(&per_row),
+        "{per_row} ids per row"
+    );
 }
 
 #[test]

@@ -54,6 +54,9 @@ pub struct TrainState {
     pub batches_in_epoch: u64,
     /// Training steps in all.
     pub steps: u64,
+    /// The batch size and shuffling seed the position counts in.
+    pub batch_size: u64,
+    pub shuffle_seed: Option<u64>,
 }
 
 /// Name of table `t`'s weight.

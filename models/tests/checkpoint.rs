@@ -78,6 +78,8 @@ fn save_load_predicts_identically_and_resumes_exactly() {
                 epoch: 1,
                 batches_in_epoch: 4,
                 steps: 4,
+                batch_size: 16,
+                shuffle_seed: Some(3),
             };
             save(&mut model, &path, Some(&state)).unwrap();
             let ckpt = Checkpoint::open(&path).unwrap();

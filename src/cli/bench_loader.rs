@@ -30,6 +30,8 @@ pub struct LoaderBenchArgs {
 #[derive(Debug, Serialize)]
 pub struct LoaderReport {
     pub rows: u64,
+    /// Categorical ids in all (a row has one per scalar feature, any number per multi-hot one).
+    pub ids: u64,
     pub batches: u64,
     pub seconds: f64,
     pub rows_per_s: f64,
@@ -65,12 +67,13 @@ pub fn run(args: &LoaderBenchArgs) -> anyhow::Result<LoaderReport> {
     )?;
     let total: u64 = (0..args.epochs).map(|e| loader.batches_per_epoch(e)).sum();
     let progress = Progress::new(total, "loader", args.json);
-    let (mut rows, mut bytes, mut batches) = (0u64, 0u64, 0u64);
+    let (mut rows, mut ids, mut bytes, mut batches) = (0u64, 0u64, 0u64, 0u64);
     let start = Instant::now();
     for epoch in 0..args.epochs {
         for batch in loader.epoch(epoch, 0) {
             let batch = batch?;
             rows += batch.size() as u64;
+            ids += batch.sparse.values().len() as u64;
             bytes += batch.bytes() as u64;
             batches += 1;
             progress.inc();
@@ -80,6 +83,7 @@ pub fn run(args: &LoaderBenchArgs) -> anyhow::Result<LoaderReport> {
     progress.finish();
     Ok(LoaderReport {
         rows,
+        ids,
         batches,
         seconds,
         rows_per_s: rows as f64 / seconds.max(1e-9),

@@ -44,6 +44,12 @@ impl Progress {
         p
     }
 
+    pub fn set_total(&self, total: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_length(total);
+        }
+    }
+
     pub fn set(&self, pos: u64) {
         if let Some(bar) = &self.bar {
             bar.set_position(pos);

@@ -47,8 +47,8 @@ pub struct TrainArgs {
     /// Also checkpoint every this many batches (0: at epoch ends only).
     #[arg(long, default_value_t = 0)]
     pub checkpoint_every: u64,
-    /// Continue from the checkpoint in --checkpoint-dir (its architecture
-    /// and optimizer state, at the batch where it stopped).
+    /// Continue from the checkpoint in --checkpoint-dir (its architecture,
+    /// optimizers and their state, at the batch where it stopped).
     #[arg(long)]
     pub resume: bool,
     /// Stop after this many steps in all, checkpointing there.
@@ -223,9 +223,14 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         }
         _ => None,
     };
+    let fresh = TrainState {
+        batch_size: args.mini_batch_size as u64,
+        shuffle_seed: (!args.no_shuffle).then_some(args.seed),
+        ..TrainState::default()
+    };
     let (mut model, mut state) = match &resume_from {
         Some(ckpt) => {
-            let state = ckpt.train_state().cloned().unwrap_or_default();
+            let state = ckpt.train_state().cloned().unwrap_or(fresh);
             progress.line(&format!(
                 "resuming from {} at epoch {}, batch {} (step {})",
                 ckpt.path().display(),
@@ -233,10 +238,10 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
                 state.batches_in_epoch,
                 state.steps
             ));
-            (
-                ckpt.model(args.optim.table_optimizer(), args.optim.dense_optimizer())?,
-                state,
-            )
+            // The run goes on with the optimizers it was trained with.
+            let table_optimizer = (ckpt.table_optimizer()).unwrap_or(args.optim.table_optimizer());
+            let dense_optimizer = (ckpt.dense_optimizer()).unwrap_or(args.optim.dense_optimizer());
+            (ckpt.model(table_optimizer, dense_optimizer)?, state)
         }
         None => {
             let (config, _, _) = args.arch.resolve()?;
@@ -247,28 +252,37 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
                 args.seed,
             )
             .context("building the model")?;
-            (model, TrainState::default())
+            (model, fresh)
         }
     };
     let resumed_at_step = state.steps;
     let config = model.config().clone();
     let features = config.feature_rows();
-    let mut loader_config =
-        args.loader
-            .config(&features, config.num_dense(), args.mini_batch_size)?;
-    loader_config.shuffle_seed = (!args.no_shuffle).then_some(args.seed);
+    // A resumed run reads the data as the run it continues did (older
+    // checkpoints without a batch size take the flags').
+    let batch_size = match state.batch_size {
+        0 => args.mini_batch_size,
+        b => b as usize,
+    };
+    let mut loader_config = args
+        .loader
+        .config(&features, config.num_dense(), batch_size)?;
+    loader_config.shuffle_seed = state.shuffle_seed;
     loader_config.drop_last = args.drop_last;
     let train_loader = Loader::open(&args.data, loader_config)?;
     let eval_loader = match args.eval_data.is_empty() {
         true => None,
-        false => Some(args.loader.open(
-            &args.eval_data,
-            &features,
-            config.num_dense(),
-            args.mini_batch_size,
-        )?),
+        false => {
+            Some(
+                args.loader
+                    .open(&args.eval_data, &features, config.num_dense(), batch_size)?,
+            )
+        }
     };
     let backend = NativeBackend::new(rayon::current_num_threads());
+    let epochs = state.epoch..args.epochs;
+    let total: u64 = epochs.map(|e| train_loader.batches_per_epoch(e)).sum();
+    progress.set_total(total.saturating_sub(state.batches_in_epoch));
     progress.line(&format!(
         "ember train: {} rows in {} files, {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads",
         train_loader.dataset().num_rows(),
@@ -278,7 +292,7 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         config.bottom_mlp,
         config.top_mlp_sizes(),
         config.interaction,
-        args.mini_batch_size,
+        batch_size,
         rayon::current_num_threads()
     ));
 
@@ -353,6 +367,7 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             state.steps += 1;
             state.batches_in_epoch += 1;
             samples += batch.size() as u64;
+            progress.inc();
             let loss = out.loss as f64;
             if loss_first.is_nan() {
                 loss_first = loss;

@@ -239,8 +239,12 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
                 state.steps
             ));
             // The run goes on with the optimizers it was trained with.
-            let table_optimizer = (ckpt.table_optimizer()).unwrap_or(args.optim.table_optimizer());
-            let dense_optimizer = (ckpt.dense_optimizer()).unwrap_or(args.optim.dense_optimizer());
+            let table_optimizer = ckpt
+                .table_optimizer()
+                .unwrap_or(args.optim.table_optimizer());
+            let dense_optimizer = ckpt
+                .dense_optimizer()
+                .unwrap_or(args.optim.dense_optimizer());
             (ckpt.model(table_optimizer, dense_optimizer)?, state)
         }
         None => {

@@ -1,0 +1,116 @@
+//! Collectives between devices. One handle per device (rank); every rank
+//! calls each collective in the same order.
+
+use std::sync::{Arc, Barrier};
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+
+use crate::ShardingError;
+
+pub trait Collective: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// `send[j]` goes to rank `j`; returns what every rank sent to this one,
+    /// by source rank.
+    fn all_to_all_v(&self, send: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, ShardingError>;
+    /// Element-wise sum over ranks, the same on every rank (summed in rank
+    /// order, so the result does not depend on timing).
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), ShardingError>;
+    fn barrier(&self) -> Result<(), ShardingError>;
+    /// Bytes this rank has sent to other ranks so far.
+    fn bytes_sent(&self) -> u64;
+}
+
+/// One direction between two ranks.
+type Channel = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
+
+/// The in-process backend: ranks are threads of one process, messages move
+/// through channels (no copy beyond the encoding).
+pub struct InProcess {
+    rank: usize,
+    to: Vec<Sender<Vec<u8>>>,
+    from: Vec<Receiver<Vec<u8>>>,
+    barrier: Arc<Barrier>,
+    bytes_sent: std::sync::atomic::AtomicU64,
+}
+
+impl InProcess {
+    /// Handles for `n` ranks, to be moved to (or borrowed by) one thread each.
+    pub fn group(n: usize) -> Vec<InProcess> {
+        // channel[i][j] carries messages from i to j.
+        let channels: Vec<Vec<Channel>> = (0..n)
+            .map(|_| (0..n).map(|_| unbounded()).collect())
+            .collect();
+        let barrier = Arc::new(Barrier::new(n));
+        (0..n)
+            .map(|rank| InProcess {
+                rank,
+                to: (0..n).map(|j| channels[rank][j].0.clone()).collect(),
+                from: (0..n).map(|i| channels[i][rank].1.clone()).collect(),
+                barrier: barrier.clone(),
+                bytes_sent: 0.into(),
+            })
+            .collect()
+    }
+}
+
+fn lost(rank: usize, peer: usize) -> ShardingError {
+    ShardingError::Collective(format!(
+        "rank {rank}: rank {peer} stopped before the exchange"
+    ))
+}
+
+impl Collective for InProcess {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.to.len()
+    }
+
+    fn all_to_all_v(&self, send: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, ShardingError> {
+        if send.len() != self.to.len() {
+            return Err(ShardingError::Collective(format!(
+                "rank {} sent {} messages to {} ranks",
+                self.rank,
+                send.len(),
+                self.to.len()
+            )));
+        }
+        for (j, message) in send.into_iter().enumerate() {
+            if j != self.rank {
+                let n = message.len() as u64;
+                self.bytes_sent
+                    .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.to[j].send(message).map_err(|_| lost(self.rank, j))?;
+        }
+        (self.from.iter().enumerate())
+            .map(|(i, rx)| rx.recv().map_err(|_| lost(self.rank, i)))
+            .collect()
+    }
+
+    fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), ShardingError> {
+        let mut w = crate::wire::Writer::new();
+        w.f32s(data.iter().copied());
+        let parts = self.all_to_all_v(vec![w.0; self.world_size()])?;
+        data.fill(0.0);
+        for part in parts {
+            let v = crate::wire::Reader::new(&part)
+                .f32s()
+                .map_err(ShardingError::Collective)?;
+            data.iter_mut().zip(v).for_each(|(d, x)| *d += x);
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<(), ShardingError> {
+        self.barrier.wait();
+        Ok(())
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.bytes_sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}

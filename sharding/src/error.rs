@@ -1,0 +1,17 @@
+use thiserror::Error;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ShardingError {
+    #[error("invalid topology: {0}")]
+    Topology(String),
+    /// A plan that does not cover the tables exactly (names the table).
+    #[error("invalid plan: {0}")]
+    Plan(String),
+    /// The tables do not fit the devices (lists what is missing).
+    #[error("the tables do not fit: {0}")]
+    Capacity(String),
+    #[error("collective: {0}")]
+    Collective(String),
+    #[error(transparent)]
+    Sparse(#[from] ember_sparse::SparseError),
+}

@@ -1,0 +1,27 @@
+//! ember-sharding: embedding tables split over devices ("SparseCores"), as
+//! TorchRec shards an `EmbeddingBagCollection`.
+//!
+//! - [`topology`]: the devices, their memory and bandwidths.
+//! - [`plan`]: sharding types and a plan (which rows and columns of which
+//!   table live on which device), serde JSON, validated.
+//! - [`planner`]: a cost model and a greedy placement balancing the most
+//!   loaded device.
+//! - [`collective`]: all-to-all-v, all-reduce and barrier behind a trait, and
+//!   an in-process backend (one thread per device).
+//! - [`sharded`]: the sharded collection: input distribution, lookups on the
+//!   owning devices, output distribution, and the routed fused backward.
+
+pub mod collective;
+mod error;
+pub mod plan;
+pub mod planner;
+pub mod sharded;
+pub mod topology;
+mod wire;
+
+pub use collective::{Collective, InProcess};
+pub use error::ShardingError;
+pub use plan::{RowSplit, Shard, ShardingPlan, ShardingType, TablePlan};
+pub use planner::{plan, stats, PlanStats, PlannerOptions};
+pub use sharded::{ShardedEmbeddingBagCollection, ShardingStats};
+pub use topology::Topology;

@@ -1,0 +1,447 @@
+//! Sharding plans: which rows and columns of each table live on which
+//! device. A plan is JSON (serde), written by the planner or by hand, and is
+//! validated against the tables and the device count before it is used.
+
+use std::ops::Range;
+
+use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
+use serde::{Deserialize, Serialize};
+
+use crate::ShardingError;
+
+/// How a table is split, with TorchRec's names (and jax-tpu-embedding's
+/// `id mod N` row split).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardingType {
+    /// The whole table on one device.
+    TableWise,
+    /// Contiguous blocks of rows on several devices (TorchRec).
+    RowWise,
+    /// Row `id` on device `id mod N`, at local row `id / N` (jax-tpu-embedding).
+    RowWiseMod,
+    /// Blocks of columns on several devices, every row in each.
+    ColumnWise,
+    /// Row blocks over the devices of one host.
+    TableRowWise,
+    /// A full replica on every device; gradients are reduced before the update.
+    DataParallel,
+}
+
+/// The rows of a table a shard holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RowSplit {
+    All,
+    /// Rows `start..end`, local row `id - start`.
+    Block {
+        start: usize,
+        end: usize,
+    },
+    /// Rows with `id % modulus == residue`, local row `id / modulus`.
+    Mod {
+        residue: usize,
+        modulus: usize,
+    },
+}
+
+impl RowSplit {
+    /// The local row of global row `id`, if this shard holds it.
+    #[inline]
+    pub fn local(&self, id: usize) -> Option<usize> {
+        match *self {
+            RowSplit::All => Some(id),
+            RowSplit::Block { start, end } => (start..end).contains(&id).then(|| id - start),
+            RowSplit::Mod { residue, modulus } => (id % modulus == residue).then(|| id / modulus),
+        }
+    }
+
+    /// The global row of local row `local`.
+    #[inline]
+    pub fn global(&self, local: usize) -> usize {
+        match *self {
+            RowSplit::All => local,
+            RowSplit::Block { start, .. } => start + local,
+            RowSplit::Mod { residue, modulus } => residue + local * modulus,
+        }
+    }
+
+    /// Rows held, of a table of `rows` rows.
+    pub fn count(&self, rows: usize) -> usize {
+        match *self {
+            RowSplit::All => rows,
+            RowSplit::Block { start, end } => end.min(rows).saturating_sub(start),
+            RowSplit::Mod { residue, modulus } if residue < rows => {
+                (rows - residue).div_ceil(modulus)
+            }
+            RowSplit::Mod { .. } => 0,
+        }
+    }
+}
+
+/// One piece of a table on one device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shard {
+    pub device: usize,
+    pub rows: RowSplit,
+    /// Columns `[start, end)`.
+    pub columns: [usize; 2],
+}
+
+impl Shard {
+    pub fn column_range(&self) -> Range<usize> {
+        self.columns[0]..self.columns[1]
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TablePlan {
+    pub table: String,
+    pub sharding: ShardingType,
+    pub shards: Vec<Shard>,
+}
+
+/// Near-equal blocks of `0..n` in `parts` pieces (the first ones one longer).
+pub fn blocks(n: usize, parts: usize) -> Vec<Range<usize>> {
+    let parts = parts.clamp(1, n.max(1));
+    (0..parts)
+        .map(|p| (n * p / parts)..(n * (p + 1) / parts))
+        .collect()
+}
+
+impl TablePlan {
+    fn new(table: &EmbeddingBagConfig, sharding: ShardingType, shards: Vec<Shard>) -> Self {
+        Self {
+            table: table.name.clone(),
+            sharding,
+            shards,
+        }
+    }
+
+    pub fn table_wise(t: &EmbeddingBagConfig, device: usize) -> Self {
+        let shard = Shard {
+            device,
+            rows: RowSplit::All,
+            columns: [0, t.embedding_dim],
+        };
+        Self::new(t, ShardingType::TableWise, vec![shard])
+    }
+
+    /// Row blocks over `devices` (at most one block per row).
+    pub fn row_wise(t: &EmbeddingBagConfig, devices: &[usize], sharding: ShardingType) -> Self {
+        let shards = (blocks(t.num_embeddings, devices.len())
+            .into_iter()
+            .zip(devices))
+        .map(|(r, &device)| Shard {
+            device,
+            rows: RowSplit::Block {
+                start: r.start,
+                end: r.end,
+            },
+            columns: [0, t.embedding_dim],
+        })
+        .collect();
+        Self::new(t, sharding, shards)
+    }
+
+    pub fn row_wise_mod(t: &EmbeddingBagConfig, devices: &[usize]) -> Self {
+        let modulus = devices.len().clamp(1, t.num_embeddings.max(1));
+        let shards = (0..modulus)
+            .map(|residue| Shard {
+                device: devices[residue],
+                rows: RowSplit::Mod { residue, modulus },
+                columns: [0, t.embedding_dim],
+            })
+            .collect();
+        Self::new(t, ShardingType::RowWiseMod, shards)
+    }
+
+    pub fn column_wise(t: &EmbeddingBagConfig, devices: &[usize]) -> Self {
+        let shards = (blocks(t.embedding_dim, devices.len())
+            .into_iter()
+            .zip(devices))
+        .map(|(c, &device)| Shard {
+            device,
+            rows: RowSplit::All,
+            columns: [c.start, c.end],
+        })
+        .collect();
+        Self::new(t, ShardingType::ColumnWise, shards)
+    }
+
+    pub fn data_parallel(t: &EmbeddingBagConfig, num_devices: usize) -> Self {
+        let shards = (0..num_devices)
+            .map(|device| Shard {
+                device,
+                rows: RowSplit::All,
+                columns: [0, t.embedding_dim],
+            })
+            .collect();
+        Self::new(t, ShardingType::DataParallel, shards)
+    }
+}
+
+/// Where every table lives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardingPlan {
+    pub num_devices: usize,
+    pub tables: Vec<TablePlan>,
+}
+
+impl ShardingPlan {
+    pub fn table(&self, name: &str) -> Option<&TablePlan> {
+        self.tables.iter().find(|t| t.table == name)
+    }
+
+    pub fn from_json(text: &str) -> Result<Self, ShardingError> {
+        serde_json::from_str(text).map_err(|e| ShardingError::Plan(format!("not a plan: {e}")))
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan serialises")
+    }
+
+    /// Checks that the plan places every row and column of every table
+    /// exactly once (every device once for data-parallel), on devices that
+    /// exist, and that the optimizer can run on the split.
+    pub fn validate(
+        &self,
+        tables: &[EmbeddingBagConfig],
+        optimizer: &TableOptimizer,
+    ) -> Result<(), ShardingError> {
+        let fail = |m: String| Err(ShardingError::Plan(m));
+        if self.num_devices == 0 {
+            return fail("a plan needs at least one device".into());
+        }
+        for p in &self.tables {
+            if !tables.iter().any(|t| t.name == p.table) {
+                return fail(format!("table '{}' is not in the model", p.table));
+            }
+            if self.tables.iter().filter(|q| q.table == p.table).count() > 1 {
+                return fail(format!("table '{}' is planned twice", p.table));
+            }
+        }
+        for t in tables {
+            let Some(p) = self.table(&t.name) else {
+                return fail(format!("table '{}' is missing from the plan", t.name));
+            };
+            validate_table(t, p, self.num_devices, optimizer)
+                .map_err(|m| ShardingError::Plan(format!("table '{}': {m}", t.name)))?;
+        }
+        Ok(())
+    }
+}
+
+fn validate_table(
+    t: &EmbeddingBagConfig,
+    p: &TablePlan,
+    devices: usize,
+    optimizer: &TableOptimizer,
+) -> Result<(), String> {
+    if p.shards.is_empty() {
+        return Err("no shards".into());
+    }
+    for s in &p.shards {
+        if s.device >= devices {
+            return Err(format!(
+                "device {} does not exist ({devices} devices)",
+                s.device
+            ));
+        }
+        let [c0, c1] = s.columns;
+        if c0 >= c1 || c1 > t.embedding_dim {
+            return Err(format!(
+                "columns {c0}..{c1} are not a non-empty range within 0..{}",
+                t.embedding_dim
+            ));
+        }
+        if s.rows.count(t.num_embeddings) == 0 {
+            return Err(format!(
+                "a shard on device {} holds no rows ({:?})",
+                s.device, s.rows
+            ));
+        }
+        if let RowSplit::Block { start, end } = s.rows {
+            if end > t.num_embeddings || start >= end {
+                return Err(format!(
+                    "rows {start}..{end} are not within 0..{}",
+                    t.num_embeddings
+                ));
+            }
+        }
+        if let RowSplit::Mod { residue, modulus } = s.rows {
+            if modulus == 0 || residue >= modulus {
+                return Err(format!("residue {residue} of modulus {modulus}"));
+            }
+        }
+    }
+    if p.sharding == ShardingType::DataParallel {
+        let mut seen = vec![false; devices];
+        for s in &p.shards {
+            if s.rows != RowSplit::All
+                || s.columns != [0, t.embedding_dim]
+                || std::mem::replace(&mut seen[s.device], true)
+            {
+                return Err("data-parallel needs one full replica on each device".into());
+            }
+        }
+        if seen.contains(&false) {
+            return Err("data-parallel needs one full replica on each device".into());
+        }
+        return Ok(());
+    }
+    // Column ranges partition 0..dim; within each, row pieces partition the rows.
+    let mut columns: Vec<[usize; 2]> = p.shards.iter().map(|s| s.columns).collect();
+    columns.sort_unstable();
+    columns.dedup();
+    let mut next = 0;
+    for c in &columns {
+        if c[0] != next {
+            return Err(if c[0] < next {
+                format!("column ranges overlap at column {}", c[0])
+            } else {
+                format!("columns {next}..{} are on no device", c[0])
+            });
+        }
+        next = c[1];
+    }
+    if next != t.embedding_dim {
+        return Err(format!(
+            "columns {next}..{} are on no device",
+            t.embedding_dim
+        ));
+    }
+    if columns.len() > 1 && matches!(optimizer, TableOptimizer::RowWiseAdagrad { .. }) {
+        return Err("row-wise Adagrad keeps one state per row, which a column split would break into one per column shard (a different optimizer); use table-wise or row-wise sharding, or another optimizer".into());
+    }
+    for c in &columns {
+        let pieces: Vec<RowSplit> = p
+            .shards
+            .iter()
+            .filter(|s| s.columns == *c)
+            .map(|s| s.rows)
+            .collect();
+        check_rows(&pieces, t.num_embeddings)
+            .map_err(|m| format!("columns {}..{}: {m}", c[0], c[1]))?;
+    }
+    Ok(())
+}
+
+/// The pieces must hold every row exactly once.
+fn check_rows(pieces: &[RowSplit], rows: usize) -> Result<(), String> {
+    match pieces {
+        [RowSplit::All] => Ok(()),
+        _ if pieces.contains(&RowSplit::All) => {
+            Err("a full-row shard overlaps another shard".into())
+        }
+        [RowSplit::Mod { modulus, .. }, ..] => {
+            let m = *modulus;
+            let mut seen = vec![false; m];
+            for r in pieces {
+                match *r {
+                    RowSplit::Mod { residue, modulus } if modulus == m => {
+                        if std::mem::replace(&mut seen[residue], true) {
+                            return Err(format!("residue {residue} mod {m} is on two devices"));
+                        }
+                    }
+                    _ => return Err("row pieces mix split kinds or moduli".into()),
+                }
+            }
+            match seen.iter().position(|s| !s) {
+                Some(r) => Err(format!("rows with id mod {m} = {r} are on no device")),
+                None => Ok(()),
+            }
+        }
+        _ => {
+            let mut ranges = Vec::new();
+            for r in pieces {
+                match *r {
+                    RowSplit::Block { start, end } => ranges.push((start, end)),
+                    _ => return Err("row pieces mix split kinds".into()),
+                }
+            }
+            ranges.sort_unstable();
+            let mut next = 0;
+            for (start, end) in ranges {
+                if start < next {
+                    return Err(format!("rows {start}..{next} are on two devices"));
+                }
+                if start > next {
+                    return Err(format!("rows {next}..{start} are on no device"));
+                }
+                next = end;
+            }
+            if next != rows {
+                return Err(format!("rows {next}..{rows} are on no device"));
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> EmbeddingBagConfig {
+        EmbeddingBagConfig::new("t", 10, 4, &["f"])
+    }
+
+    fn plan(p: TablePlan) -> Result<(), ShardingError> {
+        ShardingPlan {
+            num_devices: 3,
+            tables: vec![p],
+        }
+        .validate(&[table()], &TableOptimizer::sgd(0.1))
+    }
+
+    #[test]
+    fn builders_make_valid_plans() {
+        let t = table();
+        plan(TablePlan::table_wise(&t, 2)).unwrap();
+        plan(TablePlan::row_wise(&t, &[0, 1, 2], ShardingType::RowWise)).unwrap();
+        plan(TablePlan::row_wise_mod(&t, &[0, 1, 2])).unwrap();
+        plan(TablePlan::column_wise(&t, &[0, 1, 2])).unwrap();
+        plan(TablePlan::data_parallel(&t, 3)).unwrap();
+        let m = RowSplit::Mod {
+            residue: 1,
+            modulus: 3,
+        };
+        assert_eq!(m.count(10), 3); // 1, 4, 7
+        assert_eq!(m.local(7), Some(2));
+        assert_eq!(m.global(2), 7);
+    }
+
+    #[test]
+    fn hand_edited_mistakes_are_named() {
+        let t = table();
+        let err = |p: TablePlan| plan(p).unwrap_err().to_string();
+        let mut p = TablePlan::row_wise(&t, &[0, 1], ShardingType::RowWise);
+        p.shards[1].rows = RowSplit::Block { start: 4, end: 10 };
+        assert!(err(p).contains("rows 4..5 are on two devices"));
+        let mut p = TablePlan::row_wise(&t, &[0, 1], ShardingType::RowWise);
+        p.shards[1].rows = RowSplit::Block { start: 6, end: 10 };
+        assert!(err(p).contains("rows 5..6 are on no device"));
+        let mut p = TablePlan::table_wise(&t, 0);
+        p.shards[0].device = 7;
+        assert!(err(p).contains("device 7 does not exist"));
+        let e = ShardingPlan {
+            num_devices: 3,
+            tables: vec![],
+        }
+        .validate(&[table()], &TableOptimizer::sgd(0.1))
+        .unwrap_err();
+        assert!(e.to_string().contains("table 't' is missing"));
+        let cw = ShardingPlan {
+            num_devices: 3,
+            tables: vec![TablePlan::column_wise(&t, &[0, 1])],
+        };
+        let e = cw
+            .validate(&[table()], &TableOptimizer::rowwise_adagrad(0.1))
+            .unwrap_err();
+        assert!(e.to_string().contains("row-wise Adagrad"));
+    }
+}

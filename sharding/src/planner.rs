@@ -1,0 +1,285 @@
+//! The planner: enumerates sharding options per table, estimates each
+//! option's storage and cost per device, and places tables greedily (largest
+//! first) where the most loaded device ends up least loaded, as TorchRec's
+//! EmbeddingShardingPlanner does with its greedy proposer.
+//!
+//! Cost model (per training step, per device):
+//! - storage: rows x (cols + optimizer state floats per row) x 4 bytes, plus
+//!   the pooled output and its gradient for the global batch
+//!   (2 x batch x features x cols x 4 bytes);
+//! - lookup time: ids hitting the shard x cols x 4 bytes x 3 (the forward
+//!   reads a row; the fused backward reads and writes it) / memory bandwidth.
+//!   Ids spread uniformly over rows, so a row block of a fraction `f` of the
+//!   rows gets `f` of the ids;
+//! - exchange time: the share `(N-1)/N` of the ids (8-byte id + 4-byte
+//!   index), pooled rows and gradients that cross devices / device bandwidth;
+//!   a data-parallel table instead all-gathers every device's bags and
+//!   gradients.
+
+use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
+use serde::Serialize;
+
+use crate::plan::{ShardingPlan, ShardingType, TablePlan};
+use crate::{ShardingError, Topology};
+
+#[derive(Clone, Debug)]
+pub struct PlannerOptions {
+    /// Global batch size.
+    pub batch_size: usize,
+    /// Mean ids per bag.
+    pub pooling_factor: f64,
+    pub optimizer: TableOptimizer,
+    /// Use only this type for every table (`None`: choose per table).
+    pub sharding: Option<ShardingType>,
+}
+
+/// One device's share of a plan.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DeviceLoad {
+    pub storage_bytes: u64,
+    pub memory_bytes: u64,
+    /// Estimated seconds per step (lookups and exchanges).
+    pub cost_s: f64,
+    /// `table:sharding` of every shard placed here.
+    pub shards: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PlanStats {
+    pub devices: Vec<DeviceLoad>,
+    /// The most loaded device's estimated seconds per step.
+    pub max_cost_s: f64,
+}
+
+impl std::fmt::Display for PlanStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{:>6} {:>12} {:>12} {:>12}  shards",
+            "device", "storage MiB", "memory MiB", "est. ms/step"
+        )?;
+        for (d, l) in self.devices.iter().enumerate() {
+            writeln!(
+                f,
+                "{d:>6} {:>12.1} {:>12.1} {:>12.3}  {}",
+                l.storage_bytes as f64 / (1 << 20) as f64,
+                l.memory_bytes as f64 / (1 << 20) as f64,
+                l.cost_s * 1e3,
+                l.shards.join(" ")
+            )?;
+        }
+        write!(
+            f,
+            "most loaded device: {:.3} ms/step (estimated)",
+            self.max_cost_s * 1e3
+        )
+    }
+}
+
+/// Storage and cost a table plan puts on each device.
+fn loads(
+    t: &EmbeddingBagConfig,
+    p: &TablePlan,
+    topo: &Topology,
+    o: &PlannerOptions,
+) -> Vec<(u64, f64)> {
+    let n = topo.num_devices();
+    let features = t.feature_names.len() as f64;
+    let batch = o.batch_size as f64;
+    let ids = batch * o.pooling_factor * features;
+    let cross = (n as f64 - 1.0) / n as f64;
+    let mut out = vec![(0u64, 0f64); n];
+    for s in &p.shards {
+        let rows = s.rows.count(t.num_embeddings) as u64;
+        let cols = (s.columns[1] - s.columns[0]) as u64;
+        let state = o.optimizer.state_floats_per_row(cols as usize) as u64;
+        let buffers = 2 * o.batch_size as u64 * t.feature_names.len() as u64 * cols * 4;
+        let storage = rows * (cols + state) * 4 + buffers;
+        let (hit, exchanged) = if p.sharding == ShardingType::DataParallel {
+            let own = ids / n as f64;
+            // All-gather of every other device's bags and gradients.
+            (
+                own,
+                cross * (ids * 12.0 + batch * features * cols as f64 * 4.0),
+            )
+        } else {
+            let hit = ids * rows as f64 / t.num_embeddings as f64;
+            (
+                hit,
+                cross * (hit * 12.0 + 2.0 * batch * features * cols as f64 * 4.0),
+            )
+        };
+        let dev = &topo.devices[s.device];
+        let cost = hit * cols as f64 * 4.0 * 3.0 / dev.memory_bandwidth
+            + exchanged / topo.device_bandwidth;
+        out[s.device].0 += storage;
+        out[s.device].1 += cost;
+    }
+    out
+}
+
+/// The options considered for a table.
+fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<TablePlan> {
+    let n = topo.num_devices();
+    let all: Vec<usize> = (0..n).collect();
+    let column_ok = !matches!(o.optimizer, TableOptimizer::RowWiseAdagrad { .. });
+    let mut out = Vec::new();
+    let want = |k: ShardingType| o.sharding.is_none_or(|s| s == k);
+    if want(ShardingType::TableWise) {
+        out.extend((0..n).map(|d| TablePlan::table_wise(t, d)));
+    }
+    if want(ShardingType::RowWise) {
+        out.push(TablePlan::row_wise(t, &all, ShardingType::RowWise));
+    }
+    if o.sharding == Some(ShardingType::RowWiseMod) {
+        out.push(TablePlan::row_wise_mod(t, &all));
+    }
+    if want(ShardingType::ColumnWise) && column_ok {
+        out.push(TablePlan::column_wise(t, &all[..n.min(t.embedding_dim)]));
+    }
+    if want(ShardingType::TableRowWise) && (topo.num_hosts() > 1 || o.sharding.is_some()) {
+        for h in 0..topo.num_hosts() {
+            let host: Vec<usize> = topo.host_devices(h).collect();
+            out.push(TablePlan::row_wise(t, &host, ShardingType::TableRowWise));
+        }
+    }
+    if want(ShardingType::DataParallel) {
+        out.push(TablePlan::data_parallel(t, n));
+    }
+    out
+}
+
+/// An option with the most loaded device's cost and storage after it.
+type Candidate = (f64, u64, TablePlan, Vec<(u64, f64)>);
+
+/// Places every table; fails, listing what is missing, when they do not fit.
+pub fn plan(
+    tables: &[EmbeddingBagConfig],
+    topo: &Topology,
+    o: &PlannerOptions,
+) -> Result<(ShardingPlan, PlanStats), ShardingError> {
+    topo.validate()?;
+    if o.sharding == Some(ShardingType::ColumnWise)
+        && matches!(o.optimizer, TableOptimizer::RowWiseAdagrad { .. })
+    {
+        return Err(ShardingError::Plan(
+            "column-wise sharding with row-wise Adagrad would keep one state per column shard instead of one per row; use another sharding or optimizer".into(),
+        ));
+    }
+    let n = topo.num_devices();
+    let mut used = vec![(0u64, 0f64); n];
+    let mut placed: Vec<Option<TablePlan>> = vec![None; tables.len()];
+    let mut unplaced = Vec::new();
+    // Largest first: the hardest to place go where there is room.
+    let mut order: Vec<usize> = (0..tables.len()).collect();
+    let size = |t: &EmbeddingBagConfig| t.num_embeddings as u64 * t.embedding_dim as u64;
+    order.sort_by_key(|&i| std::cmp::Reverse(size(&tables[i])));
+    for i in order {
+        let t = &tables[i];
+        let mut best: Option<Candidate> = None;
+        let mut smallest = u64::MAX;
+        for option in options(t, topo, o) {
+            let add = loads(t, &option, topo, o);
+            smallest = smallest.min(add.iter().map(|a| a.0).max().unwrap_or(0));
+            let fits = (0..n).all(|d| used[d].0 + add[d].0 <= topo.devices[d].memory_bytes);
+            if !fits {
+                continue;
+            }
+            let max_cost = (0..n).map(|d| used[d].1 + add[d].1).fold(0.0, f64::max);
+            let max_storage = (0..n).map(|d| used[d].0 + add[d].0).max().unwrap_or(0);
+            let better = best
+                .as_ref()
+                .is_none_or(|b| (max_cost, max_storage) < (b.0, b.1));
+            if better {
+                best = Some((max_cost, max_storage, option, add));
+            }
+        }
+        match best {
+            Some((_, _, option, add)) => {
+                for d in 0..n {
+                    used[d].0 += add[d].0;
+                    used[d].1 += add[d].1;
+                }
+                placed[i] = Some(option);
+            }
+            None => unplaced.push((t.name.clone(), smallest)),
+        }
+    }
+    if !unplaced.is_empty() {
+        let need: u64 = unplaced.iter().map(|(_, s)| *s).sum();
+        let tables_text: Vec<String> = unplaced
+            .iter()
+            .map(|(name, s)| {
+                format!(
+                    "'{name}' needs at least {} MiB on one device",
+                    s.div_ceil(1 << 20)
+                )
+            })
+            .collect();
+        let missing: Vec<String> = (0..n)
+            .map(|d| {
+                let free = topo.devices[d].memory_bytes.saturating_sub(used[d].0);
+                let share = need.div_ceil(n as u64);
+                format!(
+                    "device {d}: {} MiB free, {} MiB missing",
+                    free >> 20,
+                    share.saturating_sub(free).div_ceil(1 << 20)
+                )
+            })
+            .collect();
+        return Err(ShardingError::Capacity(format!(
+            "{} of {} tables cannot be placed: {}; {}",
+            unplaced.len(),
+            tables.len(),
+            tables_text.join(", "),
+            missing.join("; ")
+        )));
+    }
+    let plan = ShardingPlan {
+        num_devices: n,
+        tables: placed
+            .into_iter()
+            .map(|p| p.expect("placed or reported"))
+            .collect(),
+    };
+    Ok((plan.clone(), stats(tables, &plan, topo, o)))
+}
+
+/// The per-device loads of any plan (a hand-written one too).
+pub fn stats(
+    tables: &[EmbeddingBagConfig],
+    plan: &ShardingPlan,
+    topo: &Topology,
+    o: &PlannerOptions,
+) -> PlanStats {
+    let n = topo.num_devices();
+    let mut devices: Vec<DeviceLoad> = topo
+        .devices
+        .iter()
+        .map(|d| DeviceLoad {
+            memory_bytes: d.memory_bytes,
+            ..Default::default()
+        })
+        .collect();
+    for (t, p) in tables
+        .iter()
+        .filter_map(|t| plan.table(&t.name).map(|p| (t, p)))
+    {
+        for (d, (storage, cost)) in loads(t, p, topo, o).into_iter().enumerate().take(n) {
+            if storage > 0 {
+                devices[d].storage_bytes += storage;
+                devices[d].cost_s += cost;
+                let kind = serde_json::to_value(p.sharding)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                devices[d].shards.push(format!("{}:{kind}", t.name));
+            }
+        }
+    }
+    let max_cost_s = devices.iter().map(|d| d.cost_s).fold(0.0, f64::max);
+    PlanStats {
+        devices,
+        max_cost_s,
+    }
+}

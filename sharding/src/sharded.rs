@@ -1,0 +1,817 @@
+//! The sharded collection. Each device (a thread here) owns an ordinary
+//! `EmbeddingBagCollection` of its shards; a step runs in three stages, each
+//! ending in one all-to-all-v:
+//!
+//! ```text
+//! forward:  input dist   each device sends the ids of its own samples to the
+//!                        devices owning their rows (unique ids + indices)
+//!           lookup       owners pool their shards' rows (partial sums for
+//!                        row splits) with the fused kernels
+//!           output dist  pooled slices go back to the samples' devices,
+//!                        summed (row splits) or placed (column splits)
+//! backward: grad dist    gradient slices go to the owners; data-parallel
+//!                        replicas get every device's bags and gradients
+//!           update       owners run the fused backward on their shards
+//! ```
+//! Samples are owned in contiguous blocks (device d: samples
+//! `B*d/N..B*(d+1)/N`); the collection returns the whole batch's output.
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use ember_sparse::{
+    EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, KeyedJaggedTensor, KeyedTensor,
+    PoolingType, SparseError, TableOptimizer,
+};
+use serde::Serialize;
+
+use crate::collective::{Collective, InProcess};
+use crate::plan::{RowSplit, ShardingPlan, ShardingType};
+use crate::wire::{Reader, Writer};
+use crate::ShardingError;
+
+/// One output feature of the whole collection.
+#[derive(Clone, Debug)]
+struct Slot {
+    feature: String,
+    table: usize,
+    /// Column of the feature's pooled vector in an output row.
+    offset: usize,
+    mean: bool,
+}
+
+/// One (feature, shard): what a device looks up for a feature.
+#[derive(Clone, Debug)]
+struct Route {
+    slot: usize,
+    /// The shard's index in its table's plan.
+    shard: usize,
+    device: usize,
+    rows: RowSplit,
+    columns: Range<usize>,
+    data_parallel: bool,
+}
+
+/// The bags of one route from one source device (local ids).
+#[derive(Clone, Debug, Default)]
+struct Bags {
+    lengths: Vec<u32>,
+    values: Vec<i64>,
+    weights: Vec<f32>,
+}
+
+struct Device {
+    /// This device's shards, `None` when it holds none.
+    ebc: Option<EmbeddingBagCollection>,
+    /// Global indices of the routes on this device, in local output order.
+    routes: Vec<usize>,
+    keys: Vec<String>,
+    /// `received[i][src]`: route i's bags from device src (kept for the backward).
+    received: Vec<Vec<Bags>>,
+    pooled: KeyedTensor,
+    local_grad: Vec<f32>,
+}
+
+/// Counters of the sharded execution, summed over calls (stage times are
+/// the slowest device's per call).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ShardingStats {
+    pub steps: u64,
+    /// Ids looked up by each device.
+    pub lookups: Vec<u64>,
+    /// Bytes each device sent to other devices.
+    pub bytes_sent: Vec<u64>,
+    pub input_dist: Duration,
+    pub lookup: Duration,
+    pub output_dist: Duration,
+    pub grad_dist: Duration,
+    pub update: Duration,
+}
+
+/// Times of one device in one call.
+#[derive(Clone, Copy, Default)]
+struct StageTimes([Duration; 3]);
+
+/// An `EmbeddingBagCollection` split over devices by a [`ShardingPlan`];
+/// results equal the unsharded collection's up to summation order.
+pub struct ShardedEmbeddingBagCollection {
+    configs: Vec<EmbeddingBagConfig>,
+    plan: ShardingPlan,
+    optimizer: TableOptimizer,
+    slots: Vec<Slot>,
+    routes: Vec<Route>,
+    devices: Vec<Device>,
+    comms: Vec<InProcess>,
+    width: usize,
+    step: u64,
+    stats: ShardingStats,
+}
+
+fn local_name(name: &str, shard: usize) -> String {
+    format!("{name}#{shard}")
+}
+
+impl ShardedEmbeddingBagCollection {
+    /// Splits `ebc` (weights, optimizer state and step) by `plan`.
+    pub fn from_collection(
+        ebc: &EmbeddingBagCollection,
+        plan: ShardingPlan,
+    ) -> Result<Self, ShardingError> {
+        let configs: Vec<EmbeddingBagConfig> =
+            ebc.tables().iter().map(|t| t.config().clone()).collect();
+        let optimizer = *ebc.optimizer();
+        plan.validate(&configs, &optimizer)?;
+        let n = plan.num_devices;
+        let mut slots = Vec::new();
+        let mut offset = 0;
+        for (t, c) in configs.iter().enumerate() {
+            for f in &c.feature_names {
+                slots.push(Slot {
+                    feature: f.clone(),
+                    table: t,
+                    offset,
+                    mean: c.pooling == PoolingType::Mean,
+                });
+                offset += c.embedding_dim;
+            }
+        }
+        let mut routes = Vec::new();
+        let mut local_tables: Vec<Vec<(EmbeddingBagConfig, usize, usize)>> = vec![Vec::new(); n];
+        for (t, c) in configs.iter().enumerate() {
+            let p = plan.table(&c.name).expect("validated");
+            for (k, shard) in p.shards.iter().enumerate() {
+                let features: Vec<String> =
+                    c.feature_names.iter().map(|f| local_name(f, k)).collect();
+                let feature_refs: Vec<&str> = features.iter().map(String::as_str).collect();
+                let cfg = EmbeddingBagConfig::new(
+                    &local_name(&c.name, k),
+                    shard.rows.count(c.num_embeddings),
+                    shard.columns[1] - shard.columns[0],
+                    &feature_refs,
+                );
+                local_tables[shard.device].push((cfg, t, k));
+                for (i, _) in slots.iter().enumerate().filter(|(_, s)| s.table == t) {
+                    routes.push(Route {
+                        slot: i,
+                        shard: k,
+                        device: shard.device,
+                        rows: shard.rows,
+                        columns: shard.column_range(),
+                        data_parallel: p.sharding == ShardingType::DataParallel,
+                    });
+                }
+            }
+        }
+        let mut devices = Vec::with_capacity(n);
+        for (d, tables) in local_tables.into_iter().enumerate() {
+            let my_routes: Vec<usize> = (0..routes.len())
+                .filter(|&r| routes[r].device == d)
+                .collect();
+            let keys: Vec<String> = my_routes
+                .iter()
+                .map(|&r| local_name(&slots[routes[r].slot].feature, routes[r].shard))
+                .collect();
+            let ebc_local = if tables.is_empty() {
+                None
+            } else {
+                let cfgs: Vec<EmbeddingBagConfig> =
+                    tables.iter().map(|(c, _, _)| c.clone()).collect();
+                let mut local = EmbeddingBagCollection::new(cfgs, optimizer, 0)?;
+                for ((_, t, k), table) in tables.iter().zip(local.tables_mut()) {
+                    let shard = &plan.table(&configs[*t].name).expect("validated").shards[*k];
+                    copy_rows(
+                        &ebc.tables()[*t],
+                        table,
+                        shard.rows,
+                        shard.column_range(),
+                        &optimizer,
+                    );
+                }
+                local.set_step(ebc.step());
+                Some(local)
+            };
+            let pooled = ebc_local.as_ref().map_or_else(
+                || KeyedTensor::zeros(vec![], vec![], 0),
+                |e| e.new_output(0),
+            );
+            devices.push(Device {
+                ebc: ebc_local,
+                received: vec![vec![Bags::default(); n]; my_routes.len()],
+                routes: my_routes,
+                keys,
+                pooled,
+                local_grad: Vec::new(),
+            });
+        }
+        Ok(Self {
+            configs,
+            plan,
+            optimizer,
+            slots,
+            routes,
+            devices,
+            comms: InProcess::group(n),
+            width: offset,
+            step: ebc.step(),
+            stats: ShardingStats {
+                lookups: vec![0; n],
+                bytes_sent: vec![0; n],
+                ..Default::default()
+            },
+        })
+    }
+
+    /// The unsharded collection: every shard's rows and state gathered back
+    /// (data-parallel tables from device 0's replica).
+    pub fn to_collection(&self) -> Result<EmbeddingBagCollection, ShardingError> {
+        let mut ebc = EmbeddingBagCollection::new(self.configs.clone(), self.optimizer, 0)?;
+        for (t, c) in self.configs.iter().enumerate() {
+            let p = self.plan.table(&c.name).expect("validated");
+            for (k, shard) in p.shards.iter().enumerate() {
+                if p.sharding == ShardingType::DataParallel && shard.device != 0 {
+                    continue;
+                }
+                let local = self.devices[shard.device]
+                    .ebc
+                    .as_ref()
+                    .and_then(|e| e.table(&local_name(&c.name, k)))
+                    .expect("every shard has a local table");
+                let global = &mut ebc.tables_mut()[t];
+                copy_rows_back(
+                    local,
+                    global,
+                    shard.rows,
+                    shard.column_range(),
+                    &self.optimizer,
+                );
+            }
+        }
+        ebc.set_step(self.step);
+        Ok(ebc)
+    }
+
+    pub fn plan(&self) -> &ShardingPlan {
+        &self.plan
+    }
+    pub fn configs(&self) -> &[EmbeddingBagConfig] {
+        &self.configs
+    }
+    pub fn optimizer(&self) -> &TableOptimizer {
+        &self.optimizer
+    }
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+    pub fn stats(&self) -> ShardingStats {
+        let mut s = self.stats.clone();
+        s.bytes_sent = self.comms.iter().map(|c| c.bytes_sent()).collect();
+        s
+    }
+    pub fn num_devices(&self) -> usize {
+        self.devices.len()
+    }
+    /// Bytes of weights and optimizer state on each device.
+    pub fn device_bytes(&self) -> Vec<usize> {
+        self.devices
+            .iter()
+            .map(|d| d.ebc.as_ref().map_or(0, |e| e.bytes()))
+            .collect()
+    }
+    pub fn bytes(&self) -> usize {
+        self.device_bytes().iter().sum()
+    }
+    pub fn feature_names(&self) -> Vec<String> {
+        self.slots.iter().map(|s| s.feature.clone()).collect()
+    }
+    pub fn feature_dims(&self) -> Vec<usize> {
+        self.slots
+            .iter()
+            .map(|s| self.configs[s.table].embedding_dim)
+            .collect()
+    }
+    pub fn new_output(&self, batch: usize) -> KeyedTensor {
+        KeyedTensor::zeros(self.feature_names(), self.feature_dims(), batch)
+    }
+
+    /// For each slot, its key's index in `kjt`, after checking every id.
+    fn check_input(&self, kjt: &KeyedJaggedTensor) -> Result<Vec<usize>, SparseError> {
+        if let Some(k) = kjt
+            .keys()
+            .iter()
+            .find(|k| !self.slots.iter().any(|s| &s.feature == *k))
+        {
+            return Err(SparseError::UnknownFeature(k.clone()));
+        }
+        let keys = (self.slots.iter())
+            .map(|s| {
+                kjt.key_index(&s.feature)
+                    .ok_or_else(|| SparseError::MissingFeature(s.feature.clone()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let b = kjt.stride();
+        for (slot, &k) in self.slots.iter().zip(&keys) {
+            let c = &self.configs[slot.table];
+            let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
+            for sample in 0..b {
+                for &id in &kjt.values()[offsets[sample]..offsets[sample + 1]] {
+                    if id < 0 || id as usize >= c.num_embeddings {
+                        return Err(SparseError::IdOutOfRange {
+                            table: c.name.clone(),
+                            feature: slot.feature.clone(),
+                            sample,
+                            id,
+                            rows: c.num_embeddings,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Pooled lookup of every feature, the whole batch's output in `out`.
+    pub fn forward_into(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        out: &mut KeyedTensor,
+    ) -> Result<(), ShardingError> {
+        let keys = self.check_input(kjt)?;
+        let b = kjt.stride();
+        if out.batch() != b || out.width() != self.width {
+            *out = self.new_output(b);
+        }
+        let n = self.devices.len();
+        let owners = blocks_exact(b, n);
+        let ctx = Context {
+            slots: &self.slots,
+            routes: &self.routes,
+            kjt,
+            keys: &keys,
+            owners: &owners,
+            width: self.width,
+        };
+        let mut chunks = Vec::with_capacity(n);
+        let mut rest = out.values_mut();
+        for o in &owners {
+            let (mine, tail) = rest.split_at_mut(o.len() * self.width);
+            chunks.push(mine);
+            rest = tail;
+        }
+        let results: Vec<Result<(StageTimes, u64), ShardingError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (self.devices.iter_mut().zip(&self.comms).zip(chunks))
+                .map(|((dev, comm), chunk)| {
+                    let ctx = &ctx;
+                    scope.spawn(move || device_forward(ctx, dev, comm, chunk))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ShardingError::Collective("a device thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        let mut worst = StageTimes::default();
+        for (d, r) in results.into_iter().enumerate() {
+            let (times, lookups) = r?;
+            self.stats.lookups[d] += lookups;
+            for i in 0..3 {
+                worst.0[i] = worst.0[i].max(times.0[i]);
+            }
+        }
+        self.stats.input_dist += worst.0[0];
+        self.stats.lookup += worst.0[1];
+        self.stats.output_dist += worst.0[2];
+        Ok(())
+    }
+
+    pub fn forward(&mut self, kjt: &KeyedJaggedTensor) -> Result<KeyedTensor, ShardingError> {
+        let mut out = self.new_output(kjt.stride());
+        self.forward_into(kjt, &mut out)?;
+        Ok(out)
+    }
+
+    /// Backward of the last [`forward_into`](Self::forward_into) for the same
+    /// input: gradients routed to the owners, the optimizer fused there.
+    pub fn backward_update(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        grad: &[f32],
+    ) -> Result<(), ShardingError> {
+        let keys = self.check_input(kjt)?;
+        let b = kjt.stride();
+        if grad.len() != b * self.width {
+            return Err(SparseError::GradShape {
+                rows: grad.len() / self.width.max(1),
+                cols: self.width,
+                expected_rows: b,
+                expected_cols: self.width,
+            }
+            .into());
+        }
+        if matches!(self.optimizer, TableOptimizer::None) {
+            return Ok(());
+        }
+        let n = self.devices.len();
+        let owners = blocks_exact(b, n);
+        let ctx = Context {
+            slots: &self.slots,
+            routes: &self.routes,
+            kjt,
+            keys: &keys,
+            owners: &owners,
+            width: self.width,
+        };
+        let results: Vec<Result<StageTimes, ShardingError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (self.devices.iter_mut().zip(&self.comms))
+                .map(|(dev, comm)| {
+                    let ctx = &ctx;
+                    scope.spawn(move || device_backward(ctx, dev, comm, grad))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ShardingError::Collective("a device thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        let mut worst = StageTimes::default();
+        for r in results {
+            let t = r?;
+            for i in 0..2 {
+                worst.0[i] = worst.0[i].max(t.0[i]);
+            }
+        }
+        self.stats.grad_dist += worst.0[0];
+        self.stats.update += worst.0[1];
+        self.stats.steps += 1;
+        self.step += 1;
+        Ok(())
+    }
+}
+
+/// `blocks`, but always `n` ranges (empty ones when the batch is smaller).
+fn blocks_exact(b: usize, n: usize) -> Vec<Range<usize>> {
+    (0..n).map(|d| (b * d / n)..(b * (d + 1) / n)).collect()
+}
+
+struct Context<'a> {
+    slots: &'a [Slot],
+    routes: &'a [Route],
+    kjt: &'a KeyedJaggedTensor,
+    keys: &'a [usize],
+    owners: &'a [Range<usize>],
+    width: usize,
+}
+
+impl Context<'_> {
+    /// The ids (and weights) of `slot`'s bag of `sample`.
+    fn bag(&self, slot: usize, sample: usize) -> (&[i64], Option<&[f32]>) {
+        let b = self.kjt.stride();
+        let k = self.keys[slot];
+        let (s, e) = (
+            self.kjt.offsets()[k * b + sample],
+            self.kjt.offsets()[k * b + sample + 1],
+        );
+        (
+            &self.kjt.values()[s..e],
+            self.kjt.weights().map(|w| &w[s..e]),
+        )
+    }
+
+    /// Does route `r` carry bags from device `src` in the forward?
+    fn forward_sends(&self, r: usize, src: usize) -> bool {
+        !self.routes[r].data_parallel || self.routes[r].device == src
+    }
+}
+
+fn wire_err(e: String) -> ShardingError {
+    ShardingError::Collective(format!("malformed message: {e}"))
+}
+
+/// The bags of `route` for the samples of `samples`, in local ids.
+fn encode_bags(ctx: &Context, route: &Route, samples: Range<usize>, w: &mut Writer, dedup: bool) {
+    let mut lengths = Vec::with_capacity(samples.len());
+    let mut ids = Vec::new();
+    let mut weights = Vec::new();
+    for s in samples {
+        let (bag, bag_w) = ctx.bag(route.slot, s);
+        let before = ids.len();
+        for (p, &id) in bag.iter().enumerate() {
+            if let Some(local) = route.rows.local(id as usize) {
+                ids.push(local as i64);
+                if let Some(bw) = bag_w {
+                    weights.push(bw[p]);
+                }
+            }
+        }
+        lengths.push((ids.len() - before) as u32);
+    }
+    w.u32s(lengths.into_iter());
+    if dedup {
+        // Unique ids once, then one index per occurrence.
+        let mut index = std::collections::HashMap::with_capacity(ids.len());
+        let mut unique = Vec::new();
+        let inverse: Vec<u32> = ids
+            .iter()
+            .map(|&id| {
+                *index.entry(id).or_insert_with(|| {
+                    unique.push(id);
+                    (unique.len() - 1) as u32
+                })
+            })
+            .collect();
+        w.i64s(&unique);
+        w.u32s(inverse.into_iter());
+    } else {
+        w.i64s(&ids);
+        w.u32s(std::iter::empty());
+    }
+    w.f32s(weights.into_iter());
+}
+
+fn decode_bags(r: &mut Reader) -> Result<Bags, ShardingError> {
+    let lengths = r.u32s().map_err(wire_err)?;
+    let unique = r.i64s().map_err(wire_err)?;
+    let inverse = r.u32s().map_err(wire_err)?;
+    let weights = r.f32s().map_err(wire_err)?;
+    let values = if inverse.is_empty() {
+        unique
+    } else {
+        inverse
+            .iter()
+            .map(|&i| {
+                unique
+                    .get(i as usize)
+                    .copied()
+                    .ok_or_else(|| wire_err("index past the unique ids".into()))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    Ok(Bags {
+        lengths,
+        values,
+        weights,
+    })
+}
+
+/// The local KJT of a device from the bags it holds, over the whole batch.
+fn local_kjt(
+    received: &[Vec<Bags>],
+    keys: &[String],
+    owners: &[Range<usize>],
+    weighted: bool,
+) -> Result<KeyedJaggedTensor, ShardingError> {
+    let mut lengths = Vec::new();
+    let mut values = Vec::new();
+    let mut weights = Vec::new();
+    for per_src in received {
+        for (bags, o) in per_src.iter().zip(owners) {
+            if bags.lengths.is_empty() {
+                lengths.extend(std::iter::repeat_n(0i64, o.len()));
+            } else {
+                lengths.extend(bags.lengths.iter().map(|&l| l as i64));
+                values.extend_from_slice(&bags.values);
+                if weighted {
+                    weights.extend_from_slice(&bags.weights);
+                }
+            }
+        }
+    }
+    Ok(KeyedJaggedTensor::from_lengths(
+        keys.to_vec(),
+        values,
+        &lengths,
+        weighted.then_some(weights),
+    )?)
+}
+
+fn device_forward(
+    ctx: &Context,
+    dev: &mut Device,
+    comm: &InProcess,
+    out: &mut [f32],
+) -> Result<(StageTimes, u64), ShardingError> {
+    let me = comm.rank();
+    let n = comm.world_size();
+    let mine = ctx.owners[me].clone();
+    let mut times = StageTimes::default();
+
+    // Input dist.
+    let t = Instant::now();
+    let mut msgs: Vec<Writer> = (0..n).map(|_| Writer::new()).collect();
+    for (r, route) in ctx.routes.iter().enumerate() {
+        if ctx.forward_sends(r, me) {
+            encode_bags(ctx, route, mine.clone(), &mut msgs[route.device], true);
+        }
+    }
+    let received = comm.all_to_all_v(msgs.into_iter().map(|w| w.0).collect())?;
+    for (src, msg) in received.iter().enumerate() {
+        let mut reader = Reader::new(msg);
+        for (i, &r) in dev.routes.iter().enumerate() {
+            dev.received[i][src] = if ctx.forward_sends(r, src) {
+                decode_bags(&mut reader)?
+            } else {
+                Bags::default()
+            };
+        }
+    }
+    times.0[0] = t.elapsed();
+
+    // Lookup.
+    let t = Instant::now();
+    let mut lookups = 0;
+    if let Some(ebc) = &mut dev.ebc {
+        let kjt = local_kjt(
+            &dev.received,
+            &dev.keys,
+            ctx.owners,
+            ctx.kjt.weights().is_some(),
+        )?;
+        lookups = kjt.values().len() as u64;
+        ebc.forward_into(&kjt, &mut dev.pooled)?;
+    }
+    times.0[1] = t.elapsed();
+
+    // Output dist: each source gets its samples' rows of every route here.
+    let t = Instant::now();
+    let mut msgs: Vec<Writer> = (0..n).map(|_| Writer::new()).collect();
+    for (src, w) in msgs.iter_mut().enumerate() {
+        for (i, &r) in dev.routes.iter().enumerate() {
+            if ctx.forward_sends(r, src) {
+                let rows = ctx.owners[src].clone();
+                w.f32s(
+                    rows.flat_map(|s| dev.pooled.get(s, i).iter().copied())
+                        .collect::<Vec<_>>()
+                        .into_iter(),
+                );
+            }
+        }
+    }
+    let received = comm.all_to_all_v(msgs.into_iter().map(|w| w.0).collect())?;
+    out.fill(0.0);
+    let width = ctx.width;
+    for (dst, msg) in received.iter().enumerate() {
+        let mut reader = Reader::new(msg);
+        for (r, route) in ctx
+            .routes
+            .iter()
+            .enumerate()
+            .filter(|(_, rt)| rt.device == dst)
+        {
+            if !ctx.forward_sends(r, me) {
+                continue;
+            }
+            let part = reader.f32s().map_err(wire_err)?;
+            let cols = route.columns.len();
+            let at = ctx.slots[route.slot].offset + route.columns.start;
+            for (s, row) in part.chunks_exact(cols.max(1)).enumerate() {
+                let o = &mut out[s * width + at..s * width + at + cols];
+                o.iter_mut().zip(row).for_each(|(o, x)| *o += x);
+            }
+        }
+    }
+    for (i, slot) in ctx.slots.iter().enumerate().filter(|(_, s)| s.mean) {
+        let dim = ctx.slots.get(i + 1).map_or(width, |next| next.offset) - slot.offset;
+        for (s, sample) in mine.clone().enumerate() {
+            let len = ctx.bag(i, sample).0.len();
+            if len > 0 {
+                let inv = 1.0 / len as f32;
+                out[s * width + slot.offset..s * width + slot.offset + dim]
+                    .iter_mut()
+                    .for_each(|x| *x *= inv);
+            }
+        }
+    }
+    times.0[2] = t.elapsed();
+    Ok((times, lookups))
+}
+
+fn device_backward(
+    ctx: &Context,
+    dev: &mut Device,
+    comm: &InProcess,
+    grad: &[f32],
+) -> Result<StageTimes, ShardingError> {
+    let me = comm.rank();
+    let n = comm.world_size();
+    let mine = ctx.owners[me].clone();
+    let width = ctx.width;
+    let mut times = StageTimes::default();
+
+    // Grad dist: every route's columns of this device's samples' gradient
+    // to its owner; data-parallel replicas also get the bags they lack.
+    let t = Instant::now();
+    let mut msgs: Vec<Writer> = (0..n).map(|_| Writer::new()).collect();
+    for route in ctx.routes {
+        let slot = &ctx.slots[route.slot];
+        let at = slot.offset + route.columns.start;
+        let w = &mut msgs[route.device];
+        let values = mine.clone().flat_map(|s| {
+            let scale = match slot.mean {
+                true => 1.0 / ctx.bag(route.slot, s).0.len().max(1) as f32,
+                false => 1.0,
+            };
+            grad[s * width + at..s * width + at + route.columns.len()]
+                .iter()
+                .map(move |g| g * scale)
+        });
+        w.f32s(values.collect::<Vec<_>>().into_iter());
+        if route.data_parallel && route.device != me {
+            encode_bags(ctx, route, mine.clone(), w, false);
+        }
+    }
+    let received = comm.all_to_all_v(msgs.into_iter().map(|w| w.0).collect())?;
+    let local_width = dev.pooled.width();
+    dev.local_grad.clear();
+    dev.local_grad.resize(ctx.kjt.stride() * local_width, 0.0);
+    for (src, msg) in received.iter().enumerate() {
+        let mut reader = Reader::new(msg);
+        for (i, &r) in dev.routes.iter().enumerate() {
+            let part = reader.f32s().map_err(wire_err)?;
+            let cols = ctx.routes[r].columns.len();
+            let at = dev.pooled.offset_per_key()[i];
+            for (s, row) in ctx.owners[src].clone().zip(part.chunks_exact(cols.max(1))) {
+                dev.local_grad[s * local_width + at..s * local_width + at + cols]
+                    .copy_from_slice(row);
+            }
+            if ctx.routes[r].data_parallel && src != me {
+                dev.received[i][src] = decode_bags(&mut reader)?;
+            }
+        }
+    }
+    times.0[0] = t.elapsed();
+
+    let t = Instant::now();
+    if let Some(ebc) = &mut dev.ebc {
+        let kjt = local_kjt(
+            &dev.received,
+            &dev.keys,
+            ctx.owners,
+            ctx.kjt.weights().is_some(),
+        )?;
+        ebc.backward_update(&kjt, &dev.local_grad)?;
+    }
+    times.0[1] = t.elapsed();
+    Ok(times)
+}
+
+/// Copies a shard's rows and optimizer state from the global table.
+fn copy_rows(
+    global: &EmbeddingTable,
+    local: &mut EmbeddingTable,
+    rows: RowSplit,
+    cols: Range<usize>,
+    opt: &TableOptimizer,
+) {
+    let (dim, lc) = (global.dim(), cols.len());
+    let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
+    for lr in 0..local.num_embeddings() {
+        let gr = rows.global(lr);
+        local.weights_mut()[lr * lc..(lr + 1) * lc]
+            .copy_from_slice(&global.weights()[gr * dim + cols.start..gr * dim + cols.end]);
+        for (l, g) in state_map(opt, dim, cols.clone()) {
+            local.optimizer_state_mut()[lr * ls + l] = global.optimizer_state()[gr * gs + g];
+        }
+    }
+}
+
+/// Copies a shard's rows and optimizer state back into the global table.
+fn copy_rows_back(
+    local: &EmbeddingTable,
+    global: &mut EmbeddingTable,
+    rows: RowSplit,
+    cols: Range<usize>,
+    opt: &TableOptimizer,
+) {
+    let (dim, lc) = (global.dim(), cols.len());
+    let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
+    for lr in 0..local.num_embeddings() {
+        let gr = rows.global(lr);
+        global.weights_mut()[gr * dim + cols.start..gr * dim + cols.end]
+            .copy_from_slice(&local.weights()[lr * lc..(lr + 1) * lc]);
+        for (l, g) in state_map(opt, dim, cols.clone()) {
+            global.optimizer_state_mut()[gr * gs + g] = local.optimizer_state()[lr * ls + l];
+        }
+    }
+}
+
+/// (local, global) positions of a row's state floats for a column range.
+fn state_map(opt: &TableOptimizer, dim: usize, cols: Range<usize>) -> Vec<(usize, usize)> {
+    let lc = cols.len();
+    match opt {
+        TableOptimizer::None | TableOptimizer::Sgd { .. } => vec![],
+        TableOptimizer::RowWiseAdagrad { .. } => vec![(0, 0)],
+        TableOptimizer::Adagrad { .. } => cols.enumerate().collect(),
+        TableOptimizer::Adam { .. } => cols
+            .clone()
+            .enumerate()
+            .chain(cols.enumerate().map(|(l, g)| (lc + l, dim + g)))
+            .collect(),
+    }
+}

@@ -1,0 +1,224 @@
+//! Sharded execution equals the unsharded collection for every sharding
+//! type, on random shapes, batches, pooling and optimizers; the planner's
+//! plans are valid.
+
+use ember_sharding::plan::{ShardingType, TablePlan};
+use ember_sharding::{plan, PlannerOptions, ShardedEmbeddingBagCollection, ShardingPlan, Topology};
+use ember_sparse::rng::Rng;
+use ember_sparse::{
+    EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType, TableOptimizer,
+};
+use proptest::prelude::*;
+
+const TYPES: [ShardingType; 6] = [
+    ShardingType::TableWise,
+    ShardingType::RowWise,
+    ShardingType::RowWiseMod,
+    ShardingType::ColumnWise,
+    ShardingType::TableRowWise,
+    ShardingType::DataParallel,
+];
+
+fn optimizer(k: usize) -> TableOptimizer {
+    match k {
+        0 => TableOptimizer::sgd(0.3),
+        1 => TableOptimizer::adagrad(0.3),
+        2 => TableOptimizer::rowwise_adagrad(0.3),
+        _ => TableOptimizer::adam(0.05),
+    }
+}
+
+/// A plan of `kind` for every table over `n` devices (2 hosts when n = 4).
+fn plan_of(
+    kind: ShardingType,
+    tables: &[EmbeddingBagConfig],
+    n: usize,
+    opt: &TableOptimizer,
+) -> ShardingPlan {
+    let all: Vec<usize> = (0..n).collect();
+    let tables = tables
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match kind {
+            ShardingType::TableWise => TablePlan::table_wise(t, i % n),
+            ShardingType::RowWise => TablePlan::row_wise(t, &all, kind),
+            ShardingType::RowWiseMod => TablePlan::row_wise_mod(t, &all),
+            ShardingType::ColumnWise if matches!(opt, TableOptimizer::RowWiseAdagrad { .. }) => {
+                TablePlan::row_wise(t, &all, ShardingType::RowWise)
+            }
+            ShardingType::ColumnWise => TablePlan::column_wise(t, &all[..n.min(t.embedding_dim)]),
+            ShardingType::TableRowWise => {
+                let per_host = n.div_ceil(2);
+                let host = i % n.div_ceil(per_host);
+                let devices: Vec<usize> =
+                    (host * per_host..((host + 1) * per_host).min(n)).collect();
+                TablePlan::row_wise(t, &devices, kind)
+            }
+            ShardingType::DataParallel => TablePlan::data_parallel(t, n),
+        })
+        .collect();
+    ShardingPlan {
+        num_devices: n,
+        tables,
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    tables: Vec<(usize, usize, usize, bool)>, // rows, dim, features, mean
+    batch: usize,
+    max_ids: usize,
+    weighted: bool,
+    optimizer: usize,
+    kind: usize,
+    devices: usize,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec((1usize..40, 1usize..9, 1usize..3, any::<bool>()), 1..4),
+        1usize..24,
+        0usize..5,
+        any::<bool>(),
+        0usize..4,
+        0usize..6,
+        1usize..5,
+        any::<u64>(),
+    )
+        .prop_map(
+            |(tables, batch, max_ids, weighted, optimizer, kind, devices, seed)| Case {
+                tables,
+                batch,
+                max_ids,
+                weighted,
+                optimizer,
+                kind,
+                devices,
+                seed,
+            },
+        )
+}
+
+fn configs(c: &Case) -> Vec<EmbeddingBagConfig> {
+    let mut f = 0;
+    (c.tables.iter().enumerate())
+        .map(|(t, &(rows, dim, features, mean))| {
+            let names: Vec<String> = (0..features)
+                .map(|_| {
+                    f += 1;
+                    format!("f{f}")
+                })
+                .collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let cfg = EmbeddingBagConfig::new(&format!("t{t}"), rows, dim, &refs);
+            if mean {
+                cfg.with_pooling(PoolingType::Mean)
+            } else {
+                cfg
+            }
+        })
+        .collect()
+}
+
+fn batch(c: &Case, configs: &[EmbeddingBagConfig], rng: &mut Rng) -> KeyedJaggedTensor {
+    let (mut keys, mut lengths, mut values, mut weights) = (vec![], vec![], vec![], vec![]);
+    for t in configs {
+        for f in &t.feature_names {
+            keys.push(f.clone());
+            for _ in 0..c.batch {
+                let len = rng.below(c.max_ids as u64 + 1);
+                lengths.push(len as i64);
+                for _ in 0..len {
+                    values.push(rng.below(t.num_embeddings as u64) as i64);
+                    weights.push(rng.next_f32() * 2.0 - 0.5);
+                }
+            }
+        }
+    }
+    KeyedJaggedTensor::from_lengths(keys, values, &lengths, c.weighted.then_some(weights)).unwrap()
+}
+
+fn close(what: &str, a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        prop_assert!(
+            (x - y).abs() <= 1e-6 * (1.0 + y.abs()),
+            "{} [{}]: sharded {} vs unsharded {}",
+            what,
+            i,
+            x,
+            y
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(120))]
+    #[test]
+    fn sharded_equals_unsharded(c in case()) {
+        let cfgs = configs(&c);
+        let opt = optimizer(c.optimizer);
+        let kind = TYPES[c.kind];
+        let mut plain = EmbeddingBagCollection::new(cfgs.clone(), opt, c.seed).unwrap();
+        let source = EmbeddingBagCollection::new(cfgs.clone(), opt, c.seed).unwrap();
+        let p = plan_of(kind, &cfgs, c.devices, &opt);
+        let mut sharded = ShardedEmbeddingBagCollection::from_collection(&source, p).unwrap();
+        let mut rng = Rng::new(c.seed ^ 1);
+        for step in 0..2 {
+            let kjt = batch(&c, &cfgs, &mut rng);
+            let want = plain.forward(&kjt).unwrap();
+            let got = sharded.forward(&kjt).unwrap();
+            close(&format!("{kind:?} step {step} forward"), got.values(), want.values())?;
+            let grad: Vec<f32> = (0..want.values().len()).map(|_| rng.next_f32() - 0.5).collect();
+            plain.backward_update(&kjt, &grad).unwrap();
+            sharded.backward_update(&kjt, &grad).unwrap();
+            let back = sharded.to_collection().unwrap();
+            prop_assert_eq!(back.step(), plain.step());
+            for (a, b) in back.tables().iter().zip(plain.tables()) {
+                close(&format!("{kind:?} step {step} table {}", b.name()), a.weights(), b.weights())?;
+                close(&format!("{kind:?} step {step} state of {}", b.name()), a.optimizer_state(), b.optimizer_state())?;
+            }
+        }
+    }
+
+    #[test]
+    fn planner_plans_are_valid(
+        tables in prop::collection::vec((1usize..100_000, 1usize..64, 1usize..3), 1..12),
+        devices in 1usize..6,
+        per_host in 1usize..4,
+        memory_mib in 1u64..64,
+        kind in 0usize..7,
+        optimizer_kind in 0usize..4,
+    ) {
+        let cfgs: Vec<EmbeddingBagConfig> = (tables.iter().enumerate())
+            .map(|(i, &(rows, dim, f))| {
+                let names: Vec<String> = (0..f).map(|k| format!("t{i}f{k}")).collect();
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                EmbeddingBagConfig::new(&format!("t{i}"), rows, dim, &refs)
+            })
+            .collect();
+        let mut topo = Topology::uniform(devices, memory_mib << 20);
+        topo.devices_per_host = per_host;
+        let opt = optimizer(optimizer_kind);
+        let o = PlannerOptions { batch_size: 256, pooling_factor: 2.0, optimizer: opt, sharding: TYPES.get(kind).copied() };
+        match plan(&cfgs, &topo, &o) {
+            Ok((p, stats)) => {
+                p.validate(&cfgs, &opt).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                for (d, load) in stats.devices.iter().enumerate() {
+                    prop_assert!(load.storage_bytes <= topo.devices[d].memory_bytes, "device {} over capacity", d);
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                let refused = text.contains("row-wise Adagrad") && kind == 3 && optimizer_kind == 2;
+                prop_assert!(refused || (text.contains("cannot be placed") && text.contains("missing")), "{}", text);
+            }
+        }
+        // With room to spare, every table is placed.
+        let roomy = Topology::uniform(devices, 1 << 40);
+        let o = PlannerOptions { sharding: None, ..o };
+        prop_assert!(plan(&cfgs, &roomy, &o).is_ok());
+    }
+}

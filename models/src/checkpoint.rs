@@ -142,7 +142,7 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
         (META_CONFIG.into(), json(model.config())),
         (
             META_TABLE_OPTIMIZER.into(),
-            json(model.sparse_arch().optimizer()),
+            json(&model.sparse_arch().optimizer()),
         ),
         (
             META_DENSE_OPTIMIZER.into(),
@@ -200,8 +200,9 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
             }
         }
     }
-    let table_opt = *model.sparse_arch().optimizer();
-    for table in model.sparse_arch().tables() {
+    let table_opt = model.sparse_arch().optimizer();
+    let unsharded = model.sparse_arch().unsharded()?;
+    for table in unsharded.tables() {
         let (rows, dim) = (table.num_embeddings(), table.dim());
         let data = Cow::Borrowed(table.weights());
         tensors.push((
@@ -394,7 +395,11 @@ impl Checkpoint {
         let same_table_opt = self
             .table_optimizer
             .is_some_and(|o| same_kind(&o, &table_optimizer));
-        for table in model.sparse_arch_mut().tables_mut() {
+        let ebc = model
+            .sparse_arch_mut()
+            .local_mut()
+            .expect("a new model holds its tables in one collection");
+        for table in ebc.tables_mut() {
             let (name, rows, dim) = (
                 table.name().to_string(),
                 table.num_embeddings(),
@@ -426,7 +431,7 @@ impl Checkpoint {
             table.optimizer_state_mut().copy_from_slice(&state);
         }
         if same_table_opt {
-            model.sparse_arch_mut().set_step(self.sparse_step);
+            ebc.set_step(self.sparse_step);
         }
         let shapes = dense_shapes(&self.config);
         for p in model.dense_arch_mut().params() {

@@ -8,9 +8,11 @@ use ember_dense::{
     Activation, BceWithLogits, DenseBackend, DenseOptimizer, DenseOptimizerConfig, DotInteraction,
     HasParams, LowRankCrossNet, Mlp, Param, Real, Tensor,
 };
+use ember_sharding::ShardingPlan;
 use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedTensor, TableOptimizer};
 use serde::{Deserialize, Serialize};
 
+use crate::sparse_arch::SparseArch;
 use crate::{Batch, ModelError};
 
 /// How the bottom MLP's output and the pooled embeddings interact.
@@ -309,7 +311,7 @@ pub struct StepOutput {
 /// arch and its optimizer, and the buffers reused across steps.
 pub struct Dlrm {
     config: DlrmConfig,
-    sparse_arch: EmbeddingBagCollection,
+    sparse_arch: SparseArch,
     dense_arch: DenseArch<f32>,
     dense_optimizer: DenseOptimizer<f32>,
     pooled: KeyedTensor,
@@ -325,8 +327,11 @@ impl Dlrm {
         seed: u64,
     ) -> Result<Self, ModelError> {
         config.validate()?;
-        let sparse_arch =
-            EmbeddingBagCollection::new(config.tables.clone(), table_optimizer, seed)?;
+        let sparse_arch = SparseArch::Local(EmbeddingBagCollection::new(
+            config.tables.clone(),
+            table_optimizer,
+            seed,
+        )?);
         let dense_arch = DenseArch::new(&config, seed)?;
         let pooled = sparse_arch.new_output(0);
         Ok(Self {
@@ -343,11 +348,18 @@ impl Dlrm {
     pub fn config(&self) -> &DlrmConfig {
         &self.config
     }
-    pub fn sparse_arch(&self) -> &EmbeddingBagCollection {
+    pub fn sparse_arch(&self) -> &SparseArch {
         &self.sparse_arch
     }
-    pub fn sparse_arch_mut(&mut self) -> &mut EmbeddingBagCollection {
+    pub fn sparse_arch_mut(&mut self) -> &mut SparseArch {
         &mut self.sparse_arch
+    }
+    /// Shards the tables over devices by `plan`, or gathers them back into
+    /// one collection (`None`).
+    pub fn shard(&mut self, plan: Option<ShardingPlan>) -> Result<(), ModelError> {
+        self.sparse_arch.reshard(plan)?;
+        self.pooled = self.sparse_arch.new_output(0);
+        Ok(())
     }
     pub fn dense_arch(&self) -> &DenseArch<f32> {
         &self.dense_arch

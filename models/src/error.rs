@@ -21,5 +21,7 @@ pub enum ModelError {
         message: String,
     },
     #[error(transparent)]
+    Sharding(#[from] ember_sharding::ShardingError),
+    #[error(transparent)]
     Data(#[from] ember_dataloader::DataError),
 }

@@ -6,6 +6,7 @@ mod data;
 mod dlrm;
 mod error;
 mod metrics;
+pub mod sparse_arch;
 mod train;
 
 pub use checkpoint::{Checkpoint, TrainState};
@@ -13,4 +14,5 @@ pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
 pub use dlrm::{DenseArch, Dlrm, DlrmConfig, InteractionType, PhaseTimes, StepOutput};
 pub use error::ModelError;
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
+pub use sparse_arch::SparseArch;
 pub use train::evaluate;

@@ -49,7 +49,7 @@ fn optimizers() -> [(TableOptimizer, DenseOptimizerConfig); 3] {
 }
 
 fn weights(model: &mut Dlrm) -> Vec<f32> {
-    let mut all: Vec<f32> = (model.sparse_arch().tables().iter())
+    let mut all: Vec<f32> = (model.sparse_arch().unsharded().unwrap().tables().iter())
         .flat_map(|t| t.weights().iter().chain(t.optimizer_state()).copied())
         .collect();
     for p in model.dense_arch_mut().params() {
@@ -229,4 +229,76 @@ fn bad_tensors_are_named() {
     std::fs::write(&bad, &truncated[..truncated.len() / 2]).unwrap();
     let e = Checkpoint::open(&bad).err().unwrap().to_string();
     assert!(e.contains("bad.safetensors"), "{e}");
+}
+
+#[test]
+fn checkpoints_move_between_plans_and_device_counts() {
+    use ember_sharding::plan::{ShardingType, TablePlan};
+    use ember_sharding::ShardingPlan;
+    let be = NativeBackend::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(InteractionType::Dot, 4);
+    let data = data(&cfg);
+    let plan = |kind: ShardingType, n: usize| {
+        let all: Vec<usize> = (0..n).collect();
+        let tables = (cfg.tables.iter().enumerate())
+            .map(|(i, t)| match kind {
+                ShardingType::RowWise => TablePlan::row_wise(t, &all, kind),
+                ShardingType::DataParallel => TablePlan::data_parallel(t, n),
+                _ => TablePlan::table_wise(t, i % n),
+            })
+            .collect();
+        ShardingPlan {
+            num_devices: n,
+            tables,
+        }
+    };
+    let (table_opt, dense_opt) = (TableOptimizer::adam(0.01), DenseOptimizerConfig::adam(0.01));
+    let mut trained = Dlrm::new(cfg.clone(), table_opt, dense_opt, 5).unwrap();
+    trained.shard(Some(plan(ShardingType::RowWise, 2))).unwrap();
+    for i in 0..3 {
+        trained.train_step(&be, &data.batch(i, 16)).unwrap();
+    }
+    let a = dir.path().join("a.safetensors");
+    save(&mut trained, &a, None).unwrap();
+    let test = data.batch(50, 24);
+    let sharded_logits = trained.predict(&be, &test).unwrap().to_vec();
+
+    let ckpt = Checkpoint::open(&a).unwrap();
+    let mut unsharded = ckpt.model(table_opt, dense_opt).unwrap();
+    let want = unsharded.predict(&be, &test).unwrap().to_vec();
+    // Row-wise partial sums differ from one sum only in rounding.
+    for (x, y) in sharded_logits.iter().zip(&want) {
+        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{x} vs {y}");
+    }
+    for (kind, n) in [
+        (ShardingType::TableWise, 3),
+        (ShardingType::DataParallel, 2),
+        (ShardingType::TableWise, 1),
+    ] {
+        let mut m = ckpt.model(table_opt, dense_opt).unwrap();
+        m.shard(Some(plan(kind, n))).unwrap();
+        assert_eq!(m.predict(&be, &test).unwrap(), &want[..], "{kind:?} on {n}");
+        // Saved again from another plan: the same file contents.
+        let b = dir.path().join("b.safetensors");
+        save(&mut m, &b, None).unwrap();
+        let read = |p: &Path| {
+            let bytes = std::fs::read(p).unwrap();
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            let mut v: Vec<(String, Vec<u8>)> = st
+                .tensors()
+                .into_iter()
+                .map(|(n, t)| (n, t.data().to_vec()))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(read(&a), read(&b));
+        // And training goes on identically under the new plan.
+        let batch = data.batch(9, 16);
+        let l1 = m.train_step(&be, &batch).unwrap().loss;
+        let mut again = ckpt.model(table_opt, dense_opt).unwrap();
+        let l2 = again.train_step(&be, &batch).unwrap().loss;
+        assert!((l1 - l2).abs() <= 1e-6, "{l1} vs {l2}");
+    }
 }

@@ -148,6 +148,8 @@ fn whole_dlrm_table_gradients_match_finite_differences() {
         let b = batch(&config, 6);
         let tables_before: Vec<Vec<f64>> = model
             .sparse_arch()
+            .unsharded()
+            .unwrap()
             .tables()
             .iter()
             .map(|t| t.weights().iter().map(|&w| w as f64).collect())
@@ -192,7 +194,14 @@ fn whole_dlrm_table_gradients_match_finite_differences() {
         };
         let eps = 1e-6;
         let mut checked = 0;
-        for (t, table) in model.sparse_arch().tables().iter().enumerate() {
+        for (t, table) in model
+            .sparse_arch()
+            .unsharded()
+            .unwrap()
+            .tables()
+            .iter()
+            .enumerate()
+        {
             for i in 0..table.weights().len() {
                 let analytic = tables_before[t][i] - table.weights()[i] as f64;
                 let mut plus = tables_before.clone();

@@ -1,7 +1,7 @@
 use clap::{Parser, Subcommand};
 
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
-use ember::cli::{bench_dlrm, bench_embedding, bench_loader, serve, train};
+use ember::cli::{bench_dlrm, bench_embedding, bench_loader, serve, sharding, train};
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
 #[derive(Parser)]
@@ -25,8 +25,12 @@ enum Command {
     Eval(serve::ServeArgs),
     /// Write a checkpoint's predictions for Parquet data to a Parquet file.
     Predict(serve::PredictArgs),
+    /// Place the tables on devices and write the sharding plan (JSON).
+    Plan(sharding::PlanArgs),
 }
 
+// Parsed once per process: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Bench {
     /// Train a DLRM on synthetic data; flags follow dlrm_s_pytorch.py.
@@ -52,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         Command::Train(args) => print(&train::run(&args)?, args.json),
         Command::Eval(args) => print(&serve::eval(&args)?, args.json),
         Command::Predict(args) => print(&serve::predict(&args)?, args.serve.json),
+        Command::Plan(args) => print(&sharding::run_plan(&args)?, args.json),
     }
 }
 

@@ -240,3 +240,126 @@ fn bad_flags_are_named() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn plan_then_bench_sharded_with_every_type() {
+    let dir = std::env::temp_dir().join(format!("ember-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.json");
+    let arch = [
+        "--arch-sparse-feature-size",
+        "4",
+        "--arch-embedding-size",
+        "300-20-90-7",
+        "--arch-mlp-bot",
+        "13-8-4",
+        "--arch-mlp-top",
+        "8-1",
+    ];
+    let mut args = vec![
+        "plan",
+        "--devices",
+        "3",
+        "--memory-per-device",
+        "1GiB",
+        "--output",
+        plan.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend(arch);
+    let p = json(&args);
+    assert_eq!(p["stats"]["devices"].as_array().unwrap().len(), 3);
+    // The written plan runs, and so does every forced type; losses agree
+    // with the unsharded run (the same model and data).
+    let bench = |extra: &[&str]| {
+        let mut a = vec![
+            "bench",
+            "dlrm",
+            "--mini-batch-size",
+            "32",
+            "--num-batches",
+            "3",
+            "--threads",
+            "2",
+            "--json",
+        ];
+        a.extend(arch);
+        a.extend_from_slice(extra);
+        json(&a)
+    };
+    let plain = bench(&[]);
+    assert!(plain.get("sharding").is_none());
+    let from_file = bench(&["--plan", plan.to_str().unwrap()]);
+    assert_eq!(from_file["sharding"]["devices"], 3);
+    for kind in [
+        "table-wise",
+        "row-wise",
+        "row-wise-mod",
+        "column-wise",
+        "table-row-wise",
+        "data-parallel",
+    ] {
+        let v = bench(&[
+            "--devices",
+            "2",
+            "--sharding",
+            kind,
+            "--optimizer",
+            "adagrad",
+        ]);
+        let sh = &v["sharding"];
+        assert_eq!(sh["devices"], 2, "{kind}");
+        assert_eq!(
+            sh["per_device_lookups_per_step"].as_array().unwrap().len(),
+            2
+        );
+        assert!(sh["stage_ms"]["input_dist"].is_number());
+        let a = bench(&["--optimizer", "adagrad"]);
+        let (x, y) = (
+            v["loss_last"].as_f64().unwrap(),
+            a["loss_last"].as_f64().unwrap(),
+        );
+        assert!((x - y).abs() < 1e-5, "{kind}: {x} vs {y}");
+    }
+    // A hand-edited plan with a table missing is refused, naming it and the file.
+    let text = std::fs::read_to_string(&plan).unwrap();
+    let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    value["tables"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|t| t["table"] != "t_cat_2");
+    std::fs::write(&plan, value.to_string()).unwrap();
+    let mut a = vec![
+        "bench",
+        "dlrm",
+        "--num-batches",
+        "1",
+        "--plan",
+        plan.to_str().unwrap(),
+    ];
+    a.extend(arch);
+    let out = ember(&a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("t_cat_2") && err.contains("plan.json"),
+        "{err}"
+    );
+    // Too little memory: the error lists the tables and what is missing.
+    let mut a = vec![
+        "plan",
+        "--devices",
+        "2",
+        "--memory-per-device",
+        "10KB",
+        "--output",
+        plan.to_str().unwrap(),
+    ];
+    a.extend(arch);
+    let out = ember(&a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("t_cat_0") && err.contains("missing"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

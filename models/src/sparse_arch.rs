@@ -8,6 +8,8 @@ use ember_sparse::{EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor, Table
 
 use crate::ModelError;
 
+// One per model: the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum SparseArch {
     Local(EmbeddingBagCollection),
     Sharded(ShardedEmbeddingBagCollection),

@@ -1,7 +1,9 @@
 //! The planner: enumerates sharding options per table, estimates each
 //! option's storage and cost per device, and places tables greedily (largest
-//! first) where the most loaded device ends up least loaded, as TorchRec's
-//! EmbeddingShardingPlanner does with its greedy proposer.
+//! first): each takes its cheapest option in total cost, on the least loaded
+//! devices, among those that leave room for the tables still to place, as
+//! TorchRec's EmbeddingShardingPlanner proposes by cost and then partitions.
+//! When that strands a table, a second pass balances storage instead.
 //!
 //! Cost model (per training step, per device):
 //! - storage: rows x (cols + optimizer state floats per row) x 4 bytes, plus
@@ -149,8 +151,94 @@ fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<T
     out
 }
 
-/// An option with the most loaded device's cost and storage after it.
-type Candidate = (f64, u64, TablePlan, Vec<(u64, f64)>);
+/// An option with its score (lower is better) and per-device loads.
+type Candidate = ((f64, f64), TablePlan, Vec<(u64, f64)>);
+
+/// One greedy pass: tables largest first, each where the score after it is
+/// lowest. `storage_first` scores by the fullest device's storage (then
+/// cost) instead of the most loaded device's cost (then storage).
+fn greedy(
+    tables: &[EmbeddingBagConfig],
+    topo: &Topology,
+    o: &PlannerOptions,
+    storage_first: bool,
+) -> Greedy {
+    let n = topo.num_devices();
+    let mut used = vec![(0u64, 0f64); n];
+    let mut placed: Vec<Option<TablePlan>> = vec![None; tables.len()];
+    let mut unplaced = Vec::new();
+    // Largest first: the hardest to place go where there is room.
+    let mut order: Vec<usize> = (0..tables.len()).collect();
+    let size = |t: &EmbeddingBagConfig| t.num_embeddings as u64 * t.embedding_dim as u64;
+    order.sort_by_key(|&i| std::cmp::Reverse(size(&tables[i])));
+    // The least memory each table can take in all, so that a cheap but
+    // memory-hungry choice (a replica everywhere) never starves the tables
+    // still to place.
+    let least: Vec<u64> = (tables.iter())
+        .map(|t| {
+            let all = PlannerOptions {
+                sharding: None,
+                ..o.clone()
+            };
+            (options(t, topo, &all).iter())
+                .map(|p| loads(t, p, topo, o).iter().map(|l| l.0).sum::<u64>())
+                .min()
+                .unwrap_or(0)
+        })
+        .collect();
+    let capacity: u64 = topo.devices.iter().map(|d| d.memory_bytes).sum();
+    let mut still_needed: u64 = least.iter().sum();
+    for i in order {
+        still_needed -= least[i];
+        let t = &tables[i];
+        let mut best: Option<Candidate> = None;
+        let mut smallest = u64::MAX;
+        for option in options(t, topo, o) {
+            let add = loads(t, &option, topo, o);
+            smallest = smallest.min(add.iter().map(|a| a.0).max().unwrap_or(0));
+            let fits = (0..n).all(|d| used[d].0 + add[d].0 <= topo.devices[d].memory_bytes);
+            let total_used: u64 = (0..n).map(|d| used[d].0 + add[d].0).sum();
+            if !fits || total_used + still_needed > capacity {
+                continue;
+            }
+            let max_cost = (0..n).map(|d| used[d].1 + add[d].1).fold(0.0, f64::max);
+            let max_storage = (0..n).map(|d| used[d].0 + add[d].0).max().unwrap_or(0) as f64;
+            let total_cost: f64 = add.iter().map(|a| a.1).sum();
+            // The cheapest sharding in all, on the least loaded devices (as
+            // TorchRec proposes by cost, then partitions greedily).
+            let key = match storage_first {
+                false => (total_cost, max_cost),
+                true => (max_storage, total_cost),
+            };
+            if best.as_ref().is_none_or(|b| key < b.0) {
+                best = Some((key, option, add));
+            }
+        }
+        match best {
+            Some((_, option, add)) => {
+                for d in 0..n {
+                    used[d].0 += add[d].0;
+                    used[d].1 += add[d].1;
+                }
+                placed[i] = Some(option);
+            }
+            None => unplaced.push((t.name.clone(), smallest)),
+        }
+    }
+    Greedy {
+        placed,
+        unplaced,
+        used,
+    }
+}
+
+struct Greedy {
+    placed: Vec<Option<TablePlan>>,
+    /// Tables that found no room, with their smallest per-device footprint.
+    unplaced: Vec<(String, u64)>,
+    /// Storage and cost per device.
+    used: Vec<(u64, f64)>,
+}
 
 /// Places every table; fails, listing what is missing, when they do not fit.
 pub fn plan(
@@ -166,45 +254,17 @@ pub fn plan(
             "column-wise sharding with row-wise Adagrad would keep one state per column shard instead of one per row; use another sharding or optimizer".into(),
         ));
     }
-    let n = topo.num_devices();
-    let mut used = vec![(0u64, 0f64); n];
-    let mut placed: Vec<Option<TablePlan>> = vec![None; tables.len()];
-    let mut unplaced = Vec::new();
-    // Largest first: the hardest to place go where there is room.
-    let mut order: Vec<usize> = (0..tables.len()).collect();
-    let size = |t: &EmbeddingBagConfig| t.num_embeddings as u64 * t.embedding_dim as u64;
-    order.sort_by_key(|&i| std::cmp::Reverse(size(&tables[i])));
-    for i in order {
-        let t = &tables[i];
-        let mut best: Option<Candidate> = None;
-        let mut smallest = u64::MAX;
-        for option in options(t, topo, o) {
-            let add = loads(t, &option, topo, o);
-            smallest = smallest.min(add.iter().map(|a| a.0).max().unwrap_or(0));
-            let fits = (0..n).all(|d| used[d].0 + add[d].0 <= topo.devices[d].memory_bytes);
-            if !fits {
-                continue;
-            }
-            let max_cost = (0..n).map(|d| used[d].1 + add[d].1).fold(0.0, f64::max);
-            let max_storage = (0..n).map(|d| used[d].0 + add[d].0).max().unwrap_or(0);
-            let better = best
-                .as_ref()
-                .is_none_or(|b| (max_cost, max_storage) < (b.0, b.1));
-            if better {
-                best = Some((max_cost, max_storage, option, add));
-            }
-        }
-        match best {
-            Some((_, _, option, add)) => {
-                for d in 0..n {
-                    used[d].0 += add[d].0;
-                    used[d].1 += add[d].1;
-                }
-                placed[i] = Some(option);
-            }
-            None => unplaced.push((t.name.clone(), smallest)),
-        }
+    // Balance cost first; when that strands a table, balance storage.
+    let mut attempt = greedy(tables, topo, o, false);
+    if !attempt.unplaced.is_empty() {
+        attempt = greedy(tables, topo, o, true);
     }
+    let Greedy {
+        placed,
+        unplaced,
+        used,
+    } = attempt;
+    let n = topo.num_devices();
     if !unplaced.is_empty() {
         let need: u64 = unplaced.iter().map(|(_, s)| *s).sum();
         let tables_text: Vec<String> = unplaced

@@ -16,6 +16,7 @@ use ember_models::{
 
 use super::arch::{ArchArgs, OptimArgs};
 use super::bench_embedding::{median, BenchOptimizer};
+use super::sharding::{planner_options, ShardingArgs};
 use super::{peak_rss_bytes, Progress};
 
 /// Test batches are numbered from here, apart from training batches.
@@ -46,6 +47,8 @@ pub struct DlrmArgs {
     pub num_batches: u64,
     #[command(flatten)]
     pub optim: OptimArgs,
+    #[command(flatten)]
+    pub sharding: ShardingArgs,
     /// Evaluate every this many batches (0: never).
     #[arg(long, default_value_t = 0)]
     pub test_freq: u64,
@@ -125,6 +128,33 @@ pub struct DlrmReport {
     pub table_bytes: u64,
     pub peak_rss_bytes: u64,
     pub setup_s: f64,
+    /// With `--devices` or `--plan`: where the tables ran and what moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<ShardingReport>,
+}
+
+/// The sharded execution's counters, per step (warm-up step included).
+#[derive(Debug, Serialize)]
+pub struct ShardingReport {
+    pub devices: usize,
+    /// `table:sharding_type` on each device.
+    pub shards: Vec<Vec<String>>,
+    pub per_device_table_bytes: Vec<u64>,
+    pub per_device_lookups_per_step: Vec<f64>,
+    pub per_device_bytes_sent_per_step: Vec<f64>,
+    /// Slowest device's milliseconds per step in each stage.
+    pub stage_ms: StageMs,
+    /// The planner's estimate for the most loaded device.
+    pub estimated_max_device_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StageMs {
+    pub input_dist: f64,
+    pub lookup: f64,
+    pub output_dist: f64,
+    pub grad_dist: f64,
+    pub update: f64,
 }
 
 pub fn run(args: &DlrmArgs) -> anyhow::Result<DlrmReport> {
@@ -150,6 +180,22 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         args.seed,
     )
     .context("building the model")?;
+    let pooling = match resolved.fixed_indices {
+        true => resolved.indices_per_lookup as f64,
+        false => (resolved.indices_per_lookup as f64 + 1.0) / 2.0,
+    };
+    let options = planner_options(table_optimizer, args.mini_batch_size, pooling);
+    let planned = args.sharding.plan(config, &options)?;
+    let estimated_ms = planned.as_ref().map(|(_, s)| s.max_cost_s * 1e3);
+    let shards = planned.as_ref().map(|(_, s)| {
+        s.devices
+            .iter()
+            .map(|d| d.shards.clone())
+            .collect::<Vec<_>>()
+    });
+    if let Some((plan, _)) = planned {
+        model.shard(Some(plan)).context("sharding the tables")?;
+    }
     let backend = NativeBackend::new(rayon::current_num_threads());
     let data = SyntheticData::new(SyntheticConfig {
         kind: match args.data_generation {
@@ -267,6 +313,30 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         table_bytes: model.sparse_arch().bytes() as u64,
         peak_rss_bytes: peak_rss_bytes(),
         setup_s,
+        sharding: model.sparse_arch().sharded().map(|sh| {
+            let st = sh.stats();
+            let steps = st.steps.max(1) as f64;
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps;
+            ShardingReport {
+                devices: sh.num_devices(),
+                shards: shards.clone().unwrap_or_default(),
+                per_device_table_bytes: sh.device_bytes().iter().map(|&b| b as u64).collect(),
+                per_device_lookups_per_step: st.lookups.iter().map(|&l| l as f64 / steps).collect(),
+                per_device_bytes_sent_per_step: st
+                    .bytes_sent
+                    .iter()
+                    .map(|&b| b as f64 / steps)
+                    .collect(),
+                stage_ms: StageMs {
+                    input_dist: ms(st.input_dist),
+                    lookup: ms(st.lookup),
+                    output_dist: ms(st.output_dist),
+                    grad_dist: ms(st.grad_dist),
+                    update: ms(st.update),
+                },
+                estimated_max_device_ms: estimated_ms.unwrap_or(f64::NAN),
+            }
+        }),
         architecture: resolved,
     })
 }
@@ -300,6 +370,30 @@ impl std::fmt::Display for DlrmReport {
                 "test: auc {auc:.4}, logloss {ll:.6}, accuracy {:.3} %",
                 acc * 100.0
             )?;
+        }
+        if let Some(sh) = &self.sharding {
+            let s = &sh.stage_ms;
+            writeln!(
+                f,
+                "{} devices: per step input dist {:.2} ms, lookup {:.2} ms, output dist {:.2} ms, grad dist {:.2} ms, update {:.2} ms",
+                sh.devices, s.input_dist, s.lookup, s.output_dist, s.grad_dist, s.update
+            )?;
+            for (d, shards) in sh.shards.iter().enumerate() {
+                writeln!(
+                    f,
+                    "  device {d}: {:.0} lookups/step, {:.2} MB sent/step, {}",
+                    sh.per_device_lookups_per_step
+                        .get(d)
+                        .copied()
+                        .unwrap_or(0.0),
+                    sh.per_device_bytes_sent_per_step
+                        .get(d)
+                        .copied()
+                        .unwrap_or(0.0)
+                        / 1e6,
+                    shards.join(" ")
+                )?;
+            }
         }
         write!(
             f,

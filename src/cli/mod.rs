@@ -10,6 +10,7 @@ pub mod data;
 pub mod ingest;
 mod progress;
 pub mod serve;
+pub mod sharding;
 pub mod train;
 
 pub use progress::{peak_rss_bytes, Progress};

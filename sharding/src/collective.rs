@@ -93,12 +93,12 @@ impl Collective for InProcess {
 
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), ShardingError> {
         let mut w = crate::wire::Writer::new();
-        w.f32s(data.iter().copied());
+        w.put(data);
         let parts = self.all_to_all_v(vec![w.0; self.world_size()])?;
         data.fill(0.0);
         for part in parts {
-            let v = crate::wire::Reader::new(&part)
-                .f32s()
+            let v: Vec<f32> = crate::wire::Reader::new(&part)
+                .get()
                 .map_err(ShardingError::Collective)?;
             data.iter_mut().zip(v).for_each(|(d, x)| *d += x);
         }

@@ -512,7 +512,7 @@ fn encode_bags(ctx: &Context, route: &Route, samples: Range<usize>, w: &mut Writ
         }
         lengths.push((ids.len() - before) as u32);
     }
-    w.u32s(lengths.into_iter());
+    w.put(&lengths);
     if dedup {
         // Unique ids once, then one index per occurrence.
         let mut index = std::collections::HashMap::with_capacity(ids.len());
@@ -526,20 +526,20 @@ fn encode_bags(ctx: &Context, route: &Route, samples: Range<usize>, w: &mut Writ
                 })
             })
             .collect();
-        w.i64s(&unique);
-        w.u32s(inverse.into_iter());
+        w.put(&unique);
+        w.put(&inverse);
     } else {
-        w.i64s(&ids);
-        w.u32s(std::iter::empty());
+        w.put(&ids);
+        w.put::<u32>(&[]);
     }
-    w.f32s(weights.into_iter());
+    w.put(&weights);
 }
 
 fn decode_bags(r: &mut Reader) -> Result<Bags, ShardingError> {
-    let lengths = r.u32s().map_err(wire_err)?;
-    let unique = r.i64s().map_err(wire_err)?;
-    let inverse = r.u32s().map_err(wire_err)?;
-    let weights = r.f32s().map_err(wire_err)?;
+    let lengths: Vec<u32> = r.get().map_err(wire_err)?;
+    let unique: Vec<i64> = r.get().map_err(wire_err)?;
+    let inverse: Vec<u32> = r.get().map_err(wire_err)?;
+    let weights: Vec<f32> = r.get().map_err(wire_err)?;
     let values = if inverse.is_empty() {
         unique
     } else {
@@ -645,11 +645,8 @@ fn device_forward(
         for (i, &r) in dev.routes.iter().enumerate() {
             if ctx.forward_sends(r, src) {
                 let rows = ctx.owners[src].clone();
-                w.f32s(
-                    rows.flat_map(|s| dev.pooled.get(s, i).iter().copied())
-                        .collect::<Vec<_>>()
-                        .into_iter(),
-                );
+                let total = rows.len() * dev.pooled.length_per_key()[i];
+                w.put_parts(total, rows.map(|s| dev.pooled.get(s, i)));
             }
         }
     }
@@ -667,7 +664,7 @@ fn device_forward(
             if !ctx.forward_sends(r, me) {
                 continue;
             }
-            let part = reader.f32s().map_err(wire_err)?;
+            let part: Vec<f32> = reader.get().map_err(wire_err)?;
             let cols = route.columns.len();
             let at = ctx.slots[route.slot].offset + route.columns.start;
             for (s, row) in part.chunks_exact(cols.max(1)).enumerate() {
@@ -712,16 +709,22 @@ fn device_backward(
         let slot = &ctx.slots[route.slot];
         let at = slot.offset + route.columns.start;
         let w = &mut msgs[route.device];
-        let values = mine.clone().flat_map(|s| {
-            let scale = match slot.mean {
-                true => 1.0 / ctx.bag(route.slot, s).0.len().max(1) as f32,
-                false => 1.0,
-            };
-            grad[s * width + at..s * width + at + route.columns.len()]
-                .iter()
-                .map(move |g| g * scale)
-        });
-        w.f32s(values.collect::<Vec<_>>().into_iter());
+        let cols = route.columns.len();
+        let rows = mine
+            .clone()
+            .map(|s| &grad[s * width + at..s * width + at + cols]);
+        if slot.mean {
+            // The mean's gradient is spread over the bag's ids.
+            let scaled: Vec<f32> = (mine.clone().zip(rows))
+                .flat_map(|(s, row)| {
+                    let scale = 1.0 / ctx.bag(route.slot, s).0.len().max(1) as f32;
+                    row.iter().map(move |g| g * scale)
+                })
+                .collect();
+            w.put(&scaled);
+        } else {
+            w.put_parts(mine.len() * cols, rows);
+        }
         if route.data_parallel && route.device != me {
             encode_bags(ctx, route, mine.clone(), w, false);
         }
@@ -733,7 +736,7 @@ fn device_backward(
     for (src, msg) in received.iter().enumerate() {
         let mut reader = Reader::new(msg);
         for (i, &r) in dev.routes.iter().enumerate() {
-            let part = reader.f32s().map_err(wire_err)?;
+            let part: Vec<f32> = reader.get().map_err(wire_err)?;
             let cols = ctx.routes[r].columns.len();
             let at = dev.pooled.offset_per_key()[i];
             for (s, row) in ctx.owners[src].clone().zip(part.chunks_exact(cols.max(1))) {

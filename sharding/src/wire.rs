@@ -1,5 +1,21 @@
 //! Flat little-endian encoding of the arrays devices exchange, so a
-//! collective moves plain bytes (in-process here, MPI later).
+//! collective moves plain bytes (in-process here, MPI later). Arrays are
+//! copied in bulk: the machine's own layout is little-endian.
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the wire format copies memory as little-endian");
+
+/// Plain numbers whose bytes can be copied as they are.
+pub(crate) trait Pod: Copy + Default {}
+impl Pod for u32 {}
+impl Pod for i64 {}
+impl Pod for f32 {}
+
+fn bytes_of<T: Pod>(v: &[T]) -> &[u8] {
+    // SAFETY: Pod types have no padding and every byte is initialised; the
+    // slice covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
 
 pub(crate) struct Writer(pub Vec<u8>);
 
@@ -7,23 +23,25 @@ impl Writer {
     pub fn new() -> Self {
         Self(Vec::new())
     }
-    pub fn u32s(&mut self, v: impl ExactSizeIterator<Item = u32>) {
+
+    /// A length-prefixed array.
+    pub fn put<T: Pod>(&mut self, v: &[T]) {
         self.0.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        for x in v {
-            self.0.extend_from_slice(&x.to_le_bytes());
-        }
+        self.0.extend_from_slice(bytes_of(v));
     }
-    pub fn i64s(&mut self, v: &[i64]) {
-        self.0.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        for x in v {
-            self.0.extend_from_slice(&x.to_le_bytes());
+
+    /// A length-prefixed array written from `parts` (`total` elements in all).
+    pub fn put_parts<'a, T: Pod + 'a>(
+        &mut self,
+        total: usize,
+        parts: impl Iterator<Item = &'a [T]>,
+    ) {
+        self.0.extend_from_slice(&(total as u64).to_le_bytes());
+        let start = self.0.len();
+        for p in parts {
+            self.0.extend_from_slice(bytes_of(p));
         }
-    }
-    pub fn f32s(&mut self, v: impl ExactSizeIterator<Item = f32>) {
-        self.0.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        for x in v {
-            self.0.extend_from_slice(&x.to_le_bytes());
-        }
+        debug_assert_eq!(self.0.len() - start, total * std::mem::size_of::<T>());
     }
 }
 
@@ -38,6 +56,7 @@ impl<'a> Reader<'a> {
     pub fn new(buf: &'a [u8]) -> Self {
         Self { buf, at: 0 }
     }
+
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.buf.len());
         let end =
@@ -46,29 +65,23 @@ impl<'a> Reader<'a> {
         self.at = end;
         Ok(s)
     }
-    fn len(&mut self) -> Result<usize, String> {
-        let b = self.take(8)?;
-        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
-    }
-    pub fn u32s(&mut self) -> Result<Vec<u32>, String> {
-        let n = self.len()?;
-        let b = self.take(n.checked_mul(4).ok_or("length overflow")?)?;
-        Ok(b.chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
-            .collect())
-    }
-    pub fn i64s(&mut self) -> Result<Vec<i64>, String> {
-        let n = self.len()?;
-        let b = self.take(n.checked_mul(8).ok_or("length overflow")?)?;
-        Ok(b.chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().expect("8")))
-            .collect())
-    }
-    pub fn f32s(&mut self) -> Result<Vec<f32>, String> {
-        let n = self.len()?;
-        let b = self.take(n.checked_mul(4).ok_or("length overflow")?)?;
-        Ok(b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
-            .collect())
+
+    pub fn get<T: Pod>(&mut self) -> Result<Vec<T>, String> {
+        let n = u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")) as usize;
+        let bytes = self.take(
+            n.checked_mul(std::mem::size_of::<T>())
+                .ok_or("length overflow")?,
+        )?;
+        let mut out = vec![T::default(); n];
+        // SAFETY: `out` has room for exactly `bytes.len()` bytes; the source
+        // may be unaligned, which a byte copy does not mind.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                out.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            );
+        }
+        Ok(out)
     }
 }

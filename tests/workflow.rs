@@ -187,6 +187,44 @@ fn train_eval_predict_and_resume() {
     let ckpt = full.join("model.safetensors");
     assert_eq!(tensors(&ckpt), tensors(&stopped.join("model.safetensors")));
 
+    // A sharded run resumed on another device count and plan: checkpoints
+    // stay unsharded. Table-wise keeps the unsharded summation order, so it
+    // ends exactly where the unsharded run did.
+    let moved = dir.path().join("moved");
+    train(
+        &data,
+        &eval_data,
+        &moved,
+        &[
+            "--max-steps",
+            "100",
+            "--devices",
+            "2",
+            "--sharding",
+            "table-wise",
+        ],
+    );
+    let d = json(&[
+        "train",
+        "--data",
+        &data,
+        "--eval-data",
+        &eval_data,
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        s(&moved),
+        "--resume",
+        "--devices",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(d["steps"], a["steps"]);
+    assert_eq!(
+        tensors(&moved.join("model.safetensors")),
+        tensors(&full.join("model.safetensors"))
+    );
+
     // eval needs no architecture flags; it agrees with training's evaluation.
     let e = json(&[
         "eval",

@@ -3,7 +3,11 @@
 
 use std::sync::{Arc, Barrier};
 
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+
+/// How long a rank waits for a peer's message before giving up: a peer that
+/// failed stops the others in bounded time instead of hanging them.
+const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 use crate::ShardingError;
 
@@ -87,7 +91,15 @@ impl Collective for InProcess {
             self.to[j].send(message).map_err(|_| lost(self.rank, j))?;
         }
         (self.from.iter().enumerate())
-            .map(|(i, rx)| rx.recv().map_err(|_| lost(self.rank, i)))
+            .map(|(i, rx)| match rx.recv_timeout(PEER_TIMEOUT) {
+                Ok(m) => Ok(m),
+                Err(RecvTimeoutError::Timeout) => Err(ShardingError::Collective(format!(
+                    "rank {}: rank {i} sent nothing for {} s",
+                    self.rank,
+                    PEER_TIMEOUT.as_secs()
+                ))),
+                Err(RecvTimeoutError::Disconnected) => Err(lost(self.rank, i)),
+            })
             .collect()
     }
 

@@ -373,6 +373,10 @@ impl ShardedEmbeddingBagCollection {
                 })
                 .collect()
         });
+        if results.iter().any(Result::is_err) {
+            // Messages of the aborted exchange must not reach the next one.
+            self.comms = InProcess::group(n);
+        }
         let mut worst = StageTimes::default();
         for (d, r) in results.into_iter().enumerate() {
             let (times, lookups) = r?;
@@ -440,6 +444,9 @@ impl ShardedEmbeddingBagCollection {
                 })
                 .collect()
         });
+        if results.iter().any(Result::is_err) {
+            self.comms = InProcess::group(n);
+        }
         let mut worst = StageTimes::default();
         for r in results {
             let t = r?;

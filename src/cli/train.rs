@@ -15,6 +15,7 @@ use ember_models::{Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainSt
 
 use super::arch::{ArchArgs, OptimArgs};
 use super::data::LoaderArgs;
+use super::sharding::{planner_options, ShardingArgs};
 use super::Progress;
 
 /// The checkpoint `--checkpoint-dir` holds and `--resume` reads.
@@ -34,6 +35,10 @@ pub struct TrainArgs {
     pub optim: OptimArgs,
     #[command(flatten)]
     pub loader: LoaderArgs,
+    /// Shard the tables (checkpoints stay in the unsharded layout, so a run
+    /// can resume under another plan or device count).
+    #[command(flatten)]
+    pub sharding: ShardingArgs,
     #[arg(long, default_value_t = 2048)]
     pub mini_batch_size: usize,
     #[arg(long, default_value_t = 1)]
@@ -261,6 +266,10 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
     };
     let resumed_at_step = state.steps;
     let config = model.config().clone();
+    let options = planner_options(model.sparse_arch().optimizer(), args.mini_batch_size, 1.0);
+    if let Some((plan, _)) = args.sharding.plan(&config, &options)? {
+        model.shard(Some(plan)).context("sharding the tables")?;
+    }
     let features = config.feature_rows();
     // A resumed run reads the data as the run it continues did (older
     // checkpoints without a batch size take the flags').

@@ -1,7 +1,7 @@
 use clap::{Parser, Subcommand};
 
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
-use ember::cli::{bench_dlrm, bench_embedding, bench_loader, serve, sharding, train};
+use ember::cli::{bench_dlrm, bench_embedding, bench_loader, devices, serve, sharding, train};
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
 #[derive(Parser)]
@@ -27,6 +27,8 @@ enum Command {
     Predict(serve::PredictArgs),
     /// Place the tables on devices and write the sharding plan (JSON).
     Plan(sharding::PlanArgs),
+    /// The PJRT plugin's platform and devices.
+    Devices(devices::DevicesArgs),
 }
 
 // Parsed once per process: the variants' size difference costs nothing.
@@ -57,6 +59,7 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(args) => print(&serve::eval(&args)?, args.json),
         Command::Predict(args) => print(&serve::predict(&args)?, args.serve.json),
         Command::Plan(args) => print(&sharding::run_plan(&args)?, args.json),
+        Command::Devices(args) => print(&devices::run(&args)?, args.json),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod layers;
 pub mod native;
 pub mod optim;
 pub mod param;
+pub mod pjrt;
 pub mod real;
 pub mod tensor;
 

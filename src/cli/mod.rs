@@ -7,6 +7,7 @@ pub mod bench_dlrm;
 pub mod bench_embedding;
 pub mod bench_loader;
 pub mod data;
+pub mod devices;
 pub mod ingest;
 mod progress;
 pub mod serve;

@@ -1,0 +1,608 @@
+//! Safe wrappers over the PJRT C API. Every call goes through one helper
+//! that turns a returned `PJRT_Error` into a [`PjrtError`] with the plugin's
+//! message, so no error is dropped and none leaks.
+
+// Argument structs are filled field by field after `default()` (which sets
+// `struct_size`), as the C API's documentation fills them.
+#![allow(clippy::field_reassign_with_default)]
+
+use std::ffi::{c_void, CString};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use super::ffi::{self, index};
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum PjrtError {
+    #[error("PJRT plugin {}: {message}", path.display())]
+    Load { path: PathBuf, message: String },
+    #[error("PJRT plugin {} has C API {major}.{minor}; Ember's bindings are {}.{} and need a plugin of API {}.x up to .{} (a newer plugin asks for larger structs than these bindings know)", path.display(), ffi::API_MAJOR, ffi::API_MINOR, ffi::API_MAJOR, ffi::API_MINOR)]
+    Version {
+        path: PathBuf,
+        major: i32,
+        minor: i32,
+    },
+    #[error("PJRT {call}: {message}")]
+    Call { call: &'static str, message: String },
+}
+
+/// Where the fetch script puts the CPU plugin, unless `EMBER_PJRT_PLUGIN` says otherwise:
+/// `$EMBER_PJRT_HOME` or `$XDG_CACHE_HOME/ember/pjrt` or `~/.cache/ember/pjrt`,
+/// then `xla-cpu-pjrt-0.0.1/xla_cpu_pjrt.so`.
+pub fn default_plugin_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("EMBER_PJRT_PLUGIN") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var_os("EMBER_PJRT_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .unwrap_or_else(|| PathBuf::from("."));
+            cache.join("ember").join("pjrt")
+        });
+    home.join("xla-cpu-pjrt-0.0.1").join("xla_cpu_pjrt.so")
+}
+
+/// A loaded plugin. It stays loaded for the life of the process: plugins
+/// keep threads and global state that do not survive `dlclose`.
+pub struct Plugin {
+    path: PathBuf,
+    api: *const ffi::Api,
+    version: (i32, i32),
+}
+
+// SAFETY: the API table is immutable after loading and PJRT functions are
+// thread-safe (the C API's contract).
+unsafe impl Send for Plugin {}
+unsafe impl Sync for Plugin {}
+
+fn dl_error() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated string.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown dlopen error".into()
+    } else {
+        unsafe { std::ffi::CStr::from_ptr(e) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Copies a (pointer, length) string the plugin owns.
+fn c_str(ptr: *const std::ffi::c_char, len: usize) -> String {
+    if ptr.is_null() {
+        return String::new();
+    }
+    // SAFETY: the plugin returns `len` valid bytes at `ptr`.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+impl Plugin {
+    /// Loads the plugin at `path`, checks its API version and initialises it.
+    pub fn load(path: &Path) -> Result<Arc<Plugin>, PjrtError> {
+        let load_err = |message: String| PjrtError::Load {
+            path: path.to_path_buf(),
+            message,
+        };
+        if !path.is_file() {
+            return Err(load_err(
+                "no such file (run scripts/fetch-pjrt-plugin.sh, or set --pjrt-plugin or EMBER_PJRT_PLUGIN)".into(),
+            ));
+        }
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| load_err("path contains a NUL byte".into()))?;
+        // SAFETY: dlopen of a path; RTLD_LOCAL keeps the plugin's symbols to itself.
+        let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            return Err(load_err(dl_error()));
+        }
+        // SAFETY: a symbol lookup on a live handle.
+        let sym = unsafe { libc::dlsym(handle, c"GetPjrtApi".as_ptr()) };
+        if sym.is_null() {
+            return Err(load_err(
+                "not a PJRT plugin: it has no GetPjrtApi symbol".into(),
+            ));
+        }
+        // SAFETY: GetPjrtApi is `const PJRT_Api* GetPjrtApi(void)`.
+        let get: unsafe extern "C" fn() -> *const ffi::Api = unsafe { std::mem::transmute(sym) };
+        let api = unsafe { get() };
+        if api.is_null() {
+            return Err(load_err("GetPjrtApi returned null".into()));
+        }
+        // SAFETY: the plugin returned a valid API table.
+        let (size, major, minor) = unsafe {
+            (
+                (*api).struct_size,
+                (*api).pjrt_api_version.major_version,
+                (*api).pjrt_api_version.minor_version,
+            )
+        };
+        if major != ffi::API_MAJOR || minor > ffi::API_MINOR {
+            return Err(PjrtError::Version {
+                path: path.to_path_buf(),
+                major,
+                minor,
+            });
+        }
+        let needed =
+            std::mem::size_of::<ffi::Api>() + index::USED * std::mem::size_of::<*const c_void>();
+        if size < needed {
+            return Err(load_err(format!(
+                "its API table has {size} bytes, fewer than the {needed} these bindings use"
+            )));
+        }
+        let plugin = Plugin {
+            path: path.to_path_buf(),
+            api,
+            version: (major, minor),
+        };
+        let mut args = ffi::PluginInitializeArgs::default();
+        plugin.call(
+            index::PLUGIN_INITIALIZE,
+            "PJRT_Plugin_Initialize",
+            &mut args,
+        )?;
+        Ok(Arc::new(plugin))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The plugin's C API version (major, minor).
+    pub fn api_version(&self) -> (i32, i32) {
+        self.version
+    }
+
+    fn function(&self, i: usize) -> *const c_void {
+        // SAFETY: `load` checked that the table reaches past every index used.
+        unsafe { *(*self.api).functions.as_ptr().add(i) }
+    }
+
+    /// Calls API function `i` with `args`; a returned error becomes a [`PjrtError`].
+    pub(crate) fn call<A>(
+        &self,
+        i: usize,
+        name: &'static str,
+        args: &mut A,
+    ) -> Result<(), PjrtError> {
+        let f = self.function(i);
+        if f.is_null() {
+            return Err(PjrtError::Call {
+                call: name,
+                message: "the plugin does not implement it".into(),
+            });
+        }
+        // SAFETY: every PJRT API function takes one pointer to its args
+        // struct (declared in ffi with the header's layout) and returns a
+        // PJRT_Error* (null on success).
+        let f: ffi::ErrorFn = unsafe { std::mem::transmute(f) };
+        let error = unsafe { f((args as *mut A).cast()) };
+        if error.is_null() {
+            Ok(())
+        } else {
+            Err(PjrtError::Call {
+                call: name,
+                message: self.take_error(error),
+            })
+        }
+    }
+
+    /// The message of `error`, which is destroyed.
+    fn take_error(&self, error: *mut ffi::Error) -> String {
+        let mut m = ffi::ErrorMessageArgs::default();
+        m.error = error;
+        // SAFETY: Error_Message and Error_Destroy take their args and return nothing.
+        let message_fn: ffi::VoidFn =
+            unsafe { std::mem::transmute(self.function(index::ERROR_MESSAGE)) };
+        unsafe { message_fn((&mut m as *mut ffi::ErrorMessageArgs).cast()) };
+        let message = c_str(m.message, m.message_size);
+        let mut d = ffi::ErrorDestroyArgs::default();
+        d.error = error;
+        let destroy_fn: ffi::VoidFn =
+            unsafe { std::mem::transmute(self.function(index::ERROR_DESTROY)) };
+        unsafe { destroy_fn((&mut d as *mut ffi::ErrorDestroyArgs).cast()) };
+        message
+    }
+
+    /// Waits for `event` and destroys it.
+    fn await_event(&self, event: *mut ffi::Event, what: &'static str) -> Result<(), PjrtError> {
+        if event.is_null() {
+            return Ok(());
+        }
+        let mut a = ffi::EventAwaitArgs::default();
+        a.event = event;
+        let waited = self.call(index::EVENT_AWAIT, what, &mut a);
+        let mut d = ffi::EventDestroyArgs::default();
+        d.event = event;
+        let destroyed = self.call(index::EVENT_DESTROY, "PJRT_Event_Destroy", &mut d);
+        waited.and(destroyed)
+    }
+}
+
+/// One addressable device.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    pub id: i32,
+    pub kind: String,
+}
+
+/// A PJRT client: the plugin's devices, compilation and buffers.
+pub struct Client {
+    plugin: Arc<Plugin>,
+    raw: *mut ffi::Client,
+    devices: Vec<*mut ffi::Device>,
+}
+
+// SAFETY: PJRT clients are thread-safe (the C API's contract).
+unsafe impl Send for Client {}
+unsafe impl Sync for Client {}
+
+impl Client {
+    pub fn new(plugin: Arc<Plugin>) -> Result<Self, PjrtError> {
+        let mut a = ffi::ClientCreateArgs::default();
+        plugin.call(index::CLIENT_CREATE, "PJRT_Client_Create", &mut a)?;
+        let mut client = Client {
+            plugin,
+            raw: a.client,
+            devices: Vec::new(),
+        };
+        let mut d = ffi::ClientAddressableDevicesArgs::default();
+        d.client = client.raw;
+        client.plugin.call(
+            index::CLIENT_ADDRESSABLE_DEVICES,
+            "PJRT_Client_AddressableDevices",
+            &mut d,
+        )?;
+        if d.num_addressable_devices == 0 || d.addressable_devices.is_null() {
+            return Err(PjrtError::Call {
+                call: "PJRT_Client_AddressableDevices",
+                message: "the client has no devices".into(),
+            });
+        }
+        // SAFETY: the plugin returned this many device pointers.
+        client.devices =
+            unsafe { std::slice::from_raw_parts(d.addressable_devices, d.num_addressable_devices) }
+                .to_vec();
+        Ok(client)
+    }
+
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    pub fn platform_name(&self) -> Result<String, PjrtError> {
+        let mut a = ffi::ClientPlatformNameArgs::default();
+        a.client = self.raw;
+        self.plugin.call(
+            index::CLIENT_PLATFORM_NAME,
+            "PJRT_Client_PlatformName",
+            &mut a,
+        )?;
+        Ok(c_str(a.platform_name, a.platform_name_size))
+    }
+
+    pub fn platform_version(&self) -> Result<String, PjrtError> {
+        let mut a = ffi::ClientPlatformVersionArgs::default();
+        a.client = self.raw;
+        self.plugin.call(
+            index::CLIENT_PLATFORM_VERSION,
+            "PJRT_Client_PlatformVersion",
+            &mut a,
+        )?;
+        Ok(c_str(a.platform_version, a.platform_version_size))
+    }
+
+    pub fn devices(&self) -> Result<Vec<DeviceInfo>, PjrtError> {
+        self.devices
+            .iter()
+            .map(|&device| {
+                let mut g = ffi::DeviceGetDescriptionArgs::default();
+                g.device = device;
+                self.plugin.call(
+                    index::DEVICE_GET_DESCRIPTION,
+                    "PJRT_Device_GetDescription",
+                    &mut g,
+                )?;
+                let mut id = ffi::DeviceDescriptionIdArgs::default();
+                id.device_description = g.device_description;
+                self.plugin.call(
+                    index::DEVICE_DESCRIPTION_ID,
+                    "PJRT_DeviceDescription_Id",
+                    &mut id,
+                )?;
+                let mut kind = ffi::DeviceDescriptionKindArgs::default();
+                kind.device_description = g.device_description;
+                self.plugin.call(
+                    index::DEVICE_DESCRIPTION_KIND,
+                    "PJRT_DeviceDescription_Kind",
+                    &mut kind,
+                )?;
+                Ok(DeviceInfo {
+                    id: id.id,
+                    kind: c_str(kind.device_kind, kind.device_kind_size),
+                })
+            })
+            .collect()
+    }
+
+    /// Compiles StableHLO (MLIR text) for one device.
+    pub fn compile(&self, stablehlo: &str) -> Result<Executable, PjrtError> {
+        let mut program = ffi::Program::default();
+        program.code = stablehlo.as_ptr().cast();
+        program.code_size = stablehlo.len();
+        program.format = c"mlir".as_ptr();
+        program.format_size = 4;
+        let options = compile_options();
+        let mut a = ffi::ClientCompileArgs::default();
+        a.client = self.raw;
+        a.program = &program;
+        a.compile_options = options.as_ptr().cast();
+        a.compile_options_size = options.len();
+        self.plugin
+            .call(index::CLIENT_COMPILE, "PJRT_Client_Compile", &mut a)?;
+        Executable::wrap(self.plugin.clone(), a.executable)
+    }
+
+    /// Loads an executable serialized by [`Executable::serialize`] with the same plugin.
+    pub fn deserialize(&self, bytes: &[u8]) -> Result<Executable, PjrtError> {
+        let mut a = ffi::ExecutableDeserializeAndLoadArgs::default();
+        a.client = self.raw;
+        a.serialized_executable = bytes.as_ptr().cast();
+        a.serialized_executable_size = bytes.len();
+        self.plugin.call(
+            index::EXECUTABLE_DESERIALIZE_AND_LOAD,
+            "PJRT_Executable_DeserializeAndLoad",
+            &mut a,
+        )?;
+        Executable::wrap(self.plugin.clone(), a.loaded_executable)
+    }
+
+    /// Copies a row-major f32 array of shape `dims` to device 0.
+    pub fn buffer_f32(&self, data: &[f32], dims: &[usize]) -> Result<DeviceBuffer, PjrtError> {
+        let count: usize = dims.iter().product();
+        if count != data.len() {
+            return Err(PjrtError::Call {
+                call: "PJRT_Client_BufferFromHostBuffer",
+                message: format!("{} values for shape {dims:?}", data.len()),
+            });
+        }
+        let dims: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let mut a = ffi::ClientBufferFromHostBufferArgs::default();
+        a.client = self.raw;
+        a.data = data.as_ptr().cast();
+        a.type_ = ffi::BUFFER_TYPE_F32;
+        a.dims = dims.as_ptr();
+        a.num_dims = dims.len();
+        a.host_buffer_semantics = ffi::HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL;
+        a.device = self.devices[0];
+        self.plugin.call(
+            index::CLIENT_BUFFER_FROM_HOST_BUFFER,
+            "PJRT_Client_BufferFromHostBuffer",
+            &mut a,
+        )?;
+        let buffer = DeviceBuffer {
+            plugin: self.plugin.clone(),
+            raw: a.buffer,
+        };
+        self.plugin
+            .await_event(a.done_with_host_buffer, "PJRT_Event_Await (host to device)")?;
+        Ok(buffer)
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let mut a = ffi::ClientDestroyArgs::default();
+        a.client = self.raw;
+        let _ = self
+            .plugin
+            .call(index::CLIENT_DESTROY, "PJRT_Client_Destroy", &mut a);
+    }
+}
+
+/// `xla.CompileOptionsProto` for one replica and one partition, encoded by
+/// hand: field 3 (executable_build_options) holding device_ordinal = -1
+/// (field 1), num_replicas = 1 (field 4) and num_partitions = 1 (field 5).
+fn compile_options() -> Vec<u8> {
+    let mut build = vec![0x08];
+    build.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+    build.extend_from_slice(&[0x20, 0x01, 0x28, 0x01]);
+    let mut out = vec![0x1a, build.len() as u8];
+    out.extend_from_slice(&build);
+    out
+}
+
+/// A compiled program on a client's devices.
+pub struct Executable {
+    plugin: Arc<Plugin>,
+    raw: *mut ffi::LoadedExecutable,
+    num_outputs: usize,
+}
+
+// SAFETY: loaded executables may be executed from any thread (C API contract).
+unsafe impl Send for Executable {}
+unsafe impl Sync for Executable {}
+
+impl Executable {
+    fn wrap(plugin: Arc<Plugin>, raw: *mut ffi::LoadedExecutable) -> Result<Self, PjrtError> {
+        let mut exe = Executable {
+            plugin,
+            raw,
+            num_outputs: 0,
+        };
+        let num_outputs = {
+            let inner = exe.inner()?;
+            let mut n = ffi::ExecutableNumOutputsArgs::default();
+            n.executable = inner.0;
+            exe.plugin.call(
+                index::EXECUTABLE_NUM_OUTPUTS,
+                "PJRT_Executable_NumOutputs",
+                &mut n,
+            )?;
+            n.num_outputs
+        };
+        exe.num_outputs = num_outputs;
+        Ok(exe)
+    }
+
+    /// The unloaded executable (destroyed when the guard drops).
+    fn inner(&self) -> Result<InnerExecutable<'_>, PjrtError> {
+        let mut g = ffi::LoadedExecutableGetExecutableArgs::default();
+        g.loaded_executable = self.raw;
+        self.plugin.call(
+            index::LOADED_EXECUTABLE_GET_EXECUTABLE,
+            "PJRT_LoadedExecutable_GetExecutable",
+            &mut g,
+        )?;
+        Ok(InnerExecutable(g.executable, &self.plugin))
+    }
+
+    pub fn num_outputs(&self) -> usize {
+        self.num_outputs
+    }
+
+    /// The executable as bytes, for the on-disk compile cache.
+    pub fn serialize(&self) -> Result<Vec<u8>, PjrtError> {
+        let inner = self.inner()?;
+        let mut a = ffi::ExecutableSerializeArgs::default();
+        a.executable = inner.0;
+        self.plugin.call(
+            index::EXECUTABLE_SERIALIZE,
+            "PJRT_Executable_Serialize",
+            &mut a,
+        )?;
+        let bytes = c_str_bytes(a.serialized_bytes, a.serialized_bytes_size);
+        if let Some(deleter) = a.serialized_executable_deleter {
+            // SAFETY: the plugin's deleter for the object it gave us.
+            unsafe { deleter(a.serialized_executable) };
+        }
+        Ok(bytes)
+    }
+
+    /// Runs on device 0 with `args`; returns the outputs (the program's
+    /// result tuple, flattened).
+    pub fn execute(&self, args: &[&DeviceBuffer]) -> Result<Vec<DeviceBuffer>, PjrtError> {
+        let arg_ptrs: Vec<*mut ffi::Buffer> = args.iter().map(|b| b.raw).collect();
+        let arg_list: *const *mut ffi::Buffer = arg_ptrs.as_ptr();
+        let mut outputs: Vec<*mut ffi::Buffer> = vec![std::ptr::null_mut(); self.num_outputs];
+        let output_list: *mut *mut ffi::Buffer = outputs.as_mut_ptr();
+        let mut options = ffi::ExecuteOptions::default();
+        let mut event: *mut ffi::Event = std::ptr::null_mut();
+        let mut a = ffi::LoadedExecutableExecuteArgs::default();
+        a.executable = self.raw;
+        a.options = &mut options;
+        a.argument_lists = &arg_list;
+        a.num_devices = 1;
+        a.num_args = args.len();
+        a.output_lists = &output_list;
+        a.device_complete_events = &mut event;
+        self.plugin.call(
+            index::LOADED_EXECUTABLE_EXECUTE,
+            "PJRT_LoadedExecutable_Execute",
+            &mut a,
+        )?;
+        let outs: Vec<DeviceBuffer> = outputs
+            .into_iter()
+            .map(|raw| DeviceBuffer {
+                plugin: self.plugin.clone(),
+                raw,
+            })
+            .collect();
+        self.plugin
+            .await_event(event, "PJRT_Event_Await (execute)")?;
+        Ok(outs)
+    }
+}
+
+fn c_str_bytes(ptr: *const std::ffi::c_char, len: usize) -> Vec<u8> {
+    if ptr.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the plugin returns `len` valid bytes at `ptr`.
+    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec()
+}
+
+struct InnerExecutable<'a>(*mut ffi::Executable, &'a Plugin);
+
+impl Drop for InnerExecutable<'_> {
+    fn drop(&mut self) {
+        let mut a = ffi::ExecutableDestroyArgs::default();
+        a.executable = self.0;
+        let _ = self
+            .1
+            .call(index::EXECUTABLE_DESTROY, "PJRT_Executable_Destroy", &mut a);
+    }
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        let mut a = ffi::LoadedExecutableDestroyArgs::default();
+        a.executable = self.raw;
+        let _ = self.plugin.call(
+            index::LOADED_EXECUTABLE_DESTROY,
+            "PJRT_LoadedExecutable_Destroy",
+            &mut a,
+        );
+    }
+}
+
+/// An array on a device.
+pub struct DeviceBuffer {
+    plugin: Arc<Plugin>,
+    raw: *mut ffi::Buffer,
+}
+
+// SAFETY: PJRT buffers may be used from any thread (C API contract).
+unsafe impl Send for DeviceBuffer {}
+unsafe impl Sync for DeviceBuffer {}
+
+impl DeviceBuffer {
+    pub fn dims(&self) -> Result<Vec<usize>, PjrtError> {
+        let mut a = ffi::BufferDimensionsArgs::default();
+        a.buffer = self.raw;
+        self.plugin
+            .call(index::BUFFER_DIMENSIONS, "PJRT_Buffer_Dimensions", &mut a)?;
+        if a.num_dims == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the plugin returned `num_dims` dimensions.
+        Ok(unsafe { std::slice::from_raw_parts(a.dims, a.num_dims) }
+            .iter()
+            .map(|&d| d as usize)
+            .collect())
+    }
+
+    /// Copies an f32 buffer back to the host.
+    pub fn to_f32(&self) -> Result<Vec<f32>, PjrtError> {
+        let count: usize = self.dims()?.iter().product();
+        let mut out = vec![0f32; count];
+        let mut a = ffi::BufferToHostBufferArgs::default();
+        a.src = self.raw;
+        a.dst = out.as_mut_ptr().cast();
+        a.dst_size = count * 4;
+        self.plugin.call(
+            index::BUFFER_TO_HOST_BUFFER,
+            "PJRT_Buffer_ToHostBuffer",
+            &mut a,
+        )?;
+        self.plugin
+            .await_event(a.event, "PJRT_Event_Await (device to host)")?;
+        Ok(out)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let mut a = ffi::BufferDestroyArgs::default();
+        a.buffer = self.raw;
+        let _ = self
+            .plugin
+            .call(index::BUFFER_DESTROY, "PJRT_Buffer_Destroy", &mut a);
+    }
+}

@@ -1,0 +1,106 @@
+//! The PJRT runtime against the CPU plugin: load, devices, compile, execute,
+//! serialize, and errors. The plugin comes from scripts/fetch-pjrt-plugin.sh;
+//! CI sets EMBER_REQUIRE_PJRT=1 so that a missing plugin fails there instead
+//! of skipping.
+
+use std::path::Path;
+
+use ember_dense::pjrt::{default_plugin_path, Client, PjrtError, Plugin};
+use ember_dense::{Activation, DenseBackend, NativeBackend, Tensor};
+
+fn client() -> Option<Client> {
+    let path = default_plugin_path();
+    if !path.is_file() {
+        assert!(
+            std::env::var_os("EMBER_REQUIRE_PJRT").is_none(),
+            "EMBER_REQUIRE_PJRT is set but there is no plugin at {}",
+            path.display()
+        );
+        eprintln!(
+            "skipping: no PJRT plugin at {} (run scripts/fetch-pjrt-plugin.sh)",
+            path.display()
+        );
+        return None;
+    }
+    Some(Client::new(Plugin::load(&path).expect("the plugin loads")).expect("a client"))
+}
+
+const LINEAR_RELU: &str = r#"
+module @linear {
+  func.func public @main(%x: tensor<4x3xf32>, %w: tensor<2x3xf32>, %b: tensor<2xf32>) -> (tensor<4x2xf32>, tensor<4x2xf32>) {
+    %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [1] : (tensor<4x3xf32>, tensor<2x3xf32>) -> tensor<4x2xf32>
+    %1 = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+    %2 = stablehlo.add %0, %1 : tensor<4x2xf32>
+    %z = stablehlo.constant dense<0.0> : tensor<4x2xf32>
+    %3 = stablehlo.maximum %2, %z : tensor<4x2xf32>
+    return %3, %2 : tensor<4x2xf32>, tensor<4x2xf32>
+  }
+}
+"#;
+
+#[test]
+fn cpu_plugin_compiles_and_runs_stablehlo_like_the_native_backend() {
+    let Some(client) = client() else { return };
+    assert_eq!(client.platform_name().unwrap(), "cpu");
+    let (major, minor) = client.plugin().api_version();
+    assert_eq!(major, 0);
+    assert!(minor <= 81);
+    let devices = client.devices().unwrap();
+    assert!(!devices.is_empty());
+
+    let x = Tensor::from_vec(4, 3, (0..12).map(|i| i as f32 * 0.25 - 1.0).collect()).unwrap();
+    let w = Tensor::from_vec(2, 3, vec![0.5, -1.0, 0.25, 1.5, 0.75, -0.5]).unwrap();
+    let b = vec![0.1f32, -0.2];
+    let mut want = Tensor::zeros(0, 0);
+    NativeBackend::new(1).linear_forward(&x, &w, &b, Activation::Relu, &mut want);
+
+    let exe = client.compile(LINEAR_RELU).unwrap();
+    assert_eq!(exe.num_outputs(), 2);
+    let args = [
+        client.buffer_f32(x.data(), &[4, 3]).unwrap(),
+        client.buffer_f32(w.data(), &[2, 3]).unwrap(),
+        client.buffer_f32(&b, &[2]).unwrap(),
+    ];
+    let refs: Vec<_> = args.iter().collect();
+    let out = exe.execute(&refs).unwrap();
+    assert_eq!(out[0].dims().unwrap(), vec![4, 2]);
+    let got = out[0].to_f32().unwrap();
+    for (g, w) in got.iter().zip(want.data()) {
+        assert!((g - w).abs() <= 1e-6 * (1.0 + w.abs()), "{g} vs {w}");
+    }
+    let pre = out[1].to_f32().unwrap();
+    assert!(pre.iter().zip(&got).all(|(p, r)| p.max(0.0) == *r));
+
+    // Serialized and loaded again: the same results (the compile cache's basis).
+    let bytes = exe.serialize().unwrap();
+    assert!(!bytes.is_empty());
+    let again = client.deserialize(&bytes).unwrap();
+    assert_eq!(again.execute(&refs).unwrap()[0].to_f32().unwrap(), got);
+}
+
+#[test]
+fn bad_plugins_and_programs_are_named() {
+    let err = Plugin::load(Path::new("/nonexistent/plugin.so"))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("/nonexistent/plugin.so"), "{err}");
+    // A real shared library that is not a PJRT plugin.
+    let libc = [
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).is_file());
+    if let Some(libc) = libc {
+        let err = Plugin::load(Path::new(libc)).err().unwrap();
+        assert!(
+            matches!(err, PjrtError::Load { .. }) && err.to_string().contains("GetPjrtApi"),
+            "{err}"
+        );
+    }
+    let Some(client) = client() else { return };
+    let err = client.compile("this is not stablehlo").err().unwrap();
+    assert!(err.to_string().contains("PJRT_Client_Compile"), "{err}");
+    let err = client.buffer_f32(&[1.0, 2.0], &[3]).err().unwrap();
+    assert!(err.to_string().contains("shape [3]"), "{err}");
+}

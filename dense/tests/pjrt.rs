@@ -104,3 +104,13 @@ fn bad_plugins_and_programs_are_named() {
     let err = client.buffer_f32(&[1.0, 2.0], &[3]).err().unwrap();
     assert!(err.to_string().contains("shape [3]"), "{err}");
 }
+
+#[test]
+fn pjrt_backend_passes_the_conformance_suite() {
+    let Some(client) = client() else { return };
+    let be = ember_dense::pjrt::PjrtBackend::new(client);
+    let checked = ember_dense::conformance::run_all(&be).unwrap_or_else(|e| panic!("{e}"));
+    assert!(checked > 0);
+    let s = be.stats();
+    assert!(s.compiles > 0 && s.executions >= s.compiles);
+}

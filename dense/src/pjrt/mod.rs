@@ -4,10 +4,15 @@
 //!
 //! - [`ffi`]: the hand-written `repr(C)` declarations of the C API subset.
 //! - [`runtime`]: safe wrappers: [`Plugin`], [`Client`], [`Executable`], [`DeviceBuffer`].
+//! - `hlo`: StableHLO text for each dense op; `backend`: [`PjrtBackend`], the
+//!   [`DenseBackend`](crate::DenseBackend) that runs them.
 
+mod backend;
 pub mod ffi;
+mod hlo;
 mod runtime;
 
+pub use backend::{CompileStats, PjrtBackend};
 pub use runtime::{
     default_plugin_path, Client, DeviceBuffer, DeviceInfo, Executable, PjrtError, Plugin,
 };

@@ -1,0 +1,497 @@
+//! `PjrtBackend`: the dense ops of [`DenseBackend`] compiled by a PJRT
+//! plugin, one executable per (op, shape), cached in memory and run eagerly
+//! in program order (the `strict` mode: results come back when the host
+//! needs them, which is after every op here since layers hold host tensors).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::hlo::{gather_columns, ty, Func};
+use super::runtime::{Client, Executable};
+use crate::backend::{Activation, DenseBackend};
+use crate::tensor::Tensor;
+
+/// Counters of the executable cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct CompileStats {
+    pub compiles: u64,
+    pub compile_ms: f64,
+    pub executions: u64,
+}
+
+pub struct PjrtBackend {
+    client: Client,
+    cache: Mutex<HashMap<String, Arc<Executable>>>,
+    stats: Mutex<CompileStats>,
+}
+
+impl PjrtBackend {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            cache: Mutex::new(HashMap::new()),
+            stats: Mutex::new(CompileStats::default()),
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn stats(&self) -> CompileStats {
+        *self.stats.lock().expect("stats lock")
+    }
+
+    fn executable(&self, program: &str) -> Arc<Executable> {
+        if let Some(e) = self.cache.lock().expect("cache lock").get(program) {
+            return e.clone();
+        }
+        let t = Instant::now();
+        let exe = Arc::new(
+            self.client
+                .compile(program)
+                .unwrap_or_else(|e| panic!("PJRT backend: {e}\nprogram:\n{program}")),
+        );
+        let mut s = self.stats.lock().expect("stats lock");
+        s.compiles += 1;
+        s.compile_ms += t.elapsed().as_secs_f64() * 1e3;
+        drop(s);
+        self.cache
+            .lock()
+            .expect("cache lock")
+            .insert(program.to_string(), exe.clone());
+        exe
+    }
+
+    /// Runs `program` on host inputs, returning every output on the host.
+    /// A PJRT failure here is a bug in Ember or the plugin: the trait's ops
+    /// are infallible, so it panics with the plugin's message.
+    fn run(&self, program: &str, inputs: &[(&[f32], &[usize])]) -> Vec<Vec<f32>> {
+        let exe = self.executable(program);
+        let fail = |e: super::PjrtError| -> ! { panic!("PJRT backend: {e}") };
+        let buffers: Vec<_> = inputs
+            .iter()
+            .map(|(data, dims)| {
+                self.client
+                    .buffer_f32(data, dims)
+                    .unwrap_or_else(|e| fail(e))
+            })
+            .collect();
+        let refs: Vec<_> = buffers.iter().collect();
+        let outs = exe.execute(&refs).unwrap_or_else(|e| fail(e));
+        self.stats.lock().expect("stats lock").executions += 1;
+        outs.iter()
+            .map(|b| b.to_f32().unwrap_or_else(|e| fail(e)))
+            .collect()
+    }
+}
+
+fn set(t: &mut Tensor<f32>, rows: usize, cols: usize, data: Vec<f32>) {
+    t.resize(rows, cols);
+    t.data_mut().copy_from_slice(&data);
+}
+
+impl DenseBackend<f32> for PjrtBackend {
+    fn name(&self) -> &'static str {
+        "pjrt"
+    }
+
+    fn matmul(
+        &self,
+        a: &Tensor<f32>,
+        trans_a: bool,
+        b: &Tensor<f32>,
+        trans_b: bool,
+        alpha: f32,
+        beta: f32,
+        c: &mut Tensor<f32>,
+    ) {
+        let (ad, bd) = ([a.rows(), a.cols()], [b.rows(), b.cols()]);
+        let (m, k) = if trans_a {
+            (ad[1], ad[0])
+        } else {
+            (ad[0], ad[1])
+        };
+        let (kb, n) = if trans_b {
+            (bd[1], bd[0])
+        } else {
+            (bd[0], bd[1])
+        };
+        assert_eq!(k, kb, "matmul: inner dims {k} and {kb} differ");
+        let mut f = Func::new();
+        let (pa, pb) = (f.arg(&ad), f.arg(&bd));
+        let (p, dims) = f.dot(
+            &pa,
+            &ad,
+            if trans_a { 0 } else { 1 },
+            &pb,
+            &bd,
+            if trans_b { 1 } else { 0 },
+        );
+        let mut out = p;
+        if alpha != 1.0 {
+            let s = f.splat(alpha, &dims);
+            out = f.binary("multiply", &out, &s, &dims);
+        }
+        let mut inputs: Vec<(&[f32], &[usize])> = vec![(a.data(), &ad), (b.data(), &bd)];
+        let cd = [m, n];
+        if beta != 0.0 {
+            assert_eq!(
+                c.shape(),
+                (m, n),
+                "matmul: c must be [{m}, {n}] when beta != 0"
+            );
+            let pc = f.arg(&cd);
+            let s = f.splat(beta, &cd);
+            let bc = f.binary("multiply", &pc, &s, &cd);
+            out = f.binary("add", &out, &bc, &cd);
+            inputs.push((c.data(), &cd));
+        }
+        let program = f.finish(&[(out, dims)]);
+        let r = self.run(&program, &inputs).remove(0);
+        set(c, m, n, r);
+    }
+
+    fn linear_forward(
+        &self,
+        x: &Tensor<f32>,
+        w: &Tensor<f32>,
+        b: &[f32],
+        act: Activation,
+        y: &mut Tensor<f32>,
+    ) {
+        let (n, inp, out) = (x.rows(), x.cols(), w.rows());
+        assert_eq!(
+            w.cols(),
+            inp,
+            "linear_forward: w is [{out}, {}] for x of {inp} columns",
+            w.cols()
+        );
+        let mut f = Func::new();
+        let (px, pw, pb) = (f.arg(&[n, inp]), f.arg(&[out, inp]), f.arg(&[out]));
+        let (z, dims) = f.dot(&px, &[n, inp], 1, &pw, &[out, inp], 1);
+        let bb = f.broadcast_row(&pb, n, out);
+        let z = f.binary("add", &z, &bb, &dims);
+        let r = f.activate(&z, act, &dims);
+        let program = f.finish(&[(r, dims)]);
+        let res = self
+            .run(
+                &program,
+                &[(x.data(), &[n, inp]), (w.data(), &[out, inp]), (b, &[out])],
+            )
+            .remove(0);
+        set(y, n, out, res);
+    }
+
+    fn linear_backward(
+        &self,
+        x: &Tensor<f32>,
+        w: &Tensor<f32>,
+        y: &Tensor<f32>,
+        act: Activation,
+        dy: &mut Tensor<f32>,
+        dw: &mut Tensor<f32>,
+        db: &mut [f32],
+        dx: Option<&mut Tensor<f32>>,
+    ) {
+        let (n, inp, out) = (x.rows(), x.cols(), w.rows());
+        let mut f = Func::new();
+        let (px, pw, py, pdy) = (
+            f.arg(&[n, inp]),
+            f.arg(&[out, inp]),
+            f.arg(&[n, out]),
+            f.arg(&[n, out]),
+        );
+        let no = [n, out];
+        let dz = match act {
+            Activation::None => pdy.clone(),
+            Activation::Relu => {
+                let zero = f.splat(0.0, &no);
+                let pos = f.op(format!(
+                    "stablehlo.compare GT, {py}, {zero} : ({t}, {t}) -> tensor<{n}x{out}xi1>",
+                    t = ty(&no)
+                ));
+                f.op(format!(
+                    "stablehlo.select {pos}, {pdy}, {zero} : tensor<{n}x{out}xi1>, {}",
+                    ty(&no)
+                ))
+            }
+            Activation::Sigmoid => {
+                let one = f.splat(1.0, &no);
+                let om = f.binary("subtract", &one, &py, &no);
+                let g = f.binary("multiply", &pdy, &py, &no);
+                f.binary("multiply", &g, &om, &no)
+            }
+        };
+        let (gw, wd) = f.dot(&dz, &no, 0, &px, &[n, inp], 0);
+        let gb = f.sum_rows(&dz, n, out);
+        let mut results = vec![(dz.clone(), no.to_vec()), (gw, wd), (gb, vec![out])];
+        if dx.is_some() {
+            let (gx, xd) = f.dot(&dz, &no, 1, &pw, &[out, inp], 0);
+            results.push((gx, xd));
+        }
+        let program = f.finish(&results);
+        let mut r = self.run(
+            &program,
+            &[
+                (x.data(), &[n, inp]),
+                (w.data(), &[out, inp]),
+                (y.data(), &no),
+                (dy.data(), &no),
+            ],
+        );
+        dy.data_mut().copy_from_slice(&r[0]);
+        set(dw, out, inp, std::mem::take(&mut r[1]));
+        db.copy_from_slice(&r[2]);
+        if let Some(dx) = dx {
+            set(dx, n, inp, std::mem::take(&mut r[3]));
+        }
+    }
+
+    fn dot_interaction_forward(
+        &self,
+        dense: &Tensor<f32>,
+        sparse: &Tensor<f32>,
+        out: &mut Tensor<f32>,
+    ) {
+        let (n, d) = (dense.rows(), dense.cols());
+        let fk = sparse.cols() / d.max(1);
+        let k = fk + 1;
+        let pairs: Vec<usize> = (0..k)
+            .flat_map(|i| (i + 1..k).map(move |j| i * k + j))
+            .collect();
+        let mut f = Func::new();
+        let (pd, ps) = (f.arg(&[n, d]), f.arg(&[n, fk * d]));
+        let c = combined(&mut f, &pd, &ps, n, fk, d);
+        let z = f.op(format!(
+            "stablehlo.dot_general {c}, {c}, batching_dims = [0] x [0], contracting_dims = [2] x [2], precision = [HIGHEST, HIGHEST] : ({t}, {t}) -> {}",
+            ty(&[n, k, k]),
+            t = ty(&[n, k, d])
+        ));
+        let zf = f.reshape(&z, &[n, k, k], &[n, k * k]);
+        let p = gather_columns(&mut f, &zf, n, k * k, &pairs);
+        let w = d + pairs.len();
+        let o = f.op(format!(
+            "stablehlo.concatenate {pd}, {p}, dim = 1 : ({}, {}) -> {}",
+            ty(&[n, d]),
+            ty(&[n, pairs.len()]),
+            ty(&[n, w])
+        ));
+        let program = f.finish(&[(o, vec![n, w])]);
+        let r = self
+            .run(
+                &program,
+                &[(dense.data(), &[n, d]), (sparse.data(), &[n, fk * d])],
+            )
+            .remove(0);
+        set(out, n, w, r);
+    }
+
+    fn dot_interaction_backward(
+        &self,
+        dense: &Tensor<f32>,
+        sparse: &Tensor<f32>,
+        dout: &Tensor<f32>,
+        ddense: &mut Tensor<f32>,
+        dsparse: &mut Tensor<f32>,
+    ) {
+        let (n, d) = (dense.rows(), dense.cols());
+        let fk = sparse.cols() / d.max(1);
+        let k = fk + 1;
+        let np = k * (k - 1) / 2;
+        // Column of d(out) feeding z[i][j]; the pair count (a zero column) for i >= j.
+        let mut map = vec![np; k * k];
+        let mut p = 0;
+        for i in 0..k {
+            for j in i + 1..k {
+                map[i * k + j] = p;
+                p += 1;
+            }
+        }
+        let mut f = Func::new();
+        let (pd, ps, pg) = (f.arg(&[n, d]), f.arg(&[n, fk * d]), f.arg(&[n, d + np]));
+        let c = combined(&mut f, &pd, &ps, n, fk, d);
+        let gdense = f.op(format!(
+            "stablehlo.slice {pg} [0:{n}, 0:{d}] : ({}) -> {}",
+            ty(&[n, d + np]),
+            ty(&[n, d])
+        ));
+        let gpairs = f.op(format!(
+            "stablehlo.slice {pg} [0:{n}, {d}:{}] : ({}) -> {}",
+            d + np,
+            ty(&[n, d + np]),
+            ty(&[n, np])
+        ));
+        let zero = f.splat(0.0, &[n, 1]);
+        let padded = f.op(format!(
+            "stablehlo.concatenate {gpairs}, {zero}, dim = 1 : ({}, {}) -> {}",
+            ty(&[n, np]),
+            ty(&[n, 1]),
+            ty(&[n, np + 1])
+        ));
+        let gz = gather_columns(&mut f, &padded, n, np + 1, &map);
+        let gz = f.reshape(&gz, &[n, k * k], &[n, k, k]);
+        let gzt = f.op(format!(
+            "stablehlo.transpose {gz}, dims = [0, 2, 1] : ({t}) -> {t}",
+            t = ty(&[n, k, k])
+        ));
+        let gs = f.binary("add", &gz, &gzt, &[n, k, k]);
+        let gc = f.op(format!(
+            "stablehlo.dot_general {gs}, {c}, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [HIGHEST, HIGHEST] : ({}, {}) -> {}",
+            ty(&[n, k, k]),
+            ty(&[n, k, d]),
+            ty(&[n, k, d])
+        ));
+        let g0 = f.op(format!(
+            "stablehlo.slice {gc} [0:{n}, 0:1, 0:{d}] : ({}) -> {}",
+            ty(&[n, k, d]),
+            ty(&[n, 1, d])
+        ));
+        let g0 = f.reshape(&g0, &[n, 1, d], &[n, d]);
+        let gd = f.binary("add", &g0, &gdense, &[n, d]);
+        let gsp = f.op(format!(
+            "stablehlo.slice {gc} [0:{n}, 1:{k}, 0:{d}] : ({}) -> {}",
+            ty(&[n, k, d]),
+            ty(&[n, fk, d])
+        ));
+        let gsp = f.reshape(&gsp, &[n, fk, d], &[n, fk * d]);
+        let program = f.finish(&[(gd, vec![n, d]), (gsp, vec![n, fk * d])]);
+        let mut r = self.run(
+            &program,
+            &[
+                (dense.data(), &[n, d]),
+                (sparse.data(), &[n, fk * d]),
+                (dout.data(), &[n, d + np]),
+            ],
+        );
+        set(ddense, n, d, std::mem::take(&mut r[0]));
+        set(dsparse, n, fk * d, std::mem::take(&mut r[1]));
+    }
+
+    fn cross_combine_forward(
+        &self,
+        x0: &Tensor<f32>,
+        h: &Tensor<f32>,
+        b: &[f32],
+        xl: &Tensor<f32>,
+        out: &mut Tensor<f32>,
+    ) {
+        let (n, c) = (x0.rows(), x0.cols());
+        let dims = [n, c];
+        let mut f = Func::new();
+        let (p0, ph, pb, pl) = (f.arg(&dims), f.arg(&dims), f.arg(&[c]), f.arg(&dims));
+        let bb = f.broadcast_row(&pb, n, c);
+        let hb = f.binary("add", &ph, &bb, &dims);
+        let m = f.binary("multiply", &p0, &hb, &dims);
+        let o = f.binary("add", &m, &pl, &dims);
+        let program = f.finish(&[(o, dims.to_vec())]);
+        let r = self
+            .run(
+                &program,
+                &[
+                    (x0.data(), &dims),
+                    (h.data(), &dims),
+                    (b, &[c]),
+                    (xl.data(), &dims),
+                ],
+            )
+            .remove(0);
+        set(out, n, c, r);
+    }
+
+    fn cross_combine_backward(
+        &self,
+        x0: &Tensor<f32>,
+        h: &Tensor<f32>,
+        b: &[f32],
+        dout: &Tensor<f32>,
+        dh: &mut Tensor<f32>,
+        db: &mut [f32],
+        dx0: &mut Tensor<f32>,
+    ) {
+        let (n, c) = (x0.rows(), x0.cols());
+        let dims = [n, c];
+        let mut f = Func::new();
+        let (p0, ph, pb, pg, pdx) = (
+            f.arg(&dims),
+            f.arg(&dims),
+            f.arg(&[c]),
+            f.arg(&dims),
+            f.arg(&dims),
+        );
+        let gh = f.binary("multiply", &pg, &p0, &dims);
+        let gb = f.sum_rows(&gh, n, c);
+        let bb = f.broadcast_row(&pb, n, c);
+        let hb = f.binary("add", &ph, &bb, &dims);
+        let t = f.binary("multiply", &pg, &hb, &dims);
+        let gx = f.binary("add", &pdx, &t, &dims);
+        let program = f.finish(&[(gh, dims.to_vec()), (gb, vec![c]), (gx, dims.to_vec())]);
+        let mut r = self.run(
+            &program,
+            &[
+                (x0.data(), &dims),
+                (h.data(), &dims),
+                (b, &[c]),
+                (dout.data(), &dims),
+                (dx0.data(), &dims),
+            ],
+        );
+        set(dh, n, c, std::mem::take(&mut r[0]));
+        db.copy_from_slice(&r[1]);
+        dx0.data_mut().copy_from_slice(&r[2]);
+    }
+
+    fn add_assign(&self, y: &mut Tensor<f32>, x: &Tensor<f32>) {
+        assert_eq!(y.shape(), x.shape(), "add_assign: shapes differ");
+        let dims = [y.rows(), y.cols()];
+        let mut f = Func::new();
+        let (a, b) = (f.arg(&dims), f.arg(&dims));
+        let s = f.binary("add", &a, &b, &dims);
+        let program = f.finish(&[(s, dims.to_vec())]);
+        let r = self
+            .run(&program, &[(y.data(), &dims), (x.data(), &dims)])
+            .remove(0);
+        y.data_mut().copy_from_slice(&r);
+    }
+
+    fn bce_with_logits(&self, logits: &[f32], labels: &[f32], dlogits: &mut [f32]) -> f32 {
+        let n = logits.len();
+        let dims = [n];
+        let mut f = Func::new();
+        let (z, y) = (f.arg(&dims), f.arg(&dims));
+        // Stable on the logits: max(z, 0) - z y + log(1 + exp(-|z|)).
+        let zero = f.splat(0.0, &dims);
+        let relu = f.binary("maximum", &z, &zero, &dims);
+        let zy = f.binary("multiply", &z, &y, &dims);
+        let a = f.op(format!("stablehlo.abs {z} : {}", ty(&dims)));
+        let na = f.op(format!("stablehlo.negate {a} : {}", ty(&dims)));
+        let e = f.op(format!("stablehlo.exponential {na} : {}", ty(&dims)));
+        let l = f.op(format!("stablehlo.log_plus_one {e} : {}", ty(&dims)));
+        let t = f.binary("subtract", &relu, &zy, &dims);
+        let per = f.binary("add", &t, &l, &dims);
+        let sum = f.sum_all(&per, n);
+        let count = f.splat(n.max(1) as f32, &[]);
+        let loss = f.binary("divide", &sum, &count, &[]);
+        let s = f.op(format!("stablehlo.logistic {z} : {}", ty(&dims)));
+        let diff = f.binary("subtract", &s, &y, &dims);
+        let cn = f.splat(n.max(1) as f32, &dims);
+        let g = f.binary("divide", &diff, &cn, &dims);
+        let program = f.finish(&[(loss, vec![]), (g, dims.to_vec())]);
+        let r = self.run(&program, &[(logits, &dims), (labels, &dims)]);
+        dlogits.copy_from_slice(&r[1]);
+        r[0][0]
+    }
+}
+
+/// `[dense, sparse_0 .. sparse_{F-1}]` as `[n, F + 1, d]`.
+fn combined(f: &mut Func, dense: &str, sparse: &str, n: usize, fk: usize, d: usize) -> String {
+    let d3 = f.reshape(dense, &[n, d], &[n, 1, d]);
+    let s3 = f.reshape(sparse, &[n, fk * d], &[n, fk, d]);
+    f.op(format!(
+        "stablehlo.concatenate {d3}, {s3}, dim = 1 : ({}, {}) -> {}",
+        ty(&[n, 1, d]),
+        ty(&[n, fk, d]),
+        ty(&[n, fk + 1, d])
+    ))
+}

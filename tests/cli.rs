@@ -363,3 +363,60 @@ fn plan_then_bench_sharded_with_every_type() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn pjrt_backend_trains_like_native_and_a_second_run_hits_the_compile_cache() {
+    let plugin = ember::dense::pjrt::default_plugin_path();
+    if !plugin.is_file() {
+        assert!(
+            std::env::var_os("EMBER_REQUIRE_PJRT").is_none(),
+            "no PJRT plugin at {}",
+            plugin.display()
+        );
+        return;
+    }
+    let cache = std::env::temp_dir().join(format!("ember-cli-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let args = |backend: &'static str| {
+        let mut a = vec![
+            "bench",
+            "dlrm",
+            "--arch-embedding-size",
+            "50-60-70",
+            "--arch-mlp-bot",
+            "13-8-2",
+            "--arch-interaction-op",
+            "dcn",
+            "--dcn-low-rank-dim",
+            "4",
+            "--mini-batch-size",
+            "32",
+            "--num-batches",
+            "4",
+            "--threads",
+            "2",
+            "--json",
+            "--dense-backend",
+            backend,
+        ];
+        a.extend(["--compile-cache", cache.to_str().unwrap()]);
+        a
+    };
+    let native = json(&args("native"));
+    let first = json(&args("pjrt"));
+    assert_eq!(first["backend"], "pjrt");
+    assert!(first["compiles"].as_u64().unwrap() > 0);
+    let (x, y) = (
+        first["loss_last"].as_f64().unwrap(),
+        native["loss_last"].as_f64().unwrap(),
+    );
+    assert!(
+        (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+        "pjrt {x} vs native {y}"
+    );
+    let second = json(&args("pjrt"));
+    assert_eq!(second["compiles"], 0);
+    assert_eq!(second["compile_cache_hits"], first["compiles"]);
+    assert_eq!(second["loss_last"], first["loss_last"]);
+    std::fs::remove_dir_all(&cache).ok();
+}

@@ -114,3 +114,47 @@ fn pjrt_backend_passes_the_conformance_suite() {
     let s = be.stats();
     assert!(s.compiles > 0 && s.executions >= s.compiles);
 }
+
+#[test]
+fn compiled_executables_are_cached_on_disk_and_bad_entries_recompiled() {
+    use ember_dense::pjrt::PjrtBackend;
+    let Some(first) = client() else { return };
+    let dir = std::env::temp_dir().join(format!("ember-pjrt-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let x = Tensor::from_vec(3, 2, vec![1.0, -2.0, 3.0, 0.5, -1.0, 2.0]).unwrap();
+    let w = Tensor::from_vec(4, 2, vec![0.1, 0.2, -0.3, 0.4, 0.5, -0.6, 0.7, 0.8]).unwrap();
+    let b = [0.0f32, 0.1, -0.1, 0.2];
+    let run = |be: &PjrtBackend| {
+        let mut y = Tensor::zeros(0, 0);
+        be.linear_forward(&x, &w, &b, Activation::Relu, &mut y);
+        y.into_vec()
+    };
+    let a = PjrtBackend::with_disk_cache(first, dir.clone());
+    let want = run(&a);
+    assert_eq!((a.stats().compiles, a.stats().compile_cache_hits), (1, 0));
+    // A later process (here: a new client) loads instead of compiling.
+    let b2 = PjrtBackend::with_disk_cache(client().unwrap(), dir.clone());
+    assert_eq!(run(&b2), want);
+    assert_eq!((b2.stats().compiles, b2.stats().compile_cache_hits), (0, 1));
+    // Corrupt entries are detected and recompiled, never a crash.
+    for corrupt in [&b"garbage"[..], &[]] {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            std::fs::write(entry.unwrap().path(), corrupt).unwrap();
+        }
+        let c = PjrtBackend::with_disk_cache(client().unwrap(), dir.clone());
+        assert_eq!(run(&c), want);
+        assert_eq!((c.stats().compiles, c.stats().compile_cache_hits), (1, 0));
+    }
+    // A flipped byte inside the stored executable fails the checksum.
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let d = PjrtBackend::with_disk_cache(client().unwrap(), dir.clone());
+    assert_eq!(run(&d), want);
+    assert_eq!(d.stats().compiles, 1);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -8,13 +8,13 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use ember_dense::NativeBackend;
 use ember_models::{
     evaluate, Batch, DataGeneration, Dlrm, DlrmConfig, Metrics, PhaseTimes, SyntheticConfig,
     SyntheticData,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
+use super::backend::BackendArgs;
 use super::bench_embedding::{median, BenchOptimizer};
 use super::sharding::{planner_options, ShardingArgs};
 use super::{peak_rss_bytes, Progress};
@@ -49,6 +49,8 @@ pub struct DlrmArgs {
     pub optim: OptimArgs,
     #[command(flatten)]
     pub sharding: ShardingArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
     /// Evaluate every this many batches (0: never).
     #[arg(long, default_value_t = 0)]
     pub test_freq: u64,
@@ -108,6 +110,16 @@ pub struct DlrmReport {
     pub data_generation: DataKind,
     pub optimizer: BenchOptimizer,
     pub backend: &'static str,
+    /// PJRT only: executables compiled (and the time it took), and those
+    /// loaded from the compile cache instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compiles: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile_cache_hits: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_load_ms: Option<f64>,
     pub threads: usize,
     pub mini_batch_size: usize,
     pub num_batches: u64,
@@ -196,7 +208,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
     if let Some((plan, _)) = planned {
         model.shard(Some(plan)).context("sharding the tables")?;
     }
-    let backend = NativeBackend::new(rayon::current_num_threads());
+    let backend = args.backend.build()?;
     let data = SyntheticData::new(SyntheticConfig {
         kind: match args.data_generation {
             DataKind::Random => DataGeneration::Random,
@@ -234,7 +246,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         // Every batch is new, made off the clock: cycling a few batches would
         // let the model memorise random labels and keep their rows in cache.
         let batch = data.batch(i, size);
-        let out = model.train_step(&backend, &batch)?;
+        let out = model.train_step(backend.dense(), &batch)?;
         if !out.loss.is_finite() {
             bail!(
                 "loss became {} at batch {i}: lower --learning-rate",
@@ -265,7 +277,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
             window = (0.0, 0.0, 0);
         }
         if args.test_freq > 0 && (done % args.test_freq == 0 || done == args.num_batches) {
-            let m = evaluate(&mut model, &backend, &test_batches)?;
+            let m = evaluate(&mut model, backend.dense(), &test_batches)?;
             progress.line(&format!(
                 "Testing at - {done}/{} of epoch 0, loss {:.6}, auc {:.4}, accuracy {:.3} %",
                 args.num_batches,
@@ -283,7 +295,11 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
     Ok(DlrmReport {
         data_generation: args.data_generation,
         optimizer: args.optim.optimizer,
-        backend: "native",
+        backend: backend.name(),
+        compiles: backend.compile_stats().map(|s| s.compiles),
+        compile_ms: backend.compile_stats().map(|s| s.compile_ms),
+        compile_cache_hits: backend.compile_stats().map(|s| s.compile_cache_hits),
+        cache_load_ms: backend.compile_stats().map(|s| s.cache_load_ms),
         threads: rayon::current_num_threads(),
         mini_batch_size: size,
         num_batches: args.num_batches,

@@ -3,6 +3,7 @@
 //! JSON object.
 
 pub mod arch;
+pub mod backend;
 pub mod bench_dlrm;
 pub mod bench_embedding;
 pub mod bench_loader;

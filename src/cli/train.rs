@@ -9,11 +9,12 @@ use clap::Args;
 use serde::Serialize;
 
 use ember_dataloader::Loader;
-use ember_dense::{DenseBackend, NativeBackend};
+use ember_dense::DenseBackend;
 use ember_models::checkpoint::save;
 use ember_models::{Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainState};
 
 use super::arch::{ArchArgs, OptimArgs};
+use super::backend::BackendArgs;
 use super::data::LoaderArgs;
 use super::sharding::{planner_options, ShardingArgs};
 use super::Progress;
@@ -39,6 +40,8 @@ pub struct TrainArgs {
     /// can resume under another plan or device count).
     #[command(flatten)]
     pub sharding: ShardingArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
     #[arg(long, default_value_t = 2048)]
     pub mini_batch_size: usize,
     #[arg(long, default_value_t = 1)]
@@ -292,7 +295,8 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             )
         }
     };
-    let backend = NativeBackend::new(rayon::current_num_threads());
+    let backend = args.backend.build()?;
+    let backend = backend.dense();
     let epochs = state.epoch..args.epochs;
     let total: u64 = epochs.map(|e| train_loader.batches_per_epoch(e)).sum();
     progress.set_total(total.saturating_sub(state.batches_in_epoch));
@@ -340,7 +344,7 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         |model: &mut Dlrm, state: &TrainState, excluded: &mut Duration| -> anyhow::Result<()> {
             if let Some(loader) = &eval_loader {
                 let t = Instant::now();
-                let m = MetricsReport::from(evaluate(model, &backend, loader)?);
+                let m = MetricsReport::from(evaluate(model, backend, loader)?);
                 *excluded += t.elapsed();
                 log(
                     Event::Eval {
@@ -370,7 +374,7 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             let Some(batch) = batches.next() else { break };
             let batch = Batch::from_loader(batch?)?;
             loader_wait += t.elapsed();
-            let out = model.train_step(&backend, &batch)?;
+            let out = model.train_step(backend, &batch)?;
             anyhow::ensure!(
                 out.loss.is_finite(),
                 "loss became {} at step {}: lower --learning-rate",

@@ -4,34 +4,52 @@
 //! needs them, which is after every op here since layers hold host tensors).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::cache::{plugin_identity, DiskCache};
 use super::hlo::{gather_columns, ty, Func};
-use super::runtime::{Client, Executable};
+use super::runtime::{Client, Executable, COMPILE_OPTIONS};
 use crate::backend::{Activation, DenseBackend};
 use crate::tensor::Tensor;
 
-/// Counters of the executable cache.
+/// Counters of the executable caches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct CompileStats {
+    /// Programs compiled by the plugin, and the time it took.
     pub compiles: u64,
     pub compile_ms: f64,
+    /// Programs loaded from the on-disk cache instead, and the time it took.
+    pub compile_cache_hits: u64,
+    pub cache_load_ms: f64,
     pub executions: u64,
 }
 
 pub struct PjrtBackend {
     client: Client,
     cache: Mutex<HashMap<String, Arc<Executable>>>,
+    disk: Option<DiskCache>,
     stats: Mutex<CompileStats>,
 }
 
 impl PjrtBackend {
+    /// A backend with an in-memory executable cache only.
     pub fn new(client: Client) -> Self {
         Self {
             client,
             cache: Mutex::new(HashMap::new()),
+            disk: None,
             stats: Mutex::new(CompileStats::default()),
+        }
+    }
+
+    /// Also keeps compiled executables in `dir`, for later processes.
+    pub fn with_disk_cache(client: Client, dir: PathBuf) -> Self {
+        let identity = plugin_identity(client.plugin().path());
+        Self {
+            disk: Some(DiskCache::new(dir, identity)),
+            ..Self::new(client)
         }
     }
 
@@ -48,15 +66,33 @@ impl PjrtBackend {
             return e.clone();
         }
         let t = Instant::now();
-        let exe = Arc::new(
-            self.client
-                .compile(program)
-                .unwrap_or_else(|e| panic!("PJRT backend: {e}\nprogram:\n{program}")),
-        );
-        let mut s = self.stats.lock().expect("stats lock");
-        s.compiles += 1;
-        s.compile_ms += t.elapsed().as_secs_f64() * 1e3;
-        drop(s);
+        // A stored executable that does not load (stale, corrupt) is recompiled.
+        let cached = (self.disk.as_ref())
+            .and_then(|d| d.get(program, COMPILE_OPTIONS))
+            .and_then(|bytes| self.client.deserialize(&bytes).ok());
+        let exe = match cached {
+            Some(exe) => {
+                let mut s = self.stats.lock().expect("stats lock");
+                s.compile_cache_hits += 1;
+                s.cache_load_ms += t.elapsed().as_secs_f64() * 1e3;
+                exe
+            }
+            None => {
+                let exe = self
+                    .client
+                    .compile(program)
+                    .unwrap_or_else(|e| panic!("PJRT backend: {e}\nprogram:\n{program}"));
+                let mut s = self.stats.lock().expect("stats lock");
+                s.compiles += 1;
+                s.compile_ms += t.elapsed().as_secs_f64() * 1e3;
+                drop(s);
+                if let (Some(disk), Ok(bytes)) = (&self.disk, exe.serialize()) {
+                    disk.put(program, COMPILE_OPTIONS, &bytes);
+                }
+                exe
+            }
+        };
+        let exe = Arc::new(exe);
         self.cache
             .lock()
             .expect("cache lock")

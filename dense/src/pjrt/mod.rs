@@ -8,11 +8,13 @@
 //!   [`DenseBackend`](crate::DenseBackend) that runs them.
 
 mod backend;
+mod cache;
 pub mod ffi;
 mod hlo;
 mod runtime;
 
 pub use backend::{CompileStats, PjrtBackend};
+pub use cache::default_cache_dir;
 pub use runtime::{
     default_plugin_path, Client, DeviceBuffer, DeviceInfo, Executable, PjrtError, Plugin,
 };

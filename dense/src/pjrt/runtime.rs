@@ -338,7 +338,7 @@ impl Client {
         program.code_size = stablehlo.len();
         program.format = c"mlir".as_ptr();
         program.format_size = 4;
-        let options = compile_options();
+        let options = COMPILE_OPTIONS;
         let mut a = ffi::ClientCompileArgs::default();
         a.client = self.raw;
         a.program = &program;
@@ -407,16 +407,13 @@ impl Drop for Client {
 }
 
 /// `xla.CompileOptionsProto` for one replica and one partition, encoded by
-/// hand: field 3 (executable_build_options) holding device_ordinal = -1
-/// (field 1), num_replicas = 1 (field 4) and num_partitions = 1 (field 5).
-fn compile_options() -> Vec<u8> {
-    let mut build = vec![0x08];
-    build.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
-    build.extend_from_slice(&[0x20, 0x01, 0x28, 0x01]);
-    let mut out = vec![0x1a, build.len() as u8];
-    out.extend_from_slice(&build);
-    out
-}
+/// hand: field 3 (executable_build_options, 15 bytes) holding
+/// device_ordinal = -1 (field 1, a 10-byte varint), num_replicas = 1
+/// (field 4) and num_partitions = 1 (field 5). Part of the cache key.
+pub const COMPILE_OPTIONS: &[u8] = &[
+    0x1a, 15, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x20, 0x01, 0x28,
+    0x01,
+];
 
 /// A compiled program on a client's devices.
 pub struct Executable {

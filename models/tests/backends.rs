@@ -1,0 +1,107 @@
+//! The PJRT backend runs the same DLRM and DLRM-DCNv2 as the native one:
+//! forward outputs, losses and updated parameters agree to 1e-5 relative.
+//! Needs the PJRT CPU plugin (scripts/fetch-pjrt-plugin.sh); CI sets
+//! EMBER_REQUIRE_PJRT=1 so that a missing plugin fails there.
+
+use ember_dense::pjrt::{default_plugin_path, Client, PjrtBackend, Plugin};
+use ember_dense::{DenseBackend, DenseOptimizerConfig, HasParams, NativeBackend};
+use ember_models::{
+    DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig, SyntheticData,
+};
+use ember_sparse::TableOptimizer;
+
+fn pjrt() -> Option<PjrtBackend> {
+    let path = default_plugin_path();
+    if !path.is_file() {
+        assert!(
+            std::env::var_os("EMBER_REQUIRE_PJRT").is_none(),
+            "no PJRT plugin at {}",
+            path.display()
+        );
+        eprintln!("skipping: no PJRT plugin at {}", path.display());
+        return None;
+    }
+    Some(PjrtBackend::new(
+        Client::new(Plugin::load(&path).unwrap()).unwrap(),
+    ))
+}
+
+fn close(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+            "{what}[{i}]: pjrt {x} vs native {y}"
+        );
+    }
+}
+
+#[test]
+fn pjrt_and_native_train_the_same_model() {
+    let Some(pjrt) = pjrt() else { return };
+    let native = NativeBackend::new(1);
+    for interaction in [
+        InteractionType::Dot,
+        InteractionType::Dcn { layers: 2, rank: 4 },
+    ] {
+        let config = DlrmConfig {
+            tables: DlrmConfig::criteo_tables(&[40, 30, 20, 50], 8),
+            bottom_mlp: vec![13, 16, 8],
+            top_mlp: vec![16, 8, 1],
+            interaction,
+        };
+        let data = SyntheticData::new(SyntheticConfig {
+            kind: DataGeneration::Learnable,
+            num_dense: 13,
+            features: config.feature_rows(),
+            indices_per_lookup: 3,
+            indices_per_feature: vec![],
+            fixed_indices: false,
+            seed: 2,
+        })
+        .unwrap();
+        let make = || {
+            Dlrm::new(
+                config.clone(),
+                TableOptimizer::adagrad(0.05),
+                DenseOptimizerConfig::adam(0.01),
+                11,
+            )
+            .unwrap()
+        };
+        let (mut a, mut b) = (make(), make());
+        for step in 0..3 {
+            let batch = data.batch(step, 32);
+            let la = a
+                .train_step(&pjrt as &dyn DenseBackend<f32>, &batch)
+                .unwrap()
+                .loss;
+            let lb = b.train_step(&native, &batch).unwrap().loss;
+            close(
+                &format!("{interaction:?} loss at step {step}"),
+                &[la],
+                &[lb],
+            );
+        }
+        let test = data.batch(99, 16);
+        let pa = a.predict(&pjrt, &test).unwrap().to_vec();
+        let pb = b.predict(&native, &test).unwrap().to_vec();
+        close(&format!("{interaction:?} logits"), &pa, &pb);
+        // Parameters after three updates: the gradients agreed too.
+        for (p, q) in a
+            .dense_arch_mut()
+            .params()
+            .iter()
+            .zip(b.dense_arch_mut().params().iter())
+        {
+            close(&p.name, p.value, q.value);
+        }
+        let (ta, tb) = (
+            a.sparse_arch().unsharded().unwrap(),
+            b.sparse_arch().unsharded().unwrap(),
+        );
+        for (x, y) in ta.tables().iter().zip(tb.tables()) {
+            close(x.name(), x.weights(), y.weights());
+        }
+    }
+}

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::cache::{plugin_identity, DiskCache};
-use super::hlo::{gather_columns, ty, Func};
+use super::hlo::Func;
+use super::lower;
 use super::runtime::{Client, Executable, COMPILE_OPTIONS};
 use crate::backend::{Activation, DenseBackend};
 use crate::tensor::Tensor;
@@ -206,10 +207,8 @@ impl DenseBackend<f32> for PjrtBackend {
         );
         let mut f = Func::new();
         let (px, pw, pb) = (f.arg(&[n, inp]), f.arg(&[out, inp]), f.arg(&[out]));
-        let (z, dims) = f.dot(&px, &[n, inp], 1, &pw, &[out, inp], 1);
-        let bb = f.broadcast_row(&pb, n, out);
-        let z = f.binary("add", &z, &bb, &dims);
-        let r = f.activate(&z, act, &dims);
+        let r = lower::linear_forward(&mut f, &px, &pw, &pb, n, inp, out, act);
+        let dims = vec![n, out];
         let program = f.finish(&[(r, dims)]);
         let res = self
             .run(
@@ -240,32 +239,11 @@ impl DenseBackend<f32> for PjrtBackend {
             f.arg(&[n, out]),
         );
         let no = [n, out];
-        let dz = match act {
-            Activation::None => pdy.clone(),
-            Activation::Relu => {
-                let zero = f.splat(0.0, &no);
-                let pos = f.op(format!(
-                    "stablehlo.compare GT, {py}, {zero} : ({t}, {t}) -> tensor<{n}x{out}xi1>",
-                    t = ty(&no)
-                ));
-                f.op(format!(
-                    "stablehlo.select {pos}, {pdy}, {zero} : tensor<{n}x{out}xi1>, {}",
-                    ty(&no)
-                ))
-            }
-            Activation::Sigmoid => {
-                let one = f.splat(1.0, &no);
-                let om = f.binary("subtract", &one, &py, &no);
-                let g = f.binary("multiply", &pdy, &py, &no);
-                f.binary("multiply", &g, &om, &no)
-            }
-        };
-        let (gw, wd) = f.dot(&dz, &no, 0, &px, &[n, inp], 0);
-        let gb = f.sum_rows(&dz, n, out);
-        let mut results = vec![(dz.clone(), no.to_vec()), (gw, wd), (gb, vec![out])];
-        if dx.is_some() {
-            let (gx, xd) = f.dot(&dz, &no, 1, &pw, &[out, inp], 0);
-            results.push((gx, xd));
+        let (dz, gw, gb, gx) =
+            lower::linear_backward(&mut f, &px, &pw, &py, &pdy, n, inp, out, act, dx.is_some());
+        let mut results = vec![(dz, no.to_vec()), (gw, vec![out, inp]), (gb, vec![out])];
+        if let Some(gx) = gx {
+            results.push((gx, vec![n, inp]));
         }
         let program = f.finish(&results);
         let mut r = self.run(
@@ -293,27 +271,10 @@ impl DenseBackend<f32> for PjrtBackend {
     ) {
         let (n, d) = (dense.rows(), dense.cols());
         let fk = sparse.cols() / d.max(1);
-        let k = fk + 1;
-        let pairs: Vec<usize> = (0..k)
-            .flat_map(|i| (i + 1..k).map(move |j| i * k + j))
-            .collect();
+        let w = d + (fk + 1) * fk / 2;
         let mut f = Func::new();
         let (pd, ps) = (f.arg(&[n, d]), f.arg(&[n, fk * d]));
-        let c = combined(&mut f, &pd, &ps, n, fk, d);
-        let z = f.op(format!(
-            "stablehlo.dot_general {c}, {c}, batching_dims = [0] x [0], contracting_dims = [2] x [2], precision = [HIGHEST, HIGHEST] : ({t}, {t}) -> {}",
-            ty(&[n, k, k]),
-            t = ty(&[n, k, d])
-        ));
-        let zf = f.reshape(&z, &[n, k, k], &[n, k * k]);
-        let p = gather_columns(&mut f, &zf, n, k * k, &pairs);
-        let w = d + pairs.len();
-        let o = f.op(format!(
-            "stablehlo.concatenate {pd}, {p}, dim = 1 : ({}, {}) -> {}",
-            ty(&[n, d]),
-            ty(&[n, pairs.len()]),
-            ty(&[n, w])
-        ));
+        let o = lower::dot_interaction_forward(&mut f, &pd, &ps, n, fk, d);
         let program = f.finish(&[(o, vec![n, w])]);
         let r = self
             .run(
@@ -334,64 +295,10 @@ impl DenseBackend<f32> for PjrtBackend {
     ) {
         let (n, d) = (dense.rows(), dense.cols());
         let fk = sparse.cols() / d.max(1);
-        let k = fk + 1;
-        let np = k * (k - 1) / 2;
-        // Column of d(out) feeding z[i][j]; the pair count (a zero column) for i >= j.
-        let mut map = vec![np; k * k];
-        let mut p = 0;
-        for i in 0..k {
-            for j in i + 1..k {
-                map[i * k + j] = p;
-                p += 1;
-            }
-        }
+        let np = (fk + 1) * fk / 2;
         let mut f = Func::new();
         let (pd, ps, pg) = (f.arg(&[n, d]), f.arg(&[n, fk * d]), f.arg(&[n, d + np]));
-        let c = combined(&mut f, &pd, &ps, n, fk, d);
-        let gdense = f.op(format!(
-            "stablehlo.slice {pg} [0:{n}, 0:{d}] : ({}) -> {}",
-            ty(&[n, d + np]),
-            ty(&[n, d])
-        ));
-        let gpairs = f.op(format!(
-            "stablehlo.slice {pg} [0:{n}, {d}:{}] : ({}) -> {}",
-            d + np,
-            ty(&[n, d + np]),
-            ty(&[n, np])
-        ));
-        let zero = f.splat(0.0, &[n, 1]);
-        let padded = f.op(format!(
-            "stablehlo.concatenate {gpairs}, {zero}, dim = 1 : ({}, {}) -> {}",
-            ty(&[n, np]),
-            ty(&[n, 1]),
-            ty(&[n, np + 1])
-        ));
-        let gz = gather_columns(&mut f, &padded, n, np + 1, &map);
-        let gz = f.reshape(&gz, &[n, k * k], &[n, k, k]);
-        let gzt = f.op(format!(
-            "stablehlo.transpose {gz}, dims = [0, 2, 1] : ({t}) -> {t}",
-            t = ty(&[n, k, k])
-        ));
-        let gs = f.binary("add", &gz, &gzt, &[n, k, k]);
-        let gc = f.op(format!(
-            "stablehlo.dot_general {gs}, {c}, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [HIGHEST, HIGHEST] : ({}, {}) -> {}",
-            ty(&[n, k, k]),
-            ty(&[n, k, d]),
-            ty(&[n, k, d])
-        ));
-        let g0 = f.op(format!(
-            "stablehlo.slice {gc} [0:{n}, 0:1, 0:{d}] : ({}) -> {}",
-            ty(&[n, k, d]),
-            ty(&[n, 1, d])
-        ));
-        let g0 = f.reshape(&g0, &[n, 1, d], &[n, d]);
-        let gd = f.binary("add", &g0, &gdense, &[n, d]);
-        let gsp = f.op(format!(
-            "stablehlo.slice {gc} [0:{n}, 1:{k}, 0:{d}] : ({}) -> {}",
-            ty(&[n, k, d]),
-            ty(&[n, fk, d])
-        ));
-        let gsp = f.reshape(&gsp, &[n, fk, d], &[n, fk * d]);
+        let (gd, gsp) = lower::dot_interaction_backward(&mut f, &pd, &ps, &pg, n, fk, d);
         let program = f.finish(&[(gd, vec![n, d]), (gsp, vec![n, fk * d])]);
         let mut r = self.run(
             &program,
@@ -417,10 +324,7 @@ impl DenseBackend<f32> for PjrtBackend {
         let dims = [n, c];
         let mut f = Func::new();
         let (p0, ph, pb, pl) = (f.arg(&dims), f.arg(&dims), f.arg(&[c]), f.arg(&dims));
-        let bb = f.broadcast_row(&pb, n, c);
-        let hb = f.binary("add", &ph, &bb, &dims);
-        let m = f.binary("multiply", &p0, &hb, &dims);
-        let o = f.binary("add", &m, &pl, &dims);
+        let o = lower::cross_combine_forward(&mut f, &p0, &ph, &pb, &pl, n, c);
         let program = f.finish(&[(o, dims.to_vec())]);
         let r = self
             .run(
@@ -456,12 +360,7 @@ impl DenseBackend<f32> for PjrtBackend {
             f.arg(&dims),
             f.arg(&dims),
         );
-        let gh = f.binary("multiply", &pg, &p0, &dims);
-        let gb = f.sum_rows(&gh, n, c);
-        let bb = f.broadcast_row(&pb, n, c);
-        let hb = f.binary("add", &ph, &bb, &dims);
-        let t = f.binary("multiply", &pg, &hb, &dims);
-        let gx = f.binary("add", &pdx, &t, &dims);
+        let (gh, gb, gx) = lower::cross_combine_backward(&mut f, &p0, &ph, &pb, &pg, &pdx, n, c);
         let program = f.finish(&[(gh, dims.to_vec()), (gb, vec![c]), (gx, dims.to_vec())]);
         let mut r = self.run(
             &program,
@@ -496,38 +395,10 @@ impl DenseBackend<f32> for PjrtBackend {
         let dims = [n];
         let mut f = Func::new();
         let (z, y) = (f.arg(&dims), f.arg(&dims));
-        // Stable on the logits: max(z, 0) - z y + log(1 + exp(-|z|)).
-        let zero = f.splat(0.0, &dims);
-        let relu = f.binary("maximum", &z, &zero, &dims);
-        let zy = f.binary("multiply", &z, &y, &dims);
-        let a = f.op(format!("stablehlo.abs {z} : {}", ty(&dims)));
-        let na = f.op(format!("stablehlo.negate {a} : {}", ty(&dims)));
-        let e = f.op(format!("stablehlo.exponential {na} : {}", ty(&dims)));
-        let l = f.op(format!("stablehlo.log_plus_one {e} : {}", ty(&dims)));
-        let t = f.binary("subtract", &relu, &zy, &dims);
-        let per = f.binary("add", &t, &l, &dims);
-        let sum = f.sum_all(&per, n);
-        let count = f.splat(n.max(1) as f32, &[]);
-        let loss = f.binary("divide", &sum, &count, &[]);
-        let s = f.op(format!("stablehlo.logistic {z} : {}", ty(&dims)));
-        let diff = f.binary("subtract", &s, &y, &dims);
-        let cn = f.splat(n.max(1) as f32, &dims);
-        let g = f.binary("divide", &diff, &cn, &dims);
+        let (loss, g) = lower::bce_with_logits(&mut f, &z, &y, n);
         let program = f.finish(&[(loss, vec![]), (g, dims.to_vec())]);
         let r = self.run(&program, &[(logits, &dims), (labels, &dims)]);
         dlogits.copy_from_slice(&r[1]);
         r[0][0]
     }
-}
-
-/// `[dense, sparse_0 .. sparse_{F-1}]` as `[n, F + 1, d]`.
-fn combined(f: &mut Func, dense: &str, sparse: &str, n: usize, fk: usize, d: usize) -> String {
-    let d3 = f.reshape(dense, &[n, d], &[n, 1, d]);
-    let s3 = f.reshape(sparse, &[n, fk * d], &[n, fk, d]);
-    f.op(format!(
-        "stablehlo.concatenate {d3}, {s3}, dim = 1 : ({}, {}) -> {}",
-        ty(&[n, 1, d]),
-        ty(&[n, fk, d]),
-        ty(&[n, fk + 1, d])
-    ))
 }

@@ -23,6 +23,7 @@ fn lit(x: f32) -> String {
 }
 
 /// A function body under construction.
+#[derive(Default)]
 pub struct Func {
     args: Vec<(String, String)>,
     body: String,
@@ -31,11 +32,7 @@ pub struct Func {
 
 impl Func {
     pub fn new() -> Self {
-        Self {
-            args: Vec::new(),
-            body: String::new(),
-            next: 0,
-        }
+        Self::default()
     }
 
     pub fn arg(&mut self, dims: &[usize]) -> String {

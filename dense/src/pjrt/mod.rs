@@ -10,7 +10,8 @@
 mod backend;
 mod cache;
 pub mod ffi;
-mod hlo;
+pub mod hlo;
+pub mod lower;
 mod runtime;
 
 pub use backend::{CompileStats, PjrtBackend};

@@ -418,5 +418,31 @@ fn pjrt_backend_trains_like_native_and_a_second_run_hits_the_compile_cache() {
     assert_eq!(second["compiles"], 0);
     assert_eq!(second["compile_cache_hits"], first["compiles"]);
     assert_eq!(second["loss_last"], first["loss_last"]);
+    // The whole dense step as one executable: the same training, evaluated on the host.
+    let mut compiled = args("pjrt");
+    compiled.extend([
+        "--mode",
+        "compiled",
+        "--test-freq",
+        "2",
+        "--test-num-batches",
+        "1",
+    ]);
+    let c = json(&compiled);
+    assert_eq!(c["mode"], "compiled");
+    let z = c["loss_last"].as_f64().unwrap();
+    assert!(
+        (z - y).abs() <= 1e-5 * (1.0 + y.abs()),
+        "compiled {z} vs native {y}"
+    );
+    assert!(c["auc"].is_number());
+    let mut wrong = args("native");
+    wrong.extend(["--mode", "compiled"]);
+    let out = ember(&wrong);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--dense-backend pjrt"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&cache).ok();
 }

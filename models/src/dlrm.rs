@@ -418,6 +418,31 @@ impl Dlrm {
             .data())
     }
 
+    /// One training step with the dense part as one compiled executable
+    /// (`step`, made for this model): the lookup, the compiled dense step
+    /// (reported as `dense_forward`: forward, backward and update together),
+    /// then the sparse backward. The host copy of the dense parameters is
+    /// stale until `step.sync_to_host(model)`.
+    pub fn train_step_compiled(
+        &mut self,
+        step: &mut crate::CompiledDenseStep,
+        batch: &Batch,
+    ) -> Result<StepOutput, ModelError> {
+        self.check_batch(batch)?;
+        let mut times = PhaseTimes::default();
+        let t = Instant::now();
+        self.lookup(batch)?;
+        times.sparse_forward = t.elapsed();
+        let t = Instant::now();
+        let (loss, d_pooled) =
+            step.run(batch.dense.data(), self.pooled_dense.data(), &batch.labels)?;
+        times.dense_forward = t.elapsed();
+        let t = Instant::now();
+        self.sparse_arch.backward_update(&batch.sparse, &d_pooled)?;
+        times.sparse_backward_update = t.elapsed();
+        Ok(StepOutput { loss, times })
+    }
+
     /// One training step: forward, loss, backward, and both optimizers.
     pub fn train_step(
         &mut self,

@@ -2,6 +2,7 @@
 //! crates, the training and evaluation steps, metrics and synthetic data.
 
 pub mod checkpoint;
+pub mod compiled;
 mod data;
 mod dlrm;
 mod error;
@@ -10,6 +11,7 @@ pub mod sparse_arch;
 mod train;
 
 pub use checkpoint::{Checkpoint, TrainState};
+pub use compiled::CompiledDenseStep;
 pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
 pub use dlrm::{DenseArch, Dlrm, DlrmConfig, InteractionType, PhaseTimes, StepOutput};
 pub use error::ModelError;

@@ -105,3 +105,80 @@ fn pjrt_and_native_train_the_same_model() {
         }
     }
 }
+
+#[test]
+fn the_compiled_step_trains_like_the_native_backend() {
+    let Some(pjrt) = pjrt() else { return };
+    let pjrt = std::sync::Arc::new(pjrt);
+    let native = NativeBackend::new(1);
+    let optimizers = [
+        DenseOptimizerConfig::adam(0.01),
+        DenseOptimizerConfig::adagrad(0.05),
+        DenseOptimizerConfig::sgd(0.1),
+    ];
+    for interaction in [
+        InteractionType::Dot,
+        InteractionType::Dcn { layers: 2, rank: 4 },
+    ] {
+        for dense_opt in optimizers {
+            let config = DlrmConfig {
+                tables: DlrmConfig::criteo_tables(&[40, 30, 20], 8),
+                bottom_mlp: vec![13, 16, 8],
+                top_mlp: vec![16, 8, 1],
+                interaction,
+            };
+            let data = SyntheticData::new(SyntheticConfig {
+                kind: DataGeneration::Learnable,
+                num_dense: 13,
+                features: config.feature_rows(),
+                indices_per_lookup: 2,
+                indices_per_feature: vec![],
+                fixed_indices: false,
+                seed: 3,
+            })
+            .unwrap();
+            let make = || {
+                Dlrm::new(
+                    config.clone(),
+                    TableOptimizer::rowwise_adagrad(0.05),
+                    dense_opt,
+                    5,
+                )
+                .unwrap()
+            };
+            let (mut a, mut b) = (make(), make());
+            let mut step = ember_models::CompiledDenseStep::new(pjrt.clone(), &mut a, 24).unwrap();
+            for i in 0..3 {
+                let batch = data.batch(i, 24);
+                let la = a.train_step_compiled(&mut step, &batch).unwrap().loss;
+                let lb = b.train_step(&native, &batch).unwrap().loss;
+                close(
+                    &format!("{interaction:?} {dense_opt:?} loss {i}"),
+                    &[la],
+                    &[lb],
+                );
+            }
+            step.sync_to_host(&mut a).unwrap();
+            for (p, q) in a
+                .dense_arch_mut()
+                .params()
+                .iter()
+                .zip(b.dense_arch_mut().params().iter())
+            {
+                close(
+                    &format!("{interaction:?} {dense_opt:?} {}", p.name),
+                    p.value,
+                    q.value,
+                );
+            }
+            let (ta, tb) = (
+                a.sparse_arch().unsharded().unwrap(),
+                b.sparse_arch().unsharded().unwrap(),
+            );
+            for (x, y) in ta.tables().iter().zip(tb.tables()) {
+                close(x.name(), x.weights(), y.weights());
+            }
+            assert_eq!(a.dense_optimizer().steps(), b.dense_optimizer().steps());
+        }
+    }
+}

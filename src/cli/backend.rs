@@ -1,6 +1,7 @@
 //! `--dense-backend native|pjrt` and `--pjrt-plugin`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -9,6 +10,7 @@ use ember_dense::pjrt::{
     default_cache_dir, default_plugin_path, Client, CompileStats, PjrtBackend, Plugin,
 };
 use ember_dense::{DenseBackend, NativeBackend};
+use ember_models::{Batch, CompiledDenseStep, Dlrm, StepOutput};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -19,8 +21,21 @@ pub enum BackendKind {
     Pjrt,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecMode {
+    /// Op by op, in program order (each PJRT op compiled once per shape).
+    Strict,
+    /// The whole dense step (forward, backward, update) as one PJRT
+    /// executable; parameters stay on the device between steps.
+    Compiled,
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct BackendArgs {
+    /// How the dense step runs (`compiled` needs `--dense-backend pjrt`).
+    #[arg(long, value_enum, default_value_t = ExecMode::Strict)]
+    pub mode: ExecMode,
     /// Where the dense towers run.
     #[arg(long, value_enum, default_value_t = BackendKind::Native)]
     pub dense_backend: BackendKind,
@@ -36,12 +51,16 @@ pub struct BackendArgs {
 
 pub enum Backend {
     Native(NativeBackend),
-    Pjrt(Box<PjrtBackend>),
+    Pjrt(Arc<PjrtBackend>),
 }
 
 impl BackendArgs {
     /// The backend, inside the caller's rayon pool (the native one sizes itself by it).
     pub fn build(&self) -> anyhow::Result<Backend> {
+        anyhow::ensure!(
+            self.mode == ExecMode::Strict || self.dense_backend == BackendKind::Pjrt,
+            "--mode compiled runs the dense step as one PJRT executable: it needs --dense-backend pjrt"
+        );
         Ok(match self.dense_backend {
             BackendKind::Native => {
                 Backend::Native(NativeBackend::new(rayon::current_num_threads()))
@@ -50,7 +69,7 @@ impl BackendArgs {
                 let path = self.pjrt_plugin.clone().unwrap_or_else(default_plugin_path);
                 let client = Client::new(Plugin::load(&path)?)?;
                 let cache = self.compile_cache.clone().unwrap_or_else(default_cache_dir);
-                Backend::Pjrt(Box::new(PjrtBackend::with_disk_cache(client, cache)))
+                Backend::Pjrt(Arc::new(PjrtBackend::with_disk_cache(client, cache)))
             }
         })
     }
@@ -74,5 +93,51 @@ impl Backend {
             Backend::Native(_) => None,
             Backend::Pjrt(b) => Some(b.stats()),
         }
+    }
+}
+
+/// Runs training steps in the chosen mode. In `compiled` mode the dense
+/// parameters live on the device; [`Stepper::sync`] brings them back before
+/// the host reads them (evaluation, prediction, checkpoints).
+pub struct Stepper {
+    mode: ExecMode,
+    compiled: Option<CompiledDenseStep>,
+}
+
+impl Stepper {
+    pub fn new(mode: ExecMode) -> Self {
+        Self {
+            mode,
+            compiled: None,
+        }
+    }
+
+    pub fn step(
+        &mut self,
+        backend: &Backend,
+        model: &mut Dlrm,
+        batch: &Batch,
+    ) -> anyhow::Result<StepOutput> {
+        match (self.mode, backend) {
+            (ExecMode::Compiled, Backend::Pjrt(pjrt)) => {
+                // One executable per batch size: a short last batch gets its own.
+                if self.compiled.as_ref().map(|s| s.batch_size()) != Some(batch.size()) {
+                    self.sync(model)?;
+                    self.compiled =
+                        Some(CompiledDenseStep::new(pjrt.clone(), model, batch.size())?);
+                }
+                let step = self.compiled.as_mut().expect("made above");
+                Ok(model.train_step_compiled(step, batch)?)
+            }
+            _ => Ok(model.train_step(backend.dense(), batch)?),
+        }
+    }
+
+    /// Brings the device's dense parameters and optimizer state to the host model.
+    pub fn sync(&mut self, model: &mut Dlrm) -> anyhow::Result<()> {
+        if let Some(step) = &mut self.compiled {
+            step.sync_to_host(model)?;
+        }
+        Ok(())
     }
 }

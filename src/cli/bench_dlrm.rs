@@ -14,7 +14,7 @@ use ember_models::{
 };
 
 use super::arch::{ArchArgs, OptimArgs};
-use super::backend::BackendArgs;
+use super::backend::{BackendArgs, ExecMode, Stepper};
 use super::bench_embedding::{median, BenchOptimizer};
 use super::sharding::{planner_options, ShardingArgs};
 use super::{peak_rss_bytes, Progress};
@@ -110,6 +110,7 @@ pub struct DlrmReport {
     pub data_generation: DataKind,
     pub optimizer: BenchOptimizer,
     pub backend: &'static str,
+    pub mode: ExecMode,
     /// PJRT only: executables compiled (and the time it took), and those
     /// loaded from the compile cache instead.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -209,6 +210,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         model.shard(Some(plan)).context("sharding the tables")?;
     }
     let backend = args.backend.build()?;
+    let mut stepper = Stepper::new(args.backend.mode);
     let data = SyntheticData::new(SyntheticConfig {
         kind: match args.data_generation {
             DataKind::Random => DataGeneration::Random,
@@ -246,7 +248,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         // Every batch is new, made off the clock: cycling a few batches would
         // let the model memorise random labels and keep their rows in cache.
         let batch = data.batch(i, size);
-        let out = model.train_step(backend.dense(), &batch)?;
+        let out = stepper.step(&backend, &mut model, &batch)?;
         if !out.loss.is_finite() {
             bail!(
                 "loss became {} at batch {i}: lower --learning-rate",
@@ -277,6 +279,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
             window = (0.0, 0.0, 0);
         }
         if args.test_freq > 0 && (done % args.test_freq == 0 || done == args.num_batches) {
+            stepper.sync(&mut model)?;
             let m = evaluate(&mut model, backend.dense(), &test_batches)?;
             progress.line(&format!(
                 "Testing at - {done}/{} of epoch 0, loss {:.6}, auc {:.4}, accuracy {:.3} %",
@@ -296,6 +299,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         data_generation: args.data_generation,
         optimizer: args.optim.optimizer,
         backend: backend.name(),
+        mode: args.backend.mode,
         compiles: backend.compile_stats().map(|s| s.compiles),
         compile_ms: backend.compile_stats().map(|s| s.compile_ms),
         compile_cache_hits: backend.compile_stats().map(|s| s.compile_cache_hits),

@@ -14,7 +14,7 @@ use ember_models::checkpoint::save;
 use ember_models::{Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainState};
 
 use super::arch::{ArchArgs, OptimArgs};
-use super::backend::BackendArgs;
+use super::backend::{BackendArgs, Stepper};
 use super::data::LoaderArgs;
 use super::sharding::{planner_options, ShardingArgs};
 use super::Progress;
@@ -295,8 +295,9 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             )
         }
     };
-    let backend = args.backend.build()?;
-    let backend = backend.dense();
+    let backend_box = args.backend.build()?;
+    let backend = backend_box.dense();
+    let mut stepper = Stepper::new(args.backend.mode);
     let epochs = state.epoch..args.epochs;
     let total: u64 = epochs.map(|e| train_loader.batches_per_epoch(e)).sum();
     progress.set_total(total.saturating_sub(state.batches_in_epoch));
@@ -374,7 +375,7 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             let Some(batch) = batches.next() else { break };
             let batch = Batch::from_loader(batch?)?;
             loader_wait += t.elapsed();
-            let out = model.train_step(backend, &batch)?;
+            let out = stepper.step(&backend_box, &mut model, &batch)?;
             anyhow::ensure!(
                 out.loss.is_finite(),
                 "loss became {} at step {}: lower --learning-rate",
@@ -413,9 +414,11 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
                 window = (0.0, 0.0, 0);
             }
             if args.eval_every > 0 && state.steps % args.eval_every == 0 {
+                stepper.sync(&mut model)?;
                 run_eval(&mut model, &state, &mut excluded)?;
             }
             if args.checkpoint_every > 0 && state.steps % args.checkpoint_every == 0 {
+                stepper.sync(&mut model)?;
                 checkpoint(&mut model, &state, &mut excluded)?;
             }
         }
@@ -423,11 +426,14 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         state.epoch += 1;
         state.batches_in_epoch = 0;
         if args.eval_every == 0 {
+            stepper.sync(&mut model)?;
             run_eval(&mut model, &state, &mut excluded)?;
         }
+        stepper.sync(&mut model)?;
         checkpoint(&mut model, &state, &mut excluded)?;
     }
     if state.steps >= max_steps && state.epoch < args.epochs {
+        stepper.sync(&mut model)?;
         checkpoint(&mut model, &state, &mut excluded)?;
     }
     progress.finish();

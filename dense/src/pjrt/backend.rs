@@ -62,7 +62,8 @@ impl PjrtBackend {
         *self.stats.lock().expect("stats lock")
     }
 
-    fn executable(&self, program: &str) -> Arc<Executable> {
+    /// The executable of `program`: from memory, the disk cache, or compiled.
+    pub fn executable(&self, program: &str) -> Arc<Executable> {
         if let Some(e) = self.cache.lock().expect("cache lock").get(program) {
             return e.clone();
         }

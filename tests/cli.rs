@@ -436,6 +436,11 @@ fn pjrt_backend_trains_like_native_and_a_second_run_hits_the_compile_cache() {
         "compiled {z} vs native {y}"
     );
     assert!(c["auc"].is_number());
+    let mut debug = args("pjrt");
+    debug.extend(["--mode", "debug"]);
+    let dbg = json(&debug);
+    assert_eq!(dbg["mode"], "debug");
+    assert_eq!(dbg["loss_last"], first["loss_last"]);
     let mut wrong = args("native");
     wrong.extend(["--mode", "compiled"]);
     let out = ember(&wrong);

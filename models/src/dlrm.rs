@@ -218,6 +218,49 @@ impl<T: Real> DenseArch<T> {
         d_pooled
     }
 
+    /// The first NaN or infinity among the last forward's layer outputs, in
+    /// forward order, named after the layer.
+    pub fn first_non_finite_activation(&self) -> Option<ModelError> {
+        let (_, outs) = self.bottom.activations();
+        for (i, t) in outs.iter().enumerate() {
+            if let Some(e) = non_finite(
+                &format!("dense_arch.model._mlp.{i} output"),
+                t.data(),
+                t.cols(),
+            ) {
+                return Some(e);
+            }
+        }
+        let (top_in, outs) = self.top.activations();
+        if let Some(e) = non_finite("inter_arch output", top_in.data(), top_in.cols()) {
+            return Some(e);
+        }
+        let last = outs.len() - 1;
+        for (i, t) in outs.iter().enumerate() {
+            let what = match i == last {
+                true => "over_arch.model.1 output (the logits)".to_string(),
+                false => format!("over_arch.model.0._mlp.{i} output"),
+            };
+            if let Some(e) = non_finite(&what, t.data(), t.cols()) {
+                return Some(e);
+            }
+        }
+        None
+    }
+
+    /// The first NaN or infinity among the last backward's parameter
+    /// gradients, named after the parameter.
+    pub fn first_non_finite_gradient(&mut self) -> Option<ModelError> {
+        self.params().into_iter().find_map(|p| {
+            let i = p.grad.iter().position(|g| !g.to_f64().is_finite())?;
+            Some(ModelError::NonFinite {
+                what: format!("the gradient of {}", p.name),
+                location: format!("element {i}"),
+                value: p.grad[i].to_f64() as f32,
+            })
+        })
+    }
+
     pub fn bottom(&self) -> &Mlp<T> {
         &self.bottom
     }
@@ -256,6 +299,16 @@ impl<T: Real> HasParams<T> for DenseArch<T> {
         }));
         params
     }
+}
+
+/// The first NaN or infinity of a row-major `[rows, cols]` buffer, as an error.
+fn non_finite<T: Real>(what: &str, data: &[T], cols: usize) -> Option<ModelError> {
+    let i = data.iter().position(|v| !v.to_f64().is_finite())?;
+    Some(ModelError::NonFinite {
+        what: what.to_string(),
+        location: format!("sample {}, column {}", i / cols.max(1), i % cols.max(1)),
+        value: data[i].to_f64() as f32,
+    })
 }
 
 /// `out = [a | b]` row by row.
@@ -449,11 +502,35 @@ impl Dlrm {
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
     ) -> Result<StepOutput, ModelError> {
+        self.step(be, batch, false)
+    }
+
+    /// `--mode debug`: a training step that, before any update, checks the
+    /// pooled embeddings, every layer's output, the loss and every gradient
+    /// for NaN and infinity; the first one is an error naming the table or
+    /// layer, the sample and the value, and the model is left unchanged.
+    pub fn train_step_checked(
+        &mut self,
+        be: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<StepOutput, ModelError> {
+        self.step(be, batch, true)
+    }
+
+    fn step(
+        &mut self,
+        be: &dyn DenseBackend<f32>,
+        batch: &Batch,
+        check: bool,
+    ) -> Result<StepOutput, ModelError> {
         self.check_batch(batch)?;
         let mut times = PhaseTimes::default();
         let t = Instant::now();
         self.lookup(batch)?;
         times.sparse_forward = t.elapsed();
+        if check {
+            self.check_pooled("the pooled embeddings of", self.pooled.values())?;
+        }
 
         let t = Instant::now();
         let logits = self
@@ -463,17 +540,65 @@ impl Dlrm {
         times.dense_forward = t.elapsed();
 
         let t = Instant::now();
-        let d_pooled = self.dense_arch.backward(be, self.loss.grad());
-        times.dense_backward = t.elapsed();
-
-        let t = Instant::now();
-        self.sparse_arch
-            .backward_update(&batch.sparse, d_pooled.data())?;
-        times.sparse_backward_update = t.elapsed();
+        if check {
+            // Debug only: a copy, so the arch can be inspected before any update.
+            let d_pooled = self.dense_arch.backward(be, self.loss.grad()).clone();
+            times.dense_backward = t.elapsed();
+            if let Some(e) = self.dense_arch.first_non_finite_activation() {
+                return Err(e);
+            }
+            if !loss.is_finite() {
+                return Err(ModelError::NonFinite {
+                    what: "the loss".into(),
+                    location: "the batch mean".into(),
+                    value: loss,
+                });
+            }
+            self.check_pooled("the gradient of the pooled embeddings of", d_pooled.data())?;
+            if let Some(e) = self.dense_arch.first_non_finite_gradient() {
+                return Err(e);
+            }
+            let t = Instant::now();
+            self.sparse_arch
+                .backward_update(&batch.sparse, d_pooled.data())?;
+            times.sparse_backward_update = t.elapsed();
+        } else {
+            let d_pooled = self.dense_arch.backward(be, self.loss.grad());
+            times.dense_backward = t.elapsed();
+            let t = Instant::now();
+            self.sparse_arch
+                .backward_update(&batch.sparse, d_pooled.data())?;
+            times.sparse_backward_update = t.elapsed();
+        }
 
         let t = Instant::now();
         self.dense_optimizer.step(self.dense_arch.params());
         times.dense_update = t.elapsed();
         Ok(StepOutput { loss, times })
+    }
+
+    /// A pooled-layout buffer's first NaN or infinity, named by its feature's table.
+    fn check_pooled(&self, what: &str, values: &[f32]) -> Result<(), ModelError> {
+        let width = self.pooled.width().max(1);
+        let Some(i) = values.iter().position(|v| !v.is_finite()) else {
+            return Ok(());
+        };
+        let (sample, col) = (i / width, i % width);
+        let k = (self.pooled.offset_per_key().iter())
+            .rposition(|&o| o <= col)
+            .unwrap_or(0)
+            .min(self.pooled.keys().len().saturating_sub(1));
+        let feature = self.pooled.keys().get(k).cloned().unwrap_or_default();
+        let table = (self.config.tables.iter())
+            .find(|t| t.feature_names.contains(&feature))
+            .map_or(String::new(), |t| t.name.clone());
+        Err(ModelError::NonFinite {
+            what: format!("{what} feature '{feature}' (table '{table}')"),
+            location: format!(
+                "sample {sample}, column {}",
+                col - self.pooled.offset_per_key()[k]
+            ),
+            value: values[i],
+        })
     }
 }

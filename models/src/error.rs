@@ -20,6 +20,14 @@ pub enum ModelError {
         tensor: Option<String>,
         message: String,
     },
+    /// `--mode debug`: the first NaN or infinity of a step, where it appeared.
+    #[error("{value} in {what} at {location}")]
+    NonFinite {
+        what: String,
+        /// `sample S, column C` for activations, `element I` for parameter gradients.
+        location: String,
+        value: f32,
+    },
     #[error(transparent)]
     Sharding(#[from] ember_sharding::ShardingError),
     #[error(transparent)]

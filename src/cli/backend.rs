@@ -26,6 +26,11 @@ pub enum BackendKind {
 pub enum ExecMode {
     /// Op by op, in program order (each PJRT op compiled once per shape).
     Strict,
+    /// Synchronous, and every step checked before its update: ids against
+    /// their tables, and the pooled embeddings, each layer's output, the loss
+    /// and every gradient for NaN and infinity; the first failure names the
+    /// table or layer, the sample and the value.
+    Debug,
     /// The whole dense step (forward, backward, update) as one PJRT
     /// executable; parameters stay on the device between steps.
     Compiled,
@@ -58,7 +63,7 @@ impl BackendArgs {
     /// The backend, inside the caller's rayon pool (the native one sizes itself by it).
     pub fn build(&self) -> anyhow::Result<Backend> {
         anyhow::ensure!(
-            self.mode == ExecMode::Strict || self.dense_backend == BackendKind::Pjrt,
+            self.mode != ExecMode::Compiled || self.dense_backend == BackendKind::Pjrt,
             "--mode compiled runs the dense step as one PJRT executable: it needs --dense-backend pjrt"
         );
         Ok(match self.dense_backend {
@@ -129,6 +134,7 @@ impl Stepper {
                 let step = self.compiled.as_mut().expect("made above");
                 Ok(model.train_step_compiled(step, batch)?)
             }
+            (ExecMode::Debug, _) => Ok(model.train_step_checked(backend.dense(), batch)?),
             _ => Ok(model.train_step(backend.dense(), batch)?),
         }
     }

@@ -66,6 +66,11 @@ impl<T: Real> Mlp<T> {
         s
     }
 
+    /// The last forward's input, and each layer's output.
+    pub fn activations(&self) -> (&Tensor<T>, &[Tensor<T>]) {
+        (&self.input, &self.outputs)
+    }
+
     /// The last forward's output.
     pub fn output(&self) -> &Tensor<T> {
         self.outputs.last().expect("an Mlp has at least one layer")

@@ -236,6 +236,48 @@ fn train_eval_predict_and_resume() {
     ]);
     assert_eq!(e["auc"], a["eval"]["auc"]);
     assert_eq!(e["rows"], 2000);
+    if ember::dense::pjrt::default_plugin_path().is_file() {
+        // The PJRT backend serves the same checkpoint to the same AUC.
+        let p = json(&[
+            "eval",
+            "--checkpoint",
+            s(&ckpt),
+            "--data",
+            &eval_data,
+            "--dense-backend",
+            "pjrt",
+            "--json",
+        ]);
+        let (x, y) = (p["auc"].as_f64().unwrap(), e["auc"].as_f64().unwrap());
+        assert!((x - y).abs() < 1e-6, "pjrt auc {x} vs native {y}");
+        // And trains from Parquet in compiled mode, checkpointing the device's parameters.
+        let compiled = dir.path().join("compiled");
+        let c = train(
+            &data,
+            &eval_data,
+            &compiled,
+            &["--dense-backend", "pjrt", "--mode", "compiled"],
+        );
+        let (x, y) = (
+            c["eval"]["auc"].as_f64().unwrap(),
+            a["eval"]["auc"].as_f64().unwrap(),
+        );
+        assert!((x - y).abs() < 1e-3, "compiled auc {x} vs native {y}");
+        let reloaded = json(&[
+            "eval",
+            "--checkpoint",
+            s(&compiled.join("model.safetensors")),
+            "--data",
+            &eval_data,
+            "--json",
+        ]);
+        assert!((reloaded["auc"].as_f64().unwrap() - x).abs() < 1e-6);
+    } else {
+        assert!(
+            std::env::var_os("EMBER_REQUIRE_PJRT").is_none(),
+            "no PJRT plugin"
+        );
+    }
 
     let out = dir.path().join("pred.parquet");
     let p = json(&[

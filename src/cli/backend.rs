@@ -36,11 +36,16 @@ pub enum ExecMode {
     Compiled,
 }
 
+/// `--mode`, for the commands that train.
 #[derive(Args, Clone, Debug)]
-pub struct BackendArgs {
+pub struct ModeArgs {
     /// How the dense step runs (`compiled` needs `--dense-backend pjrt`).
     #[arg(long, value_enum, default_value_t = ExecMode::Strict)]
     pub mode: ExecMode,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct BackendArgs {
     /// Where the dense towers run.
     #[arg(long, value_enum, default_value_t = BackendKind::Native)]
     pub dense_backend: BackendKind,
@@ -60,10 +65,11 @@ pub enum Backend {
 }
 
 impl BackendArgs {
-    /// The backend, inside the caller's rayon pool (the native one sizes itself by it).
-    pub fn build(&self) -> anyhow::Result<Backend> {
+    /// The backend for `mode`, inside the caller's rayon pool (the native
+    /// one sizes itself by it).
+    pub fn build(&self, mode: ExecMode) -> anyhow::Result<Backend> {
         anyhow::ensure!(
-            self.mode != ExecMode::Compiled || self.dense_backend == BackendKind::Pjrt,
+            mode != ExecMode::Compiled || self.dense_backend == BackendKind::Pjrt,
             "--mode compiled runs the dense step as one PJRT executable: it needs --dense-backend pjrt"
         );
         Ok(match self.dense_backend {

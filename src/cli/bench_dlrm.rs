@@ -14,7 +14,7 @@ use ember_models::{
 };
 
 use super::arch::{ArchArgs, OptimArgs};
-use super::backend::{BackendArgs, ExecMode, Stepper};
+use super::backend::{BackendArgs, ExecMode, ModeArgs, Stepper};
 use super::bench_embedding::{median, BenchOptimizer};
 use super::sharding::{planner_options, ShardingArgs};
 use super::{peak_rss_bytes, Progress};
@@ -51,6 +51,8 @@ pub struct DlrmArgs {
     pub sharding: ShardingArgs,
     #[command(flatten)]
     pub backend: BackendArgs,
+    #[command(flatten)]
+    pub mode: ModeArgs,
     /// Evaluate every this many batches (0: never).
     #[arg(long, default_value_t = 0)]
     pub test_freq: u64,
@@ -209,8 +211,8 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
     if let Some((plan, _)) = planned {
         model.shard(Some(plan)).context("sharding the tables")?;
     }
-    let backend = args.backend.build()?;
-    let mut stepper = Stepper::new(args.backend.mode);
+    let backend = args.backend.build(args.mode.mode)?;
+    let mut stepper = Stepper::new(args.mode.mode);
     let data = SyntheticData::new(SyntheticConfig {
         kind: match args.data_generation {
             DataKind::Random => DataGeneration::Random,
@@ -299,7 +301,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         data_generation: args.data_generation,
         optimizer: args.optim.optimizer,
         backend: backend.name(),
-        mode: args.backend.mode,
+        mode: args.mode.mode,
         compiles: backend.compile_stats().map(|s| s.compiles),
         compile_ms: backend.compile_stats().map(|s| s.compile_ms),
         compile_cache_hits: backend.compile_stats().map(|s| s.compile_cache_hits),

@@ -7,9 +7,9 @@ use clap::Args;
 use serde::Serialize;
 
 use ember_dataloader::writer::PredictionWriter;
-use ember_dense::NativeBackend;
 use ember_models::{Batch, Checkpoint, Dlrm};
 
+use super::backend::{BackendArgs, ExecMode};
 use super::data::LoaderArgs;
 use super::train::{evaluate, MetricsReport};
 use super::Progress;
@@ -26,6 +26,8 @@ pub struct ServeArgs {
     pub mini_batch_size: usize,
     #[command(flatten)]
     pub loader: LoaderArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
     #[arg(long)]
     pub threads: Option<usize>,
     #[arg(long)]
@@ -53,8 +55,8 @@ impl ServeArgs {
 pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
     super::with_threads(args.threads, || {
         let (mut model, loader) = args.open()?;
-        let be = NativeBackend::new(rayon::current_num_threads());
-        Ok(evaluate(&mut model, &be, &loader)?.into())
+        let be = args.backend.build(ExecMode::Strict)?;
+        Ok(evaluate(&mut model, be.dense(), &loader)?.into())
     })?
 }
 
@@ -87,12 +89,12 @@ impl std::fmt::Display for PredictReport {
 pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
     super::with_threads(args.serve.threads, || {
         let (mut model, loader) = args.serve.open()?;
-        let be = NativeBackend::new(rayon::current_num_threads());
+        let be = args.serve.backend.build(ExecMode::Strict)?;
         let progress = Progress::new(loader.batches_per_epoch(0), "predict", args.serve.json);
         let mut out = PredictionWriter::create(&args.output)?;
         for batch in loader.epoch(0, 0) {
             let batch = Batch::from_loader(batch?)?;
-            out.write(model.predict(&be, &batch)?)?;
+            out.write(model.predict(be.dense(), &batch)?)?;
             progress.inc();
         }
         progress.finish();

@@ -14,7 +14,7 @@ use ember_models::checkpoint::save;
 use ember_models::{Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainState};
 
 use super::arch::{ArchArgs, OptimArgs};
-use super::backend::{BackendArgs, Stepper};
+use super::backend::{BackendArgs, ModeArgs, Stepper};
 use super::data::LoaderArgs;
 use super::sharding::{planner_options, ShardingArgs};
 use super::Progress;
@@ -42,6 +42,8 @@ pub struct TrainArgs {
     pub sharding: ShardingArgs,
     #[command(flatten)]
     pub backend: BackendArgs,
+    #[command(flatten)]
+    pub mode: ModeArgs,
     #[arg(long, default_value_t = 2048)]
     pub mini_batch_size: usize,
     #[arg(long, default_value_t = 1)]
@@ -295,9 +297,9 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             )
         }
     };
-    let backend_box = args.backend.build()?;
+    let backend_box = args.backend.build(args.mode.mode)?;
     let backend = backend_box.dense();
-    let mut stepper = Stepper::new(args.backend.mode);
+    let mut stepper = Stepper::new(args.mode.mode);
     let epochs = state.epoch..args.epochs;
     let total: u64 = epochs.map(|e| train_loader.batches_per_epoch(e)).sum();
     progress.set_total(total.saturating_sub(state.batches_in_epoch));

@@ -182,3 +182,92 @@ fn the_compiled_step_trains_like_the_native_backend() {
         }
     }
 }
+
+#[test]
+fn random_models_and_batches_agree_across_backends_and_modes() {
+    use ember_sparse::rng::Rng;
+    let Some(pjrt) = pjrt() else { return };
+    let pjrt = std::sync::Arc::new(pjrt);
+    let native = NativeBackend::new(2);
+    let mut rng = Rng::new(77);
+    let mut pick = |lo: usize, hi: usize| lo + rng.below((hi - lo + 1) as u64) as usize;
+    for case in 0..6 {
+        let dim = pick(2, 8);
+        let num_tables = pick(1, 5);
+        let rows: Vec<usize> = (0..num_tables).map(|_| pick(3, 60)).collect();
+        let bottom = vec![13, pick(2, 20), dim];
+        let mut top: Vec<usize> = (0..pick(0, 2)).map(|_| pick(2, 16)).collect();
+        top.push(1);
+        let interaction = match case % 2 {
+            0 => InteractionType::Dot,
+            _ => InteractionType::Dcn {
+                layers: pick(1, 3),
+                rank: pick(1, 6),
+            },
+        };
+        let config = DlrmConfig {
+            tables: DlrmConfig::criteo_tables(&rows, dim),
+            bottom_mlp: bottom,
+            top_mlp: top,
+            interaction,
+        };
+        let batch_size = pick(1, 40);
+        let data = SyntheticData::new(SyntheticConfig {
+            kind: DataGeneration::Random,
+            num_dense: 13,
+            features: config.feature_rows(),
+            indices_per_lookup: pick(1, 4),
+            indices_per_feature: vec![],
+            fixed_indices: false,
+            seed: case,
+        })
+        .unwrap();
+        let opt = [
+            DenseOptimizerConfig::sgd(0.1),
+            DenseOptimizerConfig::adagrad(0.1),
+            DenseOptimizerConfig::adam(0.01),
+        ][case as usize % 3];
+        let make = || Dlrm::new(config.clone(), TableOptimizer::sgd(0.1), opt, case).unwrap();
+        let (mut want, mut strict, mut compiled) = (make(), make(), make());
+        let mut step =
+            ember_models::CompiledDenseStep::new(pjrt.clone(), &mut compiled, batch_size).unwrap();
+        for i in 0..2 {
+            let batch = data.batch(i, batch_size);
+            let w = want.train_step(&native, &batch).unwrap().loss;
+            let s = strict.train_step(pjrt.as_ref(), &batch).unwrap().loss;
+            let c = compiled
+                .train_step_compiled(&mut step, &batch)
+                .unwrap()
+                .loss;
+            close(&format!("case {case} strict loss"), &[s], &[w]);
+            close(&format!("case {case} compiled loss"), &[c], &[w]);
+        }
+        step.sync_to_host(&mut compiled).unwrap();
+        let test = data.batch(9, batch_size);
+        let w = want.predict(&native, &test).unwrap().to_vec();
+        close(
+            &format!("case {case} strict logits"),
+            strict.predict(pjrt.as_ref(), &test).unwrap(),
+            &w,
+        );
+        close(
+            &format!("case {case} compiled logits"),
+            compiled.predict(&native, &test).unwrap(),
+            &w,
+        );
+        for ((p, q), r) in want
+            .dense_arch_mut()
+            .params()
+            .iter()
+            .zip(strict.dense_arch_mut().params().iter())
+            .zip(compiled.dense_arch_mut().params().iter())
+        {
+            close(&format!("case {case} strict {}", p.name), q.value, p.value);
+            close(
+                &format!("case {case} compiled {}", p.name),
+                r.value,
+                p.value,
+            );
+        }
+    }
+}

@@ -109,23 +109,18 @@ impl SparseArch {
     /// Re-places the tables by `plan` (`None`: back into one collection).
     /// Weights, optimizer state and step move exactly.
     pub fn reshard(&mut self, plan: Option<ShardingPlan>) -> Result<(), ModelError> {
-        let local = match self {
-            SparseArch::Local(e) => std::mem::replace(
-                e,
-                EmbeddingBagCollection::new(vec![], TableOptimizer::None, 0)?,
+        // Build the new placement first: a plan that fails leaves the tables as they were.
+        let next = match (&*self, plan) {
+            (SparseArch::Local(e), Some(plan)) => {
+                SparseArch::Sharded(ShardedEmbeddingBagCollection::from_collection(e, plan)?)
+            }
+            (SparseArch::Sharded(s), Some(plan)) => SparseArch::Sharded(
+                ShardedEmbeddingBagCollection::from_collection(&s.to_collection()?, plan)?,
             ),
-            SparseArch::Sharded(s) => s.to_collection()?,
+            (SparseArch::Sharded(s), None) => SparseArch::Local(s.to_collection()?),
+            (SparseArch::Local(_), None) => return Ok(()),
         };
-        *self = match plan {
-            Some(plan) => match ShardedEmbeddingBagCollection::from_collection(&local, plan) {
-                Ok(s) => SparseArch::Sharded(s),
-                Err(e) => {
-                    *self = SparseArch::Local(local);
-                    return Err(e.into());
-                }
-            },
-            None => SparseArch::Local(local),
-        };
+        *self = next;
         Ok(())
     }
 }

@@ -71,7 +71,7 @@ impl RowSplit {
         match *self {
             RowSplit::All => rows,
             RowSplit::Block { start, end } => end.min(rows).saturating_sub(start),
-            RowSplit::Mod { residue, modulus } if residue < rows => {
+            RowSplit::Mod { residue, modulus } if residue < rows && modulus > 0 => {
                 (rows - residue).div_ceil(modulus)
             }
             RowSplit::Mod { .. } => 0,
@@ -107,7 +107,10 @@ pub struct TablePlan {
 pub fn blocks(n: usize, parts: usize) -> Vec<Range<usize>> {
     let parts = parts.clamp(1, n.max(1));
     (0..parts)
-        .map(|p| (n * p / parts)..(n * (p + 1) / parts))
+        .map(|p| {
+            let at = |k: usize| (n as u128 * k as u128 / parts as u128) as usize;
+            at(p)..at(p + 1)
+        })
         .collect()
 }
 
@@ -183,6 +186,9 @@ impl TablePlan {
     }
 }
 
+/// The most devices a plan may name (each is a thread and a set of channels).
+pub const MAX_DEVICES: usize = 4096;
+
 /// Where every table lives.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -213,8 +219,11 @@ impl ShardingPlan {
         optimizer: &TableOptimizer,
     ) -> Result<(), ShardingError> {
         let fail = |m: String| Err(ShardingError::Plan(m));
-        if self.num_devices == 0 {
-            return fail("a plan needs at least one device".into());
+        if self.num_devices == 0 || self.num_devices > MAX_DEVICES {
+            return fail(format!(
+                "a plan needs 1 to {MAX_DEVICES} devices, not {}",
+                self.num_devices
+            ));
         }
         for p in &self.tables {
             if !tables.iter().any(|t| t.name == p.table) {
@@ -258,6 +267,16 @@ fn validate_table(
                 t.embedding_dim
             ));
         }
+        if let RowSplit::Mod { residue, modulus } = s.rows {
+            // A modulus above the rows would leave shards empty (and size
+            // the coverage check by a hand-written number).
+            if modulus == 0 || residue >= modulus || modulus > t.num_embeddings {
+                return Err(format!(
+                    "residue {residue} of modulus {modulus} (the modulus must be 1..={} rows)",
+                    t.num_embeddings
+                ));
+            }
+        }
         if s.rows.count(t.num_embeddings) == 0 {
             return Err(format!(
                 "a shard on device {} holds no rows ({:?})",
@@ -270,11 +289,6 @@ fn validate_table(
                     "rows {start}..{end} are not within 0..{}",
                     t.num_embeddings
                 ));
-            }
-        }
-        if let RowSplit::Mod { residue, modulus } = s.rows {
-            if modulus == 0 || residue >= modulus {
-                return Err(format!("residue {residue} of modulus {modulus}"));
             }
         }
     }
@@ -339,6 +353,9 @@ fn check_rows(pieces: &[RowSplit], rows: usize) -> Result<(), String> {
         }
         [RowSplit::Mod { modulus, .. }, ..] => {
             let m = *modulus;
+            if pieces.len() != m {
+                return Err(format!("{} row pieces for modulus {m}", pieces.len()));
+            }
             let mut seen = vec![false; m];
             for r in pieces {
                 match *r {
@@ -435,6 +452,18 @@ mod tests {
         .validate(&[table()], &TableOptimizer::sgd(0.1))
         .unwrap_err();
         assert!(e.to_string().contains("table 't' is missing"));
+        for (residue, modulus) in [(0, 0), (0, 1 << 40), (3, 2)] {
+            let mut p = TablePlan::row_wise_mod(&t, &[0, 1]);
+            p.shards[0].rows = RowSplit::Mod { residue, modulus };
+            assert!(err(p).contains("modulus"), "{residue} mod {modulus}");
+        }
+        let too_many = ShardingPlan {
+            num_devices: usize::MAX,
+            tables: vec![TablePlan::table_wise(&t, 0)],
+        };
+        assert!(too_many
+            .validate(&[table()], &TableOptimizer::sgd(0.1))
+            .is_err());
         let cw = ShardingPlan {
             num_devices: 3,
             tables: vec![TablePlan::column_wise(&t, &[0, 1])],

@@ -96,7 +96,7 @@ fn loads(
         let cols = (s.columns[1] - s.columns[0]) as u64;
         let state = o.optimizer.state_floats_per_row(cols as usize) as u64;
         let buffers = 2 * o.batch_size as u64 * t.feature_names.len() as u64 * cols * 4;
-        let storage = rows * (cols + state) * 4 + buffers;
+        let storage = (rows.saturating_mul(cols + state).saturating_mul(4)).saturating_add(buffers);
         let (hit, exchanged) = if p.sharding == ShardingType::DataParallel {
             let own = ids / n as f64;
             // All-gather of every other device's bags and gradients.

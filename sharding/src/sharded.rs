@@ -17,6 +17,7 @@
 //! `B*d/N..B*(d+1)/N`); the collection returns the whole batch's output.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ember_sparse::{
@@ -105,6 +106,13 @@ pub struct ShardedEmbeddingBagCollection {
     width: usize,
     step: u64,
     stats: ShardingStats,
+    /// Bytes sent through collectives replaced after a failed exchange.
+    bytes_before: Vec<u64>,
+    /// The pool the devices' kernels run in: the one the collection was
+    /// made in (device threads are plain threads, outside any rayon pool).
+    pool: Arc<rayon::ThreadPool>,
+    /// Batch size and id count of the last forward: a backward must match it.
+    last_forward: Option<(usize, usize)>,
 }
 
 fn local_name(name: &str, shard: usize) -> String {
@@ -211,6 +219,14 @@ impl ShardedEmbeddingBagCollection {
             routes,
             devices,
             comms: InProcess::group(n),
+            bytes_before: vec![0; n],
+            pool: Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(rayon::current_num_threads())
+                    .build()
+                    .map_err(|e| ShardingError::Collective(format!("a device thread pool: {e}")))?,
+            ),
+            last_forward: None,
             width: offset,
             step: ebc.step(),
             stats: ShardingStats {
@@ -264,7 +280,9 @@ impl ShardedEmbeddingBagCollection {
     }
     pub fn stats(&self) -> ShardingStats {
         let mut s = self.stats.clone();
-        s.bytes_sent = self.comms.iter().map(|c| c.bytes_sent()).collect();
+        s.bytes_sent = (self.comms.iter().zip(&self.bytes_before))
+            .map(|(c, before)| c.bytes_sent() + before)
+            .collect();
         s
     }
     pub fn num_devices(&self) -> usize {
@@ -291,6 +309,15 @@ impl ShardedEmbeddingBagCollection {
     }
     pub fn new_output(&self, batch: usize) -> KeyedTensor {
         KeyedTensor::zeros(self.feature_names(), self.feature_dims(), batch)
+    }
+
+    /// Fresh channels after a failed exchange, so no stale message reaches
+    /// the next one; the bytes counted so far are kept.
+    fn reset_comms(&mut self) {
+        for (before, c) in self.bytes_before.iter_mut().zip(&self.comms) {
+            *before += c.bytes_sent();
+        }
+        self.comms = InProcess::group(self.devices.len());
     }
 
     /// For each slot, its key's index in `kjt`, after checking every id.
@@ -335,6 +362,7 @@ impl ShardedEmbeddingBagCollection {
         kjt: &KeyedJaggedTensor,
         out: &mut KeyedTensor,
     ) -> Result<(), ShardingError> {
+        self.last_forward = None;
         let keys = self.check_input(kjt)?;
         let b = kjt.stride();
         if out.batch() != b || out.width() != self.width {
@@ -343,6 +371,7 @@ impl ShardedEmbeddingBagCollection {
         let n = self.devices.len();
         let owners = blocks_exact(b, n);
         let ctx = Context {
+            pool: &self.pool,
             slots: &self.slots,
             routes: &self.routes,
             kjt,
@@ -375,7 +404,7 @@ impl ShardedEmbeddingBagCollection {
         });
         if results.iter().any(Result::is_err) {
             // Messages of the aborted exchange must not reach the next one.
-            self.comms = InProcess::group(n);
+            self.reset_comms();
         }
         let mut worst = StageTimes::default();
         for (d, r) in results.into_iter().enumerate() {
@@ -388,6 +417,7 @@ impl ShardedEmbeddingBagCollection {
         self.stats.input_dist += worst.0[0];
         self.stats.lookup += worst.0[1];
         self.stats.output_dist += worst.0[2];
+        self.last_forward = Some((b, kjt.values().len()));
         Ok(())
     }
 
@@ -406,6 +436,16 @@ impl ShardedEmbeddingBagCollection {
     ) -> Result<(), ShardingError> {
         let keys = self.check_input(kjt)?;
         let b = kjt.stride();
+        // Devices reuse the bags of the forward: the backward must be of that batch.
+        if self.last_forward != Some((b, kjt.values().len())) {
+            return Err(ShardingError::Collective(format!(
+                "backward of a batch of {b} samples and {} ids, but the last forward was {}",
+                kjt.values().len(),
+                self.last_forward.map_or("none".into(), |(fb, fi)| format!(
+                    "{fb} samples and {fi} ids"
+                ))
+            )));
+        }
         if grad.len() != b * self.width {
             return Err(SparseError::GradShape {
                 rows: grad.len() / self.width.max(1),
@@ -421,6 +461,7 @@ impl ShardedEmbeddingBagCollection {
         let n = self.devices.len();
         let owners = blocks_exact(b, n);
         let ctx = Context {
+            pool: &self.pool,
             slots: &self.slots,
             routes: &self.routes,
             kjt,
@@ -445,7 +486,7 @@ impl ShardedEmbeddingBagCollection {
                 .collect()
         });
         if results.iter().any(Result::is_err) {
-            self.comms = InProcess::group(n);
+            self.reset_comms();
         }
         let mut worst = StageTimes::default();
         for r in results {
@@ -468,6 +509,9 @@ fn blocks_exact(b: usize, n: usize) -> Vec<Range<usize>> {
 }
 
 struct Context<'a> {
+    /// Where the kernels run. Only they do: a device body blocks on its
+    /// peers, which would starve a pool with fewer threads than devices.
+    pool: &'a rayon::ThreadPool,
     slots: &'a [Slot],
     routes: &'a [Route],
     kjt: &'a KeyedJaggedTensor,
@@ -641,7 +685,8 @@ fn device_forward(
             ctx.kjt.weights().is_some(),
         )?;
         lookups = kjt.values().len() as u64;
-        ebc.forward_into(&kjt, &mut dev.pooled)?;
+        ctx.pool
+            .install(|| ebc.forward_into(&kjt, &mut dev.pooled))?;
     }
     times.0[1] = t.elapsed();
 
@@ -765,7 +810,8 @@ fn device_backward(
             ctx.owners,
             ctx.kjt.weights().is_some(),
         )?;
-        ebc.backward_update(&kjt, &dev.local_grad)?;
+        let grad = &dev.local_grad;
+        ctx.pool.install(|| ebc.backward_update(&kjt, grad))?;
     }
     times.0[1] = t.elapsed();
     Ok(times)

@@ -222,3 +222,43 @@ proptest! {
         prop_assert!(plan(&cfgs, &roomy, &o).is_ok());
     }
 }
+
+#[test]
+fn a_backward_must_follow_the_forward_of_its_batch() {
+    let cfgs = vec![EmbeddingBagConfig::new("t", 10, 4, &["f"])];
+    let source = EmbeddingBagCollection::new(cfgs.clone(), TableOptimizer::sgd(0.1), 1).unwrap();
+    let p = plan_of(ShardingType::RowWise, &cfgs, 2, &TableOptimizer::sgd(0.1));
+    let mut sharded = ShardedEmbeddingBagCollection::from_collection(&source, p).unwrap();
+    let kjt = |ids: Vec<i64>| {
+        let lengths = vec![1i64; ids.len()];
+        KeyedJaggedTensor::from_lengths(vec!["f".into()], ids, &lengths, None).unwrap()
+    };
+    let one = kjt(vec![3]);
+    let err = sharded.backward_update(&one, &[0.0; 4]).unwrap_err();
+    assert!(err.to_string().contains("last forward was none"), "{err}");
+    sharded.forward(&one).unwrap();
+    let two = kjt(vec![3, 4]);
+    assert!(sharded.backward_update(&two, &[0.0; 8]).is_err());
+    sharded.backward_update(&one, &[0.5; 4]).unwrap();
+}
+
+#[test]
+fn more_devices_than_pool_threads_do_not_starve() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let cfgs = vec![EmbeddingBagConfig::new("t", 40, 4, &["f"])];
+        let source =
+            EmbeddingBagCollection::new(cfgs.clone(), TableOptimizer::sgd(0.1), 1).unwrap();
+        let p = plan_of(ShardingType::RowWise, &cfgs, 4, &TableOptimizer::sgd(0.1));
+        let mut sharded = ShardedEmbeddingBagCollection::from_collection(&source, p).unwrap();
+        let ids: Vec<i64> = (0..8).map(|i| i * 5).collect();
+        let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], ids, &[1; 8], None).unwrap();
+        let out = sharded.forward(&kjt).unwrap();
+        sharded
+            .backward_update(&kjt, &vec![0.1; out.values().len()])
+            .unwrap();
+    });
+}

@@ -187,6 +187,27 @@ fn train_eval_predict_and_resume() {
     let ckpt = full.join("model.safetensors");
     assert_eq!(tensors(&ckpt), tensors(&stopped.join("model.safetensors")));
 
+    // Resuming on other data is refused, not silently continued.
+    let other = synthetic(dir.path(), "other", "3000", "0");
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "train",
+            "--data",
+            &other,
+            "--epochs",
+            "2",
+            "--checkpoint-dir",
+            s(&stopped),
+            "--resume",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("training data differs"),
+        "{err}"
+    );
+
     // A sharded run resumed on another device count and plan: checkpoints
     // stay unsharded. Table-wise keeps the unsharded summation order, so it
     // ends exactly where the unsharded run did.

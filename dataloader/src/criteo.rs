@@ -26,6 +26,7 @@ pub enum Reject {
     Label { value: String },
     Integer { column: String, value: String },
     Categorical { column: String, value: String },
+    TooLong { bytes: usize },
 }
 
 impl Reject {
@@ -36,6 +37,7 @@ impl Reject {
             Reject::Label { .. } => "label",
             Reject::Integer { .. } => "integer",
             Reject::Categorical { .. } => "categorical",
+            Reject::TooLong { .. } => "too_long",
         }
     }
 }
@@ -55,6 +57,9 @@ impl fmt::Display for Reject {
                     f,
                     "column {column}: '{value}' is not a hexadecimal id below 2^63"
                 )
+            }
+            Reject::TooLong { bytes } => {
+                write!(f, "a line of {bytes} bytes is not a Criteo line")
             }
         }
     }

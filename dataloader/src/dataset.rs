@@ -28,6 +28,25 @@ impl ParquetFile {
         let file = File::open(path).map_err(DataError::io(path))?;
         let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
             .map_err(DataError::parquet(path))?;
+        // Row counts come from the footer: check them before anything sums them.
+        let meta = metadata.metadata();
+        let mut total: u64 = 0;
+        for (i, rg) in meta.row_groups().iter().enumerate() {
+            let rows = u64::try_from(rg.num_rows()).map_err(|_| DataError::Parquet {
+                path: path.to_path_buf(),
+                message: format!("row group {i} claims {} rows", rg.num_rows()),
+            })?;
+            total = total.saturating_add(rows);
+        }
+        if i64::try_from(total).ok() != Some(meta.file_metadata().num_rows()) {
+            return Err(DataError::Parquet {
+                path: path.to_path_buf(),
+                message: format!(
+                    "the row groups hold {total} rows, the footer says {}",
+                    meta.file_metadata().num_rows()
+                ),
+            });
+        }
         Ok(Self {
             path: path.to_path_buf(),
             metadata,
@@ -109,6 +128,25 @@ impl Dataset {
 
     pub fn num_rows(&self) -> u64 {
         self.files.iter().map(|f| f.num_rows()).sum()
+    }
+
+    /// A hash of the file names (not their directory) and every row group's
+    /// row count: what a resumed run checks to be reading the same data.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut eat = |bytes: &[u8]| {
+            for &b in bytes {
+                h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        for f in &self.files {
+            eat(f.path.file_name().map_or(&[][..], |n| n.as_encoded_bytes()));
+            for rows in f.row_group_rows() {
+                eat(&(rows as u64).to_le_bytes());
+            }
+            eat(b"/");
+        }
+        h
     }
 
     /// Every row group, in file order.
@@ -243,6 +281,16 @@ impl DecodeSpec {
                 path,
                 &self.label,
                 format!("row {} of the row group has no label", row),
+            ));
+        }
+        if let Some(r) = labels.values().iter().position(|&y| y != 0 && y != 1) {
+            return Err(DataError::column(
+                path,
+                &self.label,
+                format!(
+                    "row {r} of the row group has label {}, not 0 or 1",
+                    labels.value(r)
+                ),
             ));
         }
         chunk

@@ -22,6 +22,32 @@ use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
 use crate::writer::{write_atomic, CriteoBatchBuilder, ParquetSink, SinkOptions};
 use crate::DataError;
 
+/// Longer lines are rejected without being read whole (a Criteo line is
+/// under 1 KB).
+pub const MAX_LINE_BYTES: usize = 1 << 16;
+
+/// Reads up to and including the next newline; returns the bytes skipped.
+fn skip_line(lines: &mut dyn BufRead) -> std::io::Result<usize> {
+    let mut skipped = 0;
+    loop {
+        let buf = lines.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(skipped);
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                lines.consume(i + 1);
+                return Ok(skipped + i + 1);
+            }
+            None => {
+                let n = buf.len();
+                lines.consume(n);
+                skipped += n;
+            }
+        }
+    }
+}
+
 /// Rejected lines reported one by one; the rest are only counted.
 pub const REPORTED_REJECTS: usize = 10;
 
@@ -158,8 +184,13 @@ pub fn ingest_criteo(
             }
             None => {
                 remove_parts(output, &prefix)?;
-                let s = ingest_one(input, output, &prefix, options, &mut |b| {
+                let done = ingest_one(input, output, &prefix, options, &mut |b| {
                     progress(done_bytes + b)
+                });
+                // A failed input leaves none of its parts: finished parts
+                // without a marker would be read as if the input were whole.
+                let s = done.inspect_err(|_| {
+                    let _ = remove_parts(output, &prefix);
                 })?;
                 let json = serde_json::to_vec_pretty(&s).expect("a summary serialises");
                 write_atomic(&marker, &json)?;
@@ -265,16 +296,25 @@ fn ingest_one(
     let mut line_no = 0u64;
     loop {
         buf.clear();
-        if lines
+        let n = (&mut lines)
+            .take(MAX_LINE_BYTES as u64)
             .read_until(b'\n', &mut buf)
-            .map_err(DataError::io(input))?
-            == 0
-        {
+            .map_err(DataError::io(input))?;
+        if n == 0 {
             break;
         }
         line_no += 1;
-        let line = buf.strip_suffix(b"\n").unwrap_or(&buf);
-        match parse_line(line, &mut record) {
+        let parsed = if buf.len() == MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
+            // Not a Criteo line (a binary file, a missing newline): skip to
+            // the next newline without holding the rest in memory.
+            let skipped = skip_line(&mut *lines).map_err(DataError::io(input))?;
+            Err(Reject::TooLong {
+                bytes: MAX_LINE_BYTES + skipped,
+            })
+        } else {
+            parse_line(buf.strip_suffix(b"\n").unwrap_or(&buf), &mut record)
+        };
+        match parsed {
             Ok(()) => {
                 count_nulls(&record, &mut int_nulls, &mut cat_nulls);
                 builder.push_record(&record);

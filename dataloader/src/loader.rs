@@ -221,7 +221,16 @@ impl Loader {
             let (dataset, spec) = (self.dataset.clone(), self.spec.clone());
             workers.push(std::thread::spawn(move || {
                 for unit in mine {
-                    let chunk = spec.decode(&dataset, unit);
+                    // A panic inside the Parquet reader becomes an error naming the file.
+                    let chunk = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        spec.decode(&dataset, unit)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(DataError::Parquet {
+                            path: dataset.files()[unit.file].path.clone(),
+                            message: format!("row group {}: the reader panicked", unit.row_group),
+                        })
+                    });
                     let failed = chunk.is_err();
                     // A closed queue means the consumer is gone: stop.
                     if tx.send(chunk).is_err() || failed {

@@ -167,6 +167,14 @@ fn strict_stops_at_the_first_bad_line_and_leaves_no_partial_file() {
     assert!(err.to_string().contains("day_0:3:"), "{err}");
     let left: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
+    // With a part per row, two parts were finished before the bad line: they go too.
+    let opts = IngestOptions {
+        strict: true,
+        ..options(1, Some(1))
+    };
+    assert!(ingest_criteo(std::slice::from_ref(&input), &out, &opts, &mut |_| {}).is_err());
+    let left: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]
@@ -313,4 +321,49 @@ fn bad_files_and_columns_are_named() {
 
     std::fs::write(&path, b"hello").unwrap();
     assert!(open(loader_config(4, 10)).contains("mh-00000.parquet"));
+}
+
+#[test]
+fn overlong_lines_are_rejected_without_being_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("day_0");
+    let mut text = good_line(0) + "\n";
+    text.push_str(&"x".repeat(ember_dataloader::ingest::MAX_LINE_BYTES * 3));
+    text.push('\n');
+    text.push_str(&(good_line(1) + "\n"));
+    std::fs::write(&path, text).unwrap();
+    let s = ingest_criteo(
+        &[path],
+        &dir.path().join("out"),
+        &options(4, None),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(s.rows_written, 2);
+    assert_eq!(s.rejected["too_long"], 1);
+    assert_eq!(s.first_rejected[0].line, 2);
+}
+
+#[test]
+fn labels_other_than_0_or_1_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut builder = CriteoBatchBuilder::new(&[false; NUM_CAT]);
+    let opts = SinkOptions {
+        rows_per_file: None,
+        row_group_size: 8,
+        compression: Codec::None,
+    };
+    let mut sink = ParquetSink::new(dir.path(), "bad", builder.schema().clone(), opts);
+    for label in [0, 1, 5] {
+        builder.push_row(label, &[Some(1); NUM_INT], |_| Bag::One(1));
+    }
+    sink.write(&builder.finish()).unwrap();
+    sink.finish().unwrap();
+    let loader = Loader::open(&[dir.path().to_path_buf()], loader_config(2, 10)).unwrap();
+    let err = loader.epoch(0, 0).find_map(|b| b.err()).expect("an error");
+    let text = err.to_string();
+    assert!(
+        text.contains("label") && text.contains("row 2") && text.contains("5"),
+        "{text}"
+    );
 }

@@ -57,6 +57,16 @@ pub struct TrainState {
     /// The batch size and shuffling seed the position counts in.
     pub batch_size: u64,
     pub shuffle_seed: Option<u64>,
+    /// How the batches were made, which a resumed run must repeat.
+    #[serde(default)]
+    pub drop_last: bool,
+    #[serde(default)]
+    pub dense_transform: Option<ember_dataloader::DenseTransform>,
+    #[serde(default)]
+    pub id_transform: Option<ember_dataloader::IdTransform>,
+    /// `Dataset::fingerprint` of the training data (0: not recorded).
+    #[serde(default)]
+    pub data_fingerprint: u64,
 }
 
 /// Name of table `t`'s weight.
@@ -318,7 +328,7 @@ impl Checkpoint {
             mmap,
         };
         for (name, shape) in checkpoint.expected_tensors() {
-            checkpoint.tensor(&name, &shape)?;
+            checkpoint.check(&name, &shape)?;
         }
         Ok(checkpoint)
     }
@@ -353,8 +363,27 @@ impl Checkpoint {
         names
     }
 
+    /// Checks the named tensor's presence, dtype and shape without reading its data.
+    fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
+        self.view(name, shape, |_| ())
+    }
+
     /// The named tensor as f32 values, checked for dtype and shape.
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        self.view(name, shape, |bytes| {
+            (bytes.chunks_exact(4))
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        })
+    }
+
+    /// `read` applied to the named tensor's bytes, after the checks.
+    fn view<R>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ModelError> {
         let fail = |message: String| ModelError::Checkpoint {
             path: self.path.clone(),
             tensor: Some(name.to_string()),
@@ -371,11 +400,7 @@ impl Checkpoint {
                 view.shape()
             )));
         }
-        Ok(view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+        Ok(read(view.data()))
     }
 
     /// A model for inference: the saved weights, no optimizer.

@@ -80,6 +80,7 @@ fn save_load_predicts_identically_and_resumes_exactly() {
                 steps: 4,
                 batch_size: 16,
                 shuffle_seed: Some(3),
+                ..Default::default()
             };
             save(&mut model, &path, Some(&state)).unwrap();
             let ckpt = Checkpoint::open(&path).unwrap();

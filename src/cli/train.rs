@@ -233,9 +233,15 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         }
         _ => None,
     };
+    let dataset = ember_dataloader::Dataset::open(&args.data)?;
+    let data_fingerprint = dataset.fingerprint();
     let fresh = TrainState {
         batch_size: args.mini_batch_size as u64,
         shuffle_seed: (!args.no_shuffle).then_some(args.seed),
+        drop_last: args.drop_last,
+        dense_transform: Some(args.loader.dense_transform),
+        id_transform: Some(args.loader.id_transform),
+        data_fingerprint,
         ..TrainState::default()
     };
     let (mut model, mut state) = match &resume_from {
@@ -269,6 +275,14 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             (model, fresh)
         }
     };
+    // The model holds the weights now: let go of the old file's mapping
+    // before saves replace it.
+    drop(resume_from);
+    if state.data_fingerprint != 0 && state.data_fingerprint != data_fingerprint {
+        anyhow::bail!(
+            "--resume: the training data differs from the run the checkpoint continues (other files or row groups); resume on the same data"
+        );
+    }
     let resumed_at_step = state.steps;
     let config = model.config().clone();
     let options = planner_options(model.sparse_arch().optimizer(), args.mini_batch_size, 1.0);
@@ -286,8 +300,14 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         .loader
         .config(&features, config.num_dense(), batch_size)?;
     loader_config.shuffle_seed = state.shuffle_seed;
-    loader_config.drop_last = args.drop_last;
-    let train_loader = Loader::open(&args.data, loader_config)?;
+    loader_config.drop_last = state.drop_last;
+    if let Some(t) = state.dense_transform {
+        loader_config.dense_transform = t;
+    }
+    if let Some(t) = state.id_transform {
+        loader_config.id_transform = t;
+    }
+    let train_loader = Loader::new(dataset, loader_config)?;
     let eval_loader = match args.eval_data.is_empty() {
         true => None,
         false => {

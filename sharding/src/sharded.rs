@@ -38,7 +38,10 @@ struct Slot {
     table: usize,
     /// Column of the feature's pooled vector in an output row.
     offset: usize,
-    mean: bool,
+    /// Mean pooling over a row-split table: each shard sees only part of a
+    /// bag, so the mean's 1/len travels as a per-id weight (computed as the
+    /// unsharded kernel computes its scale) and shards sum.
+    split_mean: bool,
 }
 
 /// One (feature, shard): what a device looks up for a feature.
@@ -132,13 +135,19 @@ impl ShardedEmbeddingBagCollection {
         let n = plan.num_devices;
         let mut slots = Vec::new();
         let mut offset = 0;
+        // A table whose shards hold every row keeps its pooling on each
+        // shard (a shard sees whole bags); a row-split one sums on shards.
+        let row_split = |c: &EmbeddingBagConfig| {
+            let p = plan.table(&c.name).expect("validated");
+            p.shards.iter().any(|s| s.rows != RowSplit::All)
+        };
         for (t, c) in configs.iter().enumerate() {
             for f in &c.feature_names {
                 slots.push(Slot {
                     feature: f.clone(),
                     table: t,
                     offset,
-                    mean: c.pooling == PoolingType::Mean,
+                    split_mean: c.pooling == PoolingType::Mean && row_split(c),
                 });
                 offset += c.embedding_dim;
             }
@@ -151,12 +160,17 @@ impl ShardedEmbeddingBagCollection {
                 let features: Vec<String> =
                     c.feature_names.iter().map(|f| local_name(f, k)).collect();
                 let feature_refs: Vec<&str> = features.iter().map(String::as_str).collect();
+                let pooling = match row_split(c) {
+                    true => PoolingType::Sum,
+                    false => c.pooling,
+                };
                 let cfg = EmbeddingBagConfig::new(
                     &local_name(&c.name, k),
                     shard.rows.count(c.num_embeddings),
                     shard.columns[1] - shard.columns[0],
                     &feature_refs,
-                );
+                )
+                .with_pooling(pooling);
                 local_tables[shard.device].push((cfg, t, k));
                 for (i, _) in slots.iter().enumerate().filter(|(_, s)| s.table == t) {
                     routes.push(Route {
@@ -378,6 +392,7 @@ impl ShardedEmbeddingBagCollection {
             keys: &keys,
             owners: &owners,
             width: self.width,
+            weighted: kjt.weights().is_some() || self.slots.iter().any(|s| s.split_mean),
         };
         let mut chunks = Vec::with_capacity(n);
         let mut rest = out.values_mut();
@@ -386,22 +401,12 @@ impl ShardedEmbeddingBagCollection {
             chunks.push(mine);
             rest = tail;
         }
-        let results: Vec<Result<(StageTimes, u64), ShardingError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (self.devices.iter_mut().zip(&self.comms).zip(chunks))
-                .map(|((dev, comm), chunk)| {
-                    let ctx = &ctx;
-                    scope.spawn(move || device_forward(ctx, dev, comm, chunk))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ShardingError::Collective("a device thread panicked".into()))
-                    })
-                })
-                .collect()
-        });
+        let results = on_devices(
+            &mut self.devices,
+            &self.comms,
+            chunks,
+            |dev, comm, chunk| device_forward(&ctx, dev, comm, chunk),
+        );
         if results.iter().any(Result::is_err) {
             // Messages of the aborted exchange must not reach the next one.
             self.reset_comms();
@@ -468,23 +473,15 @@ impl ShardedEmbeddingBagCollection {
             keys: &keys,
             owners: &owners,
             width: self.width,
+            weighted: kjt.weights().is_some() || self.slots.iter().any(|s| s.split_mean),
         };
-        let results: Vec<Result<StageTimes, ShardingError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (self.devices.iter_mut().zip(&self.comms))
-                .map(|(dev, comm)| {
-                    let ctx = &ctx;
-                    scope.spawn(move || device_backward(ctx, dev, comm, grad))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ShardingError::Collective("a device thread panicked".into()))
-                    })
-                })
-                .collect()
-        });
+        let n = self.devices.len();
+        let results = on_devices(
+            &mut self.devices,
+            &self.comms,
+            vec![(); n],
+            |dev, comm, ()| device_backward(&ctx, dev, comm, grad),
+        );
         if results.iter().any(Result::is_err) {
             self.reset_comms();
         }
@@ -503,6 +500,29 @@ impl ShardedEmbeddingBagCollection {
     }
 }
 
+/// Runs `body` once per device, each on its own plain thread (a device
+/// blocks on its peers, so devices must all run at once).
+fn on_devices<R: Send, X: Send>(
+    devices: &mut [Device],
+    comms: &[InProcess],
+    extra: Vec<X>,
+    body: impl Fn(&mut Device, &InProcess, X) -> Result<R, ShardingError> + Sync,
+) -> Vec<Result<R, ShardingError>> {
+    std::thread::scope(|scope| {
+        let body = &body;
+        let handles: Vec<_> = (devices.iter_mut().zip(comms).zip(extra))
+            .map(|((dev, comm), x)| scope.spawn(move || body(dev, comm, x)))
+            .collect();
+        (handles.into_iter())
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ShardingError::Collective("a device thread panicked".into()))
+                })
+            })
+            .collect()
+    })
+}
+
 /// `blocks`, but always `n` ranges (empty ones when the batch is smaller).
 fn blocks_exact(b: usize, n: usize) -> Vec<Range<usize>> {
     (0..n).map(|d| (b * d / n)..(b * (d + 1) / n)).collect()
@@ -518,6 +538,8 @@ struct Context<'a> {
     keys: &'a [usize],
     owners: &'a [Range<usize>],
     width: usize,
+    /// The local bags carry weights: the input's, or a row-split mean's 1/len.
+    weighted: bool,
 }
 
 impl Context<'_> {
@@ -550,14 +572,20 @@ fn encode_bags(ctx: &Context, route: &Route, samples: Range<usize>, w: &mut Writ
     let mut lengths = Vec::with_capacity(samples.len());
     let mut ids = Vec::new();
     let mut weights = Vec::new();
+    let split_mean = ctx.slots[route.slot].split_mean;
     for s in samples {
         let (bag, bag_w) = ctx.bag(route.slot, s);
+        // As the unsharded backward scales an id: weight x 1/len of the whole bag.
+        let bag_scale = match split_mean && !bag.is_empty() {
+            true => 1.0 / bag.len() as f32,
+            false => 1.0,
+        };
         let before = ids.len();
         for (p, &id) in bag.iter().enumerate() {
             if let Some(local) = route.rows.local(id as usize) {
                 ids.push(local as i64);
-                if let Some(bw) = bag_w {
-                    weights.push(bw[p]);
+                if ctx.weighted {
+                    weights.push(bag_w.map_or(1.0, |bw| bw[p]) * bag_scale);
                 }
             }
         }
@@ -678,12 +706,7 @@ fn device_forward(
     let t = Instant::now();
     let mut lookups = 0;
     if let Some(ebc) = &mut dev.ebc {
-        let kjt = local_kjt(
-            &dev.received,
-            &dev.keys,
-            ctx.owners,
-            ctx.kjt.weights().is_some(),
-        )?;
+        let kjt = local_kjt(&dev.received, &dev.keys, ctx.owners, ctx.weighted)?;
         lookups = kjt.values().len() as u64;
         ctx.pool
             .install(|| ebc.forward_into(&kjt, &mut dev.pooled))?;
@@ -725,18 +748,6 @@ fn device_forward(
             }
         }
     }
-    for (i, slot) in ctx.slots.iter().enumerate().filter(|(_, s)| s.mean) {
-        let dim = ctx.slots.get(i + 1).map_or(width, |next| next.offset) - slot.offset;
-        for (s, sample) in mine.clone().enumerate() {
-            let len = ctx.bag(i, sample).0.len();
-            if len > 0 {
-                let inv = 1.0 / len as f32;
-                out[s * width + slot.offset..s * width + slot.offset + dim]
-                    .iter_mut()
-                    .for_each(|x| *x *= inv);
-            }
-        }
-    }
     times.0[2] = t.elapsed();
     Ok((times, lookups))
 }
@@ -765,18 +776,7 @@ fn device_backward(
         let rows = mine
             .clone()
             .map(|s| &grad[s * width + at..s * width + at + cols]);
-        if slot.mean {
-            // The mean's gradient is spread over the bag's ids.
-            let scaled: Vec<f32> = (mine.clone().zip(rows))
-                .flat_map(|(s, row)| {
-                    let scale = 1.0 / ctx.bag(route.slot, s).0.len().max(1) as f32;
-                    row.iter().map(move |g| g * scale)
-                })
-                .collect();
-            w.put(&scaled);
-        } else {
-            w.put_parts(mine.len() * cols, rows);
-        }
+        w.put_parts(mine.len() * cols, rows);
         if route.data_parallel && route.device != me {
             encode_bags(ctx, route, mine.clone(), w, false);
         }
@@ -804,12 +804,7 @@ fn device_backward(
 
     let t = Instant::now();
     if let Some(ebc) = &mut dev.ebc {
-        let kjt = local_kjt(
-            &dev.received,
-            &dev.keys,
-            ctx.owners,
-            ctx.kjt.weights().is_some(),
-        )?;
+        let kjt = local_kjt(&dev.received, &dev.keys, ctx.owners, ctx.weighted)?;
         let grad = &dev.local_grad;
         ctx.pool.install(|| ebc.backward_update(&kjt, grad))?;
     }

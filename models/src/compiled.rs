@@ -62,7 +62,7 @@ impl CompiledDenseStep {
             })
             .collect();
         let program = step_program(&config, &names, &optimizer, batch);
-        let exe = backend.executable(&program);
+        let exe = backend.try_executable(&program).map_err(pjrt)?;
         let mut step = Self {
             backend,
             exe,
@@ -139,8 +139,8 @@ impl CompiledDenseStep {
         }
         let nd = dense.len() / b.max(1);
         let np = pooled.len() / b.max(1);
-        self.steps += 1;
-        let (s1, s2) = step_scalars(&self.optimizer, self.steps);
+        // The step counts only once the step has run (a failed one can be retried).
+        let (s1, s2) = step_scalars(&self.optimizer, self.steps + 1);
         let inputs = [
             client.buffer_f32(dense, &[b, nd]).map_err(pjrt)?,
             client.buffer_f32(pooled, &[b, np]).map_err(pjrt)?,
@@ -157,6 +157,7 @@ impl CompiledDenseStep {
         let k = self.params.len();
         self.state = outs.split_off(2 + k);
         self.params = outs.split_off(2);
+        self.steps += 1;
         self.host_stale = true;
         Ok((loss, d_pooled))
     }

@@ -47,7 +47,15 @@ impl PjrtBackend {
 
     /// Also keeps compiled executables in `dir`, for later processes.
     pub fn with_disk_cache(client: Client, dir: PathBuf) -> Self {
-        let identity = plugin_identity(client.plugin().path());
+        let mut identity = plugin_identity(client.plugin().path());
+        // What else changes the compiled code: the platform's version and XLA's flags.
+        identity.extend_from_slice(client.platform_version().unwrap_or_default().as_bytes());
+        identity.push(b'|');
+        identity.extend(
+            std::env::var_os("XLA_FLAGS")
+                .unwrap_or_default()
+                .as_encoded_bytes(),
+        );
         Self {
             disk: Some(DiskCache::new(dir, identity)),
             ..Self::new(client)
@@ -63,9 +71,17 @@ impl PjrtBackend {
     }
 
     /// The executable of `program`: from memory, the disk cache, or compiled.
+    /// A program the plugin rejects is a bug in Ember; see [`Self::try_executable`].
     pub fn executable(&self, program: &str) -> Arc<Executable> {
+        self.try_executable(program)
+            .unwrap_or_else(|e| panic!("PJRT backend: {e}\nprogram:\n{program}"))
+    }
+
+    /// As [`Self::executable`], with the plugin's error (out of memory, a
+    /// rejected program) returned.
+    pub fn try_executable(&self, program: &str) -> Result<Arc<Executable>, super::PjrtError> {
         if let Some(e) = self.cache.lock().expect("cache lock").get(program) {
-            return e.clone();
+            return Ok(e.clone());
         }
         let t = Instant::now();
         // A stored executable that does not load (stale, corrupt) is recompiled.
@@ -80,10 +96,7 @@ impl PjrtBackend {
                 exe
             }
             None => {
-                let exe = self
-                    .client
-                    .compile(program)
-                    .unwrap_or_else(|e| panic!("PJRT backend: {e}\nprogram:\n{program}"));
+                let exe = self.client.compile(program)?;
                 let mut s = self.stats.lock().expect("stats lock");
                 s.compiles += 1;
                 s.compile_ms += t.elapsed().as_secs_f64() * 1e3;
@@ -99,7 +112,7 @@ impl PjrtBackend {
             .lock()
             .expect("cache lock")
             .insert(program.to_string(), exe.clone());
-        exe
+        Ok(exe)
     }
 
     /// Runs `program` on host inputs, returning every output on the host.

@@ -3,8 +3,9 @@
 //! An entry is `magic | program | plugin identity | options | executable |
 //! checksum`, each part length-prefixed, the checksum an FNV-1a over the
 //! rest. The file name is a hash of the key parts, but an entry is used only
-//! when its stored program, plugin identity (path, size, modification time)
-//! and options equal the ones asked for, and its checksum holds; anything
+//! when its stored program, plugin identity (path, size, modification time,
+//! platform version, `XLA_FLAGS`) and options equal the ones asked for, and
+//! its checksum holds; anything
 //! else (a collision, a changed plugin, a torn or corrupt file) is a miss,
 //! and the recompiled executable replaces the entry atomically.
 

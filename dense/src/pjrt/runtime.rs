@@ -18,7 +18,7 @@ use super::ffi::{self, index};
 pub enum PjrtError {
     #[error("PJRT plugin {}: {message}", path.display())]
     Load { path: PathBuf, message: String },
-    #[error("PJRT plugin {} has C API {major}.{minor}; Ember's bindings are {}.{} and need a plugin of API {}.x up to .{} (a newer plugin asks for larger structs than these bindings know)", path.display(), ffi::API_MAJOR, ffi::API_MINOR, ffi::API_MAJOR, ffi::API_MINOR)]
+    #[error("PJRT plugin {} has C API {major}.{minor}; Ember's bindings are {}.{} and take plugins of API {}.x up to .{}, the versions they were checked against", path.display(), ffi::API_MAJOR, ffi::API_MINOR, ffi::API_MAJOR, ffi::API_MINOR)]
     Version {
         path: PathBuf,
         major: i32,
@@ -46,6 +46,9 @@ pub fn default_plugin_path() -> PathBuf {
         });
     home.join("xla-cpu-pjrt-0.0.1").join("xla_cpu_pjrt.so")
 }
+
+/// Plugins loaded so far, by canonical path.
+type Loaded = Vec<(PathBuf, Arc<Plugin>)>;
 
 /// A loaded plugin. It stays loaded for the life of the process: plugins
 /// keep threads and global state that do not survive `dlclose`.
@@ -83,8 +86,22 @@ fn c_str(ptr: *const std::ffi::c_char, len: usize) -> String {
 }
 
 impl Plugin {
-    /// Loads the plugin at `path`, checks its API version and initialises it.
+    /// Loads the plugin at `path`, checks its API version and initialises
+    /// it, once per process: later loads of the same file share it.
     pub fn load(path: &Path) -> Result<Arc<Plugin>, PjrtError> {
+        static LOADED: std::sync::OnceLock<std::sync::Mutex<Loaded>> = std::sync::OnceLock::new();
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let loaded = LOADED.get_or_init(Default::default);
+        let mut loaded = loaded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = loaded.iter().find(|(k, _)| *k == key) {
+            return Ok(p.clone());
+        }
+        let plugin = Self::load_new(path)?;
+        loaded.push((key, plugin.clone()));
+        Ok(plugin)
+    }
+
+    fn load_new(path: &Path) -> Result<Arc<Plugin>, PjrtError> {
         let load_err = |message: String| PjrtError::Load {
             path: path.to_path_buf(),
             message,
@@ -232,10 +249,38 @@ pub struct DeviceInfo {
     pub kind: String,
 }
 
-/// A PJRT client: the plugin's devices, compilation and buffers.
-pub struct Client {
+/// The client handle, shared by everything made from it: executables and
+/// buffers keep it (and so the plugin) alive, so the client is destroyed
+/// only after the last of them.
+pub(crate) struct ClientHandle {
     plugin: Arc<Plugin>,
     raw: *mut ffi::Client,
+}
+
+// SAFETY: PJRT clients are thread-safe (the C API's contract).
+unsafe impl Send for ClientHandle {}
+unsafe impl Sync for ClientHandle {}
+
+impl std::ops::Deref for ClientHandle {
+    type Target = Plugin;
+    fn deref(&self) -> &Plugin {
+        &self.plugin
+    }
+}
+
+impl Drop for ClientHandle {
+    fn drop(&mut self) {
+        let mut a = ffi::ClientDestroyArgs::default();
+        a.client = self.raw;
+        let _ = self
+            .plugin
+            .call(index::CLIENT_DESTROY, "PJRT_Client_Destroy", &mut a);
+    }
+}
+
+/// A PJRT client: the plugin's devices, compilation and buffers.
+pub struct Client {
+    handle: Arc<ClientHandle>,
     devices: Vec<*mut ffi::Device>,
 }
 
@@ -247,14 +292,17 @@ impl Client {
     pub fn new(plugin: Arc<Plugin>) -> Result<Self, PjrtError> {
         let mut a = ffi::ClientCreateArgs::default();
         plugin.call(index::CLIENT_CREATE, "PJRT_Client_Create", &mut a)?;
-        let mut client = Client {
+        let handle = Arc::new(ClientHandle {
             plugin,
             raw: a.client,
+        });
+        let mut client = Client {
+            handle,
             devices: Vec::new(),
         };
         let mut d = ffi::ClientAddressableDevicesArgs::default();
-        d.client = client.raw;
-        client.plugin.call(
+        d.client = client.handle.raw;
+        client.handle.call(
             index::CLIENT_ADDRESSABLE_DEVICES,
             "PJRT_Client_AddressableDevices",
             &mut d,
@@ -273,13 +321,13 @@ impl Client {
     }
 
     pub fn plugin(&self) -> &Arc<Plugin> {
-        &self.plugin
+        &self.handle.plugin
     }
 
     pub fn platform_name(&self) -> Result<String, PjrtError> {
         let mut a = ffi::ClientPlatformNameArgs::default();
-        a.client = self.raw;
-        self.plugin.call(
+        a.client = self.handle.raw;
+        self.handle.call(
             index::CLIENT_PLATFORM_NAME,
             "PJRT_Client_PlatformName",
             &mut a,
@@ -289,8 +337,8 @@ impl Client {
 
     pub fn platform_version(&self) -> Result<String, PjrtError> {
         let mut a = ffi::ClientPlatformVersionArgs::default();
-        a.client = self.raw;
-        self.plugin.call(
+        a.client = self.handle.raw;
+        self.handle.call(
             index::CLIENT_PLATFORM_VERSION,
             "PJRT_Client_PlatformVersion",
             &mut a,
@@ -304,21 +352,21 @@ impl Client {
             .map(|&device| {
                 let mut g = ffi::DeviceGetDescriptionArgs::default();
                 g.device = device;
-                self.plugin.call(
+                self.handle.call(
                     index::DEVICE_GET_DESCRIPTION,
                     "PJRT_Device_GetDescription",
                     &mut g,
                 )?;
                 let mut id = ffi::DeviceDescriptionIdArgs::default();
                 id.device_description = g.device_description;
-                self.plugin.call(
+                self.handle.call(
                     index::DEVICE_DESCRIPTION_ID,
                     "PJRT_DeviceDescription_Id",
                     &mut id,
                 )?;
                 let mut kind = ffi::DeviceDescriptionKindArgs::default();
                 kind.device_description = g.device_description;
-                self.plugin.call(
+                self.handle.call(
                     index::DEVICE_DESCRIPTION_KIND,
                     "PJRT_DeviceDescription_Kind",
                     &mut kind,
@@ -340,27 +388,27 @@ impl Client {
         program.format_size = 4;
         let options = COMPILE_OPTIONS;
         let mut a = ffi::ClientCompileArgs::default();
-        a.client = self.raw;
+        a.client = self.handle.raw;
         a.program = &program;
         a.compile_options = options.as_ptr().cast();
         a.compile_options_size = options.len();
-        self.plugin
+        self.handle
             .call(index::CLIENT_COMPILE, "PJRT_Client_Compile", &mut a)?;
-        Executable::wrap(self.plugin.clone(), a.executable)
+        Executable::wrap(self.handle.clone(), a.executable)
     }
 
     /// Loads an executable serialized by [`Executable::serialize`] with the same plugin.
     pub fn deserialize(&self, bytes: &[u8]) -> Result<Executable, PjrtError> {
         let mut a = ffi::ExecutableDeserializeAndLoadArgs::default();
-        a.client = self.raw;
+        a.client = self.handle.raw;
         a.serialized_executable = bytes.as_ptr().cast();
         a.serialized_executable_size = bytes.len();
-        self.plugin.call(
+        self.handle.call(
             index::EXECUTABLE_DESERIALIZE_AND_LOAD,
             "PJRT_Executable_DeserializeAndLoad",
             &mut a,
         )?;
-        Executable::wrap(self.plugin.clone(), a.loaded_executable)
+        Executable::wrap(self.handle.clone(), a.loaded_executable)
     }
 
     /// Copies a row-major f32 array of shape `dims` to device 0.
@@ -374,35 +422,25 @@ impl Client {
         }
         let dims: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         let mut a = ffi::ClientBufferFromHostBufferArgs::default();
-        a.client = self.raw;
+        a.client = self.handle.raw;
         a.data = data.as_ptr().cast();
         a.type_ = ffi::BUFFER_TYPE_F32;
         a.dims = dims.as_ptr();
         a.num_dims = dims.len();
         a.host_buffer_semantics = ffi::HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL;
         a.device = self.devices[0];
-        self.plugin.call(
+        self.handle.call(
             index::CLIENT_BUFFER_FROM_HOST_BUFFER,
             "PJRT_Client_BufferFromHostBuffer",
             &mut a,
         )?;
         let buffer = DeviceBuffer {
-            plugin: self.plugin.clone(),
+            plugin: self.handle.clone(),
             raw: a.buffer,
         };
-        self.plugin
+        self.handle
             .await_event(a.done_with_host_buffer, "PJRT_Event_Await (host to device)")?;
         Ok(buffer)
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        let mut a = ffi::ClientDestroyArgs::default();
-        a.client = self.raw;
-        let _ = self
-            .plugin
-            .call(index::CLIENT_DESTROY, "PJRT_Client_Destroy", &mut a);
     }
 }
 
@@ -417,7 +455,7 @@ pub const COMPILE_OPTIONS: &[u8] = &[
 
 /// A compiled program on a client's devices.
 pub struct Executable {
-    plugin: Arc<Plugin>,
+    plugin: Arc<ClientHandle>,
     raw: *mut ffi::LoadedExecutable,
     num_outputs: usize,
 }
@@ -427,7 +465,7 @@ unsafe impl Send for Executable {}
 unsafe impl Sync for Executable {}
 
 impl Executable {
-    fn wrap(plugin: Arc<Plugin>, raw: *mut ffi::LoadedExecutable) -> Result<Self, PjrtError> {
+    fn wrap(plugin: Arc<ClientHandle>, raw: *mut ffi::LoadedExecutable) -> Result<Self, PjrtError> {
         let mut exe = Executable {
             plugin,
             raw,
@@ -457,7 +495,7 @@ impl Executable {
             "PJRT_LoadedExecutable_GetExecutable",
             &mut g,
         )?;
-        Ok(InnerExecutable(g.executable, &self.plugin))
+        Ok(InnerExecutable(g.executable, &self.plugin.plugin))
     }
 
     pub fn num_outputs(&self) -> usize {
@@ -551,7 +589,7 @@ impl Drop for Executable {
 
 /// An array on a device.
 pub struct DeviceBuffer {
-    plugin: Arc<Plugin>,
+    plugin: Arc<ClientHandle>,
     raw: *mut ffi::Buffer,
 }
 

@@ -102,20 +102,48 @@ pub struct ShardedEmbeddingBagCollection {
     configs: Vec<EmbeddingBagConfig>,
     plan: ShardingPlan,
     optimizer: TableOptimizer,
-    slots: Vec<Slot>,
-    routes: Vec<Route>,
+    layout: Layout,
     devices: Vec<Device>,
     comms: Vec<InProcess>,
-    width: usize,
     step: u64,
     stats: ShardingStats,
     /// Bytes sent through collectives replaced after a failed exchange.
     bytes_before: Vec<u64>,
-    /// The pool the devices' kernels run in: the one the collection was
-    /// made in (device threads are plain threads, outside any rayon pool).
-    pool: Arc<rayon::ThreadPool>,
     /// Batch size and id count of the last forward: a backward must match it.
     last_forward: Option<(usize, usize)>,
+}
+
+/// What every device reads and none changes: the features, the routes, and
+/// the pool the kernels run in.
+struct Layout {
+    slots: Vec<Slot>,
+    routes: Vec<Route>,
+    /// Width of an output row.
+    width: usize,
+    /// Some feature is a row-split mean (its 1/len travels as weights).
+    any_split_mean: bool,
+    /// The pool the collection was made in. Only kernels run there: a device
+    /// body blocks on its peers, which would starve a pool with fewer
+    /// threads than devices, so device bodies are plain threads.
+    pool: Arc<rayon::ThreadPool>,
+}
+
+impl Layout {
+    /// The view of one call's input that the device stages share.
+    fn context<'a>(
+        &'a self,
+        kjt: &'a KeyedJaggedTensor,
+        keys: &'a [usize],
+        owners: &'a [Range<usize>],
+    ) -> Context<'a> {
+        Context {
+            layout: self,
+            kjt,
+            keys,
+            owners,
+            weighted: kjt.weights().is_some() || self.any_split_mean,
+        }
+    }
 }
 
 fn local_name(name: &str, shard: usize) -> String {
@@ -225,23 +253,27 @@ impl ShardedEmbeddingBagCollection {
                 local_grad: Vec::new(),
             });
         }
-        Ok(Self {
-            configs,
-            plan,
-            optimizer,
+        let layout = Layout {
+            any_split_mean: slots.iter().any(|s| s.split_mean),
             slots,
             routes,
-            devices,
-            comms: InProcess::group(n),
-            bytes_before: vec![0; n],
+            width: offset,
             pool: Arc::new(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(rayon::current_num_threads())
                     .build()
                     .map_err(|e| ShardingError::Collective(format!("a device thread pool: {e}")))?,
             ),
+        };
+        Ok(Self {
+            configs,
+            plan,
+            optimizer,
+            layout,
+            devices,
+            comms: InProcess::group(n),
+            bytes_before: vec![0; n],
             last_forward: None,
-            width: offset,
             step: ebc.step(),
             stats: ShardingStats {
                 lookups: vec![0; n],
@@ -283,9 +315,6 @@ impl ShardedEmbeddingBagCollection {
     pub fn plan(&self) -> &ShardingPlan {
         &self.plan
     }
-    pub fn configs(&self) -> &[EmbeddingBagConfig] {
-        &self.configs
-    }
     pub fn optimizer(&self) -> &TableOptimizer {
         &self.optimizer
     }
@@ -313,10 +342,15 @@ impl ShardedEmbeddingBagCollection {
         self.device_bytes().iter().sum()
     }
     pub fn feature_names(&self) -> Vec<String> {
-        self.slots.iter().map(|s| s.feature.clone()).collect()
+        self.layout
+            .slots
+            .iter()
+            .map(|s| s.feature.clone())
+            .collect()
     }
     pub fn feature_dims(&self) -> Vec<usize> {
-        self.slots
+        self.layout
+            .slots
             .iter()
             .map(|s| self.configs[s.table].embedding_dim)
             .collect()
@@ -339,18 +373,18 @@ impl ShardedEmbeddingBagCollection {
         if let Some(k) = kjt
             .keys()
             .iter()
-            .find(|k| !self.slots.iter().any(|s| &s.feature == *k))
+            .find(|k| !self.layout.slots.iter().any(|s| &s.feature == *k))
         {
             return Err(SparseError::UnknownFeature(k.clone()));
         }
-        let keys = (self.slots.iter())
+        let keys = (self.layout.slots.iter())
             .map(|s| {
                 kjt.key_index(&s.feature)
                     .ok_or_else(|| SparseError::MissingFeature(s.feature.clone()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let b = kjt.stride();
-        for (slot, &k) in self.slots.iter().zip(&keys) {
+        for (slot, &k) in self.layout.slots.iter().zip(&keys) {
             let c = &self.configs[slot.table];
             let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
             for sample in 0..b {
@@ -379,25 +413,16 @@ impl ShardedEmbeddingBagCollection {
         self.last_forward = None;
         let keys = self.check_input(kjt)?;
         let b = kjt.stride();
-        if out.batch() != b || out.width() != self.width {
+        if out.batch() != b || out.width() != self.layout.width {
             *out = self.new_output(b);
         }
         let n = self.devices.len();
         let owners = blocks_exact(b, n);
-        let ctx = Context {
-            pool: &self.pool,
-            slots: &self.slots,
-            routes: &self.routes,
-            kjt,
-            keys: &keys,
-            owners: &owners,
-            width: self.width,
-            weighted: kjt.weights().is_some() || self.slots.iter().any(|s| s.split_mean),
-        };
+        let ctx = self.layout.context(kjt, &keys, &owners);
         let mut chunks = Vec::with_capacity(n);
         let mut rest = out.values_mut();
         for o in &owners {
-            let (mine, tail) = rest.split_at_mut(o.len() * self.width);
+            let (mine, tail) = rest.split_at_mut(o.len() * self.layout.width);
             chunks.push(mine);
             rest = tail;
         }
@@ -451,12 +476,12 @@ impl ShardedEmbeddingBagCollection {
                 ))
             )));
         }
-        if grad.len() != b * self.width {
+        if grad.len() != b * self.layout.width {
             return Err(SparseError::GradShape {
-                rows: grad.len() / self.width.max(1),
-                cols: self.width,
+                rows: grad.len() / self.layout.width.max(1),
+                cols: self.layout.width,
                 expected_rows: b,
-                expected_cols: self.width,
+                expected_cols: self.layout.width,
             }
             .into());
         }
@@ -465,17 +490,7 @@ impl ShardedEmbeddingBagCollection {
         }
         let n = self.devices.len();
         let owners = blocks_exact(b, n);
-        let ctx = Context {
-            pool: &self.pool,
-            slots: &self.slots,
-            routes: &self.routes,
-            kjt,
-            keys: &keys,
-            owners: &owners,
-            width: self.width,
-            weighted: kjt.weights().is_some() || self.slots.iter().any(|s| s.split_mean),
-        };
-        let n = self.devices.len();
+        let ctx = self.layout.context(kjt, &keys, &owners);
         let results = on_devices(
             &mut self.devices,
             &self.comms,
@@ -529,17 +544,19 @@ fn blocks_exact(b: usize, n: usize) -> Vec<Range<usize>> {
 }
 
 struct Context<'a> {
-    /// Where the kernels run. Only they do: a device body blocks on its
-    /// peers, which would starve a pool with fewer threads than devices.
-    pool: &'a rayon::ThreadPool,
-    slots: &'a [Slot],
-    routes: &'a [Route],
+    layout: &'a Layout,
     kjt: &'a KeyedJaggedTensor,
     keys: &'a [usize],
     owners: &'a [Range<usize>],
-    width: usize,
     /// The local bags carry weights: the input's, or a row-split mean's 1/len.
     weighted: bool,
+}
+
+impl std::ops::Deref for Context<'_> {
+    type Target = Layout;
+    fn deref(&self) -> &Layout {
+        self.layout
+    }
 }
 
 impl Context<'_> {
@@ -768,7 +785,7 @@ fn device_backward(
     // to its owner; data-parallel replicas also get the bags they lack.
     let t = Instant::now();
     let mut msgs: Vec<Writer> = (0..n).map(|_| Writer::new()).collect();
-    for route in ctx.routes {
+    for route in &ctx.routes {
         let slot = &ctx.slots[route.slot];
         let at = slot.offset + route.columns.start;
         let w = &mut msgs[route.device];

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ember_dense::pjrt::hlo::Func;
+use ember_dense::pjrt::hlo::{ty, Func};
 use ember_dense::pjrt::{lower, DeviceBuffer, Executable, PjrtBackend, PjrtError};
 use ember_dense::{Activation, DenseOptimizerConfig, HasParams};
 
@@ -242,24 +242,15 @@ fn step_program(
     let mut grads: BTreeMap<String, String> = BTreeMap::new();
 
     // Bottom MLP (ReLU after every layer, TorchRec's DenseArch).
-    let bottom: Vec<String> = (0..c.bottom_mlp.len() - 1)
-        .map(|i| format!("dense_arch.model._mlp.{i}._linear."))
+    let bottom: Vec<Layer> = (c.bottom_mlp.windows(2).enumerate())
+        .map(|(i, w)| Layer {
+            prefix: format!("dense_arch.model._mlp.{i}._linear."),
+            inp: w[0],
+            out: w[1],
+            act: Activation::Relu,
+        })
         .collect();
-    let mut xs = vec![dense.clone()];
-    for (i, pre) in bottom.iter().enumerate() {
-        let (inp, out) = (c.bottom_mlp[i], c.bottom_mlp[i + 1]);
-        let y = lower::linear_forward(
-            &mut f,
-            &xs[i],
-            &p[format!("{pre}weight").as_str()],
-            &p[format!("{pre}bias").as_str()],
-            b,
-            inp,
-            out,
-            Activation::Relu,
-        );
-        xs.push(y);
-    }
+    let xs = mlp_forward(&mut f, &p, &bottom, &dense, b);
     let bottom_out = xs.last().expect("a bottom layer").clone();
 
     // Interaction.
@@ -272,9 +263,9 @@ fn step_program(
         InteractionType::Dcn { layers, rank } => {
             let x0 = f.op(format!(
                 "stablehlo.concatenate {bottom_out}, {pooled}, dim = 1 : ({}, {}) -> {}",
-                ember_dense::pjrt::hlo::ty(&[b, d]),
-                ember_dense::pjrt::hlo::ty(&[b, nf * d]),
-                ember_dense::pjrt::hlo::ty(&[b, width])
+                ty(&[b, d]),
+                ty(&[b, nf * d]),
+                ty(&[b, width])
             ));
             let mut xl = vec![x0.clone()];
             let mut vs = Vec::new();
@@ -294,65 +285,31 @@ fn step_program(
         }
     };
 
-    // Top MLP (no activation on the logit).
-    let top = c.top_mlp_sizes();
-    let nt = top.len() - 1;
-    let top_names: Vec<String> = (0..nt)
-        .map(|i| {
-            if i + 1 == nt {
-                "over_arch.model.1.".into()
+    // Top MLP (no activation on the logit; TorchRec's OverArch).
+    let top_sizes = c.top_mlp_sizes();
+    let nt = top_sizes.len() - 1;
+    let top: Vec<Layer> = (top_sizes.windows(2).enumerate())
+        .map(|(i, w)| Layer {
+            prefix: match i + 1 == nt {
+                true => "over_arch.model.1.".into(),
+                false => format!("over_arch.model.0._mlp.{i}._linear."),
+            },
+            inp: w[0],
+            out: w[1],
+            act: if i + 1 == nt {
+                Activation::None
             } else {
-                format!("over_arch.model.0._mlp.{i}._linear.")
-            }
+                Activation::Relu
+            },
         })
         .collect();
-    let mut ts = vec![top_in.clone()];
-    for (i, pre) in top_names.iter().enumerate() {
-        let act = if i + 1 == nt {
-            Activation::None
-        } else {
-            Activation::Relu
-        };
-        let y = lower::linear_forward(
-            &mut f,
-            &ts[i],
-            &p[format!("{pre}weight").as_str()],
-            &p[format!("{pre}bias").as_str()],
-            b,
-            top[i],
-            top[i + 1],
-            act,
-        );
-        ts.push(y);
-    }
+    let ts = mlp_forward(&mut f, &p, &top, &top_in, b);
     let logits = f.reshape(ts.last().expect("a top layer"), &[b, 1], &[b]);
     let (loss, dlogits) = lower::bce_with_logits(&mut f, &logits, &labels, b);
 
     // Backward: top.
-    let mut g = f.reshape(&dlogits, &[b], &[b, 1]);
-    for i in (0..nt).rev() {
-        let act = if i + 1 == nt {
-            Activation::None
-        } else {
-            Activation::Relu
-        };
-        let pre = &top_names[i];
-        let (_, dw, db, dx) = lower::linear_backward(
-            &mut f,
-            &ts[i],
-            &p[format!("{pre}weight").as_str()],
-            &ts[i + 1],
-            &g,
-            b,
-            top[i],
-            top[i + 1],
-            act,
-            true,
-        );
-        grads.insert(format!("{pre}weight"), dw);
-        grads.insert(format!("{pre}bias"), db);
-        g = dx.expect("asked for dx");
-    }
+    let d_logits = f.reshape(&dlogits, &[b], &[b, 1]);
+    let mut g = mlp_backward(&mut f, &p, &top, &ts, d_logits, b, true, &mut grads);
     // Interaction.
     let (d_bottom, d_pooled) = match dcn.take() {
         None => lower::dot_interaction_backward(&mut f, &bottom_out, &pooled, &g, b, nf, d),
@@ -376,7 +333,6 @@ fn step_program(
                 grads.insert(format!("inter_arch.crossnet.bias.{l}"), db);
             }
             let total = f.binary("add", &dx0, &g, &[b, width]);
-            let ty = ember_dense::pjrt::hlo::ty;
             let db_ = f.op(format!(
                 "stablehlo.slice {total} [0:{b}, 0:{d}] : ({}) -> {}",
                 ty(&[b, width]),
@@ -390,29 +346,8 @@ fn step_program(
             (db_, dp)
         }
     };
-    // Bottom.
-    let mut g = d_bottom;
-    for i in (0..bottom.len()).rev() {
-        let pre = &bottom[i];
-        let (inp, out) = (c.bottom_mlp[i], c.bottom_mlp[i + 1]);
-        let (_, dw, db, dx) = lower::linear_backward(
-            &mut f,
-            &xs[i],
-            &p[format!("{pre}weight").as_str()],
-            &xs[i + 1],
-            &g,
-            b,
-            inp,
-            out,
-            Activation::Relu,
-            i > 0,
-        );
-        grads.insert(format!("{pre}weight"), dw);
-        grads.insert(format!("{pre}bias"), db);
-        if let Some(dx) = dx {
-            g = dx;
-        }
-    }
+    // Bottom (no input gradient: the dense features are data).
+    mlp_backward(&mut f, &p, &bottom, &xs, d_bottom, b, false, &mut grads);
 
     // The optimizer, as the native one computes it.
     let mut results = vec![(loss, vec![]), (d_pooled, vec![b, nf * d])];
@@ -429,10 +364,7 @@ fn step_program(
             DenseOptimizerConfig::Adagrad { lr, eps } => {
                 let g2 = f.binary("multiply", gr, gr, shape);
                 let s = f.binary("add", &st[0], &g2, shape);
-                let root = f.op(format!(
-                    "stablehlo.sqrt {s} : {}",
-                    ember_dense::pjrt::hlo::ty(shape)
-                ));
+                let root = f.op(format!("stablehlo.sqrt {s} : {}", ty(shape)));
                 let e = f.splat(eps, shape);
                 let den = f.binary("add", &root, &e, shape);
                 let lr = f.splat(lr, shape);
@@ -444,7 +376,6 @@ fn step_program(
             DenseOptimizerConfig::Adam {
                 beta1, beta2, eps, ..
             } => {
-                let ty = ember_dense::pjrt::hlo::ty;
                 let (b1, ob1) = (f.splat(beta1, shape), f.splat(1.0 - beta1, shape));
                 let (b2, ob2) = (f.splat(beta2, shape), f.splat(1.0 - beta2, shape));
                 let m1 = f.binary("multiply", &b1, &st[0], shape);
@@ -479,4 +410,70 @@ fn step_program(
     }
     results.extend(new_state);
     f.finish(&results)
+}
+
+/// One linear layer of an MLP: its parameter prefix, sizes and activation.
+struct Layer {
+    prefix: String,
+    inp: usize,
+    out: usize,
+    act: Activation,
+}
+
+/// The input and each layer's output.
+fn mlp_forward(
+    f: &mut Func,
+    p: &BTreeMap<&str, String>,
+    layers: &[Layer],
+    x: &str,
+    b: usize,
+) -> Vec<String> {
+    let mut xs = vec![x.to_string()];
+    for (i, l) in layers.iter().enumerate() {
+        let (w, bias) = (
+            &p[format!("{}weight", l.prefix).as_str()],
+            &p[format!("{}bias", l.prefix).as_str()],
+        );
+        let y = lower::linear_forward(f, &xs[i], w, bias, b, l.inp, l.out, l.act);
+        xs.push(y);
+    }
+    xs
+}
+
+/// Back through the layers from `g` (the gradient of the last output),
+/// recording each parameter's gradient; returns the input's gradient, or
+/// `g` unchanged past the first layer when `want_dx` is false.
+#[allow(clippy::too_many_arguments)]
+fn mlp_backward(
+    f: &mut Func,
+    p: &BTreeMap<&str, String>,
+    layers: &[Layer],
+    xs: &[String],
+    mut g: String,
+    b: usize,
+    want_dx: bool,
+    grads: &mut BTreeMap<String, String>,
+) -> String {
+    for (i, l) in layers.iter().enumerate().rev() {
+        let w = &p[format!("{}weight", l.prefix).as_str()];
+        let need_dx = want_dx || i > 0;
+        let (_, dw, db, dx) = lower::linear_backward(
+            f,
+            &xs[i],
+            w,
+            &xs[i + 1],
+            &g,
+            b,
+            l.inp,
+            l.out,
+            l.act,
+            need_dx,
+        );
+        grads.insert(format!("{}weight", l.prefix), dw);
+        grads.insert(format!("{}bias", l.prefix), db);
+        if let Some(dx) = dx {
+            g = dx;
+        }
+    }
+    g
 }

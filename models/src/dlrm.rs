@@ -457,6 +457,17 @@ impl Dlrm {
         Ok(())
     }
 
+    /// The batch checked and looked up: the first phase of every step.
+    fn checked_lookup(&mut self, batch: &Batch) -> Result<PhaseTimes, ModelError> {
+        self.check_batch(batch)?;
+        let t = Instant::now();
+        self.lookup(batch)?;
+        Ok(PhaseTimes {
+            sparse_forward: t.elapsed(),
+            ..PhaseTimes::default()
+        })
+    }
+
     /// Logits of a batch (no update).
     pub fn predict(
         &mut self,
@@ -481,11 +492,7 @@ impl Dlrm {
         step: &mut crate::CompiledDenseStep,
         batch: &Batch,
     ) -> Result<StepOutput, ModelError> {
-        self.check_batch(batch)?;
-        let mut times = PhaseTimes::default();
-        let t = Instant::now();
-        self.lookup(batch)?;
-        times.sparse_forward = t.elapsed();
+        let mut times = self.checked_lookup(batch)?;
         let t = Instant::now();
         let (loss, d_pooled) =
             step.run(batch.dense.data(), self.pooled_dense.data(), &batch.labels)?;
@@ -523,11 +530,7 @@ impl Dlrm {
         batch: &Batch,
         check: bool,
     ) -> Result<StepOutput, ModelError> {
-        self.check_batch(batch)?;
-        let mut times = PhaseTimes::default();
-        let t = Instant::now();
-        self.lookup(batch)?;
-        times.sparse_forward = t.elapsed();
+        let mut times = self.checked_lookup(batch)?;
         if check {
             self.check_pooled("the pooled embeddings of", self.pooled.values())?;
         }

@@ -5,23 +5,11 @@
 
 use std::path::Path;
 
-use ember_dense::pjrt::{default_plugin_path, Client, PjrtError, Plugin};
+use ember_dense::pjrt::{plugin_for_tests, Client, PjrtError, Plugin};
 use ember_dense::{Activation, DenseBackend, NativeBackend, Tensor};
 
 fn client() -> Option<Client> {
-    let path = default_plugin_path();
-    if !path.is_file() {
-        assert!(
-            std::env::var_os("EMBER_REQUIRE_PJRT").is_none(),
-            "EMBER_REQUIRE_PJRT is set but there is no plugin at {}",
-            path.display()
-        );
-        eprintln!(
-            "skipping: no PJRT plugin at {} (run scripts/fetch-pjrt-plugin.sh)",
-            path.display()
-        );
-        return None;
-    }
+    let path = plugin_for_tests()?;
     Some(Client::new(Plugin::load(&path).expect("the plugin loads")).expect("a client"))
 }
 

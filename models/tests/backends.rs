@@ -3,7 +3,7 @@
 //! Needs the PJRT CPU plugin (scripts/fetch-pjrt-plugin.sh); CI sets
 //! EMBER_REQUIRE_PJRT=1 so that a missing plugin fails there.
 
-use ember_dense::pjrt::{default_plugin_path, Client, PjrtBackend, Plugin};
+use ember_dense::pjrt::{plugin_for_tests, Client, PjrtBackend, Plugin};
 use ember_dense::{DenseBackend, DenseOptimizerConfig, HasParams, NativeBackend};
 use ember_models::{
     DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig, SyntheticData,
@@ -11,19 +11,24 @@ use ember_models::{
 use ember_sparse::TableOptimizer;
 
 fn pjrt() -> Option<PjrtBackend> {
-    let path = default_plugin_path();
-    if !path.is_file() {
-        assert!(
-            std::env::var_os("EMBER_REQUIRE_PJRT").is_none(),
-            "no PJRT plugin at {}",
-            path.display()
-        );
-        eprintln!("skipping: no PJRT plugin at {}", path.display());
-        return None;
-    }
+    let path = plugin_for_tests()?;
     Some(PjrtBackend::new(
         Client::new(Plugin::load(&path).unwrap()).unwrap(),
     ))
+}
+
+/// Synthetic batches for `config` (13 dense features).
+fn data(config: &DlrmConfig, kind: DataGeneration, ids: usize, seed: u64) -> SyntheticData {
+    SyntheticData::new(SyntheticConfig {
+        kind,
+        num_dense: 13,
+        features: config.feature_rows(),
+        indices_per_lookup: ids,
+        indices_per_feature: vec![],
+        fixed_indices: false,
+        seed,
+    })
+    .unwrap()
 }
 
 fn close(what: &str, a: &[f32], b: &[f32]) {
@@ -50,16 +55,7 @@ fn pjrt_and_native_train_the_same_model() {
             top_mlp: vec![16, 8, 1],
             interaction,
         };
-        let data = SyntheticData::new(SyntheticConfig {
-            kind: DataGeneration::Learnable,
-            num_dense: 13,
-            features: config.feature_rows(),
-            indices_per_lookup: 3,
-            indices_per_feature: vec![],
-            fixed_indices: false,
-            seed: 2,
-        })
-        .unwrap();
+        let data = data(&config, DataGeneration::Learnable, 3, 2);
         let make = || {
             Dlrm::new(
                 config.clone(),
@@ -127,16 +123,7 @@ fn the_compiled_step_trains_like_the_native_backend() {
                 top_mlp: vec![16, 8, 1],
                 interaction,
             };
-            let data = SyntheticData::new(SyntheticConfig {
-                kind: DataGeneration::Learnable,
-                num_dense: 13,
-                features: config.feature_rows(),
-                indices_per_lookup: 2,
-                indices_per_feature: vec![],
-                fixed_indices: false,
-                seed: 3,
-            })
-            .unwrap();
+            let data = data(&config, DataGeneration::Learnable, 2, 3);
             let make = || {
                 Dlrm::new(
                     config.clone(),
@@ -212,16 +199,7 @@ fn random_models_and_batches_agree_across_backends_and_modes() {
             interaction,
         };
         let batch_size = pick(1, 40);
-        let data = SyntheticData::new(SyntheticConfig {
-            kind: DataGeneration::Random,
-            num_dense: 13,
-            features: config.feature_rows(),
-            indices_per_lookup: pick(1, 4),
-            indices_per_feature: vec![],
-            fixed_indices: false,
-            seed: case,
-        })
-        .unwrap();
+        let data = data(&config, DataGeneration::Random, pick(1, 4), case);
         let opt = [
             DenseOptimizerConfig::sgd(0.1),
             DenseOptimizerConfig::adagrad(0.1),

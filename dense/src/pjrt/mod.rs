@@ -17,5 +17,6 @@ mod runtime;
 pub use backend::{CompileStats, PjrtBackend};
 pub use cache::default_cache_dir;
 pub use runtime::{
-    default_plugin_path, Client, DeviceBuffer, DeviceInfo, Executable, PjrtError, Plugin,
+    default_plugin_path, plugin_for_tests, Client, DeviceBuffer, DeviceInfo, Executable, PjrtError,
+    Plugin,
 };

@@ -47,6 +47,27 @@ pub fn default_plugin_path() -> PathBuf {
     home.join("xla-cpu-pjrt-0.0.1").join("xla_cpu_pjrt.so")
 }
 
+/// The plugin the test suites run against: the default one, when it is
+/// there. Without it they skip, except under `EMBER_REQUIRE_PJRT` (set by
+/// CI), where a missing plugin is a failure (a panic, as tests want).
+#[doc(hidden)]
+pub fn plugin_for_tests() -> Option<PathBuf> {
+    let path = default_plugin_path();
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("EMBER_REQUIRE_PJRT").is_none(),
+        "EMBER_REQUIRE_PJRT is set but there is no PJRT plugin at {}",
+        path.display()
+    );
+    eprintln!(
+        "skipping: no PJRT plugin at {} (run scripts/fetch-pjrt-plugin.sh)",
+        path.display()
+    );
+    None
+}
+
 /// Plugins loaded so far, by canonical path.
 type Loaded = Vec<(PathBuf, Arc<Plugin>)>;
 

@@ -164,7 +164,7 @@ fn shape_prefix(dims: &[usize]) -> String {
 }
 
 /// `[[i], [j], ...]` as an `MxN x1xi32` constant.
-pub fn index_constant(f: &mut Func, idx: &[usize]) -> String {
+fn index_constant(f: &mut Func, idx: &[usize]) -> String {
     let items: Vec<String> = idx.iter().map(|i| format!("[{i}]")).collect();
     f.op(format!(
         "stablehlo.constant dense<[{}]> : tensor<{}x1xi32>",

@@ -119,6 +119,33 @@ pub trait DenseBackend<T: Real>: Send + Sync {
     fn add_assign(&self, y: &mut Tensor<T>, x: &Tensor<T>);
 
     /// Mean binary cross-entropy of `sigmoid(logits)` against `labels`, computed stably on the
-    /// logits. Writes `dlogits = (sigmoid(z) - y) / n` and returns the mean loss.
-    fn bce_with_logits(&self, logits: &[T], labels: &[T], dlogits: &mut [T]) -> T;
+    /// logits. Writes `dlogits = (sigmoid(z) - y) / n` and the mean loss into `loss` (an output
+    /// like any other, so a deferring backend need not stop for it).
+    fn bce_with_logits(&self, logits: &[T], labels: &[T], dlogits: &mut [T], loss: &mut T);
+
+    /// `dst` becomes a copy of `src` (shape and values).
+    fn copy(&self, dst: &mut Tensor<T>, src: &Tensor<T>);
+
+    /// `t` becomes `[rows, cols]` of zeros.
+    fn zeros(&self, t: &mut Tensor<T>, rows: usize, cols: usize);
+
+    /// `out = [a, b]` side by side (`a` and `b` have the same rows). `out` is resized.
+    fn concat_columns(&self, a: &Tensor<T>, b: &Tensor<T>, out: &mut Tensor<T>);
+
+    /// Inverse of [`DenseBackend::concat_columns`]: the first `cols_a` columns of `x` go to `a`,
+    /// the rest to `b`; both are resized.
+    fn split_columns(&self, x: &Tensor<T>, cols_a: usize, a: &mut Tensor<T>, b: &mut Tensor<T>);
+
+    /// Runs `body` as one window: a backend may record the ops `body` issues and run them
+    /// fused when it returns, writing every output then (`--mode defer-fuse`). An eager
+    /// backend just runs `body`. A panic in `body` discards the window.
+    ///
+    /// # Safety
+    /// Until this returns, outputs of the ops inside `body` may still be unwritten: the
+    /// backend knows tensors by their addresses and writes outputs at the end. So every
+    /// tensor or slice given to an op in `body` must outlive this call, and inside `body` the
+    /// host must neither read, write, resize nor move one, except through this backend's ops.
+    unsafe fn fused(&self, body: &mut dyn FnMut()) {
+        body()
+    }
 }

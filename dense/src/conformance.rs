@@ -20,7 +20,7 @@ pub type Check<B> = fn(&B) -> Result<usize, String>;
 
 /// Runs every check; `Ok` carries the number of comparisons made, `Err` lists every failure.
 pub fn run_all<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
-    let checks: [(&str, Check<B>); 7] = [
+    let checks: [(&str, Check<B>); 9] = [
         ("matmul", check_matmul::<B>),
         ("linear_forward", check_linear_forward::<B>),
         ("linear_backward", check_linear_backward::<B>),
@@ -28,6 +28,8 @@ pub fn run_all<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
         ("cross_combine", check_cross_combine::<B>),
         ("add_assign", check_add_assign::<B>),
         ("bce_with_logits", check_bce_with_logits::<B>),
+        ("copies", check_copies::<B>),
+        ("fused_window", check_fused_window::<B>),
     ];
     let mut total = 0;
     let mut failures = Vec::new();
@@ -276,7 +278,8 @@ pub fn check_bce_with_logits<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
             .map(|i| (rng.unit() < 0.3 || i == 1) as u8 as f32)
             .collect();
         let mut grad = vec![f32::NAN; len];
-        let loss = be.bce_with_logits(&logits, &labels, &mut grad);
+        let mut loss = f32::NAN;
+        be.bce_with_logits(&logits, &labels, &mut grad, &mut loss);
         let l64: Vec<f64> = logits.iter().map(|&v| v as f64).collect();
         let y64: Vec<f64> = labels.iter().map(|&v| v as f64).collect();
         let (want_loss, want_grad) = reference::bce_with_logits(&l64, &y64);
@@ -294,6 +297,149 @@ pub fn check_bce_with_logits<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
         n += 1;
     }
     Ok(n)
+}
+
+/// `copy`, `zeros`, `concat_columns` and `split_columns` (into buffers of other shapes).
+pub fn check_copies<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
+    let mut rng = Initializer::new(18);
+    let mut n = 0;
+    for &(rows, ca, cb) in &[(1, 1, 1), (3, 5, 2), (300, 16, 416)] {
+        let what = format!("[{rows}x{ca}] and [{rows}x{cb}]");
+        let (a, b) = (random(&mut rng, rows, ca), random(&mut rng, rows, cb));
+        let mut c = Tensor::from_fn(2, 3, |_, _| f32::NAN);
+        be.copy(&mut c, &a);
+        compare(&format!("{what} copy"), &c, &a.cast())?;
+        be.zeros(&mut c, rows, cb);
+        compare(&format!("{what} zeros"), &c, &Tensor::zeros(rows, cb))?;
+        let mut ab = Tensor::zeros(1, 1);
+        be.concat_columns(&a, &b, &mut ab);
+        let want = Tensor::from_fn(rows, ca + cb, |r, col| {
+            if col < ca {
+                a.row(r)[col] as f64
+            } else {
+                b.row(r)[col - ca] as f64
+            }
+        });
+        compare(&format!("{what} concat_columns"), &ab, &want)?;
+        let (mut a2, mut b2) = (Tensor::zeros(0, 0), Tensor::zeros(7, 1));
+        be.split_columns(&ab, ca, &mut a2, &mut b2);
+        compare(&format!("{what} split_columns (left)"), &a2, &a.cast())?;
+        compare(&format!("{what} split_columns (right)"), &b2, &b.cast())?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// A chain of ops inside [`DenseBackend::fused`] (outputs feeding later ops, an output
+/// overwritten in place, a buffer reused for a larger shape, the loss) gives what the same
+/// ops give one at a time.
+pub fn check_fused_window<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
+    let mut rng = Initializer::new(19);
+    let (rows, inp, out) = (33, 12, 7);
+    let (x, w) = (random(&mut rng, rows, inp), random(&mut rng, out, inp));
+    let b = random(&mut rng, 1, out);
+    let labels: Vec<f32> = (0..rows).map(|r| (r % 3 == 0) as u8 as f32).collect();
+    let w2 = random(&mut rng, 1, out + inp);
+
+    #[derive(Default)]
+    struct Bufs {
+        xc: Tensor<f32>,
+        y: Tensor<f32>,
+        cat: Tensor<f32>,
+        logits: Tensor<f32>,
+        dlogits: Tensor<f32>,
+        loss: f32,
+        dw2: Tensor<f32>,
+        db2: Vec<f32>,
+        dcat: Tensor<f32>,
+        dy: Tensor<f32>,
+        dx_cat: Tensor<f32>,
+        dw: Tensor<f32>,
+        db: Vec<f32>,
+        dx: Tensor<f32>,
+    }
+    let run = |bf: &mut Bufs| {
+        be.copy(&mut bf.xc, &x);
+        be.linear_forward(&bf.xc, &w, b.data(), Activation::Relu, &mut bf.y);
+        be.concat_columns(&bf.y, &bf.xc, &mut bf.cat);
+        be.linear_forward(&bf.cat, &w2, &[0.25], Activation::None, &mut bf.logits);
+        bf.dlogits.resize(rows, 1);
+        be.bce_with_logits(
+            bf.logits.data(),
+            &labels,
+            bf.dlogits.data_mut(),
+            &mut bf.loss,
+        );
+        bf.db2 = vec![0.0];
+        let Bufs {
+            cat,
+            logits,
+            dlogits,
+            dw2,
+            db2,
+            dcat,
+            ..
+        } = bf;
+        be.linear_backward(
+            cat,
+            &w2,
+            logits,
+            Activation::None,
+            dlogits,
+            dw2,
+            db2,
+            Some(dcat),
+        );
+        be.split_columns(&bf.dcat, out, &mut bf.dy, &mut bf.dx_cat);
+        bf.db = vec![0.0; out];
+        be.linear_backward(
+            &bf.xc,
+            &w,
+            &bf.y,
+            Activation::Relu,
+            &mut bf.dy,
+            &mut bf.dw,
+            &mut bf.db,
+            Some(&mut bf.dx),
+        );
+        be.add_assign(&mut bf.dx, &bf.dx_cat);
+        // A buffer reused for a larger shape inside the window.
+        be.zeros(&mut bf.dx_cat, rows, 4 * inp);
+    };
+    let mut eager = Bufs::default();
+    run(&mut eager);
+    let mut fused = Bufs::default();
+    // SAFETY: every buffer the ops write lives in `fused`, which outlives the call, and
+    // `run` touches them through the backend's ops only (the resizes and `db` vectors
+    // are made before the op that writes them first).
+    unsafe { be.fused(&mut || run(&mut fused)) };
+    let pairs: [(&str, &Tensor<f32>, &Tensor<f32>); 8] = [
+        ("y", &fused.y, &eager.y),
+        ("logits", &fused.logits, &eager.logits),
+        ("dlogits", &fused.dlogits, &eager.dlogits),
+        ("dw2", &fused.dw2, &eager.dw2),
+        ("dy", &fused.dy, &eager.dy),
+        ("dw", &fused.dw, &eager.dw),
+        ("dx", &fused.dx, &eager.dx),
+        ("dx_cat (reused)", &fused.dx_cat, &eager.dx_cat),
+    ];
+    for (what, got, want) in pairs {
+        compare(what, got, &want.cast())?;
+    }
+    let vec_pairs = [
+        ("loss", vec![fused.loss], vec![eager.loss]),
+        ("db", fused.db.clone(), eager.db.clone()),
+        ("db2", fused.db2.clone(), eager.db2.clone()),
+    ];
+    for (what, got, want) in vec_pairs {
+        let len = got.len();
+        compare(
+            what,
+            &Tensor::from_vec(1, len, got).unwrap(),
+            &Tensor::from_vec(1, want.len(), want).unwrap().cast(),
+        )?;
+    }
+    Ok(11)
 }
 
 fn random(rng: &mut Initializer, rows: usize, cols: usize) -> Tensor<f32> {

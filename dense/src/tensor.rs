@@ -126,6 +126,29 @@ impl<T: Real> Tensor<T> {
         self.data.copy_from_slice(&src.data);
     }
 
+    /// Becomes `[a, b]` side by side (`a` and `b` have the same rows).
+    pub fn concat_columns_of(&mut self, a: &Tensor<T>, b: &Tensor<T>) {
+        let ca = a.cols;
+        self.resize(a.rows, ca + b.cols);
+        for r in 0..a.rows {
+            let row = self.row_mut(r);
+            row[..ca].copy_from_slice(a.row(r));
+            row[ca..].copy_from_slice(b.row(r));
+        }
+    }
+
+    /// Inverse of [`Tensor::concat_columns_of`]: the first `cols_a` columns go to `a`, the rest
+    /// to `b`.
+    pub fn split_columns_into(&self, cols_a: usize, a: &mut Tensor<T>, b: &mut Tensor<T>) {
+        a.resize(self.rows, cols_a);
+        b.resize(self.rows, self.cols - cols_a);
+        for r in 0..self.rows {
+            let row = self.row(r);
+            a.row_mut(r).copy_from_slice(&row[..cols_a]);
+            b.row_mut(r).copy_from_slice(&row[cols_a..]);
+        }
+    }
+
     /// Converts every element (through `f64`).
     pub fn cast<U: Real>(&self) -> Tensor<U> {
         Tensor {

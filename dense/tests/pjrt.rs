@@ -104,6 +104,45 @@ fn pjrt_backend_passes_the_conformance_suite() {
 }
 
 #[test]
+fn a_fused_window_is_one_execution_and_a_panic_discards_it() {
+    let Some(client) = client() else { return };
+    let be = ember_dense::pjrt::PjrtBackend::new(client);
+    let x = Tensor::from_vec(2, 2, vec![1.0, -2.0, 3.0, 0.5]).unwrap();
+    let w = Tensor::from_vec(2, 2, vec![0.1, 0.2, -0.3, 0.4]).unwrap();
+    let b = [0.5f32, -0.5];
+    let (mut y, mut z) = (Tensor::zeros(0, 0), Tensor::zeros(0, 0));
+    let eager = |y: &mut Tensor<f32>, z: &mut Tensor<f32>| {
+        be.linear_forward(&x, &w, &b, Activation::Relu, y);
+        be.linear_forward(y, &w, &b, Activation::None, z);
+        be.add_assign(z, &x);
+    };
+    eager(&mut y, &mut z);
+    let want = (y.clone(), z.clone());
+    let before = be.stats().executions;
+    let (mut fy, mut fz) = (Tensor::zeros(0, 0), Tensor::zeros(0, 0));
+    // SAFETY: the ops' tensors outlive the call and are touched through ops only.
+    unsafe { be.fused(&mut || eager(&mut fy, &mut fz)) };
+    assert_eq!(be.stats().executions, before + 1, "three ops, one window");
+    assert_eq!((&fy, &fz), (&want.0, &want.1));
+
+    // A body that panics leaves nothing behind: the next window runs clean.
+    let mut dead = Tensor::zeros(0, 0);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+        be.fused(&mut || {
+            be.linear_forward(&x, &w, &b, Activation::Relu, &mut dead);
+            panic!("the body fails");
+        })
+    }));
+    assert!(panicked.is_err());
+    drop(dead);
+    let before = be.stats().executions;
+    let (mut gy, mut gz) = (Tensor::zeros(0, 0), Tensor::zeros(0, 0));
+    unsafe { be.fused(&mut || eager(&mut gy, &mut gz)) };
+    assert_eq!(be.stats().executions, before + 1);
+    assert_eq!((&gy, &gz), (&want.0, &want.1));
+}
+
+#[test]
 fn compiled_executables_are_cached_on_disk_and_bad_entries_recompiled() {
     use ember_dense::pjrt::PjrtBackend;
     let Some(first) = client() else { return };

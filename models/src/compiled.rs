@@ -261,12 +261,7 @@ fn step_program(
             None,
         ),
         InteractionType::Dcn { layers, rank } => {
-            let x0 = f.op(format!(
-                "stablehlo.concatenate {bottom_out}, {pooled}, dim = 1 : ({}, {}) -> {}",
-                ty(&[b, d]),
-                ty(&[b, nf * d]),
-                ty(&[b, width])
-            ));
+            let x0 = lower::concat_columns(&mut f, &bottom_out, &pooled, b, d, nf * d);
             let mut xl = vec![x0.clone()];
             let mut vs = Vec::new();
             let mut hs = Vec::new();
@@ -333,17 +328,10 @@ fn step_program(
                 grads.insert(format!("inter_arch.crossnet.bias.{l}"), db);
             }
             let total = f.binary("add", &dx0, &g, &[b, width]);
-            let db_ = f.op(format!(
-                "stablehlo.slice {total} [0:{b}, 0:{d}] : ({}) -> {}",
-                ty(&[b, width]),
-                ty(&[b, d])
-            ));
-            let dp = f.op(format!(
-                "stablehlo.slice {total} [0:{b}, {d}:{width}] : ({}) -> {}",
-                ty(&[b, width]),
-                ty(&[b, nf * d])
-            ));
-            (db_, dp)
+            (
+                lower::slice_columns(&mut f, &total, b, width, 0, d),
+                lower::slice_columns(&mut f, &total, b, width, d, width),
+            )
         }
     };
     // Bottom (no input gradient: the dense features are data).

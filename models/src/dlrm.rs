@@ -186,11 +186,19 @@ impl<T: Real> DenseArch<T> {
         let top_in = match &mut self.interaction {
             InteractionArch::Dot(dot) => dot.forward(be, bottom_out, pooled),
             InteractionArch::Dcn { net, combined, .. } => {
-                concat_columns(bottom_out, pooled, combined);
+                be.concat_columns(bottom_out, pooled, combined);
                 net.forward(be, combined)
             }
         };
         self.top.forward(be, top_in)
+    }
+
+    /// The gradient of the pooled embeddings from the last backward.
+    pub fn pooled_grad(&self) -> &Tensor<T> {
+        match &self.interaction {
+            InteractionArch::Dot(dot) => dot.dsparse(),
+            InteractionArch::Dcn { d_sparse, .. } => d_sparse,
+        }
     }
 
     /// Backward from the logits' gradient; fills every parameter's gradient
@@ -210,7 +218,7 @@ impl<T: Real> DenseArch<T> {
                 ..
             } => {
                 let d_combined = net.backward(be, d_top_in);
-                split_columns(d_combined, *dim, d_dense, d_sparse);
+                be.split_columns(d_combined, *dim, d_dense, d_sparse);
                 (&*d_dense, &*d_sparse)
             }
         };
@@ -311,28 +319,6 @@ fn non_finite<T: Real>(what: &str, data: &[T], cols: usize) -> Option<ModelError
     })
 }
 
-/// `out = [a | b]` row by row.
-fn concat_columns<T: Real>(a: &Tensor<T>, b: &Tensor<T>, out: &mut Tensor<T>) {
-    let (ca, cb) = (a.cols(), b.cols());
-    out.resize(a.rows(), ca + cb);
-    for r in 0..a.rows() {
-        let row = out.row_mut(r);
-        row[..ca].copy_from_slice(a.row(r));
-        row[ca..].copy_from_slice(b.row(r));
-    }
-}
-
-/// Inverse of [`concat_columns`]: the first `cols_a` columns go to `a`.
-fn split_columns<T: Real>(x: &Tensor<T>, cols_a: usize, a: &mut Tensor<T>, b: &mut Tensor<T>) {
-    a.resize(x.rows(), cols_a);
-    b.resize(x.rows(), x.cols() - cols_a);
-    for r in 0..x.rows() {
-        let row = x.row(r);
-        a.row_mut(r).copy_from_slice(&row[..cols_a]);
-        b.row_mut(r).copy_from_slice(&row[cols_a..]);
-    }
-}
-
 /// Wall time of each phase of a training step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct PhaseTimes {
@@ -351,6 +337,17 @@ impl PhaseTimes {
             + self.dense_update
             + self.sparse_backward_update
     }
+}
+
+/// How a training step runs its dense part.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Run {
+    /// Op by op.
+    Eager,
+    /// Op by op, with every output checked before any update (`--mode debug`).
+    Checked,
+    /// As one window of the backend (`--mode defer-fuse`).
+    Fused,
 }
 
 /// What one training step reports.
@@ -509,7 +506,7 @@ impl Dlrm {
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
     ) -> Result<StepOutput, ModelError> {
-        self.step(be, batch, false)
+        self.step(be, batch, Run::Eager)
     }
 
     /// `--mode debug`: a training step that, before any update, checks the
@@ -521,32 +518,57 @@ impl Dlrm {
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
     ) -> Result<StepOutput, ModelError> {
-        self.step(be, batch, true)
+        self.step(be, batch, Run::Checked)
+    }
+
+    /// `--mode defer-fuse`: [`Dlrm::train_step`] with the dense forward, loss
+    /// and backward issued as one window the backend may record and run fused
+    /// ([`DenseBackend::fused`]); `dense_forward` times the whole window.
+    pub fn train_step_fused(
+        &mut self,
+        be: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<StepOutput, ModelError> {
+        self.step(be, batch, Run::Fused)
     }
 
     fn step(
         &mut self,
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
-        check: bool,
+        run: Run,
     ) -> Result<StepOutput, ModelError> {
         let mut times = self.checked_lookup(batch)?;
-        if check {
+        if run == Run::Checked {
             self.check_pooled("the pooled embeddings of", self.pooled.values())?;
         }
 
         let t = Instant::now();
-        let logits = self
-            .dense_arch
-            .forward(be, &batch.dense, &self.pooled_dense);
-        let loss = self.loss.forward_backward(be, logits, &batch.labels);
-        times.dense_forward = t.elapsed();
-
-        let t = Instant::now();
-        if check {
-            // Debug only: a copy, so the arch can be inspected before any update.
-            let d_pooled = self.dense_arch.backward(be, self.loss.grad()).clone();
+        if run == Run::Fused {
+            let (arch, loss, pooled) = (&mut self.dense_arch, &mut self.loss, &self.pooled_dense);
+            let mut dense = || {
+                let logits = arch.forward(be, &batch.dense, pooled);
+                loss.forward_backward(be, logits, &batch.labels);
+                arch.backward(be, loss.grad());
+            };
+            // SAFETY: every tensor the ops are given belongs to `self` or `batch`,
+            // both borrowed for this whole call, and `dense` only runs layers,
+            // which touch their buffers through the backend's ops.
+            unsafe { be.fused(&mut dense) };
+            times.dense_forward = t.elapsed();
+        } else {
+            let logits = self
+                .dense_arch
+                .forward(be, &batch.dense, &self.pooled_dense);
+            self.loss.forward_backward(be, logits, &batch.labels);
+            times.dense_forward = t.elapsed();
+            let t = Instant::now();
+            self.dense_arch.backward(be, self.loss.grad());
             times.dense_backward = t.elapsed();
+        }
+        let loss = self.loss.loss();
+
+        if run == Run::Checked {
             if let Some(e) = self.dense_arch.first_non_finite_activation() {
                 return Err(e);
             }
@@ -557,22 +579,16 @@ impl Dlrm {
                     value: loss,
                 });
             }
-            self.check_pooled("the gradient of the pooled embeddings of", d_pooled.data())?;
+            let d_pooled = self.dense_arch.pooled_grad().data();
+            self.check_pooled("the gradient of the pooled embeddings of", d_pooled)?;
             if let Some(e) = self.dense_arch.first_non_finite_gradient() {
                 return Err(e);
             }
-            let t = Instant::now();
-            self.sparse_arch
-                .backward_update(&batch.sparse, d_pooled.data())?;
-            times.sparse_backward_update = t.elapsed();
-        } else {
-            let d_pooled = self.dense_arch.backward(be, self.loss.grad());
-            times.dense_backward = t.elapsed();
-            let t = Instant::now();
-            self.sparse_arch
-                .backward_update(&batch.sparse, d_pooled.data())?;
-            times.sparse_backward_update = t.elapsed();
         }
+        let t = Instant::now();
+        self.sparse_arch
+            .backward_update(&batch.sparse, self.dense_arch.pooled_grad().data())?;
+        times.sparse_backward_update = t.elapsed();
 
         let t = Instant::now();
         self.dense_optimizer.step(self.dense_arch.params());

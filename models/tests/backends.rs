@@ -206,18 +206,20 @@ fn random_models_and_batches_agree_across_backends_and_modes() {
             DenseOptimizerConfig::adam(0.01),
         ][case as usize % 3];
         let make = || Dlrm::new(config.clone(), TableOptimizer::sgd(0.1), opt, case).unwrap();
-        let (mut want, mut strict, mut compiled) = (make(), make(), make());
+        let (mut want, mut strict, mut fused, mut compiled) = (make(), make(), make(), make());
         let mut step =
             ember_models::CompiledDenseStep::new(pjrt.clone(), &mut compiled, batch_size).unwrap();
         for i in 0..2 {
             let batch = data.batch(i, batch_size);
             let w = want.train_step(&native, &batch).unwrap().loss;
             let s = strict.train_step(pjrt.as_ref(), &batch).unwrap().loss;
+            let d = fused.train_step_fused(pjrt.as_ref(), &batch).unwrap().loss;
             let c = compiled
                 .train_step_compiled(&mut step, &batch)
                 .unwrap()
                 .loss;
             close(&format!("case {case} strict loss"), &[s], &[w]);
+            close(&format!("case {case} defer-fuse loss"), &[d], &[w]);
             close(&format!("case {case} compiled loss"), &[c], &[w]);
         }
         step.sync_to_host(&mut compiled).unwrap();
@@ -229,18 +231,29 @@ fn random_models_and_batches_agree_across_backends_and_modes() {
             &w,
         );
         close(
+            &format!("case {case} defer-fuse logits"),
+            fused.predict(pjrt.as_ref(), &test).unwrap(),
+            &w,
+        );
+        close(
             &format!("case {case} compiled logits"),
             compiled.predict(&native, &test).unwrap(),
             &w,
         );
-        for ((p, q), r) in want
+        for (((p, q), d), r) in want
             .dense_arch_mut()
             .params()
             .iter()
             .zip(strict.dense_arch_mut().params().iter())
+            .zip(fused.dense_arch_mut().params().iter())
             .zip(compiled.dense_arch_mut().params().iter())
         {
             close(&format!("case {case} strict {}", p.name), q.value, p.value);
+            close(
+                &format!("case {case} defer-fuse {}", p.name),
+                d.value,
+                p.value,
+            );
             close(
                 &format!("case {case} compiled {}", p.name),
                 r.value,

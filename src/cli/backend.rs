@@ -31,6 +31,11 @@ pub enum ExecMode {
     /// and every gradient for NaN and infinity; the first failure names the
     /// table or layer, the sample and the value.
     Debug,
+    /// Each step's dense forward, loss and backward recorded as one window
+    /// of ops, which PJRT compiles (once per shape) and runs fused; the
+    /// parameters go to the device and the results come back every step.
+    #[serde(rename = "defer-fuse")]
+    DeferFuse,
     /// The whole dense step (forward, backward, update) as one PJRT
     /// executable; parameters stay on the device between steps.
     Compiled,
@@ -69,8 +74,12 @@ impl BackendArgs {
     /// one sizes itself by it).
     pub fn build(&self, mode: ExecMode) -> anyhow::Result<Backend> {
         anyhow::ensure!(
-            mode != ExecMode::Compiled || self.dense_backend == BackendKind::Pjrt,
-            "--mode compiled runs the dense step as one PJRT executable: it needs --dense-backend pjrt"
+            !matches!(mode, ExecMode::Compiled | ExecMode::DeferFuse)
+                || self.dense_backend == BackendKind::Pjrt,
+            "--mode {} compiles the dense step with PJRT: it needs --dense-backend pjrt",
+            mode.to_possible_value()
+                .expect("no skipped modes")
+                .get_name()
         );
         Ok(match self.dense_backend {
             BackendKind::Native => {
@@ -141,6 +150,7 @@ impl Stepper {
                 Ok(model.train_step_compiled(step, batch)?)
             }
             (ExecMode::Debug, _) => Ok(model.train_step_checked(backend.dense(), batch)?),
+            (ExecMode::DeferFuse, _) => Ok(model.train_step_fused(backend.dense(), batch)?),
             _ => Ok(model.train_step(backend.dense(), batch)?),
         }
     }

@@ -87,7 +87,7 @@ impl<T: Real> LowRankCrossNet<T> {
                 )
             },
         );
-        self.xs[0].copy_from(x0);
+        be.copy(&mut self.xs[0], x0);
         for l in 0..self.num_layers() {
             let (done, rest) = self.xs.split_at_mut(l + 1);
             be.matmul(
@@ -129,9 +129,8 @@ impl<T: Real> LowRankCrossNet<T> {
             },
         );
         // `g` follows the x_l chain; `dx0` collects the direct x0 ⊙ (h + b) paths.
-        self.g.copy_from(dy);
-        self.dx0.resize(dy.rows(), dy.cols());
-        self.dx0.fill(T::ZERO);
+        be.copy(&mut self.g, dy);
+        be.zeros(&mut self.dx0, dy.rows(), dy.cols());
         let x0 = &self.xs[0];
         for l in (0..layers).rev() {
             be.cross_combine_backward(

@@ -65,10 +65,15 @@ impl<T: Real> DotInteraction<T> {
                 )
             },
         );
-        self.dense.copy_from(dense);
-        self.sparse.copy_from(sparse);
+        be.copy(&mut self.dense, dense);
+        be.copy(&mut self.sparse, sparse);
         be.dot_interaction_forward(&self.dense, &self.sparse, &mut self.out);
         &self.out
+    }
+
+    /// The gradient of the sparse input from the last backward.
+    pub fn dsparse(&self) -> &Tensor<T> {
+        &self.dsparse
     }
 
     /// From the gradient of the output, returns `(ddense, dsparse)`.

@@ -9,24 +9,26 @@ use crate::tensor::Tensor;
 #[derive(Clone, Debug, Default)]
 pub struct BceWithLogits<T> {
     grad: Tensor<T>,
+    loss: T,
 }
 
 impl<T: Real> BceWithLogits<T> {
     pub fn new() -> Self {
         BceWithLogits {
             grad: Tensor::default(),
+            loss: T::ZERO,
         }
     }
 
-    /// Returns the mean loss and stores `dL/dlogits` (shaped like `logits`).
-    pub fn forward_backward(
-        &mut self,
-        be: &dyn DenseBackend<T>,
-        logits: &Tensor<T>,
-        labels: &[T],
-    ) -> T {
+    /// Stores the mean loss and `dL/dlogits` (shaped like `logits`).
+    pub fn forward_backward(&mut self, be: &dyn DenseBackend<T>, logits: &Tensor<T>, labels: &[T]) {
         self.grad.resize(logits.rows(), logits.cols());
-        be.bce_with_logits(logits.data(), labels, self.grad.data_mut())
+        be.bce_with_logits(logits.data(), labels, self.grad.data_mut(), &mut self.loss);
+    }
+
+    /// The mean loss from the last [`BceWithLogits::forward_backward`].
+    pub fn loss(&self) -> T {
+        self.loss
     }
 
     /// The gradient from the last [`BceWithLogits::forward_backward`].

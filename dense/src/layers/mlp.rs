@@ -90,7 +90,7 @@ impl<T: Real> Mlp<T> {
                 )
             },
         );
-        self.input.copy_from(x);
+        be.copy(&mut self.input, x);
         for i in 0..self.layers.len() {
             let (done, rest) = self.outputs.split_at_mut(i);
             let x = if i == 0 { &self.input } else { &done[i - 1] };
@@ -119,7 +119,7 @@ impl<T: Real> Mlp<T> {
                 )
             },
         );
-        self.grads[last].copy_from(dy);
+        be.copy(&mut self.grads[last], dy);
         for i in (0..=last).rev() {
             let (below, here) = self.grads.split_at_mut(i);
             let x = if i == 0 {

@@ -565,36 +565,64 @@ impl<T: Real> DenseBackend<T> for NativeBackend {
         });
     }
 
-    fn bce_with_logits(&self, logits: &[T], labels: &[T], dlogits: &mut [T]) -> T {
-        check_shape(
-            logits.len() == labels.len() && dlogits.len() == logits.len(),
-            "bce_with_logits",
-            || {
-                format!(
-                    "logits [{}], labels [{}], dlogits [{}]",
-                    logits.len(),
-                    labels.len(),
-                    dlogits.len()
-                )
-            },
-        );
-        let n = logits.len();
-        if n == 0 {
-            return T::ZERO;
-        }
-        let inv_n = T::from_f64(1.0 / n as f64);
-        let mut sum = 0.0f64;
-        for ((&z, &y), g) in logits.iter().zip(labels).zip(dlogits.iter_mut()) {
-            // loss = max(z, 0) - z·y + ln(1 + e^{-|z|}); e^{-|z|} never overflows.
-            let e = (-z.abs()).exp();
-            sum += (z.max(T::ZERO) - z * y + e.ln_1p()).to_f64();
-            let p = if z >= T::ZERO {
-                T::ONE / (T::ONE + e)
-            } else {
-                e / (T::ONE + e)
-            };
-            *g = (p - y) * inv_n;
-        }
-        T::from_f64(sum / n as f64)
+    fn bce_with_logits(&self, logits: &[T], labels: &[T], dlogits: &mut [T], loss: &mut T) {
+        *loss = bce_with_logits(logits, labels, dlogits);
     }
+
+    fn copy(&self, dst: &mut Tensor<T>, src: &Tensor<T>) {
+        dst.copy_from(src);
+    }
+
+    fn zeros(&self, t: &mut Tensor<T>, rows: usize, cols: usize) {
+        t.resize(rows, cols);
+        t.fill(T::ZERO);
+    }
+
+    fn concat_columns(&self, a: &Tensor<T>, b: &Tensor<T>, out: &mut Tensor<T>) {
+        check_shape(a.rows() == b.rows(), "concat_columns", || {
+            format!("a {} and b {} differ in rows", a.dims(), b.dims())
+        });
+        out.concat_columns_of(a, b);
+    }
+
+    fn split_columns(&self, x: &Tensor<T>, cols_a: usize, a: &mut Tensor<T>, b: &mut Tensor<T>) {
+        check_shape(cols_a <= x.cols(), "split_columns", || {
+            format!("{cols_a} columns of x {}", x.dims())
+        });
+        x.split_columns_into(cols_a, a, b);
+    }
+}
+
+/// Mean BCE with logits; writes the gradient.
+fn bce_with_logits<T: Real>(logits: &[T], labels: &[T], dlogits: &mut [T]) -> T {
+    check_shape(
+        logits.len() == labels.len() && dlogits.len() == logits.len(),
+        "bce_with_logits",
+        || {
+            format!(
+                "logits [{}], labels [{}], dlogits [{}]",
+                logits.len(),
+                labels.len(),
+                dlogits.len()
+            )
+        },
+    );
+    let n = logits.len();
+    if n == 0 {
+        return T::ZERO;
+    }
+    let inv_n = T::from_f64(1.0 / n as f64);
+    let mut sum = 0.0f64;
+    for ((&z, &y), g) in logits.iter().zip(labels).zip(dlogits.iter_mut()) {
+        // loss = max(z, 0) - z·y + ln(1 + e^{-|z|}); e^{-|z|} never overflows.
+        let e = (-z.abs()).exp();
+        sum += (z.max(T::ZERO) - z * y + e.ln_1p()).to_f64();
+        let p = if z >= T::ZERO {
+            T::ONE / (T::ONE + e)
+        } else {
+            e / (T::ONE + e)
+        };
+        *g = (p - y) * inv_n;
+    }
+    T::from_f64(sum / n as f64)
 }

@@ -1,17 +1,22 @@
-//! `PjrtBackend`: the dense ops of [`DenseBackend`] compiled by a PJRT
-//! plugin, one executable per (op, shape), cached in memory and run eagerly
-//! in program order (the `strict` mode: results come back when the host
-//! needs them, which is after every op here since layers hold host tensors).
+//! `PjrtBackend`: the dense ops of [`DenseBackend`] as StableHLO, compiled by
+//! a PJRT plugin and cached in memory (and on disk) by program text.
+//!
+//! Every op is recorded into a [`Window`]. Eagerly (`--mode strict`) each op
+//! is its own window, run before the op returns: one executable per (op,
+//! shape). Inside [`DenseBackend::fused`] (`--mode defer-fuse`) the window
+//! collects every op of the body and runs them as one executable at its end,
+//! so XLA fuses across ops and intermediate values never leave the device
+//! until the window writes them back.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::cache::{plugin_identity, DiskCache};
-use super::hlo::Func;
 use super::lower;
-use super::runtime::{Client, Executable, COMPILE_OPTIONS};
+use super::runtime::{Client, Executable, PjrtError, COMPILE_OPTIONS};
+use super::window::Window;
 use crate::backend::{Activation, DenseBackend};
 use crate::tensor::Tensor;
 
@@ -24,7 +29,15 @@ pub struct CompileStats {
     /// Programs loaded from the on-disk cache instead, and the time it took.
     pub compile_cache_hits: u64,
     pub cache_load_ms: f64,
+    /// Windows run: one per op when eager, one per fused body otherwise.
     pub executions: u64,
+}
+
+/// The open window, and whether ops are being deferred into it.
+#[derive(Default)]
+struct Recorder {
+    window: Window,
+    deferring: bool,
 }
 
 pub struct PjrtBackend {
@@ -32,6 +45,7 @@ pub struct PjrtBackend {
     cache: Mutex<HashMap<String, Arc<Executable>>>,
     disk: Option<DiskCache>,
     stats: Mutex<CompileStats>,
+    recorder: Mutex<Recorder>,
 }
 
 impl PjrtBackend {
@@ -42,6 +56,7 @@ impl PjrtBackend {
             cache: Mutex::new(HashMap::new()),
             disk: None,
             stats: Mutex::new(CompileStats::default()),
+            recorder: Mutex::new(Recorder::default()),
         }
     }
 
@@ -115,32 +130,46 @@ impl PjrtBackend {
         Ok(exe)
     }
 
-    /// Runs `program` on host inputs, returning every output on the host.
-    /// A PJRT failure here is a bug in Ember or the plugin: the trait's ops
-    /// are infallible, so it panics with the plugin's message.
-    fn run(&self, program: &str, inputs: &[(&[f32], &[usize])]) -> Vec<Vec<f32>> {
-        let exe = self.executable(program);
-        let fail = |e: super::PjrtError| -> ! { panic!("PJRT backend: {e}") };
-        let buffers: Vec<_> = inputs
-            .iter()
-            .map(|(data, dims)| {
-                self.client
-                    .buffer_f32(data, dims)
-                    .unwrap_or_else(|e| fail(e))
-            })
-            .collect();
-        let refs: Vec<_> = buffers.iter().collect();
-        let outs = exe.execute(&refs).unwrap_or_else(|e| fail(e));
-        self.stats.lock().expect("stats lock").executions += 1;
-        outs.iter()
-            .map(|b| b.to_f32().unwrap_or_else(|e| fail(e)))
-            .collect()
+    /// The recorder. A panic while it was held (a failed op or run) left a
+    /// window that must not run: it is discarded.
+    fn recorder(&self) -> MutexGuard<'_, Recorder> {
+        self.recorder.lock().unwrap_or_else(|poisoned| {
+            self.recorder.clear_poison();
+            let mut r = poisoned.into_inner();
+            *r = Recorder::default();
+            r
+        })
+    }
+
+    fn deferring(&self) -> bool {
+        self.recorder().deferring
+    }
+
+    /// Runs the window. A PJRT failure here is a bug in Ember or the plugin
+    /// (the trait's ops are infallible), so it panics with the plugin's message.
+    fn run_window(&self, window: &mut Window) {
+        match window.run(|program| self.executable(program)) {
+            Ok(ran) => self.stats.lock().expect("stats lock").executions += ran as u64,
+            Err(e) => panic!("PJRT backend: {e}"),
+        }
+    }
+
+    /// Records one op; when not deferring, runs it at once.
+    fn record(&self, op: impl FnOnce(&mut Window, &Client) -> Result<(), PjrtError>) {
+        let mut r = self.recorder();
+        if let Err(e) = op(&mut r.window, &self.client) {
+            r.window = Window::default();
+            drop(r);
+            panic!("PJRT backend: {e}");
+        }
+        if !r.deferring {
+            self.run_window(&mut r.window);
+        }
     }
 }
 
-fn set(t: &mut Tensor<f32>, rows: usize, cols: usize, data: Vec<f32>) {
-    t.resize(rows, cols);
-    t.data_mut().copy_from_slice(&data);
+fn dims(t: &Tensor<f32>) -> [usize; 2] {
+    [t.rows(), t.cols()]
 }
 
 impl DenseBackend<f32> for PjrtBackend {
@@ -158,85 +187,73 @@ impl DenseBackend<f32> for PjrtBackend {
         beta: f32,
         c: &mut Tensor<f32>,
     ) {
-        let (ad, bd) = ([a.rows(), a.cols()], [b.rows(), b.cols()]);
-        let (m, k) = if trans_a {
-            (ad[1], ad[0])
-        } else {
-            (ad[0], ad[1])
-        };
-        let (kb, n) = if trans_b {
-            (bd[1], bd[0])
-        } else {
-            (bd[0], bd[1])
-        };
+        let (ad, bd) = (dims(a), dims(b));
+        let k = if trans_a { ad[0] } else { ad[1] };
+        let kb = if trans_b { bd[1] } else { bd[0] };
         assert_eq!(k, kb, "matmul: inner dims {k} and {kb} differ");
-        let mut f = Func::new();
-        let (pa, pb) = (f.arg(&ad), f.arg(&bd));
-        let (p, dims) = f.dot(
-            &pa,
-            &ad,
-            if trans_a { 0 } else { 1 },
-            &pb,
-            &bd,
-            if trans_b { 1 } else { 0 },
-        );
-        let mut out = p;
-        if alpha != 1.0 {
-            let s = f.splat(alpha, &dims);
-            out = f.binary("multiply", &out, &s, &dims);
-        }
-        let mut inputs: Vec<(&[f32], &[usize])> = vec![(a.data(), &ad), (b.data(), &bd)];
-        let cd = [m, n];
-        if beta != 0.0 {
-            assert_eq!(
-                c.shape(),
-                (m, n),
-                "matmul: c must be [{m}, {n}] when beta != 0"
+        self.record(|w, client| {
+            let (pa, pb) = (
+                w.read(client, a.data(), &ad)?,
+                w.read(client, b.data(), &bd)?,
             );
-            let pc = f.arg(&cd);
-            let s = f.splat(beta, &cd);
-            let bc = f.binary("multiply", &pc, &s, &cd);
-            out = f.binary("add", &out, &bc, &cd);
-            inputs.push((c.data(), &cd));
-        }
-        let program = f.finish(&[(out, dims)]);
-        let r = self.run(&program, &inputs).remove(0);
-        set(c, m, n, r);
+            let pc = if beta != 0.0 {
+                Some(w.read(client, c.data(), &dims(c))?)
+            } else {
+                None
+            };
+            let (out, od) = lower::matmul(
+                &mut w.f,
+                &pa,
+                &ad,
+                trans_a,
+                &pb,
+                &bd,
+                trans_b,
+                alpha,
+                pc.as_deref().map(|pc| (pc, beta)),
+            );
+            if pc.is_some() {
+                assert_eq!(
+                    dims(c).to_vec(),
+                    od,
+                    "matmul: c must be the product's shape when beta != 0"
+                );
+            }
+            w.write_tensor(c, od[0], od[1], out);
+            Ok(())
+        });
     }
 
     fn linear_forward(
         &self,
         x: &Tensor<f32>,
-        w: &Tensor<f32>,
+        wt: &Tensor<f32>,
         b: &[f32],
         act: Activation,
         y: &mut Tensor<f32>,
     ) {
-        let (n, inp, out) = (x.rows(), x.cols(), w.rows());
-        assert_eq!(
-            w.cols(),
-            inp,
-            "linear_forward: w is [{out}, {}] for x of {inp} columns",
-            w.cols()
+        let (n, inp, out) = (x.rows(), x.cols(), wt.rows());
+        assert!(
+            wt.cols() == inp && b.len() == out,
+            "linear_forward: x {:?}, weight {:?}, bias [{}]",
+            dims(x),
+            dims(wt),
+            b.len()
         );
-        let mut f = Func::new();
-        let (px, pw, pb) = (f.arg(&[n, inp]), f.arg(&[out, inp]), f.arg(&[out]));
-        let r = lower::linear_forward(&mut f, &px, &pw, &pb, n, inp, out, act);
-        let dims = vec![n, out];
-        let program = f.finish(&[(r, dims)]);
-        let res = self
-            .run(
-                &program,
-                &[(x.data(), &[n, inp]), (w.data(), &[out, inp]), (b, &[out])],
-            )
-            .remove(0);
-        set(y, n, out, res);
+        self.record(|w, client| {
+            let px = w.read(client, x.data(), &[n, inp])?;
+            let pw = w.read(client, wt.data(), &[out, inp])?;
+            let pb = w.read(client, b, &[out])?;
+            let r = lower::linear_forward(&mut w.f, &px, &pw, &pb, n, inp, out, act);
+            w.write_tensor(y, n, out, r);
+            Ok(())
+        });
     }
 
     fn linear_backward(
         &self,
         x: &Tensor<f32>,
-        w: &Tensor<f32>,
+        wt: &Tensor<f32>,
         y: &Tensor<f32>,
         act: Activation,
         dy: &mut Tensor<f32>,
@@ -244,37 +261,40 @@ impl DenseBackend<f32> for PjrtBackend {
         db: &mut [f32],
         dx: Option<&mut Tensor<f32>>,
     ) {
-        let (n, inp, out) = (x.rows(), x.cols(), w.rows());
-        let mut f = Func::new();
-        let (px, pw, py, pdy) = (
-            f.arg(&[n, inp]),
-            f.arg(&[out, inp]),
-            f.arg(&[n, out]),
-            f.arg(&[n, out]),
-        );
+        let (n, inp, out) = (x.rows(), x.cols(), wt.rows());
         let no = [n, out];
-        let (dz, gw, gb, gx) =
-            lower::linear_backward(&mut f, &px, &pw, &py, &pdy, n, inp, out, act, dx.is_some());
-        let mut results = vec![(dz, no.to_vec()), (gw, vec![out, inp]), (gb, vec![out])];
-        if let Some(gx) = gx {
-            results.push((gx, vec![n, inp]));
-        }
-        let program = f.finish(&results);
-        let mut r = self.run(
-            &program,
-            &[
-                (x.data(), &[n, inp]),
-                (w.data(), &[out, inp]),
-                (y.data(), &no),
-                (dy.data(), &no),
-            ],
+        assert!(
+            dims(y) == no && dims(dy) == no && db.len() == out,
+            "linear_backward: y {:?}, dy {:?}, db [{}] for [{n}, {out}]",
+            dims(y),
+            dims(dy),
+            db.len()
         );
-        dy.data_mut().copy_from_slice(&r[0]);
-        set(dw, out, inp, std::mem::take(&mut r[1]));
-        db.copy_from_slice(&r[2]);
-        if let Some(dx) = dx {
-            set(dx, n, inp, std::mem::take(&mut r[3]));
-        }
+        self.record(|w, client| {
+            let px = w.read(client, x.data(), &[n, inp])?;
+            let pw = w.read(client, wt.data(), &[out, inp])?;
+            let py = w.read(client, y.data(), &no)?;
+            let pdy = w.read(client, dy.data(), &no)?;
+            let (dz, gw, gb, gx) = lower::linear_backward(
+                &mut w.f,
+                &px,
+                &pw,
+                &py,
+                &pdy,
+                n,
+                inp,
+                out,
+                act,
+                dx.is_some(),
+            );
+            w.write(dy.data_mut(), &no, dz);
+            w.write_tensor(dw, out, inp, gw);
+            w.write(db, &[out], gb);
+            if let (Some(dx), Some(gx)) = (dx, gx) {
+                w.write_tensor(dx, n, inp, gx);
+            }
+            Ok(())
+        });
     }
 
     fn dot_interaction_forward(
@@ -285,18 +305,13 @@ impl DenseBackend<f32> for PjrtBackend {
     ) {
         let (n, d) = (dense.rows(), dense.cols());
         let fk = sparse.cols() / d.max(1);
-        let w = d + (fk + 1) * fk / 2;
-        let mut f = Func::new();
-        let (pd, ps) = (f.arg(&[n, d]), f.arg(&[n, fk * d]));
-        let o = lower::dot_interaction_forward(&mut f, &pd, &ps, n, fk, d);
-        let program = f.finish(&[(o, vec![n, w])]);
-        let r = self
-            .run(
-                &program,
-                &[(dense.data(), &[n, d]), (sparse.data(), &[n, fk * d])],
-            )
-            .remove(0);
-        set(out, n, w, r);
+        self.record(|w, client| {
+            let pd = w.read(client, dense.data(), &[n, d])?;
+            let ps = w.read(client, sparse.data(), &[n, fk * d])?;
+            let o = lower::dot_interaction_forward(&mut w.f, &pd, &ps, n, fk, d);
+            w.write_tensor(out, n, d + (fk + 1) * fk / 2, o);
+            Ok(())
+        });
     }
 
     fn dot_interaction_backward(
@@ -310,20 +325,15 @@ impl DenseBackend<f32> for PjrtBackend {
         let (n, d) = (dense.rows(), dense.cols());
         let fk = sparse.cols() / d.max(1);
         let np = (fk + 1) * fk / 2;
-        let mut f = Func::new();
-        let (pd, ps, pg) = (f.arg(&[n, d]), f.arg(&[n, fk * d]), f.arg(&[n, d + np]));
-        let (gd, gsp) = lower::dot_interaction_backward(&mut f, &pd, &ps, &pg, n, fk, d);
-        let program = f.finish(&[(gd, vec![n, d]), (gsp, vec![n, fk * d])]);
-        let mut r = self.run(
-            &program,
-            &[
-                (dense.data(), &[n, d]),
-                (sparse.data(), &[n, fk * d]),
-                (dout.data(), &[n, d + np]),
-            ],
-        );
-        set(ddense, n, d, std::mem::take(&mut r[0]));
-        set(dsparse, n, fk * d, std::mem::take(&mut r[1]));
+        self.record(|w, client| {
+            let pd = w.read(client, dense.data(), &[n, d])?;
+            let ps = w.read(client, sparse.data(), &[n, fk * d])?;
+            let pg = w.read(client, dout.data(), &[n, d + np])?;
+            let (gd, gsp) = lower::dot_interaction_backward(&mut w.f, &pd, &ps, &pg, n, fk, d);
+            w.write_tensor(ddense, n, d, gd);
+            w.write_tensor(dsparse, n, fk * d, gsp);
+            Ok(())
+        });
     }
 
     fn cross_combine_forward(
@@ -335,23 +345,16 @@ impl DenseBackend<f32> for PjrtBackend {
         out: &mut Tensor<f32>,
     ) {
         let (n, c) = (x0.rows(), x0.cols());
-        let dims = [n, c];
-        let mut f = Func::new();
-        let (p0, ph, pb, pl) = (f.arg(&dims), f.arg(&dims), f.arg(&[c]), f.arg(&dims));
-        let o = lower::cross_combine_forward(&mut f, &p0, &ph, &pb, &pl, n, c);
-        let program = f.finish(&[(o, dims.to_vec())]);
-        let r = self
-            .run(
-                &program,
-                &[
-                    (x0.data(), &dims),
-                    (h.data(), &dims),
-                    (b, &[c]),
-                    (xl.data(), &dims),
-                ],
-            )
-            .remove(0);
-        set(out, n, c, r);
+        let dm = [n, c];
+        self.record(|w, client| {
+            let p0 = w.read(client, x0.data(), &dm)?;
+            let ph = w.read(client, h.data(), &dm)?;
+            let pb = w.read(client, b, &[c])?;
+            let pl = w.read(client, xl.data(), &dm)?;
+            let o = lower::cross_combine_forward(&mut w.f, &p0, &ph, &pb, &pl, n, c);
+            w.write_tensor(out, n, c, o);
+            Ok(())
+        });
     }
 
     fn cross_combine_backward(
@@ -365,54 +368,148 @@ impl DenseBackend<f32> for PjrtBackend {
         dx0: &mut Tensor<f32>,
     ) {
         let (n, c) = (x0.rows(), x0.cols());
-        let dims = [n, c];
-        let mut f = Func::new();
-        let (p0, ph, pb, pg, pdx) = (
-            f.arg(&dims),
-            f.arg(&dims),
-            f.arg(&[c]),
-            f.arg(&dims),
-            f.arg(&dims),
+        let dm = [n, c];
+        assert!(
+            dims(dx0) == dm && db.len() == c,
+            "cross_combine_backward: dx0 {:?} and db [{}] for x0 {dm:?}",
+            dims(dx0),
+            db.len()
         );
-        let (gh, gb, gx) = lower::cross_combine_backward(&mut f, &p0, &ph, &pb, &pg, &pdx, n, c);
-        let program = f.finish(&[(gh, dims.to_vec()), (gb, vec![c]), (gx, dims.to_vec())]);
-        let mut r = self.run(
-            &program,
-            &[
-                (x0.data(), &dims),
-                (h.data(), &dims),
-                (b, &[c]),
-                (dout.data(), &dims),
-                (dx0.data(), &dims),
-            ],
-        );
-        set(dh, n, c, std::mem::take(&mut r[0]));
-        db.copy_from_slice(&r[1]);
-        dx0.data_mut().copy_from_slice(&r[2]);
+        self.record(|w, client| {
+            let p0 = w.read(client, x0.data(), &dm)?;
+            let ph = w.read(client, h.data(), &dm)?;
+            let pb = w.read(client, b, &[c])?;
+            let pg = w.read(client, dout.data(), &dm)?;
+            let pdx = w.read(client, dx0.data(), &dm)?;
+            let (gh, gb, gx) =
+                lower::cross_combine_backward(&mut w.f, &p0, &ph, &pb, &pg, &pdx, n, c);
+            w.write_tensor(dh, n, c, gh);
+            w.write(db, &[c], gb);
+            w.write(dx0.data_mut(), &dm, gx);
+            Ok(())
+        });
     }
 
     fn add_assign(&self, y: &mut Tensor<f32>, x: &Tensor<f32>) {
         assert_eq!(y.shape(), x.shape(), "add_assign: shapes differ");
-        let dims = [y.rows(), y.cols()];
-        let mut f = Func::new();
-        let (a, b) = (f.arg(&dims), f.arg(&dims));
-        let s = f.binary("add", &a, &b, &dims);
-        let program = f.finish(&[(s, dims.to_vec())]);
-        let r = self
-            .run(&program, &[(y.data(), &dims), (x.data(), &dims)])
-            .remove(0);
-        y.data_mut().copy_from_slice(&r);
+        let dm = dims(y);
+        self.record(|w, client| {
+            let (a, b) = (
+                w.read(client, y.data(), &dm)?,
+                w.read(client, x.data(), &dm)?,
+            );
+            let s = w.f.binary("add", &a, &b, &dm);
+            w.write(y.data_mut(), &dm, s);
+            Ok(())
+        });
     }
 
-    fn bce_with_logits(&self, logits: &[f32], labels: &[f32], dlogits: &mut [f32]) -> f32 {
+    fn bce_with_logits(&self, logits: &[f32], labels: &[f32], dlogits: &mut [f32], loss: &mut f32) {
         let n = logits.len();
-        let dims = [n];
-        let mut f = Func::new();
-        let (z, y) = (f.arg(&dims), f.arg(&dims));
-        let (loss, g) = lower::bce_with_logits(&mut f, &z, &y, n);
-        let program = f.finish(&[(loss, vec![]), (g, dims.to_vec())]);
-        let r = self.run(&program, &[(logits, &dims), (labels, &dims)]);
-        dlogits.copy_from_slice(&r[1]);
-        r[0][0]
+        assert!(
+            labels.len() == n && dlogits.len() == n,
+            "bce_with_logits: logits [{n}], labels [{}], dlogits [{}]",
+            labels.len(),
+            dlogits.len()
+        );
+        self.record(|w, client| {
+            let z = w.read(client, logits, &[n])?;
+            let y = w.read(client, labels, &[n])?;
+            let (l, g) = lower::bce_with_logits(&mut w.f, &z, &y, n);
+            w.write(dlogits, &[n], g);
+            w.write(std::slice::from_mut(loss), &[], l);
+            Ok(())
+        });
+    }
+
+    // The data movements run on the host when eager (a device round trip
+    // would only add copies); in a window they are values, mostly free.
+
+    fn copy(&self, dst: &mut Tensor<f32>, src: &Tensor<f32>) {
+        if !self.deferring() {
+            return dst.copy_from(src);
+        }
+        self.record(|w, client| {
+            let v = w.read(client, src.data(), &dims(src))?;
+            w.write_tensor(dst, src.rows(), src.cols(), v);
+            Ok(())
+        });
+    }
+
+    fn zeros(&self, t: &mut Tensor<f32>, rows: usize, cols: usize) {
+        if !self.deferring() {
+            t.resize(rows, cols);
+            return t.fill(0.0);
+        }
+        self.record(|w, _| {
+            let z = w.f.splat(0.0, &[rows, cols]);
+            w.write_tensor(t, rows, cols, z);
+            Ok(())
+        });
+    }
+
+    fn concat_columns(&self, a: &Tensor<f32>, b: &Tensor<f32>, out: &mut Tensor<f32>) {
+        assert_eq!(a.rows(), b.rows(), "concat_columns: a and b differ in rows");
+        if !self.deferring() {
+            return out.concat_columns_of(a, b);
+        }
+        let (n, ca, cb) = (a.rows(), a.cols(), b.cols());
+        self.record(|w, client| {
+            let (pa, pb) = (
+                w.read(client, a.data(), &[n, ca])?,
+                w.read(client, b.data(), &[n, cb])?,
+            );
+            let v = lower::concat_columns(&mut w.f, &pa, &pb, n, ca, cb);
+            w.write_tensor(out, n, ca + cb, v);
+            Ok(())
+        });
+    }
+
+    fn split_columns(
+        &self,
+        x: &Tensor<f32>,
+        cols_a: usize,
+        a: &mut Tensor<f32>,
+        b: &mut Tensor<f32>,
+    ) {
+        let (n, cols) = (x.rows(), x.cols());
+        assert!(
+            cols_a <= cols,
+            "split_columns: {cols_a} columns of [{n}, {cols}]"
+        );
+        if !self.deferring() {
+            return x.split_columns_into(cols_a, a, b);
+        }
+        self.record(|w, client| {
+            let px = w.read(client, x.data(), &[n, cols])?;
+            let va = lower::slice_columns(&mut w.f, &px, n, cols, 0, cols_a);
+            let vb = lower::slice_columns(&mut w.f, &px, n, cols, cols_a, cols);
+            w.write_tensor(a, n, cols_a, va);
+            w.write_tensor(b, n, cols - cols_a, vb);
+            Ok(())
+        });
+    }
+
+    unsafe fn fused(&self, body: &mut dyn FnMut()) {
+        {
+            let mut r = self.recorder();
+            assert!(!r.deferring, "PjrtBackend::fused: windows do not nest");
+            r.deferring = true;
+        }
+        // Ends the window however `body` ends; after a panic the ops recorded
+        // so far are discarded, never run into buffers that may be gone.
+        struct Close<'a>(&'a PjrtBackend);
+        impl Drop for Close<'_> {
+            fn drop(&mut self) {
+                *self.0.recorder() = Recorder::default();
+            }
+        }
+        let _close = Close(self);
+        body();
+        let mut r = self.recorder();
+        r.deferring = false;
+        let mut window = std::mem::take(&mut r.window);
+        drop(r);
+        self.run_window(&mut window);
     }
 }

@@ -236,3 +236,63 @@ pub fn bce_with_logits(f: &mut Func, z: &str, y: &str, n: usize) -> (String, Str
     let g = f.binary("divide", &diff, &cn, &dims);
     (loss, g)
 }
+
+/// `alpha · op(a) · op(b) (+ beta · c)`, `op` transposing when its flag is set; `c` is read
+/// only when given (`beta != 0`). Returns the value and its dims.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    f: &mut Func,
+    a: &str,
+    ad: &[usize],
+    trans_a: bool,
+    b: &str,
+    bd: &[usize],
+    trans_b: bool,
+    alpha: f32,
+    c: Option<(&str, f32)>,
+) -> (String, Vec<usize>) {
+    let (mut out, dims) = f.dot(
+        a,
+        ad,
+        if trans_a { 0 } else { 1 },
+        b,
+        bd,
+        if trans_b { 1 } else { 0 },
+    );
+    if alpha != 1.0 {
+        let s = f.splat(alpha, &dims);
+        out = f.binary("multiply", &out, &s, &dims);
+    }
+    if let Some((c, beta)) = c {
+        let s = f.splat(beta, &dims);
+        let bc = f.binary("multiply", c, &s, &dims);
+        out = f.binary("add", &out, &bc, &dims);
+    }
+    (out, dims)
+}
+
+/// `[a, b]` side by side: `[n, ca]` and `[n, cb]` → `[n, ca + cb]`.
+pub fn concat_columns(f: &mut Func, a: &str, b: &str, n: usize, ca: usize, cb: usize) -> String {
+    f.op(format!(
+        "stablehlo.concatenate {a}, {b}, dim = 1 : ({}, {}) -> {}",
+        ty(&[n, ca]),
+        ty(&[n, cb]),
+        ty(&[n, ca + cb])
+    ))
+}
+
+/// Columns `from..to` of `x` (`[n, cols]`).
+pub fn slice_columns(
+    f: &mut Func,
+    x: &str,
+    n: usize,
+    cols: usize,
+    from: usize,
+    to: usize,
+) -> String {
+    f.op(format!(
+        "stablehlo.slice {x} [0:{n}, {from}:{to}] : ({}) -> {}",
+        ty(&[n, cols]),
+        ty(&[n, to - from])
+    ))
+}

@@ -13,6 +13,7 @@ pub mod ffi;
 pub mod hlo;
 pub mod lower;
 mod runtime;
+mod window;
 
 pub use backend::{CompileStats, PjrtBackend};
 pub use cache::default_cache_dir;

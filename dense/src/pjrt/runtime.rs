@@ -638,9 +638,22 @@ impl DeviceBuffer {
     pub fn to_f32(&self) -> Result<Vec<f32>, PjrtError> {
         let count: usize = self.dims()?.iter().product();
         let mut out = vec![0f32; count];
+        self.copy_to_f32(&mut out)?;
+        Ok(out)
+    }
+
+    /// Copies an f32 buffer into `dst`, which must hold exactly its values.
+    pub fn copy_to_f32(&self, dst: &mut [f32]) -> Result<(), PjrtError> {
+        let count: usize = self.dims()?.iter().product();
+        if count != dst.len() {
+            return Err(PjrtError::Call {
+                call: "PJRT_Buffer_ToHostBuffer",
+                message: format!("{count} values into a buffer of {}", dst.len()),
+            });
+        }
         let mut a = ffi::BufferToHostBufferArgs::default();
         a.src = self.raw;
-        a.dst = out.as_mut_ptr().cast();
+        a.dst = dst.as_mut_ptr().cast();
         a.dst_size = count * 4;
         self.plugin.call(
             index::BUFFER_TO_HOST_BUFFER,
@@ -649,7 +662,7 @@ impl DeviceBuffer {
         )?;
         self.plugin
             .await_event(a.event, "PJRT_Event_Await (device to host)")?;
-        Ok(out)
+        Ok(())
     }
 }
 

@@ -435,13 +435,31 @@ fn pjrt_backend_trains_like_native_and_a_second_run_hits_the_compile_cache() {
     let dbg = json(&debug);
     assert_eq!(dbg["mode"], "debug");
     assert_eq!(dbg["loss_last"], first["loss_last"]);
-    let mut wrong = args("native");
-    wrong.extend(["--mode", "compiled"]);
-    let out = ember(&wrong);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--dense-backend pjrt"),
-        "{err}"
+    // One recorded window per step: one program, the same training.
+    let mut fused = args("pjrt");
+    fused.extend(["--mode", "defer-fuse"]);
+    let f = json(&fused);
+    assert_eq!(f["mode"], "defer-fuse");
+    assert_eq!(
+        f["compiles"].as_u64().unwrap() + f["compile_cache_hits"].as_u64().unwrap(),
+        1
     );
+    let v = f["loss_last"].as_f64().unwrap();
+    assert!(
+        (v - y).abs() <= 1e-5 * (1.0 + y.abs()),
+        "defer-fuse {v} vs native {y}"
+    );
+    for mode in ["compiled", "defer-fuse"] {
+        let mut wrong = args("native");
+        wrong.extend(["--mode", mode]);
+        let out = ember(&wrong);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && err.contains(&format!("--mode {mode}"))
+                && err.contains("--dense-backend pjrt"),
+            "{err}"
+        );
+    }
     std::fs::remove_dir_all(&cache).ok();
 }

@@ -7,12 +7,15 @@
 //! - [`planner`]: a cost model and a greedy placement balancing the most
 //!   loaded device.
 //! - [`collective`]: all-to-all-v, all-reduce and barrier behind a trait, and
-//!   an in-process backend (one thread per device).
+//!   an in-process backend (one thread per device); `mpi` (feature `mpi`):
+//!   the backend for one process per device, started by `mpirun`.
 //! - [`sharded`]: the sharded collection: input distribution, lookups on the
 //!   owning devices, output distribution, and the routed fused backward.
 
 pub mod collective;
 mod error;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod plan;
 pub mod planner;
 pub mod sharded;

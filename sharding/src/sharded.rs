@@ -13,8 +13,12 @@
 //!                        replicas get every device's bags and gradients
 //!           update       owners run the fused backward on their shards
 //! ```
-//! Samples are owned in contiguous blocks (device d: samples
-//! `B*d/N..B*(d+1)/N`); the collection returns the whole batch's output.
+//! Two ways to run: every device a thread of this process (`from_collection`:
+//! the input is the whole batch, samples owned in contiguous blocks, device
+//! d: `B*d/N..B*(d+1)/N`, and the output is the whole batch's), or this
+//! process one rank of a multi-process world holding its own device only
+//! (`from_collection_on_rank`: the input is this rank's samples, blocks in
+//! rank order, and the output is theirs).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -103,14 +107,24 @@ pub struct ShardedEmbeddingBagCollection {
     plan: ShardingPlan,
     optimizer: TableOptimizer,
     layout: Layout,
+    /// The devices this process runs (all, or its rank's one).
     devices: Vec<Device>,
-    comms: Vec<InProcess>,
+    exec: Exec,
     step: u64,
     stats: ShardingStats,
     /// Bytes sent through collectives replaced after a failed exchange.
     bytes_before: Vec<u64>,
     /// Batch size and id count of the last forward: a backward must match it.
     last_forward: Option<(usize, usize)>,
+    /// Every device's samples in the last forward (global positions).
+    owners: Vec<Range<usize>>,
+}
+
+enum Exec {
+    /// Every device in this process, one thread each.
+    Threads(Vec<InProcess>),
+    /// This process is rank `rank()` of a multi-process world.
+    Rank(Arc<dyn Collective>),
 }
 
 /// What every device reads and none changes: the features, the routes, and
@@ -135,12 +149,14 @@ impl Layout {
         kjt: &'a KeyedJaggedTensor,
         keys: &'a [usize],
         owners: &'a [Range<usize>],
+        offset: usize,
     ) -> Context<'a> {
         Context {
             layout: self,
             kjt,
             keys,
             owners,
+            offset,
             weighted: kjt.weights().is_some() || self.any_split_mean,
         }
     }
@@ -151,10 +167,37 @@ fn local_name(name: &str, shard: usize) -> String {
 }
 
 impl ShardedEmbeddingBagCollection {
-    /// Splits `ebc` (weights, optimizer state and step) by `plan`.
+    /// Splits `ebc` (weights, optimizer state and step) by `plan`, every
+    /// device a thread of this process.
     pub fn from_collection(
         ebc: &EmbeddingBagCollection,
         plan: ShardingPlan,
+    ) -> Result<Self, ShardingError> {
+        let n = plan.num_devices;
+        Self::build(ebc, plan, Exec::Threads(InProcess::group(n)))
+    }
+
+    /// The shards of device `comm.rank()` only: this process is that rank of
+    /// a world of `plan.num_devices` processes, each making the same call.
+    pub fn from_collection_on_rank(
+        ebc: &EmbeddingBagCollection,
+        plan: ShardingPlan,
+        comm: Arc<dyn Collective>,
+    ) -> Result<Self, ShardingError> {
+        if comm.world_size() != plan.num_devices {
+            return Err(ShardingError::Plan(format!(
+                "the plan has {} devices for {} ranks: each rank runs one device",
+                plan.num_devices,
+                comm.world_size()
+            )));
+        }
+        Self::build(ebc, plan, Exec::Rank(comm))
+    }
+
+    fn build(
+        ebc: &EmbeddingBagCollection,
+        plan: ShardingPlan,
+        exec: Exec,
     ) -> Result<Self, ShardingError> {
         let configs: Vec<EmbeddingBagConfig> =
             ebc.tables().iter().map(|t| t.config().clone()).collect();
@@ -213,7 +256,14 @@ impl ShardedEmbeddingBagCollection {
             }
         }
         let mut devices = Vec::with_capacity(n);
+        let here = |d: usize| match &exec {
+            Exec::Threads(_) => true,
+            Exec::Rank(comm) => comm.rank() == d,
+        };
         for (d, tables) in local_tables.into_iter().enumerate() {
+            if !here(d) {
+                continue;
+            }
             let my_routes: Vec<usize> = (0..routes.len())
                 .filter(|&r| routes[r].device == d)
                 .collect();
@@ -271,9 +321,10 @@ impl ShardedEmbeddingBagCollection {
             optimizer,
             layout,
             devices,
-            comms: InProcess::group(n),
+            exec,
             bytes_before: vec![0; n],
             last_forward: None,
+            owners: Vec::new(),
             step: ebc.step(),
             stats: ShardingStats {
                 lookups: vec![0; n],
@@ -284,32 +335,84 @@ impl ShardedEmbeddingBagCollection {
     }
 
     /// The unsharded collection: every shard's rows and state gathered back
-    /// (data-parallel tables from device 0's replica).
+    /// (data-parallel tables from device 0's replica). On a rank, every rank
+    /// must call this together: the shards travel to every rank.
     pub fn to_collection(&self) -> Result<EmbeddingBagCollection, ShardingError> {
         let mut ebc = EmbeddingBagCollection::new(self.configs.clone(), self.optimizer, 0)?;
-        for (t, c) in self.configs.iter().enumerate() {
-            let p = self.plan.table(&c.name).expect("validated");
-            for (k, shard) in p.shards.iter().enumerate() {
-                if p.sharding == ShardingType::DataParallel && shard.device != 0 {
-                    continue;
+        // (table, shard index, shard) of every shard that is gathered.
+        let wanted: Vec<(usize, usize, &crate::plan::Shard)> = (self.configs.iter().enumerate())
+            .flat_map(|(t, c)| {
+                let p = self.plan.table(&c.name).expect("validated");
+                let dp = p.sharding == ShardingType::DataParallel;
+                (p.shards.iter().enumerate())
+                    .filter(move |(_, s)| !dp || s.device == 0)
+                    .map(move |(k, s)| (t, k, s))
+            })
+            .collect();
+        let local = |t: usize, k: usize, device: usize| {
+            let d = self.device_index(device).expect("a shard of this process");
+            (self.devices[d].ebc.as_ref())
+                .and_then(|e| e.table(&local_name(&self.configs[t].name, k)))
+                .expect("every shard has a local table")
+        };
+        match &self.exec {
+            Exec::Threads(_) => {
+                for &(t, k, shard) in &wanted {
+                    let l = local(t, k, shard.device);
+                    let rows = (l.weights(), l.optimizer_state(), l.num_embeddings());
+                    copy_rows_back(rows, &mut ebc.tables_mut()[t], shard, &self.optimizer);
                 }
-                let local = self.devices[shard.device]
-                    .ebc
-                    .as_ref()
-                    .and_then(|e| e.table(&local_name(&c.name, k)))
-                    .expect("every shard has a local table");
-                let global = &mut ebc.tables_mut()[t];
-                copy_rows_back(
-                    local,
-                    global,
-                    shard.rows,
-                    shard.column_range(),
-                    &self.optimizer,
-                );
+            }
+            Exec::Rank(comm) => {
+                let me = comm.rank();
+                let mut w = Writer::new();
+                for &(t, k, _) in wanted.iter().filter(|(_, _, s)| s.device == me) {
+                    let l = local(t, k, me);
+                    w.put(l.weights());
+                    w.put(l.optimizer_state());
+                }
+                let parts = comm.all_gather(w.0)?;
+                let mut readers: Vec<Reader> = parts.iter().map(|p| Reader::new(p)).collect();
+                for &(t, k, shard) in &wanted {
+                    let r = &mut readers[shard.device];
+                    let weights: Vec<f32> = r.get().map_err(wire_err)?;
+                    let state: Vec<f32> = r.get().map_err(wire_err)?;
+                    let rows = shard.rows.count(self.configs[t].num_embeddings);
+                    if weights.len() != rows * shard.column_range().len() {
+                        return Err(wire_err(format!(
+                            "rank {}: shard {k} of table '{}' has {} values",
+                            shard.device,
+                            self.configs[t].name,
+                            weights.len()
+                        )));
+                    }
+                    copy_rows_back(
+                        (&weights, &state, rows),
+                        &mut ebc.tables_mut()[t],
+                        shard,
+                        &self.optimizer,
+                    );
+                }
             }
         }
         ebc.set_step(self.step);
         Ok(ebc)
+    }
+
+    /// The global index of `devices[0]`.
+    fn local_offset_device(&self) -> usize {
+        match &self.exec {
+            Exec::Threads(_) => 0,
+            Exec::Rank(comm) => comm.rank(),
+        }
+    }
+
+    /// Index in `devices` of global device `device`, when this process runs it.
+    fn device_index(&self, device: usize) -> Option<usize> {
+        match &self.exec {
+            Exec::Threads(_) => Some(device),
+            Exec::Rank(comm) => (comm.rank() == device).then_some(0),
+        }
     }
 
     pub fn plan(&self) -> &ShardingPlan {
@@ -321,21 +424,31 @@ impl ShardedEmbeddingBagCollection {
     pub fn step(&self) -> u64 {
         self.step
     }
+    /// Counters per device; on a rank, only its own device's are filled.
     pub fn stats(&self) -> ShardingStats {
         let mut s = self.stats.clone();
-        s.bytes_sent = (self.comms.iter().zip(&self.bytes_before))
-            .map(|(c, before)| c.bytes_sent() + before)
-            .collect();
+        match &self.exec {
+            Exec::Threads(comms) => {
+                s.bytes_sent = (comms.iter().zip(&self.bytes_before))
+                    .map(|(c, before)| c.bytes_sent() + before)
+                    .collect();
+            }
+            Exec::Rank(comm) => s.bytes_sent[comm.rank()] = comm.bytes_sent(),
+        }
         s
     }
     pub fn num_devices(&self) -> usize {
-        self.devices.len()
+        self.plan.num_devices
     }
-    /// Bytes of weights and optimizer state on each device.
+    /// Bytes of weights and optimizer state on each device (on a rank, 0
+    /// for the other ranks' devices).
     pub fn device_bytes(&self) -> Vec<usize> {
-        self.devices
-            .iter()
-            .map(|d| d.ebc.as_ref().map_or(0, |e| e.bytes()))
+        (0..self.plan.num_devices)
+            .map(|d| {
+                self.device_index(d)
+                    .and_then(|i| self.devices[i].ebc.as_ref())
+                    .map_or(0, |e| e.bytes())
+            })
             .collect()
     }
     pub fn bytes(&self) -> usize {
@@ -361,11 +474,44 @@ impl ShardedEmbeddingBagCollection {
 
     /// Fresh channels after a failed exchange, so no stale message reaches
     /// the next one; the bytes counted so far are kept.
+    /// (A rank's failed exchange ends the job instead.)
     fn reset_comms(&mut self) {
-        for (before, c) in self.bytes_before.iter_mut().zip(&self.comms) {
-            *before += c.bytes_sent();
+        if let Exec::Threads(comms) = &mut self.exec {
+            for (before, c) in self.bytes_before.iter_mut().zip(comms.iter()) {
+                *before += c.bytes_sent();
+            }
+            *comms = InProcess::group(self.plan.num_devices);
         }
-        self.comms = InProcess::group(self.devices.len());
+    }
+
+    /// Every device's samples, in global positions: blocks of this batch,
+    /// or of the ranks' batches in rank order (their sizes exchanged).
+    fn owners(&self, b: usize) -> Result<Vec<Range<usize>>, ShardingError> {
+        match &self.exec {
+            Exec::Threads(_) => Ok(blocks_exact(b, self.plan.num_devices)),
+            Exec::Rank(comm) => {
+                let sizes = comm.all_gather((b as u64).to_le_bytes().to_vec())?;
+                let mut start = 0;
+                (sizes.iter().enumerate())
+                    .map(|(rank, m)| {
+                        let n = <[u8; 8]>::try_from(m.as_slice()).map_err(|_| {
+                            wire_err(format!("rank {rank} sent a batch size of {} bytes", m.len()))
+                        })?;
+                        let n = u64::from_le_bytes(n) as usize;
+                        start += n;
+                        Ok(start - n..start)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Where this process's input starts among the global samples.
+    fn local_offset(&self, owners: &[Range<usize>]) -> usize {
+        match &self.exec {
+            Exec::Threads(_) => 0,
+            Exec::Rank(comm) => owners[comm.rank()].start,
+        }
     }
 
     /// For each slot, its key's index in `kjt`, after checking every id.
@@ -416,30 +562,38 @@ impl ShardedEmbeddingBagCollection {
         if out.batch() != b || out.width() != self.layout.width {
             *out = self.new_output(b);
         }
-        let n = self.devices.len();
-        let owners = blocks_exact(b, n);
-        let ctx = self.layout.context(kjt, &keys, &owners);
-        let mut chunks = Vec::with_capacity(n);
-        let mut rest = out.values_mut();
-        for o in &owners {
-            let (mine, tail) = rest.split_at_mut(o.len() * self.layout.width);
-            chunks.push(mine);
-            rest = tail;
-        }
-        let results = on_devices(
-            &mut self.devices,
-            &self.comms,
-            chunks,
-            |dev, comm, chunk| device_forward(&ctx, dev, comm, chunk),
-        );
+        let owners = self.owners(b)?;
+        let offset = self.local_offset(&owners);
+        let ctx = self.layout.context(kjt, &keys, &owners, offset);
+        let results = match &self.exec {
+            Exec::Threads(comms) => {
+                let mut chunks = Vec::with_capacity(owners.len());
+                let mut rest = out.values_mut();
+                for o in &owners {
+                    let (mine, tail) = rest.split_at_mut(o.len() * self.layout.width);
+                    chunks.push(mine);
+                    rest = tail;
+                }
+                on_devices(&mut self.devices, comms, chunks, |dev, comm, chunk| {
+                    device_forward(&ctx, dev, comm, chunk)
+                })
+            }
+            Exec::Rank(comm) => vec![device_forward(
+                &ctx,
+                &mut self.devices[0],
+                comm.as_ref(),
+                out.values_mut(),
+            )],
+        };
         if results.iter().any(Result::is_err) {
             // Messages of the aborted exchange must not reach the next one.
             self.reset_comms();
         }
         let mut worst = StageTimes::default();
+        let first = self.local_offset_device();
         for (d, r) in results.into_iter().enumerate() {
             let (times, lookups) = r?;
-            self.stats.lookups[d] += lookups;
+            self.stats.lookups[first + d] += lookups;
             for i in 0..3 {
                 worst.0[i] = worst.0[i].max(times.0[i]);
             }
@@ -448,6 +602,7 @@ impl ShardedEmbeddingBagCollection {
         self.stats.lookup += worst.0[1];
         self.stats.output_dist += worst.0[2];
         self.last_forward = Some((b, kjt.values().len()));
+        self.owners = owners;
         Ok(())
     }
 
@@ -488,15 +643,24 @@ impl ShardedEmbeddingBagCollection {
         if matches!(self.optimizer, TableOptimizer::None) {
             return Ok(());
         }
-        let n = self.devices.len();
-        let owners = blocks_exact(b, n);
-        let ctx = self.layout.context(kjt, &keys, &owners);
-        let results = on_devices(
-            &mut self.devices,
-            &self.comms,
-            vec![(); n],
-            |dev, comm, ()| device_backward(&ctx, dev, comm, grad),
-        );
+        let owners = std::mem::take(&mut self.owners);
+        let offset = self.local_offset(&owners);
+        let ctx = self.layout.context(kjt, &keys, &owners, offset);
+        let results = match &self.exec {
+            Exec::Threads(comms) => {
+                let n = owners.len();
+                on_devices(&mut self.devices, comms, vec![(); n], |dev, comm, ()| {
+                    device_backward(&ctx, dev, comm, grad)
+                })
+            }
+            Exec::Rank(comm) => vec![device_backward(
+                &ctx,
+                &mut self.devices[0],
+                comm.as_ref(),
+                grad,
+            )],
+        };
+        self.owners = owners;
         if results.iter().any(Result::is_err) {
             self.reset_comms();
         }
@@ -521,7 +685,7 @@ fn on_devices<R: Send, X: Send>(
     devices: &mut [Device],
     comms: &[InProcess],
     extra: Vec<X>,
-    body: impl Fn(&mut Device, &InProcess, X) -> Result<R, ShardingError> + Sync,
+    body: impl Fn(&mut Device, &dyn Collective, X) -> Result<R, ShardingError> + Sync,
 ) -> Vec<Result<R, ShardingError>> {
     std::thread::scope(|scope| {
         let body = &body;
@@ -547,7 +711,10 @@ struct Context<'a> {
     layout: &'a Layout,
     kjt: &'a KeyedJaggedTensor,
     keys: &'a [usize],
+    /// Every device's samples, in global positions.
     owners: &'a [Range<usize>],
+    /// The global position of `kjt`'s first sample (0 unless on a rank).
+    offset: usize,
     /// The local bags carry weights: the input's, or a row-split mean's 1/len.
     weighted: bool,
 }
@@ -560,8 +727,9 @@ impl std::ops::Deref for Context<'_> {
 }
 
 impl Context<'_> {
-    /// The ids (and weights) of `slot`'s bag of `sample`.
+    /// The ids (and weights) of `slot`'s bag of global sample `sample`.
     fn bag(&self, slot: usize, sample: usize) -> (&[i64], Option<&[f32]>) {
+        let sample = sample - self.offset;
         let b = self.kjt.stride();
         let k = self.keys[slot];
         let (s, e) = (
@@ -690,7 +858,7 @@ fn local_kjt(
 fn device_forward(
     ctx: &Context,
     dev: &mut Device,
-    comm: &InProcess,
+    comm: &dyn Collective,
     out: &mut [f32],
 ) -> Result<(StageTimes, u64), ShardingError> {
     let me = comm.rank();
@@ -772,7 +940,7 @@ fn device_forward(
 fn device_backward(
     ctx: &Context,
     dev: &mut Device,
-    comm: &InProcess,
+    comm: &dyn Collective,
     grad: &[f32],
 ) -> Result<StageTimes, ShardingError> {
     let me = comm.rank();
@@ -790,8 +958,8 @@ fn device_backward(
         let at = slot.offset + route.columns.start;
         let w = &mut msgs[route.device];
         let cols = route.columns.len();
-        let rows = mine
-            .clone()
+        let rows = (mine.clone())
+            .map(|s| s - ctx.offset)
             .map(|s| &grad[s * width + at..s * width + at + cols]);
         w.put_parts(mine.len() * cols, rows);
         if route.data_parallel && route.device != me {
@@ -801,7 +969,8 @@ fn device_backward(
     let received = comm.all_to_all_v(msgs.into_iter().map(|w| w.0).collect())?;
     let local_width = dev.pooled.width();
     dev.local_grad.clear();
-    dev.local_grad.resize(ctx.kjt.stride() * local_width, 0.0);
+    let total = ctx.owners.last().map_or(0, |o| o.end);
+    dev.local_grad.resize(total * local_width, 0.0);
     for (src, msg) in received.iter().enumerate() {
         let mut reader = Reader::new(msg);
         for (i, &r) in dev.routes.iter().enumerate() {
@@ -849,22 +1018,23 @@ fn copy_rows(
     }
 }
 
-/// Copies a shard's rows and optimizer state back into the global table.
+/// Copies a shard's rows and optimizer state (`(weights, state, rows)` of
+/// its local table) back into the global table.
 fn copy_rows_back(
-    local: &EmbeddingTable,
+    (weights, state, num_rows): (&[f32], &[f32], usize),
     global: &mut EmbeddingTable,
-    rows: RowSplit,
-    cols: Range<usize>,
+    shard: &crate::plan::Shard,
     opt: &TableOptimizer,
 ) {
+    let (rows, cols) = (shard.rows, shard.column_range());
     let (dim, lc) = (global.dim(), cols.len());
     let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
-    for lr in 0..local.num_embeddings() {
+    for lr in 0..num_rows {
         let gr = rows.global(lr);
         global.weights_mut()[gr * dim + cols.start..gr * dim + cols.end]
-            .copy_from_slice(&local.weights()[lr * lc..(lr + 1) * lc]);
+            .copy_from_slice(&weights[lr * lc..(lr + 1) * lc]);
         for (l, g) in state_map(opt, dim, cols.clone()) {
-            global.optimizer_state_mut()[gr * gs + g] = local.optimizer_state()[lr * ls + l];
+            global.optimizer_state_mut()[gr * gs + g] = state[lr * ls + l];
         }
     }
 }

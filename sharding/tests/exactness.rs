@@ -2,7 +2,10 @@
 //! type, on random shapes, batches, pooling and optimizers; the planner's
 //! plans are valid.
 
+use std::sync::Arc;
+
 use ember_sharding::plan::{ShardingType, TablePlan};
+use ember_sharding::{Collective, InProcess};
 use ember_sharding::{plan, PlannerOptions, ShardedEmbeddingBagCollection, ShardingPlan, Topology};
 use ember_sparse::rng::Rng;
 use ember_sparse::{
@@ -139,6 +142,8 @@ fn batch(c: &Case, configs: &[EmbeddingBagConfig], rng: &mut Rng) -> KeyedJagged
     KeyedJaggedTensor::from_lengths(keys, values, &lengths, c.weighted.then_some(weights)).unwrap()
 }
 
+type ShardedOut = (Vec<f32>, EmbeddingBagCollection);
+
 fn close(what: &str, a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
     prop_assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -179,6 +184,59 @@ proptest! {
             for (a, b) in back.tables().iter().zip(plain.tables()) {
                 close(&format!("{kind:?} step {step} table {}", b.name()), a.weights(), b.weights())?;
                 close(&format!("{kind:?} step {step} state of {}", b.name()), a.optimizer_state(), b.optimizer_state())?;
+            }
+        }
+    }
+
+    #[test]
+    fn ranks_equal_threads(c in case()) {
+        // Each rank (a thread here, as a process under MPI) holds its own
+        // device and its block of the batch.
+        let cfgs = configs(&c);
+        let opt = optimizer(c.optimizer);
+        let kind = TYPES[c.kind];
+        let source = EmbeddingBagCollection::new(cfgs.clone(), opt, c.seed).unwrap();
+        let p = plan_of(kind, &cfgs, c.devices, &opt);
+        let mut threads = ShardedEmbeddingBagCollection::from_collection(&source, p.clone()).unwrap();
+        let comms: Vec<Arc<dyn Collective>> = InProcess::group(c.devices)
+            .into_iter()
+            .map(|g| Arc::new(g) as Arc<dyn Collective>)
+            .collect();
+        let mut ranks: Vec<ShardedEmbeddingBagCollection> = comms
+            .iter()
+            .map(|comm| ShardedEmbeddingBagCollection::from_collection_on_rank(&source, p.clone(), comm.clone()).unwrap())
+            .collect();
+        let mut rng = Rng::new(c.seed ^ 1);
+        let n = c.devices;
+        for step in 0..2 {
+            let kjt = batch(&c, &cfgs, &mut rng);
+            let want = threads.forward(&kjt).unwrap();
+            let grad: Vec<f32> = (0..want.values().len()).map(|_| rng.next_f32() - 0.5).collect();
+            threads.backward_update(&kjt, &grad).unwrap();
+            let w = want.width();
+            let gathered: Vec<ShardedOut> = std::thread::scope(|s| {
+                let handles: Vec<_> = ranks.iter_mut().enumerate().map(|(r, sharded)| {
+                    let (kjt, grad) = (&kjt, &grad);
+                    s.spawn(move || {
+                        let rows = (c.batch * r / n)..(c.batch * (r + 1) / n);
+                        let local = kjt.select_samples(rows.clone());
+                        let out = sharded.forward(&local).unwrap();
+                        sharded.backward_update(&local, &grad[rows.start * w..rows.end * w]).unwrap();
+                        let back = sharded.to_collection().unwrap();
+                        (out.values().to_vec(), back)
+                    })
+                }).collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let forward: Vec<f32> = gathered.iter().flat_map(|(o, _)| o.clone()).collect();
+            close(&format!("{kind:?} step {step} forward"), &forward, want.values())?;
+            let plain = threads.to_collection().unwrap();
+            for (_, back) in &gathered {
+                prop_assert_eq!(back.step(), plain.step());
+                for (a, b) in back.tables().iter().zip(plain.tables()) {
+                    close(&format!("{kind:?} step {step} table {}", b.name()), a.weights(), b.weights())?;
+                    close(&format!("{kind:?} step {step} state of {}", b.name()), a.optimizer_state(), b.optimizer_state())?;
+                }
             }
         }
     }

@@ -160,6 +160,42 @@ impl KeyedJaggedTensor {
     pub fn key_range(&self, k: usize) -> std::ops::Range<usize> {
         self.offsets[k * self.stride]..self.offsets[(k + 1) * self.stride]
     }
+    /// Samples `samples` of every key (copies): a rank's part of a batch.
+    ///
+    /// # Panics
+    /// When `samples` goes past the stride.
+    pub fn select_samples(&self, samples: std::ops::Range<usize>) -> KeyedJaggedTensor {
+        assert!(
+            samples.start <= samples.end && samples.end <= self.stride,
+            "select_samples: {samples:?} of {} samples",
+            self.stride
+        );
+        let b = samples.len();
+        let mut offsets = Vec::with_capacity(self.keys.len() * b + 1);
+        let (mut values, mut weights) = (Vec::new(), Vec::new());
+        offsets.push(0);
+        for k in 0..self.keys.len() {
+            let (s, e) = (
+                self.offsets[k * self.stride + samples.start],
+                self.offsets[k * self.stride + samples.end],
+            );
+            for i in samples.clone() {
+                offsets.push(values.len() + self.offsets[k * self.stride + i + 1] - s);
+            }
+            values.extend_from_slice(&self.values[s..e]);
+            if let Some(w) = &self.weights {
+                weights.extend_from_slice(&w[s..e]);
+            }
+        }
+        KeyedJaggedTensor {
+            keys: self.keys.clone(),
+            stride: b,
+            values,
+            weights: self.weights.as_ref().map(|_| weights),
+            offsets,
+        }
+    }
+
     /// Key `k`'s bags as a [`JaggedTensor`] (copies).
     pub fn get(&self, key: &str) -> Option<JaggedTensor> {
         let k = self.key_index(key)?;

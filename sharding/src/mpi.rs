@@ -1,0 +1,191 @@
+//! The MPI backend of [`Collective`]: ranks are processes started by
+//! `mpirun`, one per device.
+//!
+//! The exchange is non-blocking point to point (`MPI_Isend`, then matched
+//! probes and receives), polled against a deadline. MPI's own collectives
+//! would block forever on a rank that hangs; polling lets a rank give up
+//! after the timeout with an error naming the ranks it is missing, and the
+//! caller then aborts the whole job (`MPI_Abort`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
+use mpi::request::StaticScope;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::Threading;
+
+use crate::collective::Collective;
+use crate::ShardingError;
+
+/// Every exchange uses one tag: all ranks call the collectives in the same
+/// order, and MPI keeps messages between two ranks in order.
+const TAG: i32 = 7;
+
+/// An MPI world: keep it alive for as long as MPI is used; dropping it
+/// finalizes MPI.
+pub struct MpiWorld {
+    universe: mpi::environment::Universe,
+}
+
+impl MpiWorld {
+    /// Initializes MPI (once per process); `None` when it was already.
+    pub fn init() -> Option<Self> {
+        // Calls are serialized by `MpiCollective`'s lock.
+        let (universe, _) = mpi::initialize_with_threading(Threading::Serialized)?;
+        Some(Self { universe })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.universe.world().rank() as usize
+    }
+
+    pub fn size(&self) -> usize {
+        self.universe.world().size() as usize
+    }
+
+    /// The collective over all ranks, with `timeout` per exchange.
+    pub fn collective(&self, timeout: Duration) -> MpiCollective {
+        MpiCollective {
+            world: Mutex::new(self.universe.world()),
+            rank: self.rank(),
+            size: self.size(),
+            timeout,
+            bytes_sent: AtomicU64::new(0),
+        }
+    }
+
+    /// Stops every rank of the job (`MPI_Abort`), after an error on this one.
+    pub fn abort(&self, code: i32) -> ! {
+        self.universe.world().abort(code)
+    }
+}
+
+pub struct MpiCollective {
+    world: Mutex<SimpleCommunicator>,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    bytes_sent: AtomicU64,
+}
+
+// SAFETY: the communicator is a handle; every use goes through the mutex, and
+// MPI was initialized for serialized calls from any thread.
+unsafe impl Send for MpiCollective {}
+unsafe impl Sync for MpiCollective {}
+
+/// A send in flight; its buffer is leaked to MPI until the send completes.
+struct Sending {
+    peer: usize,
+    request: mpi::request::Request<'static, [u8], StaticScope>,
+    buffer: *mut [u8],
+}
+
+impl Collective for MpiCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn all_to_all_v(&self, send: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, ShardingError> {
+        let (me, n) = (self.rank, self.size);
+        if send.len() != n {
+            return Err(ShardingError::Collective(format!(
+                "rank {me} sent {} messages to {n} ranks",
+                send.len()
+            )));
+        }
+        let world = self.world.lock().expect("the MPI lock");
+        let deadline = Instant::now() + self.timeout;
+        let mut received: Vec<Option<Vec<u8>>> = vec![None; n];
+        let mut sending = Vec::with_capacity(n);
+        for (peer, message) in send.into_iter().enumerate() {
+            if peer == me {
+                received[me] = Some(message);
+                continue;
+            }
+            self.bytes_sent
+                .fetch_add(message.len() as u64, Ordering::Relaxed);
+            let buffer: &'static mut [u8] = Box::leak(message.into_boxed_slice());
+            let buffer_ptr: *mut [u8] = buffer;
+            // SAFETY: the buffer is leaked, so it outlives the request; it is
+            // freed only after the request completes (below).
+            let request = world.process_at_rank(peer as i32).immediate_send_with_tag(
+                StaticScope,
+                unsafe { &*buffer_ptr },
+                TAG,
+            );
+            sending.push(Sending {
+                peer,
+                request,
+                buffer: buffer_ptr,
+            });
+        }
+        let mut waiting: Vec<usize> = (0..n).filter(|&r| r != me).collect();
+        let mut polls = 0u32;
+        while !waiting.is_empty() || !sending.is_empty() {
+            waiting.retain(|&src| {
+                match world
+                    .process_at_rank(src as i32)
+                    .immediate_matched_probe_with_tag(TAG)
+                {
+                    Some(probed) => {
+                        received[src] = Some(probed.matched_receive_vec::<u8>().0);
+                        false
+                    }
+                    None => true,
+                }
+            });
+            sending = (sending.into_iter())
+                .filter_map(|s| match s.request.test() {
+                    Ok(_) => {
+                        // SAFETY: the send is complete; MPI no longer reads the buffer.
+                        drop(unsafe { Box::from_raw(s.buffer) });
+                        None
+                    }
+                    Err(request) => Some(Sending { request, ..s }),
+                })
+                .collect();
+            if waiting.is_empty() && sending.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let mut silent: Vec<usize> = waiting.clone();
+                silent.extend(sending.iter().map(|s| s.peer));
+                silent.sort_unstable();
+                silent.dedup();
+                // MPI may still read these buffers: leak them with their
+                // requests (the job is about to be aborted).
+                for s in sending {
+                    std::mem::forget(s.request);
+                }
+                let names: Vec<String> = silent.iter().map(|r| r.to_string()).collect();
+                return Err(ShardingError::Collective(format!(
+                    "rank {me}: rank {} did not exchange for {} s (stopped or hung)",
+                    names.join(", "),
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            // Spin briefly, then sleep: ranks may share cores with the ones
+            // still computing.
+            polls += 1;
+            if polls > 100 {
+                std::thread::sleep(Duration::from_micros(100));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Ok(received
+            .into_iter()
+            .map(|m| m.expect("every rank's message arrived"))
+            .collect())
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.bytes_sent.load(Ordering::Relaxed)
+    }
+}

@@ -299,147 +299,197 @@ pub fn check_bce_with_logits<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
     Ok(n)
 }
 
-/// `copy`, `zeros`, `concat_columns` and `split_columns` (into buffers of other shapes).
+/// `copy`, `zeros`, `concat_columns` and `split_columns` (into buffers of
+/// other shapes, zero-width parts included), eagerly and inside a window.
 pub fn check_copies<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
     let mut rng = Initializer::new(18);
     let mut n = 0;
-    for &(rows, ca, cb) in &[(1, 1, 1), (3, 5, 2), (300, 16, 416)] {
-        let what = format!("[{rows}x{ca}] and [{rows}x{cb}]");
+    for &(rows, ca, cb) in &[(1, 1, 1), (3, 5, 2), (4, 0, 3), (4, 3, 0), (300, 16, 416)] {
         let (a, b) = (random(&mut rng, rows, ca), random(&mut rng, rows, cb));
-        let mut c = Tensor::from_fn(2, 3, |_, _| f32::NAN);
-        be.copy(&mut c, &a);
-        compare(&format!("{what} copy"), &c, &a.cast())?;
-        be.zeros(&mut c, rows, cb);
-        compare(&format!("{what} zeros"), &c, &Tensor::zeros(rows, cb))?;
-        let mut ab = Tensor::zeros(1, 1);
-        be.concat_columns(&a, &b, &mut ab);
-        let want = Tensor::from_fn(rows, ca + cb, |r, col| {
-            if col < ca {
-                a.row(r)[col] as f64
+        for fused in [false, true] {
+            let what = format!(
+                "[{rows}x{ca}] and [{rows}x{cb}]{}",
+                if fused { " fused" } else { "" }
+            );
+            let nan = || Tensor::from_fn(2, 3, |_, _| f32::NAN);
+            let (mut c, mut z, mut ab, mut a2, mut b2) = (nan(), nan(), nan(), nan(), nan());
+            let mut ops = || {
+                be.copy(&mut c, &a);
+                be.zeros(&mut z, rows, cb);
+                be.concat_columns(&a, &b, &mut ab);
+                be.split_columns(&ab, ca, &mut a2, &mut b2);
+            };
+            if fused {
+                // SAFETY: the buffers outlive the call and only ops touch them.
+                unsafe { be.fused(&mut ops) };
             } else {
-                b.row(r)[col - ca] as f64
+                ops();
             }
-        });
-        compare(&format!("{what} concat_columns"), &ab, &want)?;
-        let (mut a2, mut b2) = (Tensor::zeros(0, 0), Tensor::zeros(7, 1));
-        be.split_columns(&ab, ca, &mut a2, &mut b2);
-        compare(&format!("{what} split_columns (left)"), &a2, &a.cast())?;
-        compare(&format!("{what} split_columns (right)"), &b2, &b.cast())?;
-        n += 1;
+            compare(&format!("{what} copy"), &c, &a.cast())?;
+            compare(&format!("{what} zeros"), &z, &Tensor::zeros(rows, cb))?;
+            let want = Tensor::from_fn(rows, ca + cb, |r, col| {
+                if col < ca {
+                    a.row(r)[col] as f64
+                } else {
+                    b.row(r)[col - ca] as f64
+                }
+            });
+            compare(&format!("{what} concat_columns"), &ab, &want)?;
+            compare(&format!("{what} split_columns (left)"), &a2, &a.cast())?;
+            compare(&format!("{what} split_columns (right)"), &b2, &b.cast())?;
+            n += 1;
+        }
     }
     Ok(n)
 }
 
-/// A chain of ops inside [`DenseBackend::fused`] (outputs feeding later ops, an output
-/// overwritten in place, a buffer reused for a larger shape, the loss) gives what the same
-/// ops give one at a time.
+/// Buffers of [`check_fused_window`]'s chain.
+#[derive(Default)]
+struct Chain {
+    xc: Tensor<f32>,
+    y: Tensor<f32>,
+    cat: Tensor<f32>,
+    logits: Tensor<f32>,
+    dlogits: Tensor<f32>,
+    loss: f32,
+    dw2: Tensor<f32>,
+    db2: Vec<f32>,
+    dcat: Tensor<f32>,
+    dy: Tensor<f32>,
+    dx_cat: Tensor<f32>,
+    dw: Tensor<f32>,
+    db: Vec<f32>,
+    dx: Tensor<f32>,
+    grown: Tensor<f32>,
+}
+
+impl Chain {
+    /// Every output set to a sentinel (on the host, between windows), so an
+    /// output a window fails to write shows. Finite, so that a backend that
+    /// accumulates where it should overwrite fails only its own op's check.
+    fn poison(&mut self) {
+        const SENTINEL: f32 = 1e30;
+        for t in [
+            &mut self.xc,
+            &mut self.y,
+            &mut self.cat,
+            &mut self.logits,
+            &mut self.dlogits,
+            &mut self.dw2,
+            &mut self.dcat,
+            &mut self.dy,
+            &mut self.dx_cat,
+            &mut self.dw,
+            &mut self.dx,
+            &mut self.grown,
+        ] {
+            t.fill(SENTINEL);
+        }
+        self.loss = SENTINEL;
+        self.db.fill(SENTINEL);
+        self.db2.fill(SENTINEL);
+    }
+
+    /// A small network's forward, loss and backward, with an output read by
+    /// later ops, one overwritten in place, and one grown past its capacity.
+    fn run<B: DenseBackend<f32> + ?Sized>(&mut self, be: &B, x: &Tensor<f32>, p: &ChainParams) {
+        let (rows, out) = (x.rows(), p.w.rows());
+        be.copy(&mut self.xc, x);
+        be.linear_forward(&self.xc, &p.w, p.b.data(), Activation::Relu, &mut self.y);
+        be.concat_columns(&self.y, &self.xc, &mut self.cat);
+        be.linear_forward(&self.cat, &p.w2, &p.b2, Activation::None, &mut self.logits);
+        be.zeros(&mut self.dlogits, rows, 1);
+        be.bce_with_logits(
+            self.logits.data(),
+            &p.labels[..rows],
+            self.dlogits.data_mut(),
+            &mut self.loss,
+        );
+        be.linear_backward(
+            &self.cat,
+            &p.w2,
+            &self.logits,
+            Activation::None,
+            &mut self.dlogits,
+            &mut self.dw2,
+            &mut self.db2,
+            Some(&mut self.dcat),
+        );
+        be.split_columns(&self.dcat, out, &mut self.dy, &mut self.dx_cat);
+        be.linear_backward(
+            &self.xc,
+            &p.w,
+            &self.y,
+            Activation::Relu,
+            &mut self.dy,
+            &mut self.dw,
+            &mut self.db,
+            Some(&mut self.dx),
+        );
+        be.add_assign(&mut self.dx, &self.dx_cat);
+        // Grown inside the window, past anything it held before.
+        be.copy(&mut self.grown, &self.cat);
+        be.concat_columns(&self.cat, &self.dcat, &mut self.grown);
+    }
+
+    fn outputs(&self) -> Vec<(&'static str, Tensor<f32>)> {
+        let v = |v: &[f32]| Tensor::from_vec(1, v.len(), v.to_vec()).unwrap();
+        vec![
+            ("y", self.y.clone()),
+            ("logits", self.logits.clone()),
+            ("loss", v(&[self.loss])),
+            ("dlogits", self.dlogits.clone()),
+            ("dw2", self.dw2.clone()),
+            ("db2", v(&self.db2)),
+            ("dy", self.dy.clone()),
+            ("dw", self.dw.clone()),
+            ("db", v(&self.db)),
+            ("dx", self.dx.clone()),
+            ("dx_cat", self.dx_cat.clone()),
+            ("grown", self.grown.clone()),
+        ]
+    }
+}
+
+struct ChainParams {
+    w: Tensor<f32>,
+    b: Tensor<f32>,
+    w2: Tensor<f32>,
+    b2: [f32; 1],
+    labels: Vec<f32>,
+}
+
+/// The ops of a chain inside [`DenseBackend::fused`] give what they give one
+/// at a time, over two windows on the same buffers (the second with fewer
+/// rows: buffers shrink in place), with every output poisoned in between.
 pub fn check_fused_window<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
     let mut rng = Initializer::new(19);
-    let (rows, inp, out) = (33, 12, 7);
-    let (x, w) = (random(&mut rng, rows, inp), random(&mut rng, out, inp));
-    let b = random(&mut rng, 1, out);
-    let labels: Vec<f32> = (0..rows).map(|r| (r % 3 == 0) as u8 as f32).collect();
-    let w2 = random(&mut rng, 1, out + inp);
-
-    #[derive(Default)]
-    struct Bufs {
-        xc: Tensor<f32>,
-        y: Tensor<f32>,
-        cat: Tensor<f32>,
-        logits: Tensor<f32>,
-        dlogits: Tensor<f32>,
-        loss: f32,
-        dw2: Tensor<f32>,
-        db2: Vec<f32>,
-        dcat: Tensor<f32>,
-        dy: Tensor<f32>,
-        dx_cat: Tensor<f32>,
-        dw: Tensor<f32>,
-        db: Vec<f32>,
-        dx: Tensor<f32>,
-    }
-    let run = |bf: &mut Bufs| {
-        be.copy(&mut bf.xc, &x);
-        be.linear_forward(&bf.xc, &w, b.data(), Activation::Relu, &mut bf.y);
-        be.concat_columns(&bf.y, &bf.xc, &mut bf.cat);
-        be.linear_forward(&bf.cat, &w2, &[0.25], Activation::None, &mut bf.logits);
-        bf.dlogits.resize(rows, 1);
-        be.bce_with_logits(
-            bf.logits.data(),
-            &labels,
-            bf.dlogits.data_mut(),
-            &mut bf.loss,
-        );
-        bf.db2 = vec![0.0];
-        let Bufs {
-            cat,
-            logits,
-            dlogits,
-            dw2,
-            db2,
-            dcat,
-            ..
-        } = bf;
-        be.linear_backward(
-            cat,
-            &w2,
-            logits,
-            Activation::None,
-            dlogits,
-            dw2,
-            db2,
-            Some(dcat),
-        );
-        be.split_columns(&bf.dcat, out, &mut bf.dy, &mut bf.dx_cat);
-        bf.db = vec![0.0; out];
-        be.linear_backward(
-            &bf.xc,
-            &w,
-            &bf.y,
-            Activation::Relu,
-            &mut bf.dy,
-            &mut bf.dw,
-            &mut bf.db,
-            Some(&mut bf.dx),
-        );
-        be.add_assign(&mut bf.dx, &bf.dx_cat);
-        // A buffer reused for a larger shape inside the window.
-        be.zeros(&mut bf.dx_cat, rows, 4 * inp);
+    let (inp, out) = (12, 7);
+    let p = ChainParams {
+        w: random(&mut rng, out, inp),
+        b: random(&mut rng, 1, out),
+        w2: random(&mut rng, 1, out + inp),
+        b2: [0.25],
+        labels: (0..33).map(|r| (r % 3 == 0) as u8 as f32).collect(),
     };
-    let mut eager = Bufs::default();
-    run(&mut eager);
-    let mut fused = Bufs::default();
-    // SAFETY: every buffer the ops write lives in `fused`, which outlives the call, and
-    // `run` touches them through the backend's ops only (the resizes and `db` vectors
-    // are made before the op that writes them first).
-    unsafe { be.fused(&mut || run(&mut fused)) };
-    let pairs: [(&str, &Tensor<f32>, &Tensor<f32>); 8] = [
-        ("y", &fused.y, &eager.y),
-        ("logits", &fused.logits, &eager.logits),
-        ("dlogits", &fused.dlogits, &eager.dlogits),
-        ("dw2", &fused.dw2, &eager.dw2),
-        ("dy", &fused.dy, &eager.dy),
-        ("dw", &fused.dw, &eager.dw),
-        ("dx", &fused.dx, &eager.dx),
-        ("dx_cat (reused)", &fused.dx_cat, &eager.dx_cat),
-    ];
-    for (what, got, want) in pairs {
-        compare(what, got, &want.cast())?;
+    let inputs = [random(&mut rng, 33, inp), random(&mut rng, 20, inp)];
+    let (mut eager, mut fused) = (Chain::default(), Chain::default());
+    for (round, x) in inputs.iter().enumerate() {
+        for c in [&mut eager, &mut fused] {
+            c.db = vec![0.0; out];
+            c.db2 = vec![0.0];
+            c.poison();
+        }
+        eager.run(be, x, &p);
+        let chain = &mut fused;
+        // SAFETY: every buffer the ops are given lives in `fused`, `x` or `p`,
+        // all of which outlive the call; `run` touches them through ops only.
+        unsafe { be.fused(&mut || chain.run(be, x, &p)) };
+        for ((what, got), (_, want)) in fused.outputs().into_iter().zip(eager.outputs()) {
+            compare(&format!("round {round} {what}"), &got, &want.cast())?;
+        }
     }
-    let vec_pairs = [
-        ("loss", vec![fused.loss], vec![eager.loss]),
-        ("db", fused.db.clone(), eager.db.clone()),
-        ("db2", fused.db2.clone(), eager.db2.clone()),
-    ];
-    for (what, got, want) in vec_pairs {
-        let len = got.len();
-        compare(
-            what,
-            &Tensor::from_vec(1, len, got).unwrap(),
-            &Tensor::from_vec(1, want.len(), want).unwrap().cast(),
-        )?;
-    }
-    Ok(11)
+    Ok(2)
 }
 
 fn random(rng: &mut Initializer, rows: usize, cols: usize) -> Tensor<f32> {

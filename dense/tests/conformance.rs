@@ -42,6 +42,7 @@ enum Bug {
     InteractionSkipsLastPair,
     CrossDx0Overwrites,
     BceUnscaled,
+    ConcatSwaps,
 }
 
 impl DenseBackend<f32> for Broken {
@@ -149,12 +150,32 @@ impl DenseBackend<f32> for Broken {
     fn add_assign(&self, y: &mut Tensor<f32>, x: &Tensor<f32>) {
         DenseBackend::<f32>::add_assign(&self.0, y, x)
     }
-    fn bce_with_logits(&self, logits: &[f32], labels: &[f32], dlogits: &mut [f32]) -> f32 {
-        let loss = self.0.bce_with_logits(logits, labels, dlogits);
+    fn bce_with_logits(&self, logits: &[f32], labels: &[f32], dlogits: &mut [f32], loss: &mut f32) {
+        self.0.bce_with_logits(logits, labels, dlogits, loss);
         if matches!(self.1, Bug::BceUnscaled) {
             dlogits.iter_mut().for_each(|g| *g *= logits.len() as f32);
         }
-        loss
+    }
+    fn copy(&self, dst: &mut Tensor<f32>, src: &Tensor<f32>) {
+        DenseBackend::<f32>::copy(&self.0, dst, src)
+    }
+    fn zeros(&self, t: &mut Tensor<f32>, rows: usize, cols: usize) {
+        DenseBackend::<f32>::zeros(&self.0, t, rows, cols)
+    }
+    fn concat_columns(&self, a: &Tensor<f32>, b: &Tensor<f32>, out: &mut Tensor<f32>) {
+        match self.1 {
+            Bug::ConcatSwaps => self.0.concat_columns(b, a, out),
+            _ => self.0.concat_columns(a, b, out),
+        }
+    }
+    fn split_columns(
+        &self,
+        x: &Tensor<f32>,
+        cols_a: usize,
+        a: &mut Tensor<f32>,
+        b: &mut Tensor<f32>,
+    ) {
+        self.0.split_columns(x, cols_a, a, b)
     }
 }
 
@@ -167,6 +188,7 @@ fn the_suite_catches_each_planted_bug() {
         Bug::InteractionSkipsLastPair,
         Bug::CrossDx0Overwrites,
         Bug::BceUnscaled,
+        Bug::ConcatSwaps,
     ] {
         let err = run_all(&Broken(NativeBackend::new(1), bug))
             .expect_err(&format!("{bug:?} went unnoticed"));

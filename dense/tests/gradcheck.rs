@@ -259,8 +259,8 @@ fn bce_with_logits() {
     let mut lp = logits.clone();
     check("bce dlogits", logits.data(), grad.data(), |i, v| {
         lp.data_mut()[i] = v;
-        let mut g = vec![0.0; 6];
-        let l = be.bce_with_logits(lp.data(), &labels, &mut g);
+        let (mut g, mut l) = (vec![0.0; 6], 0.0);
+        be.bce_with_logits(lp.data(), &labels, &mut g, &mut l);
         lp.data_mut()[i] = logits.data()[i];
         l
     });
@@ -285,7 +285,8 @@ fn dlrm_dense_chain() {
         let dense = bottom.forward(&be, &x).clone();
         let z = inter.forward(&be, &dense, emb).clone();
         let logits = top.forward(&be, &z).clone();
-        let loss = bce.forward_backward(&be, &logits, &labels);
+        bce.forward_backward(&be, &logits, &labels);
+        let loss = bce.loss();
         let mut demb = None;
         if backward {
             let dz = top.backward(&be, bce.grad(), true).unwrap().clone();

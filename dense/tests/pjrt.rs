@@ -123,7 +123,15 @@ fn a_fused_window_is_one_execution_and_a_panic_discards_it() {
     // SAFETY: the ops' tensors outlive the call and are touched through ops only.
     unsafe { be.fused(&mut || eager(&mut fy, &mut fz)) };
     assert_eq!(be.stats().executions, before + 1, "three ops, one window");
-    assert_eq!((&fy, &fz), (&want.0, &want.1));
+    // XLA may fuse differently from the per-op programs (rounding).
+    let close = |a: &Tensor<f32>, b: &Tensor<f32>| {
+        a.shape() == b.shape()
+            && (a.data().iter().zip(b.data())).all(|(x, y)| (x - y).abs() <= 1e-6 * (1.0 + y.abs()))
+    };
+    assert!(
+        close(&fy, &want.0) && close(&fz, &want.1),
+        "{fy:?} {fz:?} vs {want:?}"
+    );
 
     // A body that panics leaves nothing behind: the next window runs clean.
     let mut dead = Tensor::zeros(0, 0);
@@ -139,7 +147,7 @@ fn a_fused_window_is_one_execution_and_a_panic_discards_it() {
     let (mut gy, mut gz) = (Tensor::zeros(0, 0), Tensor::zeros(0, 0));
     unsafe { be.fused(&mut || eager(&mut gy, &mut gz)) };
     assert_eq!(be.stats().executions, before + 1);
-    assert_eq!((&gy, &gz), (&want.0, &want.1));
+    assert!(close(&gy, &want.0) && close(&gz, &want.1));
 }
 
 #[test]

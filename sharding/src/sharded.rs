@@ -495,7 +495,10 @@ impl ShardedEmbeddingBagCollection {
                 (sizes.iter().enumerate())
                     .map(|(rank, m)| {
                         let n = <[u8; 8]>::try_from(m.as_slice()).map_err(|_| {
-                            wire_err(format!("rank {rank} sent a batch size of {} bytes", m.len()))
+                            wire_err(format!(
+                                "rank {rank} sent a batch size of {} bytes",
+                                m.len()
+                            ))
                         })?;
                         let n = u64::from_le_bytes(n) as usize;
                         start += n;

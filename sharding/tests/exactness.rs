@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use ember_sharding::plan::{ShardingType, TablePlan};
-use ember_sharding::{Collective, InProcess};
 use ember_sharding::{plan, PlannerOptions, ShardedEmbeddingBagCollection, ShardingPlan, Topology};
+use ember_sharding::{Collective, InProcess};
 use ember_sparse::rng::Rng;
 use ember_sparse::{
     EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType, TableOptimizer,

@@ -4,13 +4,15 @@
 //! Every op is recorded into a [`Window`]. Eagerly (`--mode strict`) each op
 //! is its own window, run before the op returns: one executable per (op,
 //! shape). Inside [`DenseBackend::fused`] (`--mode defer-fuse`) the window
-//! collects every op of the body and runs them as one executable at its end,
+//! collects every op the calling thread issues in the body (other threads'
+//! ops stay eager) and runs them as one executable at its end,
 //! so XLA fuses across ops and intermediate values never leave the device
 //! until the window writes them back.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
 use std::time::Instant;
 
 use super::cache::{plugin_identity, DiskCache};
@@ -33,11 +35,19 @@ pub struct CompileStats {
     pub executions: u64,
 }
 
-/// The open window, and whether ops are being deferred into it.
+/// The window [`DenseBackend::fused`] opened, if any.
 #[derive(Default)]
 struct Recorder {
+    open: Option<OpenWindow>,
+}
+
+struct OpenWindow {
+    /// Only this thread's ops go into the window; other threads' run eagerly.
+    owner: ThreadId,
     window: Window,
-    deferring: bool,
+    /// An op of the window failed: its outputs can never be written, so the
+    /// window must not run and the rest of its ops fail too.
+    broken: bool,
 }
 
 pub struct PjrtBackend {
@@ -130,19 +140,23 @@ impl PjrtBackend {
         Ok(exe)
     }
 
-    /// The recorder. A panic while it was held (a failed op or run) left a
-    /// window that must not run: it is discarded.
+    /// The recorder. A panic while it was held (an op of the open window
+    /// failed) breaks the open window.
     fn recorder(&self) -> MutexGuard<'_, Recorder> {
         self.recorder.lock().unwrap_or_else(|poisoned| {
             self.recorder.clear_poison();
             let mut r = poisoned.into_inner();
-            *r = Recorder::default();
+            if let Some(open) = &mut r.open {
+                open.broken = true;
+            }
             r
         })
     }
 
+    /// Is this thread inside a window of [`DenseBackend::fused`]?
     fn deferring(&self) -> bool {
-        self.recorder().deferring
+        let me = std::thread::current().id();
+        matches!(&self.recorder().open, Some(o) if o.owner == me)
     }
 
     /// Runs the window. A PJRT failure here is a bug in Ember or the plugin
@@ -154,16 +168,31 @@ impl PjrtBackend {
         }
     }
 
-    /// Records one op; when not deferring, runs it at once.
+    /// Records one op into this thread's open window, or runs it at once in
+    /// a window of its own.
     fn record(&self, op: impl FnOnce(&mut Window, &Client) -> Result<(), PjrtError>) {
+        let me = std::thread::current().id();
         let mut r = self.recorder();
-        if let Err(e) = op(&mut r.window, &self.client) {
-            r.window = Window::default();
-            drop(r);
-            panic!("PJRT backend: {e}");
-        }
-        if !r.deferring {
-            self.run_window(&mut r.window);
+        match &mut r.open {
+            Some(open) if open.owner == me => {
+                if open.broken {
+                    drop(r);
+                    panic!("PJRT backend: an earlier op of this fused window failed");
+                }
+                if let Err(e) = op(&mut open.window, &self.client) {
+                    open.broken = true;
+                    drop(r);
+                    panic!("PJRT backend: {e}");
+                }
+            }
+            _ => {
+                drop(r);
+                let mut window = Window::default();
+                if let Err(e) = op(&mut window, &self.client) {
+                    panic!("PJRT backend: {e}");
+                }
+                self.run_window(&mut window);
+            }
         }
     }
 }
@@ -491,25 +520,53 @@ impl DenseBackend<f32> for PjrtBackend {
     }
 
     unsafe fn fused(&self, body: &mut dyn FnMut()) {
+        let me = std::thread::current().id();
         {
             let mut r = self.recorder();
-            assert!(!r.deferring, "PjrtBackend::fused: windows do not nest");
-            r.deferring = true;
-        }
-        // Ends the window however `body` ends; after a panic the ops recorded
-        // so far are discarded, never run into buffers that may be gone.
-        struct Close<'a>(&'a PjrtBackend);
-        impl Drop for Close<'_> {
-            fn drop(&mut self) {
-                *self.0.recorder() = Recorder::default();
+            match &r.open {
+                Some(open) if open.owner == me => {
+                    drop(r);
+                    panic!("PjrtBackend::fused: windows do not nest");
+                }
+                // Another thread's window is open: this body runs eagerly.
+                Some(_) => {
+                    drop(r);
+                    return body();
+                }
+                None => {
+                    r.open = Some(OpenWindow {
+                        owner: me,
+                        window: Window::default(),
+                        broken: false,
+                    })
+                }
             }
         }
-        let _close = Close(self);
+        // Closes the window however `body` ends; after a panic the ops
+        // recorded so far are discarded, never run into buffers that may be gone.
+        struct Close<'a>(&'a PjrtBackend, ThreadId);
+        impl Drop for Close<'_> {
+            fn drop(&mut self) {
+                let mut r = self.0.recorder();
+                if matches!(&r.open, Some(o) if o.owner == self.1) {
+                    r.open = None;
+                }
+            }
+        }
+        let close = Close(self, me);
         body();
-        let mut r = self.recorder();
-        r.deferring = false;
-        let mut window = std::mem::take(&mut r.window);
-        drop(r);
+        let open = self
+            .recorder()
+            .open
+            .take()
+            .expect("the window this call opened");
+        drop(close);
+        if open.broken {
+            panic!(
+                "PJRT backend: an op of the fused window failed; none of its outputs was written"
+            );
+        }
+        let mut window = open.window;
         self.run_window(&mut window);
     }
 }

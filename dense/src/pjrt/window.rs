@@ -38,8 +38,9 @@ pub(super) struct Window {
     destinations: Vec<Destination>,
 }
 
-// SAFETY: the pointers are dereferenced only in `run`, by whoever holds the
-// window (behind the backend's mutex), under the contract in the module docs.
+// SAFETY: the pointers are dereferenced only in `run`, by the one owner of
+// the window (moved out of the backend's mutex first), under the contract in
+// the module docs.
 unsafe impl Send for Window {}
 
 impl Window {
@@ -84,11 +85,13 @@ impl Window {
 
     /// Records that `value` (shape `dims`) goes into `dst` when the window runs.
     pub fn write(&mut self, dst: &mut [f32], dims: &[usize], value: String) {
-        if dst.is_empty() {
-            return;
-        }
         let (ptr, len) = (dst.as_mut_ptr(), dst.len());
         let key = ptr as usize;
+        if len == 0 {
+            // Nothing to write; what the window knew of this (shrunk) buffer is stale.
+            self.forget(key);
+            return;
+        }
         self.values.insert(
             key,
             Value {
@@ -96,10 +99,16 @@ impl Window {
                 dims: dims.to_vec(),
             },
         );
+        // The newest pointer: it is the one derived from the live borrow.
         match self.destinations.iter_mut().find(|d| d.key == key) {
-            Some(d) => d.len = len,
+            Some(d) => (d.ptr, d.len) = (ptr, len),
             None => self.destinations.push(Destination { key, ptr, len }),
         }
+    }
+
+    fn forget(&mut self, key: usize) {
+        self.values.remove(&key);
+        self.destinations.retain(|d| d.key != key);
     }
 
     /// [`Window::write`] into `t` resized to `[rows, cols]`. When the resize
@@ -109,8 +118,7 @@ impl Window {
         let old = t.data().as_ptr() as usize;
         t.resize(rows, cols);
         if t.data().as_ptr() as usize != old {
-            self.values.remove(&old);
-            self.destinations.retain(|d| d.key != old);
+            self.forget(old);
         }
         self.write(t.data_mut(), &[rows, cols], value);
     }

@@ -1,6 +1,7 @@
 use clap::{Parser, Subcommand};
 
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
+use ember::cli::world::Launch;
 use ember::cli::{bench_dlrm, bench_embedding, bench_loader, devices, serve, sharding, train};
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
@@ -43,27 +44,85 @@ enum Bench {
     Loader(bench_loader::LoaderBenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Bench(Bench::Dlrm(args)) => print(&bench_dlrm::run(&args)?, args.json),
-        Command::Bench(Bench::Embedding(args)) => print(&bench_embedding::run(&args)?, args.json),
-        Command::Bench(Bench::Loader(args)) => print(&bench_loader::run(&args)?, args.json),
-        Command::Ingest(IngestCommand::Criteo(args)) => {
-            print(&IngestReport(ingest::criteo(&args)?), args.json)
+    let launch = match Launch::from_env() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            return std::process::ExitCode::FAILURE;
         }
-        Command::Ingest(IngestCommand::Synthetic(args)) => {
-            print(&ingest::synthetic(&args)?, args.json)
+    };
+    match run(cli, &launch) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            match launch.ranks() {
+                Some(r) => eprintln!("Error (rank {} of {}): {e:?}", r.rank, r.size),
+                None => eprintln!("Error: {e:?}"),
+            }
+            launch.abort_others();
+            std::process::ExitCode::FAILURE
         }
-        Command::Train(args) => print(&train::run(&args)?, args.json),
-        Command::Eval(args) => print(&serve::eval(&args)?, args.json),
-        Command::Predict(args) => print(&serve::predict(&args)?, args.serve.json),
-        Command::Plan(args) => print(&sharding::run_plan(&args)?, args.json),
-        Command::Devices(args) => print(&devices::run(&args)?, args.json),
     }
 }
 
-fn print<R: serde::Serialize + std::fmt::Display>(report: &R, json: bool) -> anyhow::Result<()> {
+fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Bench(Bench::Dlrm(args)) => {
+            print(&bench_dlrm::run(&args, launch)?, args.json, launch)
+        }
+        Command::Train(args) => print(&train::run(&args, launch)?, args.json, launch),
+        command => {
+            launch.single_process_only(command.name())?;
+            match command {
+                Command::Bench(Bench::Embedding(args)) => {
+                    print(&bench_embedding::run(&args)?, args.json, launch)
+                }
+                Command::Bench(Bench::Loader(args)) => {
+                    print(&bench_loader::run(&args)?, args.json, launch)
+                }
+                Command::Ingest(IngestCommand::Criteo(args)) => {
+                    print(&IngestReport(ingest::criteo(&args)?), args.json, launch)
+                }
+                Command::Ingest(IngestCommand::Synthetic(args)) => {
+                    print(&ingest::synthetic(&args)?, args.json, launch)
+                }
+                Command::Eval(args) => print(&serve::eval(&args)?, args.json, launch),
+                Command::Predict(args) => print(&serve::predict(&args)?, args.serve.json, launch),
+                Command::Plan(args) => print(&sharding::run_plan(&args)?, args.json, launch),
+                Command::Devices(args) => print(&devices::run(&args)?, args.json, launch),
+                Command::Bench(Bench::Dlrm(_)) | Command::Train(_) => unreachable!("matched above"),
+            }
+        }
+    }
+}
+
+impl Command {
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Bench(Bench::Dlrm(_)) => "bench dlrm",
+            Command::Bench(Bench::Embedding(_)) => "bench embedding",
+            Command::Bench(Bench::Loader(_)) => "bench loader",
+            Command::Ingest(_) => "ingest",
+            Command::Train(_) => "train",
+            Command::Eval(_) => "eval",
+            Command::Predict(_) => "predict",
+            Command::Plan(_) => "plan",
+            Command::Devices(_) => "devices",
+        }
+    }
+}
+
+/// A report: JSON with `--json`, text otherwise; printed by rank 0 only (or
+/// the only process).
+fn print<R: serde::Serialize + std::fmt::Display>(
+    report: &R,
+    json: bool,
+    launch: &Launch,
+) -> anyhow::Result<()> {
+    if !launch.is_root() {
+        return Ok(());
+    }
     if json {
         println!("{}", serde_json::to_string(report)?);
     } else {

@@ -194,10 +194,10 @@ fn sgd<T: Real>(p: &mut Param<'_, T>, lr: T) {
     if p.value.len() >= 2 * CHUNK {
         p.value
             .par_chunks_mut(CHUNK)
-            .zip(p.grad.par_chunks(CHUNK))
-            .for_each(|(w, g)| w.iter_mut().zip(g).for_each(f));
+            .zip(p.grad.par_chunks_mut(CHUNK))
+            .for_each(|(w, g)| w.iter_mut().zip(&*g).for_each(f));
     } else {
-        p.value.iter_mut().zip(p.grad).for_each(f);
+        p.value.iter_mut().zip(&*p.grad).for_each(f);
     }
 }
 
@@ -209,11 +209,11 @@ fn adagrad<T: Real>(p: &mut Param<'_, T>, sum: &mut [T], lr: T, eps: T) {
     if p.value.len() >= 2 * CHUNK {
         p.value
             .par_chunks_mut(CHUNK)
-            .zip(p.grad.par_chunks(CHUNK))
+            .zip(p.grad.par_chunks_mut(CHUNK))
             .zip(sum.par_chunks_mut(CHUNK))
-            .for_each(|((w, g), s)| w.iter_mut().zip(g).zip(s).for_each(f));
+            .for_each(|((w, g), s)| w.iter_mut().zip(&*g).zip(s).for_each(f));
     } else {
-        p.value.iter_mut().zip(p.grad).zip(sum).for_each(f);
+        p.value.iter_mut().zip(&*p.grad).zip(sum).for_each(f);
     }
 }
 
@@ -234,11 +234,11 @@ fn adam<T: Real>(p: &mut Param<'_, T>, m: &mut [T], v: &mut [T], k: &AdamScalars
     if p.value.len() >= 2 * CHUNK {
         p.value
             .par_chunks_mut(CHUNK)
-            .zip(p.grad.par_chunks(CHUNK))
+            .zip(p.grad.par_chunks_mut(CHUNK))
             .zip(m.par_chunks_mut(CHUNK))
             .zip(v.par_chunks_mut(CHUNK))
-            .for_each(|(((w, g), m), v)| w.iter_mut().zip(g).zip(m).zip(v).for_each(f));
+            .for_each(|(((w, g), m), v)| w.iter_mut().zip(&*g).zip(m).zip(v).for_each(f));
     } else {
-        p.value.iter_mut().zip(p.grad).zip(m).zip(v).for_each(f);
+        p.value.iter_mut().zip(&*p.grad).zip(m).zip(v).for_each(f);
     }
 }

@@ -5,11 +5,13 @@
 pub struct Param<'a, T> {
     pub name: String,
     pub value: &'a mut [T],
-    pub grad: &'a [T],
+    /// Mutable so that data-parallel training can replace it with the sum
+    /// over ranks before the update.
+    pub grad: &'a mut [T],
 }
 
 impl<'a, T> Param<'a, T> {
-    pub fn new(name: impl Into<String>, value: &'a mut [T], grad: &'a [T]) -> Self {
+    pub fn new(name: impl Into<String>, value: &'a mut [T], grad: &'a mut [T]) -> Self {
         Param {
             name: name.into(),
             value,

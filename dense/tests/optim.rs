@@ -11,12 +11,12 @@ fn run(config: DenseOptimizerConfig) -> Vec<[f64; 3]> {
     let mut opt = DenseOptimizer::<f64>::new(config);
     let mut p = P0;
     let mut other = [3.0f64; 2];
-    let zero = [0.0f64; 2];
+    let mut zero = [0.0f64; 2];
     let mut out = Vec::new();
-    for g in GRADS {
+    for mut g in GRADS {
         opt.step(vec![
-            Param::new("w", &mut p, &g),
-            Param::new("b", &mut other, &zero),
+            Param::new("w", &mut p, &mut g),
+            Param::new("b", &mut other, &mut zero),
         ]);
         out.push(p);
     }
@@ -107,10 +107,10 @@ fn f32_adam_follows_f64() {
     let mut p32: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
     let mut p64: Vec<f64> = p32.iter().map(|&v| v as f64).collect();
     for s in 0..3 {
-        let g32: Vec<f32> = (0..n).map(|i| ((i + s * 7) as f32 * 0.11).cos()).collect();
-        let g64: Vec<f64> = g32.iter().map(|&v| v as f64).collect();
-        o32.step(vec![Param::new("w", &mut p32, &g32)]);
-        o64.step(vec![Param::new("w", &mut p64, &g64)]);
+        let mut g32: Vec<f32> = (0..n).map(|i| ((i + s * 7) as f32 * 0.11).cos()).collect();
+        let mut g64: Vec<f64> = g32.iter().map(|&v| v as f64).collect();
+        o32.step(vec![Param::new("w", &mut p32, &mut g32)]);
+        o64.step(vec![Param::new("w", &mut p64, &mut g64)]);
     }
     for (a, b) in p32.iter().zip(&p64) {
         assert!((*a as f64 - b).abs() < 1e-6, "{a} vs {b}");
@@ -121,7 +121,7 @@ fn f32_adam_follows_f64() {
 #[should_panic(expected = "parameter #0 is `v")]
 fn state_is_checked_against_the_parameters() {
     let mut opt = DenseOptimizer::<f64>::new(DenseOptimizerConfig::adagrad(0.1));
-    let (mut a, g) = ([1.0; 2], [0.5; 2]);
-    opt.step(vec![Param::new("w", &mut a, &g)]);
-    opt.step(vec![Param::new("v", &mut a, &g)]);
+    let (mut a, mut g) = ([1.0; 2], [0.5; 2]);
+    opt.step(vec![Param::new("w", &mut a, &mut g)]);
+    opt.step(vec![Param::new("v", &mut a, &mut g)]);
 }

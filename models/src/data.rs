@@ -36,6 +36,17 @@ impl Batch {
         self.labels.len()
     }
 
+    /// Samples `samples` of the batch: a rank's block of a global batch.
+    pub fn select(&self, samples: std::ops::Range<usize>) -> Batch {
+        let cols = self.dense.cols();
+        let dense = self.dense.data()[samples.start * cols..samples.end * cols].to_vec();
+        Batch {
+            dense: Tensor::from_vec(samples.len(), cols, dense).expect("a block of rows"),
+            sparse: self.sparse.select_samples(samples.clone()),
+            labels: self.labels[samples].to_vec(),
+        }
+    }
+
     /// A batch of the Parquet loader.
     pub fn from_loader(b: ember_dataloader::Batch) -> Result<Self, ModelError> {
         let rows = b.labels.len();

@@ -2,13 +2,14 @@
 //! TorchRec's structure: sparse_arch (embedding bags) → dense_arch (bottom
 //! MLP) → inter_arch → over_arch (top MLP ending in one logit).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ember_dense::{
     Activation, BceWithLogits, DenseBackend, DenseOptimizer, DenseOptimizerConfig, DotInteraction,
     HasParams, LowRankCrossNet, Mlp, Param, Real, Tensor,
 };
-use ember_sharding::ShardingPlan;
+use ember_sharding::{Collective, ShardedEmbeddingBagCollection, ShardingPlan};
 use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedTensor, TableOptimizer};
 use serde::{Deserialize, Serialize};
 
@@ -201,6 +202,13 @@ impl<T: Real> DenseArch<T> {
         }
     }
 
+    fn pooled_grad_mut(&mut self) -> &mut Tensor<T> {
+        match &mut self.interaction {
+            InteractionArch::Dot(dot) => dot.dsparse_mut(),
+            InteractionArch::Dcn { d_sparse, .. } => d_sparse,
+        }
+    }
+
     /// Backward from the logits' gradient; fills every parameter's gradient
     /// and returns the gradient of the pooled embeddings `[batch, F * D]`.
     pub fn backward(&mut self, be: &dyn DenseBackend<T>, d_logits: &Tensor<T>) -> &Tensor<T> {
@@ -339,6 +347,41 @@ impl PhaseTimes {
     }
 }
 
+/// Dense gradients, the pooled embeddings' gradient and the loss of this
+/// rank's samples become those of all ranks' samples: one all-reduce of every
+/// gradient and the loss weighted by the sample count, and the count. The
+/// sum is in rank order, so every rank gets the same bits. Returns the loss.
+fn average_over_ranks(
+    world: &mut World,
+    arch: &mut DenseArch<f32>,
+    samples: usize,
+    loss: f32,
+) -> Result<f32, ModelError> {
+    let n = samples as f32;
+    let flat = &mut world.flat;
+    flat.clear();
+    for p in arch.params() {
+        flat.extend(p.grad.iter().map(|g| g * n));
+    }
+    flat.extend([loss * n, n]);
+    world.comm.all_reduce_sum(flat)?;
+    let total = flat[flat.len() - 1];
+    let mut at = 0;
+    for p in arch.params() {
+        for (g, s) in p.grad.iter_mut().zip(&flat[at..]) {
+            *g = s / total;
+        }
+        at += p.grad.len();
+    }
+    // The pooled gradient stays per sample: only its 1/n becomes 1/total.
+    let scale = n / total;
+    arch.pooled_grad_mut()
+        .data_mut()
+        .iter_mut()
+        .for_each(|g| *g *= scale);
+    Ok(flat[flat.len() - 2] / total)
+}
+
 /// How a training step runs its dense part.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Run {
@@ -367,6 +410,17 @@ pub struct Dlrm {
     pooled: KeyedTensor,
     pooled_dense: Tensor<f32>,
     loss: BceWithLogits<f32>,
+    /// Set when this process is one rank of a data-parallel world.
+    world: Option<World>,
+}
+
+/// Data parallelism over ranks (one process each): every rank steps on its
+/// own samples, and the dense gradients and the loss become means over the
+/// samples of all ranks, so every rank applies the same dense update.
+struct World {
+    comm: Arc<dyn Collective>,
+    /// Reused buffer of the one all-reduce per step.
+    flat: Vec<f32>,
 }
 
 impl Dlrm {
@@ -392,6 +446,7 @@ impl Dlrm {
             pooled,
             pooled_dense: Tensor::zeros(0, 0),
             loss: BceWithLogits::new(),
+            world: None,
         })
     }
 
@@ -407,9 +462,41 @@ impl Dlrm {
     /// Shards the tables over devices by `plan`, or gathers them back into
     /// one collection (`None`).
     pub fn shard(&mut self, plan: Option<ShardingPlan>) -> Result<(), ModelError> {
+        if self.world.is_some() {
+            return Err(ModelError::Config(
+                "a model that is one rank of a world cannot be resharded in place".into(),
+            ));
+        }
         self.sparse_arch.reshard(plan)?;
         self.pooled = self.sparse_arch.new_output(0);
         Ok(())
+    }
+
+    /// Makes this model rank `comm.rank()` of a multi-process world: it keeps
+    /// the shards of its device under `plan` (one device per rank), steps on
+    /// its own samples, and averages the dense gradients with the other ranks.
+    /// Every rank makes this call with the same model, plan and world.
+    pub fn join_world(
+        &mut self,
+        plan: ShardingPlan,
+        comm: Arc<dyn Collective>,
+    ) -> Result<(), ModelError> {
+        let sharded = {
+            let unsharded = self.sparse_arch.unsharded()?;
+            ShardedEmbeddingBagCollection::from_collection_on_rank(&unsharded, plan, comm.clone())?
+        };
+        self.sparse_arch = SparseArch::Sharded(sharded);
+        self.pooled = self.sparse_arch.new_output(0);
+        self.world = Some(World {
+            comm,
+            flat: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// The world's collective, when this model is one rank of it.
+    pub fn world(&self) -> Option<&Arc<dyn Collective>> {
+        self.world.as_ref().map(|w| &w.comm)
     }
     pub fn dense_arch(&self) -> &DenseArch<f32> {
         &self.dense_arch
@@ -489,6 +576,12 @@ impl Dlrm {
         step: &mut crate::CompiledDenseStep,
         batch: &Batch,
     ) -> Result<StepOutput, ModelError> {
+        if self.world.is_some() {
+            return Err(ModelError::Config(
+                "the compiled step runs in one process; on ranks use strict, debug or defer-fuse"
+                    .into(),
+            ));
+        }
         let mut times = self.checked_lookup(batch)?;
         let t = Instant::now();
         let (loss, d_pooled) =
@@ -566,7 +659,10 @@ impl Dlrm {
             self.dense_arch.backward(be, self.loss.grad());
             times.dense_backward = t.elapsed();
         }
-        let loss = self.loss.loss();
+        let mut loss = self.loss.loss();
+        if let Some(world) = &mut self.world {
+            loss = average_over_ranks(world, &mut self.dense_arch, batch.size(), loss)?;
+        }
 
         if run == Run::Checked {
             if let Some(e) = self.dense_arch.first_non_finite_activation() {

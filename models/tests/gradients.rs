@@ -47,8 +47,9 @@ fn loss(
     labels: &[f64],
 ) -> f64 {
     let logits = arch.forward(be, dense, pooled).clone();
-    let mut d = vec![0.0; labels.len()];
-    be.bce_with_logits(logits.data(), labels, &mut d)
+    let (mut d, mut loss) = (vec![0.0; labels.len()], 0.0);
+    be.bce_with_logits(logits.data(), labels, &mut d, &mut loss);
+    loss
 }
 
 fn assert_close(what: &str, analytic: f64, numeric: f64) {
@@ -79,7 +80,7 @@ fn dense_arch_gradients_match_finite_differences() {
 
         let logits = arch.forward(&be, &dense, &pooled).clone();
         let mut d_logits = Tensor::zeros(5, 1);
-        be.bce_with_logits(logits.data(), &labels, d_logits.data_mut());
+        be.bce_with_logits(logits.data(), &labels, d_logits.data_mut(), &mut 0.0);
         let d_pooled = arch.backward(&be, &d_logits).clone();
         let grads: Vec<(String, Vec<f64>)> = arch
             .params()

@@ -80,6 +80,16 @@ struct Device {
     local_grad: Vec<f32>,
 }
 
+/// One shard of a table as this process holds it.
+pub struct LocalShard<'a> {
+    /// The (global) table's name.
+    pub table: &'a str,
+    /// Which rows and columns of the table.
+    pub shard: &'a crate::plan::Shard,
+    /// Its rows (local order) and optimizer state.
+    pub data: &'a EmbeddingTable,
+}
+
 /// Counters of the sharded execution, summed over calls (stage times are
 /// the slowest device's per call).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -397,6 +407,35 @@ impl ShardedEmbeddingBagCollection {
         }
         ebc.set_step(self.step);
         Ok(ebc)
+    }
+
+    /// The shards this process holds and saves: every shard of its devices
+    /// but the data-parallel replicas of devices other than 0 (device 0's
+    /// replica stands for the table). Each device holds at most one shard
+    /// of a table.
+    pub fn local_shards(&self) -> Vec<LocalShard<'_>> {
+        let mut out = Vec::new();
+        for c in &self.configs {
+            let p = self.plan.table(&c.name).expect("validated");
+            for (k, shard) in p.shards.iter().enumerate() {
+                let dp_replica = p.sharding == ShardingType::DataParallel && shard.device != 0;
+                let Some(d) = self.device_index(shard.device) else {
+                    continue;
+                };
+                if dp_replica {
+                    continue;
+                }
+                let table = (self.devices[d].ebc.as_ref())
+                    .and_then(|e| e.table(&local_name(&c.name, k)))
+                    .expect("every shard has a local table");
+                out.push(LocalShard {
+                    table: &c.name,
+                    shard,
+                    data: table,
+                });
+            }
+        }
+        out
     }
 
     /// The global index of `devices[0]`.

@@ -13,10 +13,13 @@ use ember_models::{
     SyntheticData,
 };
 
+use ember_models::checkpoint::{save, save_set};
+
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ExecMode, ModeArgs, Stepper};
 use super::bench_embedding::{median, BenchOptimizer};
 use super::sharding::{planner_options, ShardingArgs};
+use super::world::{Fault, Launch};
 use super::{peak_rss_bytes, Progress};
 
 /// Test batches are numbered from here, apart from training batches.
@@ -69,6 +72,10 @@ pub struct DlrmArgs {
     /// Print one JSON object at the end (progress lines go to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Write the trained model into this directory: `model.safetensors`, or
+    /// under mpirun a set that every rank writes its part of.
+    #[arg(long)]
+    pub save: Option<std::path::PathBuf>,
 }
 
 /// The architecture and data after presets and defaults are applied.
@@ -143,7 +150,11 @@ pub struct DlrmReport {
     pub table_bytes: u64,
     pub peak_rss_bytes: u64,
     pub setup_s: f64,
-    /// With `--devices` or `--plan`: where the tables ran and what moved.
+    /// Processes (MPI ranks) the run took; 1 unless under mpirun.
+    pub world_size: usize,
+    /// With `--devices` or `--plan`: where the tables ran and what moved
+    /// (under mpirun one device per rank, so per device is per rank; a
+    /// rank's bytes include the dense gradients' all-reduce).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sharding: Option<ShardingReport>,
 }
@@ -172,7 +183,7 @@ pub struct StageMs {
     pub update: f64,
 }
 
-pub fn run(args: &DlrmArgs) -> anyhow::Result<DlrmReport> {
+pub fn run(args: &DlrmArgs, launch: &Launch) -> anyhow::Result<DlrmReport> {
     if args.mini_batch_size == 0 || args.num_batches == 0 {
         bail!("--mini-batch-size and --num-batches must be at least 1");
     }
@@ -181,10 +192,14 @@ pub fn run(args: &DlrmArgs) -> anyhow::Result<DlrmReport> {
     }
     args.optim.validate()?;
     let resolved = args.resolve()?;
-    super::with_threads(args.threads, || run_in_pool(args, resolved))?
+    super::with_threads(args.threads, || run_in_pool(args, resolved, launch))?
 }
 
-fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmReport> {
+fn run_in_pool(
+    args: &DlrmArgs,
+    resolved: ResolvedDlrm,
+    launch: &Launch,
+) -> anyhow::Result<DlrmReport> {
     let setup = Instant::now();
     let config = &resolved.config;
     let table_optimizer = args.optim.table_optimizer();
@@ -200,7 +215,7 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         false => (resolved.indices_per_lookup as f64 + 1.0) / 2.0,
     };
     let options = planner_options(table_optimizer, args.mini_batch_size, pooling);
-    let planned = args.sharding.plan(config, &options)?;
+    let planned = args.sharding.plan_for(config, &options, launch)?;
     let estimated_ms = planned.as_ref().map(|(_, s)| s.max_cost_s * 1e3);
     let shards = planned.as_ref().map(|(_, s)| {
         s.devices
@@ -209,8 +224,17 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
             .collect::<Vec<_>>()
     });
     if let Some((plan, _)) = planned {
-        model.shard(Some(plan)).context("sharding the tables")?;
+        match launch.ranks() {
+            Some(r) => model.join_world(plan, r.comm.clone()),
+            None => model.shard(Some(plan)),
+        }
+        .context("sharding the tables")?;
     }
+    // On a rank, its block of every global batch.
+    let mine = |b: Batch| match launch.ranks() {
+        Some(r) => b.select(b.size() * r.rank / r.size..b.size() * (r.rank + 1) / r.size),
+        None => b,
+    };
     let backend = args.backend.build(args.mode.mode)?;
     let mut stepper = Stepper::new(args.mode.mode);
     let data = SyntheticData::new(SyntheticConfig {
@@ -228,14 +252,15 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
     let size = args.mini_batch_size;
     let test_batches: Vec<Batch> = if args.test_freq > 0 {
         (0..args.test_num_batches)
-            .map(|i| data.batch(TEST_BATCH_BASE + i, size))
+            .map(|i| mine(data.batch(TEST_BATCH_BASE + i, size)))
             .collect()
     } else {
         Vec::new()
     };
     let setup_s = setup.elapsed().as_secs_f64();
 
-    let progress = Progress::new(args.num_batches, "dlrm", args.json);
+    let progress = Progress::new(args.num_batches, "dlrm", args.json).quiet(!launch.is_root());
+    let fault = Fault::from_env(launch)?;
     progress.line(&format!(
         "ember bench dlrm: {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {size}, {} threads, setup {setup_s:.1} s",
         config.tables.len(), config.embedding_dim(), config.bottom_mlp, config.top_mlp_sizes(),
@@ -249,7 +274,8 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
     for i in 0..args.num_batches {
         // Every batch is new, made off the clock: cycling a few batches would
         // let the model memorise random labels and keep their rows in cache.
-        let batch = data.batch(i, size);
+        let batch = mine(data.batch(i, size));
+        fault.at_step(i);
         let out = stepper.step(&backend, &mut model, &batch)?;
         if !out.loss.is_finite() {
             bail!(
@@ -294,6 +320,22 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         }
     }
     progress.finish();
+    if let Some(dir) = &args.save {
+        stepper.sync(&mut model)?;
+        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+        match model.world() {
+            Some(_) => drop(save_set(&mut model, dir, None)?),
+            None => save(&mut model, &dir.join("model.safetensors"), None)?,
+        }
+    }
+    // On ranks: every rank's ids and sharding counters.
+    let (ids, sharding_stats) = match (launch.ranks(), model.sparse_arch().sharded()) {
+        (Some(r), Some(sh)) => {
+            let (ids, stats) = over_ranks(&r.comm, ids, sh)?;
+            (ids, Some(stats))
+        }
+        (_, sh) => (ids, sh.map(|sh| (sh.stats(), sh.device_bytes()))),
+    };
     let timed = step_s.len().max(1) as f64;
     let total_s: f64 = step_s.iter().sum();
     let per_step_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / timed;
@@ -335,14 +377,14 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         table_bytes: model.sparse_arch().bytes() as u64,
         peak_rss_bytes: peak_rss_bytes(),
         setup_s,
-        sharding: model.sparse_arch().sharded().map(|sh| {
-            let st = sh.stats();
+        world_size: launch.world_size(),
+        sharding: sharding_stats.map(|(st, device_bytes)| {
             let steps = st.steps.max(1) as f64;
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps;
             ShardingReport {
-                devices: sh.num_devices(),
+                devices: device_bytes.len(),
                 shards: shards.clone().unwrap_or_default(),
-                per_device_table_bytes: sh.device_bytes().iter().map(|&b| b as u64).collect(),
+                per_device_table_bytes: device_bytes.iter().map(|&b| b as u64).collect(),
                 per_device_lookups_per_step: st.lookups.iter().map(|&l| l as f64 / steps).collect(),
                 per_device_bytes_sent_per_step: st
                     .bytes_sent
@@ -361,6 +403,65 @@ fn run_in_pool(args: &DlrmArgs, resolved: ResolvedDlrm) -> anyhow::Result<DlrmRe
         }),
         architecture: resolved,
     })
+}
+
+/// The ids of every rank, and the sharding counters with every rank's own
+/// device filled in (stage times: the slowest rank's).
+fn over_ranks(
+    comm: &std::sync::Arc<dyn ember_sharding::Collective>,
+    ids: u64,
+    sh: &ember_sharding::ShardedEmbeddingBagCollection,
+) -> anyhow::Result<(u64, (ember_sharding::ShardingStats, Vec<usize>))> {
+    let me = comm.rank();
+    let mut st = sh.stats();
+    let mut bytes = sh.device_bytes();
+    let stages = [
+        st.input_dist,
+        st.lookup,
+        st.output_dist,
+        st.grad_dist,
+        st.update,
+    ];
+    let mine: Vec<f64> = [
+        ids as f64,
+        st.lookups[me] as f64,
+        st.bytes_sent[me] as f64,
+        bytes[me] as f64,
+    ]
+    .into_iter()
+    .chain(stages.iter().map(|d| d.as_secs_f64()))
+    .collect();
+    let parts = comm.all_gather(mine.iter().flat_map(|v| v.to_le_bytes()).collect())?;
+    let mut total_ids = 0;
+    let mut slowest = [0.0f64; 5];
+    for (rank, part) in parts.iter().enumerate() {
+        let v: Vec<f64> = (part.chunks_exact(8))
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        anyhow::ensure!(v.len() == 9, "rank {rank} sent {} counters", v.len());
+        total_ids += v[0] as u64;
+        st.lookups[rank] = v[1] as u64;
+        st.bytes_sent[rank] = v[2] as u64;
+        bytes[rank] = v[3] as usize;
+        for (s, x) in slowest.iter_mut().zip(&v[4..]) {
+            *s = s.max(*x);
+        }
+    }
+    let d = std::time::Duration::from_secs_f64;
+    (
+        st.input_dist,
+        st.lookup,
+        st.output_dist,
+        st.grad_dist,
+        st.update,
+    ) = (
+        d(slowest[0]),
+        d(slowest[1]),
+        d(slowest[2]),
+        d(slowest[3]),
+        d(slowest[4]),
+    );
+    Ok((total_ids, (st, bytes)))
 }
 
 fn add_times(sum: &mut PhaseTimes, t: &PhaseTimes) {

@@ -14,6 +14,7 @@ mod progress;
 pub mod serve;
 pub mod sharding;
 pub mod train;
+pub mod world;
 
 pub use progress::{peak_rss_bytes, Progress};
 

@@ -9,6 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct Progress {
     bar: Option<ProgressBar>,
     to_stderr: bool,
+    /// Prints nothing (ranks other than 0).
+    quiet: bool,
 }
 
 impl Progress {
@@ -26,7 +28,17 @@ impl Progress {
         Self {
             bar,
             to_stderr: json,
+            quiet: false,
         }
+    }
+
+    /// When `quiet`, no bar and no lines.
+    pub fn quiet(mut self, quiet: bool) -> Self {
+        if quiet {
+            self.bar = None;
+            self.quiet = true;
+        }
+        self
     }
 
     /// A bar counting bytes.
@@ -57,6 +69,9 @@ impl Progress {
     }
 
     pub fn line(&self, text: &str) {
+        if self.quiet {
+            return;
+        }
         match (&self.bar, self.to_stderr) {
             (Some(bar), false) => bar.suspend(|| println!("{text}")),
             (Some(bar), true) => bar.println(text),

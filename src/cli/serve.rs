@@ -56,7 +56,8 @@ pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
     super::with_threads(args.threads, || {
         let (mut model, loader) = args.open()?;
         let be = args.backend.build(ExecMode::Strict)?;
-        Ok(evaluate(&mut model, be.dense(), &loader)?.into())
+        let batches = loader.batches_per_epoch(0);
+        Ok(evaluate(&mut model, be.dense(), &loader, batches)?.into())
     })?
 }
 

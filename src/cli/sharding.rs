@@ -13,6 +13,7 @@ use ember_sharding::{plan, stats, PlannerOptions, ShardingPlan, ShardingType, To
 use ember_sparse::TableOptimizer;
 
 use super::arch::{ArchArgs, OptimArgs};
+use super::world::Launch;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ShardingChoice {
@@ -80,6 +81,50 @@ impl ShardingArgs {
         }
         topo.validate()?;
         Ok(topo)
+    }
+
+    /// [`ShardingArgs::plan`], or on a rank of a world: a plan of one device
+    /// per rank, made once (on rank 0) and sent to every rank.
+    pub fn plan_for(
+        &self,
+        config: &DlrmConfig,
+        options: &PlannerOptions,
+        launch: &Launch,
+    ) -> anyhow::Result<Option<(ShardingPlan, PlanStats)>> {
+        let Some(r) = launch.ranks() else {
+            return self.plan(config, options);
+        };
+        if let Some(d) = self.devices {
+            anyhow::ensure!(
+                d == r.size,
+                "--devices {d} under {} MPI ranks: each rank runs one device, so --devices must be {} (or left out)",
+                r.size,
+                r.size
+            );
+        }
+        let args = ShardingArgs {
+            devices: Some(r.size),
+            ..self.clone()
+        };
+        let text = match r.rank {
+            0 => {
+                let (plan, _) = args.plan(config, options)?.expect("devices are given");
+                serde_json::to_vec(&plan)?
+            }
+            _ => Vec::new(),
+        };
+        let text = r.comm.broadcast(0, text)?;
+        let plan =
+            ShardingPlan::from_json(std::str::from_utf8(&text)?).context("the plan rank 0 sent")?;
+        anyhow::ensure!(
+            plan.num_devices == r.size,
+            "the plan is for {} devices, the job has {} ranks (one device each)",
+            plan.num_devices,
+            r.size
+        );
+        let topo = args.topology(r.size)?;
+        let s = stats(&config.tables, &plan, &topo, options);
+        Ok(Some((plan, s)))
     }
 
     /// The plan to run under, or `None` to run unsharded.

@@ -10,13 +10,16 @@ use serde::Serialize;
 
 use ember_dataloader::Loader;
 use ember_dense::DenseBackend;
-use ember_models::checkpoint::save;
-use ember_models::{Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainState};
+use ember_models::checkpoint::{save, save_set, INDEX_FILE};
+use ember_models::{
+    push_over_ranks, Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainState,
+};
 
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs, Stepper};
 use super::data::LoaderArgs;
 use super::sharding::{planner_options, ShardingArgs};
+use super::world::{Fault, Launch};
 use super::Progress;
 
 /// The checkpoint `--checkpoint-dir` holds and `--resume` reads.
@@ -182,21 +185,63 @@ impl std::fmt::Display for TrainReport {
     }
 }
 
-/// Metrics of `model` over every batch of `loader` (epoch 0, in order).
+/// Metrics of `model` over the first `batches` batches of `loader` (epoch 0,
+/// in order). On a rank of a world, over every rank's (each rank passes its
+/// loader and the same count).
 pub fn evaluate(
     model: &mut Dlrm,
     be: &dyn DenseBackend<f32>,
     loader: &Loader,
+    batches: u64,
 ) -> anyhow::Result<Metrics> {
     let mut acc = MetricsAccumulator::default();
-    for batch in loader.epoch(0, 0) {
+    let (mut logits, mut labels) = (Vec::new(), Vec::new());
+    let ranks = model.world().is_some();
+    for batch in loader.epoch(0, 0).take(batches as usize) {
         let batch = Batch::from_loader(batch?)?;
-        acc.push(model.predict(be, &batch)?, &batch.labels);
+        let l = model.predict(be, &batch)?;
+        if ranks {
+            logits.extend_from_slice(l);
+            labels.extend_from_slice(&batch.labels);
+        } else {
+            acc.push(l, &batch.labels);
+        }
+    }
+    if model.world().is_some() {
+        push_over_ranks(model, &logits, &labels, &mut acc)?;
     }
     Ok(acc.finish())
 }
 
-pub fn run(args: &TrainArgs) -> anyhow::Result<TrainReport> {
+/// Removes a checkpoint set (its index first, so no half set is ever read).
+fn remove_set(dir: &Path) {
+    if std::fs::remove_file(dir.join(INDEX_FILE)).is_err() {
+        return;
+    }
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("model-s") && name.ends_with(".safetensors") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The fewest of `mine` over the ranks: how many batches every rank can run
+/// in lockstep.
+fn fewest_over_ranks(launch: &Launch, mine: u64) -> anyhow::Result<u64> {
+    let Some(r) = launch.ranks() else {
+        return Ok(mine);
+    };
+    let all = r.comm.all_gather(mine.to_le_bytes().to_vec())?;
+    Ok(all
+        .iter()
+        .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map(u64::from_le_bytes)
+        .min()
+        .unwrap_or(0))
+}
+
+pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
     args.optim.validate()?;
     anyhow::ensure!(
         args.mini_batch_size > 0,
@@ -206,12 +251,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         !args.resume || args.checkpoint_dir.is_some(),
         "--resume needs --checkpoint-dir"
     );
-    super::with_threads(args.threads, || run_in_pool(args))?
+    super::with_threads(args.threads, || run_in_pool(args, launch))?
 }
 
-fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
-    let progress = Progress::new(0, "train", args.json);
+fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
+    let progress = Progress::new(0, "train", args.json).quiet(!launch.is_root());
     let log = |e: Event, text: String| {
+        if !launch.is_root() {
+            return;
+        }
         if args.json {
             println!("{}", serde_json::to_string(&e).expect("events serialise"));
         } else {
@@ -222,9 +270,14 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         .checkpoint_dir
         .as_ref()
         .map(|d| d.join(CHECKPOINT_FILE));
-    let resume_from = match &checkpoint_path {
-        Some(p) if args.resume && p.exists() => Some(Checkpoint::open(p)?),
-        Some(p) if args.resume => {
+    // The last checkpoint: one file, or the set the ranks of a world wrote.
+    let existing = (args.checkpoint_dir.as_ref())
+        .map(|d| d.join(INDEX_FILE))
+        .filter(|p| p.exists())
+        .or_else(|| checkpoint_path.clone().filter(|p| p.exists()));
+    let resume_from = match (&checkpoint_path, existing) {
+        (Some(_), Some(p)) if args.resume => Some(Checkpoint::open(&p)?),
+        (Some(p), _) if args.resume => {
             progress.line(&format!(
                 "no checkpoint at {}: starting from scratch",
                 p.display()
@@ -286,8 +339,12 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
     let resumed_at_step = state.steps;
     let config = model.config().clone();
     let options = planner_options(model.sparse_arch().optimizer(), args.mini_batch_size, 1.0);
-    if let Some((plan, _)) = args.sharding.plan(&config, &options)? {
-        model.shard(Some(plan)).context("sharding the tables")?;
+    if let Some((plan, _)) = args.sharding.plan_for(&config, &options, launch)? {
+        match launch.ranks() {
+            Some(r) => model.join_world(plan, r.comm.clone()),
+            None => model.shard(Some(plan)),
+        }
+        .context("sharding the tables")?;
     }
     let features = config.feature_rows();
     // A resumed run reads the data as the run it continues did (older
@@ -296,9 +353,19 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         0 => args.mini_batch_size,
         b => b as usize,
     };
+    // On ranks, the batch is global: each rank reads its own row groups in
+    // batches of its share.
+    let world = launch.world_size();
+    anyhow::ensure!(
+        batch_size % world == 0,
+        "the batch of {batch_size} does not split evenly over {world} ranks"
+    );
+    let rank_batch = batch_size / world;
     let mut loader_config = args
         .loader
-        .config(&features, config.num_dense(), batch_size)?;
+        .config(&features, config.num_dense(), rank_batch)?;
+    loader_config.rank = launch.ranks().map_or(0, |r| r.rank);
+    loader_config.world_size = world;
     loader_config.shuffle_seed = state.shuffle_seed;
     loader_config.drop_last = state.drop_last;
     if let Some(t) = state.dense_transform {
@@ -311,17 +378,30 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
     let eval_loader = match args.eval_data.is_empty() {
         true => None,
         false => {
-            Some(
-                args.loader
-                    .open(&args.eval_data, &features, config.num_dense(), batch_size)?,
-            )
+            let mut c = args
+                .loader
+                .config(&features, config.num_dense(), rank_batch)?;
+            (c.rank, c.world_size) = (launch.ranks().map_or(0, |r| r.rank), world);
+            Some(Loader::open(&args.eval_data, c)?)
         }
     };
     let backend_box = args.backend.build(args.mode.mode)?;
     let backend = backend_box.dense();
     let mut stepper = Stepper::new(args.mode.mode);
-    let epochs = state.epoch..args.epochs;
-    let total: u64 = epochs.map(|e| train_loader.batches_per_epoch(e)).sum();
+    // Ranks step in lockstep: an epoch is as many batches as the rank with
+    // the fewest has (the others' extra batches are left out).
+    let mut per_epoch = Vec::new();
+    for e in 0..args.epochs {
+        per_epoch.push(fewest_over_ranks(
+            launch,
+            train_loader.batches_per_epoch(e),
+        )?);
+    }
+    let eval_batches = match &eval_loader {
+        Some(l) => fewest_over_ranks(launch, l.batches_per_epoch(0))?,
+        None => 0,
+    };
+    let total: u64 = per_epoch.iter().skip(state.epoch as usize).sum();
     progress.set_total(total.saturating_sub(state.batches_in_epoch));
     progress.line(&format!(
         "ember train: {} rows in {} files, {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads",
@@ -347,10 +427,26 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
     let max_steps = args.max_steps.unwrap_or(u64::MAX);
     let mut checkpoint =
         |model: &mut Dlrm, state: &TrainState, excluded: &mut Duration| -> anyhow::Result<()> {
-            if let Some(path) = &checkpoint_path {
+            if let Some(file) = &checkpoint_path {
                 let t = Instant::now();
-                std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
-                save(model, path, Some(state))?;
+                let dir = file.parent().unwrap_or(Path::new("."));
+                std::fs::create_dir_all(dir)?;
+                // One file from one process; a set from the ranks of a world
+                // (each writes its own shards). Either replaces the other.
+                let path = match model.world() {
+                    None => {
+                        save(model, file, Some(state))?;
+                        remove_set(dir);
+                        file.clone()
+                    }
+                    Some(_) => {
+                        let index = save_set(model, dir, Some(state))?;
+                        if launch.is_root() {
+                            let _ = std::fs::remove_file(file);
+                        }
+                        index
+                    }
+                };
                 *excluded += t.elapsed();
                 log(
                     Event::Checkpoint {
@@ -367,7 +463,7 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         |model: &mut Dlrm, state: &TrainState, excluded: &mut Duration| -> anyhow::Result<()> {
             if let Some(loader) = &eval_loader {
                 let t = Instant::now();
-                let m = MetricsReport::from(evaluate(model, backend, loader)?);
+                let m = MetricsReport::from(evaluate(model, backend, loader, eval_batches)?);
                 *excluded += t.elapsed();
                 log(
                     Event::Eval {
@@ -387,16 +483,21 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             }
             Ok(())
         };
+    let fault = Fault::from_env(launch)?;
     'epochs: while state.epoch < args.epochs {
         let mut batches = train_loader.epoch(state.epoch, state.batches_in_epoch);
         loop {
             if state.steps >= max_steps {
                 break 'epochs;
             }
+            if state.batches_in_epoch >= per_epoch[state.epoch as usize] {
+                break;
+            }
             let t = Instant::now();
             let Some(batch) = batches.next() else { break };
             let batch = Batch::from_loader(batch?)?;
             loader_wait += t.elapsed();
+            fault.at_step(state.steps);
             let out = stepper.step(&backend_box, &mut model, &batch)?;
             anyhow::ensure!(
                 out.loss.is_finite(),
@@ -406,7 +507,7 @@ fn run_in_pool(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             );
             state.steps += 1;
             state.batches_in_epoch += 1;
-            samples += batch.size() as u64;
+            samples += (batch.size() * world) as u64;
             progress.inc();
             let loss = out.loss as f64;
             if loss_first.is_nan() {

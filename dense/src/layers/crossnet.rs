@@ -190,17 +190,25 @@ impl<T: Real> HasParams<T> for LowRankCrossNet<T> {
     /// `W_kernels.{l}`, `V_kernels.{l}`, `bias.{l}`, as TorchRec's `ParameterList`s name them.
     fn params(&mut self) -> Vec<Param<'_, T>> {
         let mut out = Vec::with_capacity(3 * self.num_layers());
-        for (l, (w, g)) in self.w_kernels.iter_mut().zip(&self.w_grads).enumerate() {
-            out.push(Param::new(format!("W_kernels.{l}"), w.data_mut(), g.data()));
+        for (l, (w, g)) in self.w_kernels.iter_mut().zip(&mut self.w_grads).enumerate() {
+            out.push(Param::new(
+                format!("W_kernels.{l}"),
+                w.data_mut(),
+                g.data_mut(),
+            ));
         }
-        for (l, (v, g)) in self.v_kernels.iter_mut().zip(&self.v_grads).enumerate() {
-            out.push(Param::new(format!("V_kernels.{l}"), v.data_mut(), g.data()));
+        for (l, (v, g)) in self.v_kernels.iter_mut().zip(&mut self.v_grads).enumerate() {
+            out.push(Param::new(
+                format!("V_kernels.{l}"),
+                v.data_mut(),
+                g.data_mut(),
+            ));
         }
-        for (l, (b, g)) in self.bias.iter_mut().zip(&self.bias_grads).enumerate() {
+        for (l, (b, g)) in self.bias.iter_mut().zip(&mut self.bias_grads).enumerate() {
             out.push(Param::new(
                 format!("bias.{l}"),
                 b.as_mut_slice(),
-                g.as_slice(),
+                g.as_mut_slice(),
             ));
         }
         out

@@ -76,6 +76,11 @@ impl<T: Real> DotInteraction<T> {
         &self.dsparse
     }
 
+    /// As [`DotInteraction::dsparse`], to rescale it (data-parallel training).
+    pub fn dsparse_mut(&mut self) -> &mut Tensor<T> {
+        &mut self.dsparse
+    }
+
     /// From the gradient of the output, returns `(ddense, dsparse)`.
     pub fn backward(
         &mut self,

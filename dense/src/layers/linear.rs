@@ -92,8 +92,12 @@ impl<T: Real> Linear<T> {
 impl<T: Real> HasParams<T> for Linear<T> {
     fn params(&mut self) -> Vec<Param<'_, T>> {
         vec![
-            Param::new("weight", self.weight.data_mut(), self.weight_grad.data()),
-            Param::new("bias", &mut self.bias, &self.bias_grad),
+            Param::new(
+                "weight",
+                self.weight.data_mut(),
+                self.weight_grad.data_mut(),
+            ),
+            Param::new("bias", &mut self.bias, &mut self.bias_grad),
         ]
     }
 }

@@ -35,6 +35,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
 
+mod set;
+pub use set::{save_set, INDEX_FILE};
+
 pub const TABLE_PREFIX: &str = "sparse_arch.embedding_bag_collection.embedding_bags.";
 pub const OPTIMIZER_PREFIX: &str = "optimizer.";
 
@@ -142,11 +145,34 @@ fn json<T: Serialize>(v: &T) -> String {
 /// Writes `model` (weights and optimizer state) to `path` atomically:
 /// a temporary file in the same directory, fsynced, then renamed.
 pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result<(), ModelError> {
-    let fail = |message: String| ModelError::Checkpoint {
+    let meta = metadata(model, train);
+    let mut tensors = dense_tensors(model).map_err(|m| fail_at(path, m))?;
+    let table_opt = model.sparse_arch().optimizer();
+    let unsharded = model.sparse_arch().unsharded()?;
+    for table in unsharded.tables() {
+        let part = TablePart {
+            table: table.name(),
+            weights: table.weights(),
+            state: table.optimizer_state(),
+            rows: table.num_embeddings(),
+            dim: table.dim(),
+        };
+        table_tensors(&part, &table_opt, &mut tensors);
+    }
+    write_file(tensors, meta, path)
+}
+
+fn fail_at(path: &Path, message: String) -> ModelError {
+    ModelError::Checkpoint {
         path: path.to_path_buf(),
         tensor: None,
         message,
-    };
+    }
+}
+
+/// The metadata every checkpoint carries: architecture, optimizers, steps
+/// and the training position.
+fn metadata(model: &Dlrm, train: Option<&TrainState>) -> HashMap<String, String> {
     let mut meta = HashMap::from([
         ("format".to_string(), "pt".to_string()),
         (META_CONFIG.into(), json(model.config())),
@@ -170,9 +196,13 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
     if let Some(t) = train {
         meta.insert(META_TRAIN_STATE.into(), json(t));
     }
+    meta
+}
+
+/// The dense parameters and their optimizer state (copied: they are small).
+fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, F32Tensor<'static>)>, String> {
     let shapes = dense_shapes(model.config());
-    let mut tensors: Vec<(String, F32Tensor)> = Vec::new();
-    // Dense state is copied (it is small); table data is borrowed.
+    let mut tensors = Vec::new();
     let dense_state: Vec<(String, usize, Vec<f32>, Vec<f32>)> = (model.dense_optimizer().state())
         .map(|(n, len, m, v)| (n.to_string(), len, m.to_vec(), v.to_vec()))
         .collect();
@@ -183,7 +213,7 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
     for (name, value) in params {
         let shape = shapes
             .get(&name)
-            .ok_or_else(|| fail(format!("no shape known for parameter {name}")))?
+            .ok_or_else(|| format!("no shape known for parameter {name}"))?
             .clone();
         tensors.push((
             name,
@@ -210,57 +240,80 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
             }
         }
     }
-    let table_opt = model.sparse_arch().optimizer();
-    let unsharded = model.sparse_arch().unsharded()?;
-    for table in unsharded.tables() {
-        let (rows, dim) = (table.num_embeddings(), table.dim());
-        let data = Cow::Borrowed(table.weights());
-        tensors.push((
-            table_weight_name(table.name()),
+    Ok(tensors)
+}
+
+/// A table, or the rows and columns of it one shard holds: `rows` x `dim`
+/// weights and the optimizer state in the collection's layout.
+struct TablePart<'a> {
+    table: &'a str,
+    weights: &'a [f32],
+    state: &'a [f32],
+    rows: usize,
+    dim: usize,
+}
+
+/// The weight and optimizer-state tensors of `part`, under the table's
+/// TorchRec names.
+fn table_tensors<'a>(
+    part: &TablePart<'a>,
+    table_opt: &TableOptimizer,
+    tensors: &mut Vec<(String, F32Tensor<'a>)>,
+) {
+    let (rows, dim, state) = (part.rows, part.dim, part.state);
+    tensors.push((
+        table_weight_name(part.table),
+        F32Tensor {
+            shape: vec![rows, dim],
+            data: Cow::Borrowed(part.weights),
+        },
+    ));
+    let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", part.table);
+    match table_opt {
+        TableOptimizer::None | TableOptimizer::Sgd { .. } => {}
+        TableOptimizer::RowWiseAdagrad { .. } => tensors.push((
+            opt_name("momentum1"),
+            F32Tensor {
+                shape: vec![rows],
+                data: Cow::Borrowed(state),
+            },
+        )),
+        TableOptimizer::Adagrad { .. } => tensors.push((
+            opt_name("momentum1"),
             F32Tensor {
                 shape: vec![rows, dim],
-                data,
+                data: Cow::Borrowed(state),
             },
-        ));
-        let state = table.optimizer_state();
-        let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", table.name());
-        match table_opt {
-            TableOptimizer::None | TableOptimizer::Sgd { .. } => {}
-            TableOptimizer::RowWiseAdagrad { .. } => tensors.push((
-                opt_name("momentum1"),
-                F32Tensor {
-                    shape: vec![rows],
-                    data: Cow::Borrowed(state),
-                },
-            )),
-            TableOptimizer::Adagrad { .. } => tensors.push((
-                opt_name("momentum1"),
-                F32Tensor {
-                    shape: vec![rows, dim],
-                    data: Cow::Borrowed(state),
-                },
-            )),
-            TableOptimizer::Adam { .. } => {
-                // Kept as [m | v] per row; saved as two tensors.
-                let half = |k: usize| -> Vec<f32> {
-                    state
-                        .chunks_exact(2 * dim)
-                        .flat_map(|r| &r[k * dim..(k + 1) * dim])
-                        .copied()
-                        .collect()
-                };
-                for (k, s) in ["momentum1", "momentum2"].iter().enumerate() {
-                    tensors.push((
-                        opt_name(s),
-                        F32Tensor {
-                            shape: vec![rows, dim],
-                            data: Cow::Owned(half(k)),
-                        },
-                    ));
-                }
+        )),
+        TableOptimizer::Adam { .. } => {
+            // Kept as [m | v] per row; saved as two tensors.
+            let half = |k: usize| -> Vec<f32> {
+                state
+                    .chunks_exact(2 * dim.max(1))
+                    .flat_map(|r| &r[k * dim..(k + 1) * dim])
+                    .copied()
+                    .collect()
+            };
+            for (k, s) in ["momentum1", "momentum2"].iter().enumerate() {
+                tensors.push((
+                    opt_name(s),
+                    F32Tensor {
+                        shape: vec![rows, dim],
+                        data: Cow::Owned(half(k)),
+                    },
+                ));
             }
         }
     }
+}
+
+/// Writes a safetensors file atomically (temporary file, fsync, rename).
+fn write_file(
+    tensors: Vec<(String, F32Tensor<'_>)>,
+    meta: HashMap<String, String>,
+    path: &Path,
+) -> Result<(), ModelError> {
+    let fail = |m: String| fail_at(path, m);
     let name = path
         .file_name()
         .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
@@ -279,10 +332,10 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
     result
 }
 
-/// A checkpoint file, mapped and checked.
+/// A checkpoint (one file, or a set of files with an index), mapped and checked.
 pub struct Checkpoint {
     path: PathBuf,
-    mmap: Mmap,
+    source: Source,
     config: DlrmConfig,
     table_optimizer: Option<TableOptimizer>,
     dense_optimizer: Option<DenseOptimizerConfig>,
@@ -291,8 +344,27 @@ pub struct Checkpoint {
     train_state: Option<TrainState>,
 }
 
+/// Where the tensors are.
+enum Source {
+    File(Mmap),
+    /// A set: the index and its files (by name, in `dir`).
+    Set {
+        dir: PathBuf,
+        index: set::Index,
+        files: HashMap<String, Mmap>,
+    },
+}
+
+fn map(path: &Path) -> Result<Mmap, ModelError> {
+    let file = File::open(path).map_err(|e| fail_at(path, e.to_string()))?;
+    // SAFETY: the map is read-only; a file changed under a running
+    // process is outside what a checkpoint reader can defend against.
+    unsafe { Mmap::map(&file) }.map_err(|e| fail_at(path, e.to_string()))
+}
+
 impl Checkpoint {
-    /// Maps `path`, reads the architecture (from the metadata, or inferred
+    /// Maps `path` (a safetensors file; or a set's index, or a directory
+    /// holding one), reads the architecture (from the metadata, or inferred
     /// from TorchRec names) and checks every tensor it needs: present, f32,
     /// and of the right shape.
     pub fn open(path: &Path) -> Result<Self, ModelError> {
@@ -301,19 +373,43 @@ impl Checkpoint {
             tensor: tensor.map(str::to_string),
             message,
         };
-        let file = File::open(path).map_err(|e| fail(None, e.to_string()))?;
-        // SAFETY: the map is read-only; a file changed under a running
-        // process is outside what a checkpoint reader can defend against.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| fail(None, e.to_string()))?;
-        let (_, header) = SafeTensors::read_metadata(&mmap)
-            .map_err(|e| fail(None, format!("not a safetensors file: {e}")))?;
-        let meta = header.metadata().clone().unwrap_or_default();
-        let config: DlrmConfig = match meta_value(&meta, META_CONFIG, path)? {
-            Some(c) => c,
+        let index_path = match path.is_dir() {
+            true => Some(path.join(INDEX_FILE)),
+            false => (path.to_string_lossy().ends_with(".index.json")).then(|| path.to_path_buf()),
+        };
+        let (source, meta, path) = match index_path {
+            Some(index_path) => {
+                let index = set::read_index(&index_path)?;
+                let dir = index_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+                let mut files = HashMap::new();
+                let names = (index.weight_map.values())
+                    .chain(index.pieces.values().flatten().map(|p| &p.file));
+                for name in names {
+                    if !files.contains_key(name) {
+                        files.insert(name.clone(), map(&dir.join(name))?);
+                    }
+                }
+                let meta = index.metadata.clone();
+                (Source::Set { dir, index, files }, meta, index_path)
+            }
             None => {
-                let tensors = SafeTensors::deserialize(&mmap)
+                let mmap = map(path)?;
+                let (_, header) = SafeTensors::read_metadata(&mmap)
+                    .map_err(|e| fail(None, format!("not a safetensors file: {e}")))?;
+                let meta = header.metadata().clone().unwrap_or_default();
+                (Source::File(mmap), meta, path.to_path_buf())
+            }
+        };
+        let path = path.as_path();
+        let config: DlrmConfig = match (meta_value(&meta, META_CONFIG, path)?, &source) {
+            (Some(c), _) => c,
+            (None, Source::File(mmap)) => {
+                let tensors = SafeTensors::deserialize(mmap)
                     .map_err(|e| fail(None, format!("not a safetensors file: {e}")))?;
                 infer_config(&tensors).map_err(|m| fail(None, m))?
+            }
+            (None, Source::Set { .. }) => {
+                return Err(fail(None, format!("the index has no '{META_CONFIG}'")))
             }
         };
         config.validate().map_err(|e| fail(None, e.to_string()))?;
@@ -325,7 +421,7 @@ impl Checkpoint {
             sparse_step: meta_value(&meta, META_SPARSE_STEP, path)?.unwrap_or(0),
             dense_steps: meta_value(&meta, META_DENSE_STEPS, path)?.unwrap_or(0),
             train_state: meta_value(&meta, META_TRAIN_STATE, path)?,
-            mmap,
+            source,
         };
         for (name, shape) in checkpoint.expected_tensors() {
             checkpoint.check(&name, &shape)?;
@@ -377,30 +473,39 @@ impl Checkpoint {
         })
     }
 
-    /// `read` applied to the named tensor's bytes, after the checks.
+    /// `read` applied to the named tensor's bytes, after the checks (a
+    /// tensor split over a set's files is put together first).
     fn view<R>(
         &self,
         name: &str,
         shape: &[usize],
         read: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, ModelError> {
-        let fail = |message: String| ModelError::Checkpoint {
-            path: self.path.clone(),
+        let fail = |path: &Path, message: String| ModelError::Checkpoint {
+            path: path.to_path_buf(),
             tensor: Some(name.to_string()),
             message,
         };
-        let tensors = SafeTensors::deserialize(&self.mmap).map_err(|e| fail(e.to_string()))?;
-        let view: TensorView = tensors.tensor(name).map_err(|_| fail("missing".into()))?;
-        if view.dtype() != Dtype::F32 {
-            return Err(fail(format!("dtype {:?}, expected F32", view.dtype())));
+        match &self.source {
+            Source::File(mmap) => file_view(mmap, name, Some(shape), read)
+                .map(|(r, _)| r)
+                .map_err(|m| fail(&self.path, m)),
+            Source::Set { dir, index, files } => {
+                if let Some(file) = index.weight_map.get(name) {
+                    return file_view(&files[file], name, Some(shape), read)
+                        .map(|(r, _)| r)
+                        .map_err(|m| fail(&dir.join(file), m));
+                }
+                let pieces =
+                    (index.pieces.get(name)).ok_or_else(|| fail(&self.path, "missing".into()))?;
+                let values = set::assemble(shape, pieces, |p| {
+                    file_view(&files[&p.file], name, None, f32s)
+                        .map_err(|m| format!("{}: {m}", p.file))
+                })
+                .map_err(|m| fail(&self.path, m))?;
+                Ok(read(f32_bytes(&values)))
+            }
         }
-        if view.shape() != shape {
-            return Err(fail(format!(
-                "shape {:?}, expected {shape:?}",
-                view.shape()
-            )));
-        }
-        Ok(read(view.data()))
     }
 
     /// A model for inference: the saved weights, no optimizer.
@@ -487,6 +592,34 @@ impl Checkpoint {
         }
         Ok(model)
     }
+}
+
+/// `read` applied to a tensor of one mapped file, after checking its dtype
+/// and (when given) its shape; with no shape to check, the tensor's shape
+/// comes back with the result.
+fn file_view<R>(
+    mmap: &Mmap,
+    name: &str,
+    shape: Option<&[usize]>,
+    read: impl FnOnce(&[u8]) -> R,
+) -> Result<(R, Vec<usize>), String> {
+    let tensors = SafeTensors::deserialize(mmap).map_err(|e| e.to_string())?;
+    let view: TensorView = tensors.tensor(name).map_err(|_| "missing".to_string())?;
+    if view.dtype() != Dtype::F32 {
+        return Err(format!("dtype {:?}, expected F32", view.dtype()));
+    }
+    if let Some(shape) = shape {
+        if view.shape() != shape {
+            return Err(format!("shape {:?}, expected {shape:?}", view.shape()));
+        }
+    }
+    Ok((read(view.data()), view.shape().to_vec()))
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 /// A JSON value of the metadata, if present.

@@ -1,0 +1,213 @@
+//! A checkpoint that every rank writes in parallel, laid out as large
+//! Hugging Face checkpoints are: one safetensors file per rank and an index.
+//!
+//! ```text
+//! model-s<steps>-<rank+1>-of-<ranks>.safetensors   the table shards the rank holds, under the
+//!                                                  tables' TorchRec names in the shard's own
+//!                                                  shape; rank 0's also the dense part
+//! model.safetensors.index.json                     written last by rank 0: the commit point
+//! {"metadata":   {...as in a single file...},
+//!  "weight_map": {"<tensor>": "<file>"},           tensors one file holds whole
+//!  "pieces":     {"<tensor>": [{"file", "rows", "columns"}]}}   tensors split over files: which
+//!                                                  rows (all, a block, or id mod N) and columns
+//! ```
+//!
+//! Any number of ranks or devices reads it back: the pieces are placed into
+//! whole tensors, and the reader shards them by its own plan.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use ember_sharding::RowSplit;
+use serde::{Deserialize, Serialize};
+
+use super::{dense_tensors, fail_at, metadata, table_tensors, write_file, TablePart, TrainState};
+use crate::{Dlrm, ModelError};
+
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Index {
+    pub metadata: HashMap<String, String>,
+    pub weight_map: BTreeMap<String, String>,
+    #[serde(default)]
+    pub pieces: BTreeMap<String, Vec<Piece>>,
+}
+
+/// Part of a tensor: its rows and columns, in one file under the tensor's name.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct Piece {
+    pub file: String,
+    pub rows: RowSplit,
+    pub columns: [usize; 2],
+}
+
+/// What a rank reports to rank 0 about its file.
+#[derive(Serialize, Deserialize)]
+struct Written {
+    file: String,
+    /// Tensors the file holds whole.
+    whole: Vec<String>,
+    pieces: Vec<(String, Piece)>,
+}
+
+/// Writes this rank's file of the set in `dir` and, on rank 0, the index
+/// naming every rank's file; returns the index's path. Every rank of the
+/// model's world calls this together; it returns once the index is written.
+pub fn save_set(
+    model: &mut Dlrm,
+    dir: &Path,
+    train: Option<&TrainState>,
+) -> Result<PathBuf, ModelError> {
+    let comm = model.world().cloned().ok_or_else(|| {
+        ModelError::Config("a checkpoint set is written by the ranks of a world".into())
+    })?;
+    let (rank, size) = (comm.rank(), comm.world_size());
+    let steps = train.map_or(model.dense_optimizer().steps(), |t| t.steps);
+    let file = format!("model-s{steps}-{:05}-of-{size:05}.safetensors", rank + 1);
+    let path = dir.join(&file);
+    let meta = metadata(model, train);
+    let mut tensors = match rank {
+        0 => dense_tensors(model).map_err(|m| fail_at(&path, m))?,
+        _ => Vec::new(),
+    };
+    let mut written = Written {
+        file: file.clone(),
+        whole: tensors.iter().map(|(n, _)| n.clone()).collect(),
+        pieces: Vec::new(),
+    };
+    let table_opt = model.sparse_arch().optimizer();
+    let config = model.config().clone();
+    let sharded = (model.sparse_arch().sharded())
+        .ok_or_else(|| ModelError::Config("a rank's tables are sharded".into()))?;
+    for local in sharded.local_shards() {
+        let part = TablePart {
+            table: local.table,
+            weights: local.data.weights(),
+            state: local.data.optimizer_state(),
+            rows: local.data.num_embeddings(),
+            dim: local.data.dim(),
+        };
+        let dim = (config.tables.iter())
+            .find(|t| t.name == local.table)
+            .map_or(0, |t| t.embedding_dim);
+        let whole = local.shard.rows == RowSplit::All && local.shard.columns == [0, dim];
+        let before = tensors.len();
+        table_tensors(&part, &table_opt, &mut tensors);
+        for (name, _) in &tensors[before..] {
+            match whole {
+                true => written.whole.push(name.clone()),
+                false => written.pieces.push((
+                    name.clone(),
+                    Piece {
+                        file: file.clone(),
+                        rows: local.shard.rows,
+                        columns: local.shard.columns,
+                    },
+                )),
+            }
+        }
+    }
+    let file_meta = match rank {
+        0 => meta.clone(),
+        _ => HashMap::from([("format".to_string(), "pt".to_string())]),
+    };
+    write_file(tensors, file_meta, &path)?;
+    let json = serde_json::to_vec(&written).expect("serialisable");
+    let all = comm.all_gather(json)?;
+    let index_path = dir.join(INDEX_FILE);
+    if rank == 0 {
+        let mut index = Index {
+            metadata: meta,
+            weight_map: BTreeMap::new(),
+            pieces: BTreeMap::new(),
+        };
+        let mut files = Vec::new();
+        for (r, bytes) in all.iter().enumerate() {
+            let w: Written = serde_json::from_slice(bytes)
+                .map_err(|e| fail_at(&index_path, format!("rank {r}'s file list: {e}")))?;
+            for name in w.whole {
+                index.weight_map.insert(name, w.file.clone());
+            }
+            for (name, piece) in w.pieces {
+                index.pieces.entry(name).or_default().push(piece);
+            }
+            files.push(w.file);
+        }
+        let text = serde_json::to_vec_pretty(&index).expect("serialisable");
+        ember_dataloader::writer::write_atomic(&index_path, &text)
+            .map_err(|e| fail_at(&index_path, e.to_string()))?;
+        remove_stale(dir, &files);
+    }
+    comm.barrier()?;
+    Ok(index_path)
+}
+
+/// Files of earlier sets that the index no longer names.
+fn remove_stale(dir: &Path, keep: &[String]) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with("model-s") && name.ends_with(".safetensors");
+        if ours && !keep.contains(&name) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The parts of an index's tensors and the files they are in.
+pub(super) fn read_index(path: &Path) -> Result<Index, ModelError> {
+    let text = std::fs::read(path).map_err(|e| fail_at(path, e.to_string()))?;
+    serde_json::from_slice(&text).map_err(|e| fail_at(path, format!("not a checkpoint index: {e}")))
+}
+
+/// Places `pieces` of a tensor of `shape` (`[rows, cols]` or `[rows]`) into
+/// the whole tensor; `local(piece)` gives a piece's values and shape. Every
+/// value must be covered exactly once.
+pub(super) fn assemble(
+    shape: &[usize],
+    pieces: &[Piece],
+    mut local: impl FnMut(&Piece) -> Result<(Vec<f32>, Vec<usize>), String>,
+) -> Result<Vec<f32>, String> {
+    let rows = shape.first().copied().unwrap_or(1);
+    let cols = shape.get(1).copied().unwrap_or(1);
+    let mut out = vec![0f32; rows * cols];
+    let mut covered = 0usize;
+    for p in pieces {
+        let (values, local_shape) = local(p)?;
+        let lr = p.rows.count(rows);
+        // A 1-D tensor (per-row state) has one column per row.
+        let lc = match shape.len() {
+            1 => 1,
+            _ => p.columns[1].saturating_sub(p.columns[0]),
+        };
+        let want: Vec<usize> = match shape.len() {
+            1 => vec![lr],
+            _ => vec![lr, lc],
+        };
+        if local_shape != want || (shape.len() > 1 && p.columns[1] > cols) {
+            return Err(format!(
+                "{}: a piece of shape {local_shape:?} for rows {:?} and columns {:?} of {shape:?}",
+                p.file, p.rows, p.columns
+            ));
+        }
+        let c0 = if shape.len() == 1 { 0 } else { p.columns[0] };
+        for (l, row) in values.chunks_exact(lc.max(1)).enumerate().take(lr) {
+            let g = p.rows.global(l);
+            if g >= rows {
+                return Err(format!("{}: row {g} is past the {rows} rows", p.file));
+            }
+            out[g * cols + c0..g * cols + c0 + lc].copy_from_slice(row);
+        }
+        covered += lr * lc;
+    }
+    if covered != rows * cols {
+        return Err(format!(
+            "the pieces cover {covered} of {} values",
+            rows * cols
+        ));
+    }
+    Ok(out)
+}

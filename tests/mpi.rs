@@ -1,0 +1,291 @@
+//! Multi-process runs under `mpirun` (feature `mpi`; needs Open MPI): ranks
+//! train like one process with as many devices, for every sharding type; a
+//! rank that dies or hangs stops the job with an error naming it; a resumed
+//! run ends where an uninterrupted one does.
+#![cfg(feature = "mpi")]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ember_models::{Checkpoint, Dlrm};
+
+fn ember(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .expect("the ember binary runs")
+}
+
+/// `mpirun -np N ember ARGS` with `env` exported to the ranks.
+fn mpirun(np: usize, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &np.to_string(),
+    ]);
+    for (k, v) in env {
+        c.env(k, v).args(["-x", k]);
+    }
+    c.arg(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .expect("mpirun runs (Open MPI: apt install openmpi-bin libopenmpi-dev)")
+}
+
+fn ok(what: &str, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn json(what: &str, out: Output) -> serde_json::Value {
+    let text = ok(what, out);
+    let last = text.trim().lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text}"))
+}
+
+fn close(what: &str, a: f64, b: f64, tol: f64) {
+    assert!(
+        (a - b).abs() <= tol * b.abs().max(1.0),
+        "{what}: {a} vs {b}"
+    );
+}
+
+/// Every table (weights and optimizer state) and dense parameter of two
+/// checkpoints, to `tol` relative to each tensor's largest value.
+fn same_model(what: &str, a: &Path, b: &Path, tol: f32) {
+    let load = |p: &Path| -> Dlrm {
+        let c = Checkpoint::open(p).unwrap_or_else(|e| panic!("{what}: {e}"));
+        c.model(c.table_optimizer().unwrap(), c.dense_optimizer().unwrap())
+            .unwrap()
+    };
+    let (mut x, mut y) = (load(a), load(b));
+    let compare = |name: &str, u: &[f32], v: &[f32]| {
+        assert_eq!(u.len(), v.len(), "{what} {name}");
+        let scale = v.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
+        for (i, (p, q)) in u.iter().zip(v).enumerate() {
+            assert!(
+                (p - q).abs() <= tol * scale,
+                "{what} {name}[{i}]: {p} vs {q}"
+            );
+        }
+    };
+    {
+        let (tx, ty) = (
+            x.sparse_arch().unsharded().unwrap(),
+            y.sparse_arch().unsharded().unwrap(),
+        );
+        for (s, t) in tx.tables().iter().zip(ty.tables()) {
+            compare(s.name(), s.weights(), t.weights());
+            compare(s.name(), s.optimizer_state(), t.optimizer_state());
+        }
+    }
+    use ember_dense::HasParams;
+    for (p, q) in x
+        .dense_arch_mut()
+        .params()
+        .iter()
+        .zip(y.dense_arch_mut().params().iter())
+    {
+        compare(&p.name, p.value, q.value);
+    }
+}
+
+#[test]
+fn ranks_train_like_one_process_with_as_many_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = [
+        "bench",
+        "dlrm",
+        "--arch-embedding-size",
+        "300-40-700-90",
+        "--arch-sparse-feature-size",
+        "8",
+        "--arch-mlp-bot",
+        "13-16-8",
+        "--arch-mlp-top",
+        "16-1",
+        "--mini-batch-size",
+        "64",
+        "--num-batches",
+        "4",
+        "--devices-per-host",
+        "2",
+        "--threads",
+        "1",
+        "--json",
+    ];
+    // The dense gradients are summed in another order over ranks than over
+    // one batch, so the runs differ by rounding: with SGD within 1e-6; an
+    // adaptive optimizer divides by the gradients' size and amplifies it
+    // (to a few 1e-6 here), so it gets 1e-5.
+    let cases = [
+        ("table-wise", "sgd", 1e-6),
+        ("row-wise", "sgd", 1e-6),
+        ("row-wise-mod", "sgd", 1e-6),
+        ("column-wise", "sgd", 1e-6),
+        ("table-row-wise", "sgd", 1e-6),
+        ("data-parallel", "sgd", 1e-6),
+        ("row-wise", "adagrad", 1e-5),
+        ("table-wise", "rowwise-adagrad", 1e-5),
+    ];
+    for (kind, optimizer, tol) in cases {
+        for np in [2, 4] {
+            let what = format!("{kind} with {optimizer} on {np}");
+            let (one, ranks) = (
+                dir.path().join(format!("{kind}-{np}-one")),
+                dir.path().join(format!("{kind}-{np}-ranks")),
+            );
+            let mut single: Vec<&str> = base.to_vec();
+            let n = np.to_string();
+            single.extend([
+                "--optimizer",
+                optimizer,
+                "--sharding",
+                kind,
+                "--devices",
+                &n,
+            ]);
+            let mut multi = single[..single.len() - 2].to_vec();
+            single.extend(["--save", one.to_str().unwrap()]);
+            multi.extend(["--save", ranks.to_str().unwrap()]);
+            let a = json(&format!("{what}: one process"), ember(&single));
+            let b = json(&format!("{what}: mpirun"), mpirun(np, &multi, &[]));
+            assert_eq!(b["world_size"], np, "{what}");
+            assert_eq!(a["world_size"], 1, "{what}");
+            for key in ["loss_first", "loss_last"] {
+                close(
+                    &format!("{what} {key}"),
+                    b[key].as_f64().unwrap(),
+                    a[key].as_f64().unwrap(),
+                    tol,
+                );
+            }
+            let sent = b["sharding"]["per_device_bytes_sent_per_step"]
+                .as_array()
+                .unwrap();
+            assert_eq!(sent.len(), np, "{what}: bytes of every rank");
+            assert!(
+                sent.iter().all(|v| v.as_f64().unwrap() > 0.0),
+                "{what}: every rank exchanges (the dense all-reduce at least)"
+            );
+            same_model(&what, &one.join("model.safetensors"), &ranks, tol as f32);
+        }
+    }
+}
+
+/// Training flags of the failure test: small tables, checkpoints every 5 steps.
+fn train_args<'a>(data: &'a str, ckpt: &'a str, steps: &'a str) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--data",
+        data,
+        "--max-ind-range",
+        "400",
+        "--arch-sparse-feature-size",
+        "8",
+        "--arch-mlp-bot",
+        "13-16-8",
+        "--arch-mlp-top",
+        "16-1",
+        "--mini-batch-size",
+        "64",
+        "--sharding",
+        "row-wise",
+        "--optimizer",
+        "adagrad",
+        "--checkpoint-dir",
+        ckpt,
+        "--checkpoint-every",
+        "5",
+        "--max-steps",
+        steps,
+        "--threads",
+        "1",
+    ]
+}
+
+#[test]
+fn a_dead_or_hung_rank_stops_the_job_and_resume_ends_like_a_run_that_never_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let data = p("data");
+    ok(
+        "ingest",
+        ember(&[
+            "ingest",
+            "synthetic",
+            "--rows",
+            "4096",
+            "--output",
+            &data,
+            "--row-group-size",
+            "256",
+            "--max-ind-range",
+            "400",
+        ]),
+    );
+    let whole = p("whole");
+    ok(
+        "uninterrupted",
+        mpirun(2, &train_args(&data, &whole, "22"), &[]),
+    );
+
+    // Rank 1 killed at step 12: mpirun stops the job and names the rank.
+    let stopped = p("stopped");
+    let out = mpirun(
+        2,
+        &train_args(&data, &stopped, "22"),
+        &[("EMBER_FAULT", "1:12:kill"), ("EMBER_PEER_TIMEOUT", "20")],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a killed rank must fail the job");
+    assert!(text.contains("rank 1"), "the dead rank is named: {text}");
+
+    // Rank 1 hung at step 7: rank 0 gives up after the timeout, naming it.
+    let hung = p("hung");
+    let out = mpirun(
+        2,
+        &train_args(&data, &hung, "22"),
+        &[("EMBER_FAULT", "1:7:hang"), ("EMBER_PEER_TIMEOUT", "2")],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a hung rank must fail the job");
+    assert!(
+        text.contains("rank 1 did not exchange for 2 s"),
+        "the hung rank is named: {text}"
+    );
+
+    // Resumed from the checkpoint at step 10: the end equals the uninterrupted run's.
+    let mut resume = train_args(&data, &stopped, "22");
+    resume.push("--resume");
+    let out = ok("resume", mpirun(2, &resume, &[]));
+    assert!(out.contains("resuming from"), "{out}");
+    // The same ranks, so the same sums: exactly.
+    same_model(
+        "resumed vs uninterrupted",
+        Path::new(&stopped),
+        Path::new(&whole),
+        0.0,
+    );
+
+    // The set reads back under another number of ranks (and in one process).
+    let mut four = train_args(&data, &stopped, "26");
+    four.push("--resume");
+    ok("resume on 4 ranks", mpirun(4, &four, &[]));
+    let mut one = train_args(&data, &stopped, "30");
+    one.extend(["--resume", "--devices", "3"]);
+    ok("resume in one process", ember(&one));
+    assert!(Path::new(&stopped).join("model.safetensors").exists());
+    assert!(!Path::new(&stopped)
+        .join("model.safetensors.index.json")
+        .exists());
+}

@@ -277,15 +277,34 @@ fn a_dead_or_hung_rank_stops_the_job_and_resume_ends_like_a_run_that_never_stopp
         0.0,
     );
 
-    // The set reads back under another number of ranks (and in one process).
-    let mut four = train_args(&data, &stopped, "26");
+    // The set reads back under another number of ranks, each reading only
+    // its rows, and in one process: rewritten with no step taken, it holds
+    // the same tensors.
+    let mut four = train_args(&data, &stopped, "22");
     four.push("--resume");
-    ok("resume on 4 ranks", mpirun(4, &four, &[]));
-    let mut one = train_args(&data, &stopped, "30");
+    ok("read on 4 ranks", mpirun(4, &four, &[]));
+    same_model(
+        "read on 4 ranks",
+        Path::new(&stopped),
+        Path::new(&whole),
+        0.0,
+    );
+    let mut one = train_args(&data, &stopped, "22");
     one.extend(["--resume", "--devices", "3"]);
-    ok("resume in one process", ember(&one));
+    ok("read in one process", ember(&one));
     assert!(Path::new(&stopped).join("model.safetensors").exists());
     assert!(!Path::new(&stopped)
         .join("model.safetensors.index.json")
         .exists());
+    same_model(
+        "read in one process",
+        &Path::new(&stopped).join("model.safetensors"),
+        Path::new(&whole),
+        0.0,
+    );
+    // And training goes on from there on 4 ranks.
+    let mut more = train_args(&data, &stopped, "26");
+    more.push("--resume");
+    let out = ok("train on 4 ranks", mpirun(4, &more, &[]));
+    assert!(out.contains("26 steps"), "{out}");
 }

@@ -9,7 +9,9 @@ use ember_dense::{
     Activation, BceWithLogits, DenseBackend, DenseOptimizer, DenseOptimizerConfig, DotInteraction,
     HasParams, LowRankCrossNet, Mlp, Param, Real, Tensor,
 };
-use ember_sharding::{Collective, ShardedEmbeddingBagCollection, ShardingPlan};
+use ember_sharding::{
+    Collective, InitialRows, ShardSource, ShardedEmbeddingBagCollection, ShardingPlan,
+};
 use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedTensor, TableOptimizer};
 use serde::{Deserialize, Serialize};
 
@@ -436,6 +438,62 @@ impl Dlrm {
             table_optimizer,
             seed,
         )?);
+        Self::with_tables(config, sparse_arch, dense_optimizer, seed)
+    }
+
+    /// [`Dlrm::new`] as rank `comm.rank()` of a multi-process world: the same
+    /// model, of which this rank holds (and ever allocates) only the shards
+    /// of its device under `plan` (one device per rank). The rank steps on
+    /// its own samples and averages the dense gradients with the other
+    /// ranks. Every rank makes this call with the same arguments.
+    pub fn new_on_rank(
+        config: DlrmConfig,
+        table_optimizer: TableOptimizer,
+        dense_optimizer: DenseOptimizerConfig,
+        seed: u64,
+        plan: ShardingPlan,
+        comm: Arc<dyn Collective>,
+    ) -> Result<Self, ModelError> {
+        let rows = InitialRows { seed };
+        let tables = (table_optimizer, 0, &rows as &dyn ShardSource);
+        Self::on_rank(config, tables, dense_optimizer, seed, plan, comm)
+    }
+
+    /// A rank's model whose shards come from `source` (with the table
+    /// optimizer and its step count); the dense part is initialised from
+    /// `seed`.
+    pub fn on_rank(
+        config: DlrmConfig,
+        (table_optimizer, step, source): (TableOptimizer, u64, &dyn ShardSource),
+        dense_optimizer: DenseOptimizerConfig,
+        seed: u64,
+        plan: ShardingPlan,
+        comm: Arc<dyn Collective>,
+    ) -> Result<Self, ModelError> {
+        config.validate()?;
+        let sharded = ShardedEmbeddingBagCollection::on_rank(
+            config.tables.clone(),
+            table_optimizer,
+            step,
+            source,
+            plan,
+            comm.clone(),
+        )?;
+        let mut model =
+            Self::with_tables(config, SparseArch::Sharded(sharded), dense_optimizer, seed)?;
+        model.world = Some(World {
+            comm,
+            flat: Vec::new(),
+        });
+        Ok(model)
+    }
+
+    fn with_tables(
+        config: DlrmConfig,
+        sparse_arch: SparseArch,
+        dense_optimizer: DenseOptimizerConfig,
+        seed: u64,
+    ) -> Result<Self, ModelError> {
         let dense_arch = DenseArch::new(&config, seed)?;
         let pooled = sparse_arch.new_output(0);
         Ok(Self {
@@ -469,28 +527,6 @@ impl Dlrm {
         }
         self.sparse_arch.reshard(plan)?;
         self.pooled = self.sparse_arch.new_output(0);
-        Ok(())
-    }
-
-    /// Makes this model rank `comm.rank()` of a multi-process world: it keeps
-    /// the shards of its device under `plan` (one device per rank), steps on
-    /// its own samples, and averages the dense gradients with the other ranks.
-    /// Every rank makes this call with the same model, plan and world.
-    pub fn join_world(
-        &mut self,
-        plan: ShardingPlan,
-        comm: Arc<dyn Collective>,
-    ) -> Result<(), ModelError> {
-        let sharded = {
-            let unsharded = self.sparse_arch.unsharded()?;
-            ShardedEmbeddingBagCollection::from_collection_on_rank(&unsharded, plan, comm.clone())?
-        };
-        self.sparse_arch = SparseArch::Sharded(sharded);
-        self.pooled = self.sparse_arch.new_output(0);
-        self.world = Some(World {
-            comm,
-            flat: Vec::new(),
-        });
         Ok(())
     }
 

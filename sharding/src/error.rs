@@ -12,6 +12,9 @@ pub enum ShardingError {
     Capacity(String),
     #[error("collective: {0}")]
     Collective(String),
+    /// Reading a shard's rows from where they are kept (a checkpoint).
+    #[error("{0}")]
+    Source(String),
     #[error(transparent)]
     Sparse(#[from] ember_sparse::SparseError),
 }

@@ -26,5 +26,7 @@ pub use collective::{Collective, InProcess};
 pub use error::ShardingError;
 pub use plan::{RowSplit, Shard, ShardingPlan, ShardingType, TablePlan};
 pub use planner::{plan, stats, PlanStats, PlannerOptions};
-pub use sharded::{LocalShard, ShardedEmbeddingBagCollection, ShardingStats};
+pub use sharded::{
+    InitialRows, LocalShard, ShardSource, ShardedEmbeddingBagCollection, ShardingStats,
+};
 pub use topology::Topology;

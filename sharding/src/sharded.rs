@@ -31,7 +31,7 @@ use ember_sparse::{
 use serde::Serialize;
 
 use crate::collective::{Collective, InProcess};
-use crate::plan::{RowSplit, ShardingPlan, ShardingType};
+use crate::plan::{RowSplit, Shard, ShardingPlan, ShardingType};
 use crate::wire::{Reader, Writer};
 use crate::ShardingError;
 
@@ -184,13 +184,19 @@ impl ShardedEmbeddingBagCollection {
         plan: ShardingPlan,
     ) -> Result<Self, ShardingError> {
         let n = plan.num_devices;
-        Self::build(ebc, plan, Exec::Threads(InProcess::group(n)))
+        let (configs, optimizer) = layout_of(ebc);
+        let exec = Exec::Threads(InProcess::group(n));
+        Self::build(configs, optimizer, ebc.step(), ebc, plan, exec)
     }
 
-    /// The shards of device `comm.rank()` only: this process is that rank of
-    /// a world of `plan.num_devices` processes, each making the same call.
-    pub fn from_collection_on_rank(
-        ebc: &EmbeddingBagCollection,
+    /// The shards of device `comm.rank()` only, filled from `source`: this
+    /// process is that rank of a world of `plan.num_devices` processes, each
+    /// making the same call. Only this rank's shards are ever in memory.
+    pub fn on_rank(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        step: u64,
+        source: &dyn ShardSource,
         plan: ShardingPlan,
         comm: Arc<dyn Collective>,
     ) -> Result<Self, ShardingError> {
@@ -201,17 +207,28 @@ impl ShardedEmbeddingBagCollection {
                 comm.world_size()
             )));
         }
-        Self::build(ebc, plan, Exec::Rank(comm))
+        Self::build(configs, optimizer, step, source, plan, Exec::Rank(comm))
+    }
+
+    /// The shards of device `comm.rank()` only: this process is that rank of
+    /// a world of `plan.num_devices` processes, each making the same call.
+    pub fn from_collection_on_rank(
+        ebc: &EmbeddingBagCollection,
+        plan: ShardingPlan,
+        comm: Arc<dyn Collective>,
+    ) -> Result<Self, ShardingError> {
+        let (configs, optimizer) = layout_of(ebc);
+        Self::on_rank(configs, optimizer, ebc.step(), ebc, plan, comm)
     }
 
     fn build(
-        ebc: &EmbeddingBagCollection,
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        step: u64,
+        source: &dyn ShardSource,
         plan: ShardingPlan,
         exec: Exec,
     ) -> Result<Self, ShardingError> {
-        let configs: Vec<EmbeddingBagConfig> =
-            ebc.tables().iter().map(|t| t.config().clone()).collect();
-        let optimizer = *ebc.optimizer();
         plan.validate(&configs, &optimizer)?;
         let n = plan.num_devices;
         let mut slots = Vec::new();
@@ -289,15 +306,9 @@ impl ShardedEmbeddingBagCollection {
                 let mut local = EmbeddingBagCollection::new(cfgs, optimizer, 0)?;
                 for ((_, t, k), table) in tables.iter().zip(local.tables_mut()) {
                     let shard = &plan.table(&configs[*t].name).expect("validated").shards[*k];
-                    copy_rows(
-                        &ebc.tables()[*t],
-                        table,
-                        shard.rows,
-                        shard.column_range(),
-                        &optimizer,
-                    );
+                    source.fill(*t, &configs[*t], shard, table)?;
                 }
-                local.set_step(ebc.step());
+                local.set_step(step);
                 Some(local)
             };
             let pooled = ebc_local.as_ref().map_or_else(
@@ -335,7 +346,7 @@ impl ShardedEmbeddingBagCollection {
             bytes_before: vec![0; n],
             last_forward: None,
             owners: Vec::new(),
-            step: ebc.step(),
+            step,
             stats: ShardingStats {
                 lookups: vec![0; n],
                 bytes_sent: vec![0; n],
@@ -1038,6 +1049,77 @@ fn device_backward(
     }
     times.0[1] = t.elapsed();
     Ok(times)
+}
+
+fn layout_of(ebc: &EmbeddingBagCollection) -> (Vec<EmbeddingBagConfig>, TableOptimizer) {
+    let configs = ebc.tables().iter().map(|t| t.config().clone()).collect();
+    (configs, *ebc.optimizer())
+}
+
+/// Where the rows (and optimizer state) of the shards come from when a
+/// sharded collection is made.
+pub trait ShardSource {
+    /// Fills `local`, the local table of `shard` of table `t` (`config`),
+    /// with its rows in local order and their optimizer state.
+    fn fill(
+        &self,
+        t: usize,
+        config: &EmbeddingBagConfig,
+        shard: &Shard,
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ShardingError>;
+}
+
+/// An unsharded collection's tables.
+impl ShardSource for EmbeddingBagCollection {
+    fn fill(
+        &self,
+        t: usize,
+        _: &EmbeddingBagConfig,
+        shard: &Shard,
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ShardingError> {
+        let opt = self.optimizer();
+        copy_rows(
+            &self.tables()[t],
+            local,
+            shard.rows,
+            shard.column_range(),
+            opt,
+        );
+        Ok(())
+    }
+}
+
+/// The initial rows a new collection seeded with `seed` would hold (the
+/// optimizer state starts as a new table's).
+pub struct InitialRows {
+    pub seed: u64,
+}
+
+impl ShardSource for InitialRows {
+    fn fill(
+        &self,
+        t: usize,
+        config: &EmbeddingBagConfig,
+        shard: &Shard,
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ShardingError> {
+        let rows = match shard.rows {
+            RowSplit::Block { start, end } => start..end,
+            RowSplit::All | RowSplit::Mod { .. } => 0..config.num_embeddings,
+        };
+        ember_sparse::initial_rows(
+            config,
+            self.seed,
+            t as u64,
+            rows,
+            |g| shard.rows.local(g),
+            shard.column_range(),
+            local.weights_mut(),
+        );
+        Ok(())
+    }
 }
 
 /// Copies a shard's rows and optimizer state from the global table.

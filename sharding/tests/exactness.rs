@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ember_sharding::plan::{ShardingType, TablePlan};
 use ember_sharding::{plan, PlannerOptions, ShardedEmbeddingBagCollection, ShardingPlan, Topology};
-use ember_sharding::{Collective, InProcess};
+use ember_sharding::{Collective, InProcess, InitialRows};
 use ember_sparse::rng::Rng;
 use ember_sparse::{
     EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType, TableOptimizer,
@@ -202,9 +202,14 @@ proptest! {
             .into_iter()
             .map(|g| Arc::new(g) as Arc<dyn Collective>)
             .collect();
+        // Filled from the collection, or initialised in place from the seed
+        // (no whole table on any rank): the same rows either way.
         let mut ranks: Vec<ShardedEmbeddingBagCollection> = comms
             .iter()
-            .map(|comm| ShardedEmbeddingBagCollection::from_collection_on_rank(&source, p.clone(), comm.clone()).unwrap())
+            .map(|comm| match c.seed % 2 {
+                0 => ShardedEmbeddingBagCollection::from_collection_on_rank(&source, p.clone(), comm.clone()),
+                _ => ShardedEmbeddingBagCollection::on_rank(cfgs.clone(), opt, 0, &InitialRows { seed: c.seed }, p.clone(), comm.clone()),
+            }.unwrap())
             .collect();
         let mut rng = Rng::new(c.seed ^ 1);
         let n = c.devices;

@@ -821,6 +821,41 @@ fn add_scaled_row(out: &mut [f32], scale: f32, row: &[f32]) {
     }
 }
 
+/// Part of a table's initial weights, exactly as [`EmbeddingBagCollection::new`]
+/// with `seed` initialises the table at position `index`: every global row
+/// in `rows` that `local` maps to a local row `l` has its columns `cols`
+/// written to `out[l * cols.len()..]`. Only the chunks holding `rows` are
+/// drawn, so a shard is initialised without the rest of its table in memory.
+pub fn initial_rows(
+    config: &EmbeddingBagConfig,
+    seed: u64,
+    index: u64,
+    rows: std::ops::Range<usize>,
+    local: impl Fn(usize) -> Option<usize>,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let (lo, hi) = config.init_range();
+    let dim = config.embedding_dim;
+    let lc = cols.len();
+    let end = rows.end.min(config.num_embeddings);
+    let mut chunk_values = vec![0f32; INIT_CHUNK_ROWS * dim];
+    for chunk in rows.start / INIT_CHUNK_ROWS..end.div_ceil(INIT_CHUNK_ROWS) {
+        let first = chunk * INIT_CHUNK_ROWS;
+        let n = INIT_CHUNK_ROWS.min(config.num_embeddings - first);
+        let mut rng = crate::rng::Rng::new(crate::rng::mix(&[seed, index, chunk as u64]));
+        for x in &mut chunk_values[..n * dim] {
+            *x = lo + (hi - lo) * rng.next_f32();
+        }
+        for r in first.max(rows.start)..(first + n).min(end) {
+            if let Some(l) = local(r) {
+                let src = &chunk_values[(r - first) * dim..(r - first + 1) * dim];
+                out[l * lc..(l + 1) * lc].copy_from_slice(&src[cols.clone()]);
+            }
+        }
+    }
+}
+
 fn new_table(
     config: EmbeddingBagConfig,
     optimizer: &TableOptimizer,

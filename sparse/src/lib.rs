@@ -16,7 +16,7 @@ pub mod roofline;
 mod simd;
 pub mod storage;
 
-pub use collection::{EmbeddingBagCollection, EmbeddingTable};
+pub use collection::{initial_rows, EmbeddingBagCollection, EmbeddingTable};
 pub use config::{EmbeddingBagConfig, PoolingType};
 pub use error::SparseError;
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};

@@ -203,13 +203,6 @@ fn run_in_pool(
     let setup = Instant::now();
     let config = &resolved.config;
     let table_optimizer = args.optim.table_optimizer();
-    let mut model = Dlrm::new(
-        config.clone(),
-        table_optimizer,
-        args.optim.dense_optimizer(),
-        args.seed,
-    )
-    .context("building the model")?;
     let pooling = match resolved.fixed_indices {
         true => resolved.indices_per_lookup as f64,
         false => (resolved.indices_per_lookup as f64 + 1.0) / 2.0,
@@ -223,13 +216,24 @@ fn run_in_pool(
             .map(|d| d.shards.clone())
             .collect::<Vec<_>>()
     });
-    if let Some((plan, _)) = planned {
-        match launch.ranks() {
-            Some(r) => model.join_world(plan, r.comm.clone()),
-            None => model.shard(Some(plan)),
-        }
-        .context("sharding the tables")?;
+    let dense_optimizer = args.optim.dense_optimizer();
+    // A rank builds only its own shards.
+    let mut model = match (planned, launch.ranks()) {
+        (Some((plan, _)), Some(r)) => Dlrm::new_on_rank(
+            config.clone(),
+            table_optimizer,
+            dense_optimizer,
+            args.seed,
+            plan,
+            r.comm.clone(),
+        ),
+        (planned, _) => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, args.seed)
+            .and_then(|mut m| {
+                m.shard(planned.map(|(plan, _)| plan))?;
+                Ok(m)
+            }),
     }
+    .context("building the model")?;
     // On a rank, its block of every global batch.
     let mine = |b: Batch| match launch.ranks() {
         Some(r) => b.select(b.size() * r.rank / r.size..b.size() * (r.rank + 1) / r.size),

@@ -297,7 +297,20 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         data_fingerprint,
         ..TrainState::default()
     };
-    let (mut model, mut state) = match &resume_from {
+    // The run goes on with the architecture and optimizers it was trained with.
+    let (config, table_optimizer, dense_optimizer) = match &resume_from {
+        Some(ckpt) => (
+            ckpt.config().clone(),
+            (ckpt.table_optimizer()).unwrap_or(args.optim.table_optimizer()),
+            (ckpt.dense_optimizer()).unwrap_or(args.optim.dense_optimizer()),
+        ),
+        None => (
+            args.arch.resolve()?.0,
+            args.optim.table_optimizer(),
+            args.optim.dense_optimizer(),
+        ),
+    };
+    let state = match &resume_from {
         Some(ckpt) => {
             let state = ckpt.train_state().cloned().unwrap_or(fresh);
             progress.line(&format!(
@@ -307,45 +320,47 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
                 state.batches_in_epoch,
                 state.steps
             ));
-            // The run goes on with the optimizers it was trained with.
-            let table_optimizer = ckpt
-                .table_optimizer()
-                .unwrap_or(args.optim.table_optimizer());
-            let dense_optimizer = ckpt
-                .dense_optimizer()
-                .unwrap_or(args.optim.dense_optimizer());
-            (ckpt.model(table_optimizer, dense_optimizer)?, state)
+            state
         }
-        None => {
-            let (config, _, _) = args.arch.resolve()?;
-            let model = Dlrm::new(
-                config,
-                args.optim.table_optimizer(),
-                args.optim.dense_optimizer(),
-                args.seed,
-            )
-            .context("building the model")?;
-            (model, fresh)
-        }
+        None => fresh,
     };
-    // The model holds the weights now: let go of the old file's mapping
-    // before saves replace it.
-    drop(resume_from);
     if state.data_fingerprint != 0 && state.data_fingerprint != data_fingerprint {
         anyhow::bail!(
             "--resume: the training data differs from the run the checkpoint continues (other files or row groups); resume on the same data"
         );
     }
-    let resumed_at_step = state.steps;
-    let config = model.config().clone();
-    let options = planner_options(model.sparse_arch().optimizer(), args.mini_batch_size, 1.0);
-    if let Some((plan, _)) = args.sharding.plan_for(&config, &options, launch)? {
-        match launch.ranks() {
-            Some(r) => model.join_world(plan, r.comm.clone()),
-            None => model.shard(Some(plan)),
+    let options = planner_options(table_optimizer, args.mini_batch_size, 1.0);
+    let planned = args.sharding.plan_for(&config, &options, launch)?;
+    // A rank builds (or reads) only its own shards.
+    let mut model = match (&resume_from, planned, launch.ranks()) {
+        (Some(ckpt), Some((plan, _)), Some(r)) => {
+            ckpt.model_on_rank(table_optimizer, dense_optimizer, plan, r.comm.clone())?
         }
-        .context("sharding the tables")?;
-    }
+        (None, Some((plan, _)), Some(r)) => Dlrm::new_on_rank(
+            config.clone(),
+            table_optimizer,
+            dense_optimizer,
+            args.seed,
+            plan,
+            r.comm.clone(),
+        )?,
+        (ckpt, planned, _) => {
+            let mut model = match ckpt {
+                Some(ckpt) => ckpt.model(table_optimizer, dense_optimizer)?,
+                None => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, args.seed)
+                    .context("building the model")?,
+            };
+            if let Some((plan, _)) = planned {
+                model.shard(Some(plan)).context("sharding the tables")?;
+            }
+            model
+        }
+    };
+    let mut state = state;
+    // The model holds the weights now: let go of the old file's mapping
+    // before saves replace it.
+    drop(resume_from);
+    let resumed_at_step = state.steps;
     let features = config.feature_rows();
     // A resumed run reads the data as the run it continues did (older
     // checkpoints without a batch size take the flags').

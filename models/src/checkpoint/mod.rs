@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
 
+mod rows;
 mod set;
 pub use set::{save_set, INDEX_FILE};
 
@@ -459,9 +460,41 @@ impl Checkpoint {
         names
     }
 
-    /// Checks the named tensor's presence, dtype and shape without reading its data.
+    /// Checks the named tensor's presence, dtype and shape without reading
+    /// its data (for a split tensor: each piece's, and that they add up).
     fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
-        self.view(name, shape, |_| ())
+        let Source::Set { index, files, .. } = &self.source else {
+            return self.view(name, shape, |_| ());
+        };
+        let Some(pieces) = index.pieces.get(name) else {
+            return self.view(name, shape, |_| ());
+        };
+        let fail = |message: String| ModelError::Checkpoint {
+            path: self.path.clone(),
+            tensor: Some(name.to_string()),
+            message,
+        };
+        let (rows, cols) = (shape[0], shape.get(1).copied().unwrap_or(1));
+        let mut values = 0;
+        for p in pieces {
+            let want: Vec<usize> = match shape.len() {
+                1 => vec![p.rows.count(rows)],
+                _ => vec![
+                    p.rows.count(rows),
+                    p.columns[1].saturating_sub(p.columns[0]),
+                ],
+            };
+            file_view(&files[&p.file], name, Some(&want), |_| ())
+                .map_err(|m| fail(format!("{}: {m}", p.file)))?;
+            values += want.iter().product::<usize>();
+        }
+        if values != rows * cols {
+            return Err(fail(format!(
+                "the pieces hold {values} of {} values",
+                rows * cols
+            )));
+        }
+        Ok(())
     }
 
     /// The named tensor as f32 values, checked for dtype and shape.
@@ -522,9 +555,7 @@ impl Checkpoint {
         dense_optimizer: DenseOptimizerConfig,
     ) -> Result<Dlrm, ModelError> {
         let mut model = Dlrm::new(self.config.clone(), table_optimizer, dense_optimizer, 0)?;
-        let same_table_opt = self
-            .table_optimizer
-            .is_some_and(|o| same_kind(&o, &table_optimizer));
+        let same_table_opt = self.same_table_optimizer(&table_optimizer);
         let ebc = model
             .sparse_arch_mut()
             .local_mut()
@@ -563,6 +594,24 @@ impl Checkpoint {
         if same_table_opt {
             ebc.set_step(self.sparse_step);
         }
+        self.restore_dense(&mut model, dense_optimizer)?;
+        Ok(model)
+    }
+
+    /// The saved table optimizer is of `table_optimizer`'s kind, so its
+    /// state and step count carry over.
+    fn same_table_optimizer(&self, table_optimizer: &TableOptimizer) -> bool {
+        self.table_optimizer
+            .is_some_and(|o| same_kind(&o, table_optimizer))
+    }
+
+    /// The dense parameters, and the dense optimizer's state when it is of
+    /// the saved kind.
+    fn restore_dense(
+        &self,
+        model: &mut Dlrm,
+        dense_optimizer: DenseOptimizerConfig,
+    ) -> Result<(), ModelError> {
         let shapes = dense_shapes(&self.config);
         for p in model.dense_arch_mut().params() {
             let w = self.tensor(&p.name, &shapes[&p.name])?;
@@ -590,7 +639,7 @@ impl Checkpoint {
                 .dense_optimizer_mut()
                 .set_state(self.dense_steps, state);
         }
-        Ok(model)
+        Ok(())
     }
 }
 

@@ -1,0 +1,180 @@
+//! A rank's shards read straight from a checkpoint (one file or a set): each
+//! rank reads the rows and columns of its own shards and nothing else is
+//! kept, so a model too large for one process resumes on many.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use ember_dense::DenseOptimizerConfig;
+use ember_sharding::{Collective, RowSplit, Shard, ShardSource, ShardingError, ShardingPlan};
+use ember_sparse::{EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
+
+use super::{file_view, table_weight_name, Checkpoint, Source, OPTIMIZER_PREFIX, TABLE_PREFIX};
+use crate::{Dlrm, ModelError};
+
+impl Checkpoint {
+    /// [`Checkpoint::model`] as rank `comm.rank()` of a world under `plan`:
+    /// the rank reads only its shards' rows (and their optimizer state).
+    pub fn model_on_rank(
+        &self,
+        table_optimizer: TableOptimizer,
+        dense_optimizer: DenseOptimizerConfig,
+        plan: ShardingPlan,
+        comm: Arc<dyn Collective>,
+    ) -> Result<Dlrm, ModelError> {
+        let restore = self.same_table_optimizer(&table_optimizer);
+        let source = ShardRows {
+            checkpoint: self,
+            optimizer: table_optimizer,
+            restore,
+        };
+        let step = if restore { self.sparse_step } else { 0 };
+        let tables = (table_optimizer, step, &source as &dyn ShardSource);
+        let mut model = Dlrm::on_rank(self.config.clone(), tables, dense_optimizer, 0, plan, comm)?;
+        self.restore_dense(&mut model, dense_optimizer)?;
+        Ok(model)
+    }
+
+    /// Rows `rows` and columns `cols` of the named tensor of `shape`
+    /// (`[rows, cols]`, or `[rows]` read as one column), in local row order.
+    fn rows_of(
+        &self,
+        name: &str,
+        shape: &[usize],
+        rows: RowSplit,
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let fail = |message: String| ModelError::Checkpoint {
+            path: self.path.clone(),
+            tensor: Some(name.to_string()),
+            message,
+        };
+        let (total, width) = (shape[0], shape.get(1).copied().unwrap_or(1));
+        let (lr, lc) = (rows.count(total), cols.len());
+        let mut out = vec![0f32; lr * lc];
+        // A whole tensor in one mapped file.
+        let whole = match &self.source {
+            Source::File(mmap) => Some(mmap),
+            Source::Set { index, files, .. } => index.weight_map.get(name).map(|f| &files[f]),
+        };
+        if let Some(mmap) = whole {
+            return file_view(mmap, name, Some(shape), |bytes| {
+                for l in 0..lr {
+                    let g = rows.global(l);
+                    for (c, o) in cols.clone().zip(&mut out[l * lc..(l + 1) * lc]) {
+                        *o = f32_at(bytes, g * width + c);
+                    }
+                }
+                out
+            })
+            .map(|(v, _)| v)
+            .map_err(fail);
+        }
+        let Source::Set { index, files, .. } = &self.source else {
+            unreachable!("a single file holds every tensor whole");
+        };
+        let pieces = index
+            .pieces
+            .get(name)
+            .ok_or_else(|| fail("missing".into()))?;
+        let mut covered = 0;
+        for p in pieces {
+            let pc = match shape.len() {
+                1 => 0..1,
+                _ => p.columns[0]..p.columns[1],
+            };
+            let (from, to) = (cols.start.max(pc.start), cols.end.min(pc.end));
+            let plr = p.rows.count(total);
+            let want: Vec<usize> = match shape.len() {
+                1 => vec![plr],
+                _ => vec![plr, pc.len()],
+            };
+            let (n, _) = file_view(&files[&p.file], name, Some(&want), |bytes| {
+                let mut n = 0;
+                for lp in 0..plr {
+                    let Some(l) = rows.local(p.rows.global(lp)) else {
+                        continue;
+                    };
+                    for c in from..to {
+                        out[l * lc + c - cols.start] = f32_at(bytes, lp * pc.len() + c - pc.start);
+                        n += 1;
+                    }
+                }
+                n
+            })
+            .map_err(|m| fail(format!("{}: {m}", p.file)))?;
+            covered += n;
+        }
+        if covered != lr * lc {
+            return Err(fail(format!(
+                "the pieces cover {covered} of the {} values of this shard",
+                lr * lc
+            )));
+        }
+        Ok(out)
+    }
+}
+
+fn f32_at(bytes: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([
+        bytes[4 * i],
+        bytes[4 * i + 1],
+        bytes[4 * i + 2],
+        bytes[4 * i + 3],
+    ])
+}
+
+/// A checkpoint's rows as the source of a rank's shards.
+struct ShardRows<'a> {
+    checkpoint: &'a Checkpoint,
+    optimizer: TableOptimizer,
+    /// The saved optimizer state is of the same kind, so it is restored.
+    restore: bool,
+}
+
+impl ShardSource for ShardRows<'_> {
+    fn fill(
+        &self,
+        _: usize,
+        config: &EmbeddingBagConfig,
+        shard: &Shard,
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ShardingError> {
+        let err = |e: ModelError| ShardingError::Source(e.to_string());
+        let ck = self.checkpoint;
+        let (rows, dim) = (config.num_embeddings, config.embedding_dim);
+        let (split, cols) = (shard.rows, shard.column_range());
+        let w = ck
+            .rows_of(
+                &table_weight_name(&config.name),
+                &[rows, dim],
+                split,
+                cols.clone(),
+            )
+            .map_err(err)?;
+        local.weights_mut().copy_from_slice(&w);
+        if !self.restore {
+            return Ok(());
+        }
+        let name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
+        let read = |s: &str, shape: &[usize], cols: Range<usize>| {
+            ck.rows_of(&name(s), shape, split, cols).map_err(err)
+        };
+        let state = match self.optimizer {
+            TableOptimizer::None | TableOptimizer::Sgd { .. } => return Ok(()),
+            TableOptimizer::RowWiseAdagrad { .. } => read("momentum1", &[rows], 0..1)?,
+            TableOptimizer::Adagrad { .. } => read("momentum1", &[rows, dim], cols)?,
+            TableOptimizer::Adam { .. } => {
+                let lc = cols.len().max(1);
+                let m = read("momentum1", &[rows, dim], cols.clone())?;
+                let v = read("momentum2", &[rows, dim], cols)?;
+                (m.chunks_exact(lc).zip(v.chunks_exact(lc)))
+                    .flat_map(|(m, v)| m.iter().chain(v))
+                    .copied()
+                    .collect()
+            }
+        };
+        local.optimizer_state_mut().copy_from_slice(&state);
+        Ok(())
+    }
+}

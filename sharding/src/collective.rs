@@ -21,27 +21,40 @@ pub trait Collective: Send + Sync {
     /// Bytes this rank has sent to other ranks so far.
     fn bytes_sent(&self) -> u64;
 
-    /// Element-wise sum over ranks, the same on every rank: each rank gets
-    /// every rank's values and sums them in rank order, so the result does
-    /// not depend on timing or on the backend's reduction algorithm.
+    /// Element-wise sum over ranks, the same bits on every rank. A
+    /// reduce-scatter then an all-gather, as a ring all-reduce moves data
+    /// (each rank sends 2(N-1)/N of the values): rank `r` sums chunk `r` of
+    /// every rank's values in rank order, so the result depends neither on
+    /// timing nor on the backend, and sends it to all.
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), ShardingError> {
-        let mut w = crate::wire::Writer::new();
-        w.put(data);
-        let parts = self.all_to_all_v(vec![w.0; self.world_size()])?;
-        data.fill(0.0);
-        for (rank, part) in parts.into_iter().enumerate() {
-            let v: Vec<f32> = crate::wire::Reader::new(&part)
-                .get()
-                .map_err(ShardingError::Collective)?;
-            if v.len() != data.len() {
+        let (n, me) = (self.world_size(), self.rank());
+        let len = data.len();
+        let chunk = |r: usize| (len * r / n)..(len * (r + 1) / n);
+        let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let floats = |rank: usize, b: &[u8], want: usize| -> Result<Vec<f32>, ShardingError> {
+            if b.len() != 4 * want {
                 return Err(ShardingError::Collective(format!(
-                    "all-reduce: rank {rank} sent {} values, rank {} has {}",
-                    v.len(),
-                    self.rank(),
-                    data.len()
+                    "all-reduce: rank {rank} sent {} bytes for {want} values",
+                    b.len()
                 )));
             }
-            data.iter_mut().zip(v).for_each(|(d, x)| *d += x);
+            Ok((b.chunks_exact(4))
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        };
+        let parts = self.all_to_all_v((0..n).map(|r| bytes(&data[chunk(r)])).collect())?;
+        let mine = chunk(me);
+        let mut sum = vec![0f32; mine.len()];
+        for (rank, part) in parts.iter().enumerate() {
+            for (s, x) in sum.iter_mut().zip(floats(rank, part, mine.len())?) {
+                *s += x;
+            }
+        }
+        let all = self.all_gather(bytes(&sum))?;
+        for (rank, part) in all.iter().enumerate() {
+            let c = chunk(rank);
+            let values = floats(rank, part, c.len())?;
+            data[c].copy_from_slice(&values);
         }
         Ok(())
     }
@@ -147,5 +160,53 @@ impl Collective for InProcess {
 
     fn bytes_sent(&self) -> u64 {
         self.bytes_sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rank a thread: `body(rank, handle)` on each, results by rank.
+    fn on_ranks<R: Send>(n: usize, body: impl Fn(&InProcess) -> R + Sync) -> Vec<R> {
+        let group = InProcess::group(n);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = group.iter().map(|g| s.spawn(|| body(g))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn all_reduce_sums_in_rank_order_on_every_rank() {
+        for n in 1..=5 {
+            // Lengths below, at and above the rank count (empty chunks too).
+            for len in [0, 1, 3, 7, 64] {
+                let value = |rank: usize, i: usize| (rank * 131 + i) as f32 * 0.1 + 1e-3;
+                let got = on_ranks(n, |g| {
+                    let mut v: Vec<f32> = (0..len).map(|i| value(g.rank(), i)).collect();
+                    g.all_reduce_sum(&mut v).unwrap();
+                    v
+                });
+                let want: Vec<f32> = (0..len)
+                    .map(|i| (0..n).fold(0.0f32, |s, r| s + value(r, i)))
+                    .collect();
+                for v in &got {
+                    assert_eq!(v, &want, "{n} ranks, {len} values");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_and_gather_reach_every_rank() {
+        let got = on_ranks(3, |g| {
+            let b = g.broadcast(1, vec![g.rank() as u8; 2]).unwrap();
+            let all = g.all_gather(vec![g.rank() as u8]).unwrap();
+            (b, all)
+        });
+        for (b, all) in got {
+            assert_eq!(b, vec![1, 1]);
+            assert_eq!(all, vec![vec![0], vec![1], vec![2]]);
+        }
     }
 }

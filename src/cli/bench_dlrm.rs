@@ -378,7 +378,10 @@ fn run_in_pool(
         auc: last_metrics.map(|m| m.auc),
         logloss: last_metrics.map(|m| m.logloss),
         accuracy: last_metrics.map(|m| m.accuracy),
-        table_bytes: model.sparse_arch().bytes() as u64,
+        // Of every rank's devices.
+        table_bytes: (sharding_stats.as_ref())
+            .map_or(model.sparse_arch().bytes(), |(_, b)| b.iter().sum())
+            as u64,
         peak_rss_bytes: peak_rss_bytes(),
         setup_s,
         world_size: launch.world_size(),

@@ -206,6 +206,8 @@ fn train_args<'a>(data: &'a str, ckpt: &'a str, steps: &'a str) -> Vec<&'a str> 
         "5",
         "--max-steps",
         steps,
+        "--epochs",
+        "3",
         "--threads",
         "1",
     ]

@@ -21,6 +21,15 @@ pub trait Collective: Send + Sync {
     /// Bytes this rank has sent to other ranks so far.
     fn bytes_sent(&self) -> u64;
 
+    /// How long an exchange waits for a peer, where the backend sets it.
+    fn timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Sets that wait: longer around phases where ranks wait for each other
+    /// for good reason (building or loading shards, writing a checkpoint).
+    fn set_timeout(&self, _: std::time::Duration) {}
+
     /// Element-wise sum over ranks, the same bits on every rank. A
     /// reduce-scatter then an all-gather, as a ring all-reduce moves data
     /// (each rank sends 2(N-1)/N of the values): rank `r` sums chunk `r` of

@@ -30,11 +30,24 @@ pub struct MpiWorld {
 }
 
 impl MpiWorld {
-    /// Initializes MPI (once per process); `None` when it was already.
-    pub fn init() -> Option<Self> {
-        // Calls are serialized by `MpiCollective`'s lock.
-        let (universe, _) = mpi::initialize_with_threading(Threading::Serialized)?;
-        Some(Self { universe })
+    /// Initializes MPI (once per process). Exchanges run on worker threads,
+    /// one at a time (`MpiCollective`'s lock), so MPI must allow serialized
+    /// calls from any thread.
+    pub fn init() -> Result<Self, String> {
+        let (universe, level) = mpi::initialize_with_threading(Threading::Serialized)
+            .ok_or("MPI was already initialized")?;
+        if level < Threading::Serialized {
+            return Err(format!(
+                "this MPI library offers thread level {level:?}; Ember needs Serialized"
+            ));
+        }
+        Ok(Self { universe })
+    }
+
+    /// Stops every rank of the job from wherever this process is (a panic
+    /// hook): MPI must have been initialized.
+    pub fn abort_job(code: i32) -> ! {
+        mpi::topology::SimpleCommunicator::world().abort(code)
     }
 
     pub fn rank(&self) -> usize {
@@ -51,7 +64,7 @@ impl MpiWorld {
             world: Mutex::new(self.universe.world()),
             rank: self.rank(),
             size: self.size(),
-            timeout,
+            timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
             bytes_sent: AtomicU64::new(0),
         }
     }
@@ -66,7 +79,7 @@ pub struct MpiCollective {
     world: Mutex<SimpleCommunicator>,
     rank: usize,
     size: usize,
-    timeout: Duration,
+    timeout_ms: AtomicU64,
     bytes_sent: AtomicU64,
 }
 
@@ -100,7 +113,8 @@ impl Collective for MpiCollective {
             )));
         }
         let world = self.world.lock().expect("the MPI lock");
-        let deadline = Instant::now() + self.timeout;
+        let timeout = Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed));
+        let deadline = Instant::now() + timeout;
         let mut received: Vec<Option<Vec<u8>>> = vec![None; n];
         let mut sending = Vec::with_capacity(n);
         for (peer, message) in send.into_iter().enumerate() {
@@ -167,7 +181,7 @@ impl Collective for MpiCollective {
                 return Err(ShardingError::Collective(format!(
                     "rank {me}: rank {} did not exchange for {} s (stopped or hung)",
                     names.join(", "),
-                    self.timeout.as_secs_f64()
+                    timeout.as_secs_f64()
                 )));
             }
             // Spin briefly, then sleep: ranks may share cores with the ones
@@ -187,5 +201,16 @@ impl Collective for MpiCollective {
 
     fn bytes_sent(&self) -> u64 {
         self.bytes_sent.load(Ordering::Relaxed)
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(Duration::from_millis(
+            self.timeout_ms.load(Ordering::Relaxed),
+        ))
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
     }
 }

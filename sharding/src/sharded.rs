@@ -84,6 +84,8 @@ struct Device {
 pub struct LocalShard<'a> {
     /// The (global) table's name.
     pub table: &'a str,
+    /// The shard's position in the table's plan.
+    pub index: usize,
     /// Which rows and columns of the table.
     pub shard: &'a crate::plan::Shard,
     /// Its rows (local order) and optimizer state.
@@ -303,7 +305,8 @@ impl ShardedEmbeddingBagCollection {
             } else {
                 let cfgs: Vec<EmbeddingBagConfig> =
                     tables.iter().map(|(c, _, _)| c.clone()).collect();
-                let mut local = EmbeddingBagCollection::new(cfgs, optimizer, 0)?;
+                // Zeros: every table is filled from the source below.
+                let mut local = EmbeddingBagCollection::zeroed(cfgs, optimizer)?;
                 for ((_, t, k), table) in tables.iter().zip(local.tables_mut()) {
                     let shard = &plan.table(&configs[*t].name).expect("validated").shards[*k];
                     source.fill(*t, &configs[*t], shard, table)?;
@@ -422,8 +425,7 @@ impl ShardedEmbeddingBagCollection {
 
     /// The shards this process holds and saves: every shard of its devices
     /// but the data-parallel replicas of devices other than 0 (device 0's
-    /// replica stands for the table). Each device holds at most one shard
-    /// of a table.
+    /// replica stands for the table).
     pub fn local_shards(&self) -> Vec<LocalShard<'_>> {
         let mut out = Vec::new();
         for c in &self.configs {
@@ -441,6 +443,7 @@ impl ShardedEmbeddingBagCollection {
                     .expect("every shard has a local table");
                 out.push(LocalShard {
                     table: &c.name,
+                    index: k,
                     shard,
                     data: table,
                 });

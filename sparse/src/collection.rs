@@ -154,6 +154,22 @@ impl EmbeddingBagCollection {
         optimizer: TableOptimizer,
         seed: u64,
     ) -> Result<Self, SparseError> {
+        Self::build(configs, optimizer, Some(seed))
+    }
+
+    /// Tables of zeros, for a caller that fills them (the shards of a rank).
+    pub fn zeroed(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+    ) -> Result<Self, SparseError> {
+        Self::build(configs, optimizer, None)
+    }
+
+    fn build(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        seed: Option<u64>,
+    ) -> Result<Self, SparseError> {
         optimizer
             .validate()
             .map_err(SparseError::InvalidOptimizer)?;
@@ -831,7 +847,7 @@ pub fn initial_rows(
     seed: u64,
     index: u64,
     rows: std::ops::Range<usize>,
-    local: impl Fn(usize) -> Option<usize>,
+    local: impl Fn(usize) -> Option<usize> + Sync,
     cols: std::ops::Range<usize>,
     out: &mut [f32],
 ) {
@@ -839,27 +855,42 @@ pub fn initial_rows(
     let dim = config.embedding_dim;
     let lc = cols.len();
     let end = rows.end.min(config.num_embeddings);
-    let mut chunk_values = vec![0f32; INIT_CHUNK_ROWS * dim];
-    for chunk in rows.start / INIT_CHUNK_ROWS..end.div_ceil(INIT_CHUNK_ROWS) {
-        let first = chunk * INIT_CHUNK_ROWS;
-        let n = INIT_CHUNK_ROWS.min(config.num_embeddings - first);
-        let mut rng = crate::rng::Rng::new(crate::rng::mix(&[seed, index, chunk as u64]));
-        for x in &mut chunk_values[..n * dim] {
-            *x = lo + (hi - lo) * rng.next_f32();
-        }
-        for r in first.max(rows.start)..(first + n).min(end) {
-            if let Some(l) = local(r) {
-                let src = &chunk_values[(r - first) * dim..(r - first + 1) * dim];
-                out[l * lc..(l + 1) * lc].copy_from_slice(&src[cols.clone()]);
-            }
+    let chunks = rows.start / INIT_CHUNK_ROWS..end.div_ceil(INIT_CHUNK_ROWS);
+    // Chunks are drawn in parallel, a bounded batch at a time, and their
+    // wanted rows copied out in order.
+    let batch = 4 * rayon::current_num_threads().max(1);
+    let chunk_ids: Vec<usize> = chunks.collect();
+    for group in chunk_ids.chunks(batch) {
+        let drawn: Vec<Vec<(usize, Vec<f32>)>> = group
+            .par_iter()
+            .map(|&chunk| {
+                let first = chunk * INIT_CHUNK_ROWS;
+                let n = INIT_CHUNK_ROWS.min(config.num_embeddings - first);
+                let mut rng = crate::rng::Rng::new(crate::rng::mix(&[seed, index, chunk as u64]));
+                let mut values = vec![0f32; n * dim];
+                for x in &mut values {
+                    *x = lo + (hi - lo) * rng.next_f32();
+                }
+                (first.max(rows.start)..(first + n).min(end))
+                    .filter_map(|r| {
+                        let l = local(r)?;
+                        let row = &values[(r - first) * dim..(r - first + 1) * dim];
+                        Some((l, row[cols.clone()].to_vec()))
+                    })
+                    .collect()
+            })
+            .collect();
+        for (l, row) in drawn.into_iter().flatten() {
+            out[l * lc..(l + 1) * lc].copy_from_slice(&row);
         }
     }
 }
 
+/// A table initialised from `seed` (zeros without one).
 fn new_table(
     config: EmbeddingBagConfig,
     optimizer: &TableOptimizer,
-    seed: u64,
+    seed: Option<u64>,
     index: u64,
 ) -> Result<EmbeddingTable, SparseError> {
     let (lo, hi) = config.init_range();
@@ -871,6 +902,7 @@ fn new_table(
         bytes,
     };
     let weights = AlignedBuffer::new(len, |w| {
+        let Some(seed) = seed else { return };
         w.par_chunks_mut(INIT_CHUNK_ROWS * dim)
             .enumerate()
             .for_each(|(chunk, rows)| {

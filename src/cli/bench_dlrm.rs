@@ -208,7 +208,13 @@ fn run_in_pool(
         false => (resolved.indices_per_lookup as f64 + 1.0) / 2.0,
     };
     let options = planner_options(table_optimizer, args.mini_batch_size, pooling);
-    let planned = args.sharding.plan_for(config, &options, launch)?;
+    anyhow::ensure!(
+        args.mini_batch_size >= launch.world_size(),
+        "--mini-batch-size {} is the global batch: it needs at least one sample for each of the {} ranks",
+        args.mini_batch_size,
+        launch.world_size()
+    );
+    let planned = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
     let estimated_ms = planned.as_ref().map(|(_, s)| s.max_cost_s * 1e3);
     let shards = planned.as_ref().map(|(_, s)| {
         s.devices
@@ -217,23 +223,25 @@ fn run_in_pool(
             .collect::<Vec<_>>()
     });
     let dense_optimizer = args.optim.dense_optimizer();
-    // A rank builds only its own shards.
-    let mut model = match (planned, launch.ranks()) {
-        (Some((plan, _)), Some(r)) => Dlrm::new_on_rank(
-            config.clone(),
-            table_optimizer,
-            dense_optimizer,
-            args.seed,
-            plan,
-            r.comm.clone(),
-        ),
-        (planned, _) => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, args.seed)
-            .and_then(|mut m| {
-                m.shard(planned.map(|(plan, _)| plan))?;
-                Ok(m)
-            }),
-    }
-    .context("building the model")?;
+    // A rank builds only its own shards (ranks wait for the slowest).
+    let mut model = launch.patiently(|| {
+        match (planned, launch.ranks()) {
+            (Some((plan, _)), Some(r)) => Dlrm::new_on_rank(
+                config.clone(),
+                table_optimizer,
+                dense_optimizer,
+                args.seed,
+                plan,
+                r.comm.clone(),
+            ),
+            (planned, _) => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, args.seed)
+                .and_then(|mut m| {
+                    m.shard(planned.map(|(plan, _)| plan))?;
+                    Ok(m)
+                }),
+        }
+        .context("building the model")
+    })?;
     // On a rank, its block of every global batch.
     let mine = |b: Batch| match launch.ranks() {
         Some(r) => b.select(b.size() * r.rank / r.size..b.size() * (r.rank + 1) / r.size),
@@ -327,10 +335,13 @@ fn run_in_pool(
     if let Some(dir) = &args.save {
         stepper.sync(&mut model)?;
         std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-        match model.world() {
-            Some(_) => drop(save_set(&mut model, dir, None)?),
-            None => save(&mut model, &dir.join("model.safetensors"), None)?,
-        }
+        launch.patiently(|| {
+            match model.world() {
+                Some(_) => drop(save_set(&mut model, dir, None)?),
+                None => save(&mut model, &dir.join("model.safetensors"), None)?,
+            }
+            Ok(())
+        })?;
     }
     // On ranks: every rank's ids and sharding counters.
     let (ids, sharding_stats) = match (launch.ranks(), model.sparse_arch().sharded()) {

@@ -213,6 +213,32 @@ pub fn evaluate(
     Ok(acc.finish())
 }
 
+/// The checkpoint to resume from in `dir`: one file, or the set the ranks of
+/// a world wrote; the newer when both are there (a crash between writing
+/// one and removing the other). Rank 0 decides for every rank.
+fn latest_checkpoint(dir: Option<&Path>, launch: &Launch) -> anyhow::Result<Option<PathBuf>> {
+    let Some(dir) = dir else { return Ok(None) };
+    let choose = || {
+        let modified = |p: PathBuf| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p));
+        [dir.join(INDEX_FILE), dir.join(CHECKPOINT_FILE)]
+            .into_iter()
+            .filter_map(modified)
+            .max_by_key(|(t, _)| *t)
+            .map(|(_, p)| p)
+    };
+    let Some(r) = launch.ranks() else {
+        return Ok(choose());
+    };
+    let mine = match r.rank {
+        0 => choose().map_or(Vec::new(), |p| {
+            p.to_string_lossy().into_owned().into_bytes()
+        }),
+        _ => Vec::new(),
+    };
+    let chosen = String::from_utf8(r.comm.broadcast(0, mine)?)?;
+    Ok((!chosen.is_empty()).then(|| PathBuf::from(chosen)))
+}
+
 /// Removes a checkpoint set (its index first, so no half set is ever read).
 fn remove_set(dir: &Path) {
     if std::fs::remove_file(dir.join(INDEX_FILE)).is_err() {
@@ -270,11 +296,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         .checkpoint_dir
         .as_ref()
         .map(|d| d.join(CHECKPOINT_FILE));
-    // The last checkpoint: one file, or the set the ranks of a world wrote.
-    let existing = (args.checkpoint_dir.as_ref())
-        .map(|d| d.join(INDEX_FILE))
-        .filter(|p| p.exists())
-        .or_else(|| checkpoint_path.clone().filter(|p| p.exists()));
+    let existing = latest_checkpoint(args.checkpoint_dir.as_deref(), launch)?;
     let resume_from = match (&checkpoint_path, existing) {
         (Some(_), Some(p)) if args.resume => Some(Checkpoint::open(&p)?),
         (Some(p), _) if args.resume => {
@@ -330,33 +352,49 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         );
     }
     let options = planner_options(table_optimizer, args.mini_batch_size, 1.0);
-    let planned = args.sharding.plan_for(&config, &options, launch)?;
-    // A rank builds (or reads) only its own shards.
-    let mut model = match (&resume_from, planned, launch.ranks()) {
-        (Some(ckpt), Some((plan, _)), Some(r)) => {
-            ckpt.model_on_rank(table_optimizer, dense_optimizer, plan, r.comm.clone())?
-        }
-        (None, Some((plan, _)), Some(r)) => Dlrm::new_on_rank(
-            config.clone(),
-            table_optimizer,
-            dense_optimizer,
-            args.seed,
-            plan,
-            r.comm.clone(),
-        )?,
-        (ckpt, planned, _) => {
-            let mut model = match ckpt {
-                Some(ckpt) => ckpt.model(table_optimizer, dense_optimizer)?,
-                None => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, args.seed)
-                    .context("building the model")?,
-            };
-            if let Some((plan, _)) = planned {
-                model.shard(Some(plan)).context("sharding the tables")?;
+    // A rank builds (or reads) only its own shards; ranks wait for the slowest.
+    let mut model = launch.patiently(|| {
+        let planned = args.sharding.plan_for(&config, &options, launch)?;
+        Ok(match (&resume_from, planned, launch.ranks()) {
+            (Some(ckpt), Some((plan, _)), Some(r)) => {
+                ckpt.model_on_rank(table_optimizer, dense_optimizer, plan, r.comm.clone())?
             }
-            model
-        }
-    };
+            (None, Some((plan, _)), Some(r)) => Dlrm::new_on_rank(
+                config.clone(),
+                table_optimizer,
+                dense_optimizer,
+                args.seed,
+                plan,
+                r.comm.clone(),
+            )?,
+            (ckpt, planned, _) => {
+                let mut model = match ckpt {
+                    Some(ckpt) => ckpt.model(table_optimizer, dense_optimizer)?,
+                    None => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, args.seed)
+                        .context("building the model")?,
+                };
+                if let Some((plan, _)) = planned {
+                    model.shard(Some(plan)).context("sharding the tables")?;
+                }
+                model
+            }
+        })
+    })?;
     let mut state = state;
+    // A position mid-epoch counts batches of the ranks that wrote it, each
+    // reading its own row groups: under another number of ranks it means
+    // nothing, so the run goes on at the next epoch.
+    let world_before = state.world_size.max(1) as usize;
+    if world_before != launch.world_size() && state.batches_in_epoch > 0 {
+        progress.line(&format!(
+            "the checkpoint was written by {world_before} process(es) mid-epoch; under {} the rest of epoch {} is skipped",
+            launch.world_size(),
+            state.epoch
+        ));
+        state.epoch += 1;
+        state.batches_in_epoch = 0;
+    }
+    state.world_size = launch.world_size() as u64;
     // The model holds the weights now: let go of the old file's mapping
     // before saves replace it.
     drop(resume_from);
@@ -407,13 +445,31 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     // the fewest has (the others' extra batches are left out).
     let mut per_epoch = Vec::new();
     for e in 0..args.epochs {
-        per_epoch.push(fewest_over_ranks(
-            launch,
-            train_loader.batches_per_epoch(e),
-        )?);
+        let mine = train_loader.batches_per_epoch(e);
+        let steps = fewest_over_ranks(launch, mine)?;
+        anyhow::ensure!(
+            steps > 0,
+            "epoch {e} has no batch for some rank: ranks read whole row groups, and {} rows do not give each of {world} ranks one (write smaller row groups, or run fewer ranks)",
+            train_loader.dataset().num_rows()
+        );
+        if steps < mine && e == state.epoch {
+            progress.line(&format!(
+                "rank {}: {} of its {mine} batches per epoch are left out, to step with the rank that has the fewest",
+                launch.ranks().map_or(0, |r| r.rank),
+                mine - steps
+            ));
+        }
+        per_epoch.push(steps);
     }
     let eval_batches = match &eval_loader {
-        Some(l) => fewest_over_ranks(launch, l.batches_per_epoch(0))?,
+        Some(l) => {
+            let n = fewest_over_ranks(launch, l.batches_per_epoch(0))?;
+            anyhow::ensure!(
+                n > 0 || l.batches_per_epoch(0) == 0,
+                "the evaluation data has no batch for some rank (write smaller row groups, or run fewer ranks)"
+            );
+            n
+        }
         None => 0,
     };
     let total: u64 = per_epoch.iter().skip(state.epoch as usize).sum();
@@ -448,20 +504,20 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
                 std::fs::create_dir_all(dir)?;
                 // One file from one process; a set from the ranks of a world
                 // (each writes its own shards). Either replaces the other.
-                let path = match model.world() {
+                let path = launch.patiently(|| match model.world() {
                     None => {
                         save(model, file, Some(state))?;
                         remove_set(dir);
-                        file.clone()
+                        Ok(file.clone())
                     }
                     Some(_) => {
                         let index = save_set(model, dir, Some(state))?;
                         if launch.is_root() {
                             let _ = std::fs::remove_file(file);
                         }
-                        index
+                        Ok(index)
                     }
-                };
+                })?;
                 *excluded += t.elapsed();
                 log(
                     Event::Checkpoint {

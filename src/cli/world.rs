@@ -78,6 +78,26 @@ impl Launch {
         }
     }
 
+    /// Runs `f` (building or loading shards, writing a checkpoint: work whose
+    /// length differs between ranks) with exchanges waiting up to
+    /// `EMBER_SETUP_TIMEOUT` seconds (an hour by default) instead of the peer
+    /// timeout, and ends it with a barrier so every rank leaves it together.
+    pub fn patiently<R>(&self, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
+        let Some(r) = &self.ranks else {
+            return f();
+        };
+        let usual = r.comm.timeout();
+        r.comm.set_timeout(setup_timeout()?);
+        let result = f().and_then(|v| {
+            r.comm.barrier()?;
+            Ok(v)
+        });
+        if let Some(t) = usual {
+            r.comm.set_timeout(t);
+        }
+        result
+    }
+
     /// After an error on this rank: stops every rank of the job (they would
     /// otherwise wait for this one until their timeout). Returns when alone.
     pub fn abort_others(&self) {
@@ -91,8 +111,13 @@ impl Launch {
 impl Ranks {
     #[cfg(feature = "mpi")]
     fn init(size: usize) -> anyhow::Result<Self> {
-        let mpi = ember_sharding::mpi::MpiWorld::init()
-            .ok_or_else(|| anyhow::anyhow!("MPI was already initialized"))?;
+        let mpi = ember_sharding::mpi::MpiWorld::init().map_err(anyhow::Error::msg)?;
+        // A panic must stop the job too, not leave the other ranks waiting.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            ember_sharding::mpi::MpiWorld::abort_job(1);
+        }));
         anyhow::ensure!(
             mpi.size() == size,
             "the launcher says {size} ranks, MPI says {}",
@@ -116,11 +141,20 @@ impl Ranks {
 
 #[cfg(feature = "mpi")]
 fn peer_timeout() -> anyhow::Result<Duration> {
-    match std::env::var(TIMEOUT_VAR) {
-        Err(_) => Ok(ember_sharding::collective::PEER_TIMEOUT),
+    seconds(TIMEOUT_VAR, ember_sharding::collective::PEER_TIMEOUT)
+}
+
+fn setup_timeout() -> anyhow::Result<Duration> {
+    seconds("EMBER_SETUP_TIMEOUT", Duration::from_secs(3600))
+}
+
+/// A duration in seconds from the environment variable `var`, or `default`.
+fn seconds(var: &str, default: Duration) -> anyhow::Result<Duration> {
+    match std::env::var(var) {
+        Err(_) => Ok(default),
         Ok(s) => match s.parse::<f64>() {
             Ok(secs) if secs > 0.0 && secs.is_finite() => Ok(Duration::from_secs_f64(secs)),
-            _ => anyhow::bail!("{TIMEOUT_VAR}='{s}' is not a positive number of seconds"),
+            _ => anyhow::bail!("{var}='{s}' is not a positive number of seconds"),
         },
     }
 }

@@ -71,6 +71,10 @@ pub struct TrainState {
     /// `Dataset::fingerprint` of the training data (0: not recorded).
     #[serde(default)]
     pub data_fingerprint: u64,
+    /// Ranks the position counts in (each read its own row groups); 0 for
+    /// checkpoints from before ranks, which ran in one process.
+    #[serde(default)]
+    pub world_size: u64,
 }
 
 /// Name of table `t`'s weight.
@@ -484,7 +488,7 @@ impl Checkpoint {
                     p.columns[1].saturating_sub(p.columns[0]),
                 ],
             };
-            file_view(&files[&p.file], name, Some(&want), |_| ())
+            file_view(&files[&p.file], &p.tensor, Some(&want), |_| ())
                 .map_err(|m| fail(format!("{}: {m}", p.file)))?;
             values += want.iter().product::<usize>();
         }
@@ -532,7 +536,7 @@ impl Checkpoint {
                 let pieces =
                     (index.pieces.get(name)).ok_or_else(|| fail(&self.path, "missing".into()))?;
                 let values = set::assemble(shape, pieces, |p| {
-                    file_view(&files[&p.file], name, None, f32s)
+                    file_view(&files[&p.file], &p.tensor, None, f32s)
                         .map_err(|m| format!("{}: {m}", p.file))
                 })
                 .map_err(|m| fail(&self.path, m))?;

@@ -89,7 +89,7 @@ impl Checkpoint {
                 1 => vec![plr],
                 _ => vec![plr, pc.len()],
             };
-            let (n, _) = file_view(&files[&p.file], name, Some(&want), |bytes| {
+            let (n, _) = file_view(&files[&p.file], &p.tensor, Some(&want), |bytes| {
                 let mut n = 0;
                 for lp in 0..plr {
                     let Some(l) = rows.local(p.rows.global(lp)) else {

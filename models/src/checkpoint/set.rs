@@ -2,13 +2,15 @@
 //! Hugging Face checkpoints are: one safetensors file per rank and an index.
 //!
 //! ```text
-//! model-s<steps>-<rank+1>-of-<ranks>.safetensors   the table shards the rank holds, under the
-//!                                                  tables' TorchRec names in the shard's own
-//!                                                  shape; rank 0's also the dense part
-//! model.safetensors.index.json                     written last by rank 0: the commit point
+//! model-s<steps>-<rank+1>-of-<ranks>.safetensors   the table shards the rank holds, in the
+//!                                                  shard's own shape: a whole table under its
+//!                                                  TorchRec name, a shard under the name and
+//!                                                  `#<shard>`; rank 0's also the dense part
+//! model.safetensors.index.json                     written last by rank 0: the commit point;
+//!                                                  the files of the set before stay, older go
 //! {"metadata":   {...as in a single file...},
 //!  "weight_map": {"<tensor>": "<file>"},           tensors one file holds whole
-//!  "pieces":     {"<tensor>": [{"file", "rows", "columns"}]}}   tensors split over files: which
+//!  "pieces":     {"<tensor>": [{"file", "tensor", "rows", "columns"}]}}   split tensors: which
 //!                                                  rows (all, a block, or id mod N) and columns
 //! ```
 //!
@@ -34,10 +36,13 @@ pub(super) struct Index {
     pub pieces: BTreeMap<String, Vec<Piece>>,
 }
 
-/// Part of a tensor: its rows and columns, in one file under the tensor's name.
+/// Part of a tensor: its rows and columns, in one file under the name
+/// `tensor` (the tensor's name and `#` the shard's index: a device may hold
+/// several shards of one table).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) struct Piece {
     pub file: String,
+    pub tensor: String,
     pub rows: RowSplit,
     pub columns: [usize; 2],
 }
@@ -94,18 +99,21 @@ pub fn save_set(
         let whole = local.shard.rows == RowSplit::All && local.shard.columns == [0, dim];
         let before = tensors.len();
         table_tensors(&part, &table_opt, &mut tensors);
-        for (name, _) in &tensors[before..] {
-            match whole {
-                true => written.whole.push(name.clone()),
-                false => written.pieces.push((
-                    name.clone(),
-                    Piece {
-                        file: file.clone(),
-                        rows: local.shard.rows,
-                        columns: local.shard.columns,
-                    },
-                )),
+        for (name, _) in &mut tensors[before..] {
+            if whole {
+                written.whole.push(name.clone());
+                continue;
             }
+            let key = format!("{name}#{}", local.index);
+            written.pieces.push((
+                std::mem::replace(name, key.clone()),
+                Piece {
+                    file: file.clone(),
+                    tensor: key,
+                    rows: local.shard.rows,
+                    columns: local.shard.columns,
+                },
+            ));
         }
     }
     let file_meta = match rank {
@@ -134,6 +142,12 @@ pub fn save_set(
             }
             files.push(w.file);
         }
+        // The set the old index names stays one more step, for readers
+        // (an `eval` of the last checkpoint) that opened it before.
+        if let Ok(previous) = read_index(&index_path) {
+            files.extend(previous.weight_map.into_values());
+            files.extend(previous.pieces.into_values().flatten().map(|p| p.file));
+        }
         let text = serde_json::to_vec_pretty(&index).expect("serialisable");
         ember_dataloader::writer::write_atomic(&index_path, &text)
             .map_err(|e| fail_at(&index_path, e.to_string()))?;
@@ -143,7 +157,7 @@ pub fn save_set(
     Ok(index_path)
 }
 
-/// Files of earlier sets that the index no longer names.
+/// Files of older sets: those `keep` does not name.
 fn remove_stale(dir: &Path, keep: &[String]) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;

@@ -234,10 +234,14 @@ fn a_dead_or_hung_rank_stops_the_job_and_resume_ends_like_a_run_that_never_stopp
         ]),
     );
     let whole = p("whole");
-    ok(
-        "uninterrupted",
-        mpirun(2, &train_args(&data, &whole, "22"), &[]),
-    );
+    let mut args = train_args(&data, &whole, "22");
+    args.push("--json");
+    let out = ok("uninterrupted", mpirun(2, &args, &[]));
+    let summary: serde_json::Value =
+        serde_json::from_str(out.trim().lines().last().unwrap_or_default()).unwrap();
+    assert_eq!(summary["world_size"], 2, "{out}");
+    let sent = summary["per_rank_bytes_sent"].as_array().unwrap();
+    assert!(sent.len() == 2 && sent.iter().all(|b| b.as_u64().unwrap() > 0));
 
     // Rank 1 killed at step 12: mpirun stops the job and names the rank.
     let stopped = p("stopped");

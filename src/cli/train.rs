@@ -128,6 +128,12 @@ pub struct TrainReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<PathBuf>,
     pub resumed_at_step: u64,
+    /// Processes (MPI ranks) the run took; 1 unless under mpirun.
+    pub world_size: usize,
+    /// Under mpirun: the bytes each rank sent to the others during the run
+    /// (ids, pooled rows, gradients and the dense all-reduce).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_rank_bytes_sent: Option<Vec<u64>>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -632,6 +638,20 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     }
     progress.finish();
     let train_seconds = (started.elapsed().saturating_sub(excluded)).as_secs_f64();
+    let per_rank_bytes_sent = match launch.ranks() {
+        None => None,
+        Some(r) => {
+            let all = r
+                .comm
+                .all_gather(r.comm.bytes_sent().to_le_bytes().to_vec())?;
+            Some(
+                all.iter()
+                    .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+                    .map(u64::from_le_bytes)
+                    .collect(),
+            )
+        }
+    };
     Ok(TrainReport {
         event: "summary",
         steps: state.steps,
@@ -644,5 +664,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         eval: last_eval,
         checkpoint: saved,
         resumed_at_step,
+        world_size: launch.world_size(),
+        per_rank_bytes_sent,
     })
 }

@@ -855,13 +855,13 @@ pub fn initial_rows(
     let dim = config.embedding_dim;
     let lc = cols.len();
     let end = rows.end.min(config.num_embeddings);
-    let chunks = rows.start / INIT_CHUNK_ROWS..end.div_ceil(INIT_CHUNK_ROWS);
-    // Chunks are drawn in parallel, a bounded batch at a time, and their
-    // wanted rows copied out in order.
-    let batch = 4 * rayon::current_num_threads().max(1);
-    let chunk_ids: Vec<usize> = chunks.collect();
-    for group in chunk_ids.chunks(batch) {
-        let drawn: Vec<Vec<(usize, Vec<f32>)>> = group
+    let chunks: Vec<usize> =
+        (rows.start / INIT_CHUNK_ROWS..end.div_ceil(INIT_CHUNK_ROWS)).collect();
+    // Chunks are drawn in parallel, in groups of about 64 MiB of draws, and
+    // their wanted rows copied out in order.
+    let group = ((64 << 20) / (INIT_CHUNK_ROWS * dim.max(1) * 4)).max(1);
+    for group in chunks.chunks(group) {
+        let drawn: Vec<(Vec<usize>, Vec<f32>)> = group
             .par_iter()
             .map(|&chunk| {
                 let first = chunk * INIT_CHUNK_ROWS;
@@ -871,17 +871,21 @@ pub fn initial_rows(
                 for x in &mut values {
                     *x = lo + (hi - lo) * rng.next_f32();
                 }
-                (first.max(rows.start)..(first + n).min(end))
-                    .filter_map(|r| {
-                        let l = local(r)?;
-                        let row = &values[(r - first) * dim..(r - first + 1) * dim];
-                        Some((l, row[cols.clone()].to_vec()))
-                    })
-                    .collect()
+                // The wanted rows' columns, packed, and where they go.
+                let (mut locals, mut kept) = (Vec::new(), Vec::new());
+                for r in first.max(rows.start)..(first + n).min(end) {
+                    if let Some(l) = local(r) {
+                        locals.push(l);
+                        kept.extend_from_slice(&values[(r - first) * dim..][cols.clone()]);
+                    }
+                }
+                (locals, kept)
             })
             .collect();
-        for (l, row) in drawn.into_iter().flatten() {
-            out[l * lc..(l + 1) * lc].copy_from_slice(&row);
+        for (locals, kept) in drawn {
+            for (l, row) in locals.into_iter().zip(kept.chunks_exact(lc.max(1))) {
+                out[l * lc..(l + 1) * lc].copy_from_slice(row);
+            }
         }
     }
 }

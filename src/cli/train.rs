@@ -258,19 +258,18 @@ fn remove_set(dir: &Path) {
     }
 }
 
-/// The fewest of `mine` over the ranks: how many batches every rank can run
-/// in lockstep.
-fn fewest_over_ranks(launch: &Launch, mine: u64) -> anyhow::Result<u64> {
+/// The fewest and the most of `mine` over the ranks (the fewest: how many
+/// batches every rank can run in lockstep).
+fn fewest_and_most(launch: &Launch, mine: u64) -> anyhow::Result<(u64, u64)> {
     let Some(r) = launch.ranks() else {
-        return Ok(mine);
+        return Ok((mine, mine));
     };
-    let all = r.comm.all_gather(mine.to_le_bytes().to_vec())?;
-    Ok(all
-        .iter()
+    let all: Vec<u64> = (r.comm.all_gather(mine.to_le_bytes().to_vec())?.iter())
         .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
         .map(u64::from_le_bytes)
-        .min()
-        .unwrap_or(0))
+        .collect();
+    let fewest = all.iter().copied().min().unwrap_or(0);
+    Ok((fewest, all.iter().copied().max().unwrap_or(0)))
 }
 
 pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
@@ -391,7 +390,8 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     // reading its own row groups: under another number of ranks it means
     // nothing, so the run goes on at the next epoch.
     let world_before = state.world_size.max(1) as usize;
-    if world_before != launch.world_size() && state.batches_in_epoch > 0 {
+    let skipped = world_before != launch.world_size() && state.batches_in_epoch > 0;
+    if skipped {
         progress.line(&format!(
             "the checkpoint was written by {world_before} process(es) mid-epoch; under {} the rest of epoch {} is skipped",
             launch.world_size(),
@@ -452,29 +452,36 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let mut per_epoch = Vec::new();
     for e in 0..args.epochs {
         let mine = train_loader.batches_per_epoch(e);
-        let steps = fewest_over_ranks(launch, mine)?;
+        let (steps, _) = fewest_and_most(launch, mine)?;
         anyhow::ensure!(
             steps > 0,
-            "epoch {e} has no batch for some rank: ranks read whole row groups, and {} rows do not give each of {world} ranks one (write smaller row groups, or run fewer ranks)",
-            train_loader.dataset().num_rows()
+            "epoch {e} has no batch{}: {} rows in batches of {batch_size}{}",
+            if world > 1 { " for some rank" } else { "" },
+            train_loader.dataset().num_rows(),
+            if world > 1 {
+                " over ranks that each read whole row groups (write smaller row groups, or run fewer ranks)"
+            } else {
+                ""
+            }
         );
         if steps < mine && e == state.epoch {
-            progress.line(&format!(
+            // On stderr from every rank: only rank 0 prints progress.
+            eprintln!(
                 "rank {}: {} of its {mine} batches per epoch are left out, to step with the rank that has the fewest",
                 launch.ranks().map_or(0, |r| r.rank),
                 mine - steps
-            ));
+            );
         }
         per_epoch.push(steps);
     }
     let eval_batches = match &eval_loader {
         Some(l) => {
-            let n = fewest_over_ranks(launch, l.batches_per_epoch(0))?;
+            let (fewest, most) = fewest_and_most(launch, l.batches_per_epoch(0))?;
             anyhow::ensure!(
-                n > 0 || l.batches_per_epoch(0) == 0,
+                fewest > 0 || most == 0,
                 "the evaluation data has no batch for some rank (write smaller row groups, or run fewer ranks)"
             );
-            n
+            fewest
         }
         None => 0,
     };
@@ -632,7 +639,9 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         stepper.sync(&mut model)?;
         checkpoint(&mut model, &state, &mut excluded)?;
     }
-    if state.steps >= max_steps && state.epoch < args.epochs {
+    // Also after a skip to an epoch past the last: the new position is kept.
+    let untrained_skip = skipped && state.steps == resumed_at_step;
+    if (state.steps >= max_steps && state.epoch < args.epochs) || untrained_skip {
         stepper.sync(&mut model)?;
         checkpoint(&mut model, &state, &mut excluded)?;
     }

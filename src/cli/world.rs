@@ -112,17 +112,17 @@ impl Ranks {
     #[cfg(feature = "mpi")]
     fn init(size: usize) -> anyhow::Result<Self> {
         let mpi = ember_sharding::mpi::MpiWorld::init().map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            mpi.size() == size,
+            "the launcher says {size} ranks, MPI says {}",
+            mpi.size()
+        );
         // A panic must stop the job too, not leave the other ranks waiting.
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             previous(info);
             ember_sharding::mpi::MpiWorld::abort_job(1);
         }));
-        anyhow::ensure!(
-            mpi.size() == size,
-            "the launcher says {size} ranks, MPI says {}",
-            mpi.size()
-        );
         Ok(Self {
             rank: mpi.rank(),
             size,
@@ -153,7 +153,10 @@ fn seconds(var: &str, default: Duration) -> anyhow::Result<Duration> {
     match std::env::var(var) {
         Err(_) => Ok(default),
         Ok(s) => match s.parse::<f64>() {
-            Ok(secs) if secs > 0.0 && secs.is_finite() => Ok(Duration::from_secs_f64(secs)),
+            // Capped at a year, which is forever for a wait.
+            Ok(secs) if secs > 0.0 && secs.is_finite() => {
+                Ok(Duration::from_secs_f64(secs.min(365.0 * 86400.0)))
+            }
             _ => anyhow::bail!("{var}='{s}' is not a positive number of seconds"),
         },
     }

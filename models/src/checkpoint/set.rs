@@ -2,7 +2,7 @@
 //! Hugging Face checkpoints are: one safetensors file per rank and an index.
 //!
 //! ```text
-//! model-s<steps>-<rank+1>-of-<ranks>.safetensors   the table shards the rank holds, in the
+//! model-s<steps>-<stamp>-<rank+1>-of-<ranks>.safetensors   the table shards the rank holds, in the
 //!                                                  shard's own shape: a whole table under its
 //!                                                  TorchRec name, a shard under the name and
 //!                                                  `#<shard>`; rank 0's also the dense part
@@ -42,6 +42,7 @@ pub(super) struct Index {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) struct Piece {
     pub file: String,
+    #[serde(default)]
     pub tensor: String,
     pub rows: RowSplit,
     pub columns: [usize; 2],
@@ -69,7 +70,18 @@ pub fn save_set(
     })?;
     let (rank, size) = (comm.rank(), comm.world_size());
     let steps = train.map_or(model.dense_optimizer().steps(), |t| t.steps);
-    let file = format!("model-s{steps}-{:05}-of-{size:05}.safetensors", rank + 1);
+    // A name no earlier set used (two saves can be of one step), from rank 0.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let stamp = comm.broadcast(0, stamp.to_le_bytes().to_vec())?;
+    let stamp = <[u8; 8]>::try_from(stamp.as_slice())
+        .map_err(|_| ModelError::Config("rank 0 sent a malformed file stamp".into()))?;
+    let stamp = u64::from_le_bytes(stamp);
+    let file = format!(
+        "model-s{steps}-{stamp:016x}-{:05}-of-{size:05}.safetensors",
+        rank + 1
+    );
     let path = dir.join(&file);
     let meta = metadata(model, train);
     let mut tensors = match rank {
@@ -142,8 +154,9 @@ pub fn save_set(
             }
             files.push(w.file);
         }
-        // The set the old index names stays one more step, for readers
-        // (an `eval` of the last checkpoint) that opened it before.
+        // The set the old index names stays one more write, for a reader
+        // (an `eval` of the last checkpoint) that read the old index just
+        // before and has yet to map its files.
         if let Ok(previous) = read_index(&index_path) {
             files.extend(previous.weight_map.into_values());
             files.extend(previous.pieces.into_values().flatten().map(|p| p.file));
@@ -174,7 +187,15 @@ fn remove_stale(dir: &Path, keep: &[String]) {
 /// The parts of an index's tensors and the files they are in.
 pub(super) fn read_index(path: &Path) -> Result<Index, ModelError> {
     let text = std::fs::read(path).map_err(|e| fail_at(path, e.to_string()))?;
-    serde_json::from_slice(&text).map_err(|e| fail_at(path, format!("not a checkpoint index: {e}")))
+    let mut index: Index = serde_json::from_slice(&text)
+        .map_err(|e| fail_at(path, format!("not a checkpoint index: {e}")))?;
+    // A piece without its own name in the file goes by the tensor's.
+    for (name, pieces) in &mut index.pieces {
+        for p in pieces.iter_mut().filter(|p| p.tensor.is_empty()) {
+            p.tensor = name.clone();
+        }
+    }
+    Ok(index)
 }
 
 /// Places `pieces` of a tensor of `shape` (`[rows, cols]` or `[rows]`) into

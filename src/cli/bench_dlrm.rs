@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use ember_models::{
-    evaluate, Batch, DataGeneration, Dlrm, DlrmConfig, Metrics, PhaseTimes, SyntheticConfig,
+    evaluate, Batch, DataGeneration, DlrmConfig, Metrics, PhaseTimes, SyntheticConfig,
     SyntheticData,
 };
 
@@ -19,7 +19,7 @@ use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ExecMode, ModeArgs, Stepper};
 use super::bench_embedding::{median, BenchOptimizer};
 use super::sharding::{planner_options, ShardingArgs};
-use super::world::{Fault, Launch};
+use super::world::{place_model, Fault, Launch};
 use super::{peak_rss_bytes, Progress};
 
 /// Test batches are numbered from here, apart from training batches.
@@ -224,24 +224,10 @@ fn run_in_pool(
     });
     let dense_optimizer = args.optim.dense_optimizer();
     // A rank builds only its own shards (ranks wait for the slowest).
-    let mut model = launch.patiently(|| {
-        match (planned, launch.ranks()) {
-            (Some((plan, _)), Some(r)) => Dlrm::new_on_rank(
-                config.clone(),
-                table_optimizer,
-                dense_optimizer,
-                args.seed,
-                plan,
-                r.comm.clone(),
-            ),
-            (planned, _) => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, args.seed)
-                .and_then(|mut m| {
-                    m.shard(planned.map(|(plan, _)| plan))?;
-                    Ok(m)
-                }),
-        }
-        .context("building the model")
-    })?;
+    let optimizers = (table_optimizer, dense_optimizer);
+    let plan = planned.map(|(plan, _)| plan);
+    let mut model =
+        launch.patiently(|| place_model(launch, config, optimizers, args.seed, plan, None))?;
     // On a rank, its block of every global batch.
     let mine = |b: Batch| match launch.ranks() {
         Some(r) => b.select(b.size() * r.rank / r.size..b.size() * (r.rank + 1) / r.size),

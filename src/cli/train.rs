@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
@@ -19,7 +18,7 @@ use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs, Stepper};
 use super::data::LoaderArgs;
 use super::sharding::{planner_options, ShardingArgs};
-use super::world::{Fault, Launch};
+use super::world::{place_model, Fault, Launch};
 use super::Progress;
 
 /// The checkpoint `--checkpoint-dir` holds and `--resume` reads.
@@ -359,31 +358,17 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let options = planner_options(table_optimizer, args.mini_batch_size, 1.0);
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let mut model = launch.patiently(|| {
-        let planned = args.sharding.plan_for(&config, &options, launch)?;
-        Ok(match (&resume_from, planned, launch.ranks()) {
-            (Some(ckpt), Some((plan, _)), Some(r)) => {
-                ckpt.model_on_rank(table_optimizer, dense_optimizer, plan, r.comm.clone())?
-            }
-            (None, Some((plan, _)), Some(r)) => Dlrm::new_on_rank(
-                config.clone(),
-                table_optimizer,
-                dense_optimizer,
-                args.seed,
-                plan,
-                r.comm.clone(),
-            )?,
-            (ckpt, planned, _) => {
-                let mut model = match ckpt {
-                    Some(ckpt) => ckpt.model(table_optimizer, dense_optimizer)?,
-                    None => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, args.seed)
-                        .context("building the model")?,
-                };
-                if let Some((plan, _)) = planned {
-                    model.shard(Some(plan)).context("sharding the tables")?;
-                }
-                model
-            }
-        })
+        let plan = args.sharding.plan_for(&config, &options, launch)?;
+        let optimizers = (table_optimizer, dense_optimizer);
+        let plan = plan.map(|(plan, _)| plan);
+        place_model(
+            launch,
+            &config,
+            optimizers,
+            args.seed,
+            plan,
+            resume_from.as_ref(),
+        )
     })?;
     let mut state = state;
     // A position mid-epoch counts batches of the ranks that wrote it, each

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ember_sharding::Collective;
+use ember_dense::DenseOptimizerConfig;
+use ember_models::{Checkpoint, Dlrm, DlrmConfig};
+use ember_sharding::{Collective, ShardingPlan};
+use ember_sparse::TableOptimizer;
 
 /// The environment variables MPI launchers set (Open MPI's; MPICH's Hydra).
 const SIZE_VARS: [&str; 2] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"];
@@ -160,6 +163,43 @@ fn seconds(var: &str, default: Duration) -> anyhow::Result<Duration> {
             _ => anyhow::bail!("{var}='{s}' is not a positive number of seconds"),
         },
     }
+}
+
+/// The model placed by `plan`, from `checkpoint` or new from `seed`. On a
+/// rank, only its shards are ever built (or read); alone, the whole model is
+/// built, then sharded over threads.
+pub fn place_model(
+    launch: &Launch,
+    config: &DlrmConfig,
+    (table_optimizer, dense_optimizer): (TableOptimizer, DenseOptimizerConfig),
+    seed: u64,
+    plan: Option<ShardingPlan>,
+    checkpoint: Option<&Checkpoint>,
+) -> anyhow::Result<Dlrm> {
+    use anyhow::Context;
+    Ok(match (checkpoint, plan, launch.ranks()) {
+        (Some(ckpt), Some(plan), Some(r)) => {
+            ckpt.model_on_rank(table_optimizer, dense_optimizer, plan, r.comm.clone())?
+        }
+        (None, Some(plan), Some(r)) => Dlrm::new_on_rank(
+            config.clone(),
+            table_optimizer,
+            dense_optimizer,
+            seed,
+            plan,
+            r.comm.clone(),
+        )
+        .context("building the model")?,
+        (checkpoint, plan, _) => {
+            let mut model = match checkpoint {
+                Some(ckpt) => ckpt.model(table_optimizer, dense_optimizer)?,
+                None => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, seed)
+                    .context("building the model")?,
+            };
+            model.shard(plan).context("sharding the tables")?;
+            model
+        }
+    })
 }
 
 /// A failure injected for testing failure handling: `EMBER_FAULT=R:S:kill`

@@ -18,13 +18,8 @@ fn bench(c: &mut Criterion) {
         interaction: InteractionType::Dot,
     };
     let data = SyntheticData::new(SyntheticConfig {
-        kind: DataGeneration::Random,
-        num_dense: 13,
-        features: config.feature_rows(),
-        indices_per_lookup: 1,
-        indices_per_feature: vec![],
         fixed_indices: true,
-        seed: 0,
+        ..SyntheticConfig::for_model(&config, DataGeneration::Random, 1, 0)
     })
     .unwrap();
     let batch = data.batch(0, batch_size);

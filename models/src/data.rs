@@ -115,6 +115,28 @@ pub struct SyntheticConfig {
     pub seed: u64,
 }
 
+impl SyntheticConfig {
+    /// Data for `model`'s dense and sparse features: `indices_per_lookup`
+    /// ids per bag (varying, as dlrm_s_pytorch's default), no per-feature
+    /// overrides.
+    pub fn for_model(
+        model: &crate::DlrmConfig,
+        kind: DataGeneration,
+        indices_per_lookup: usize,
+        seed: u64,
+    ) -> Self {
+        Self {
+            kind,
+            num_dense: model.num_dense(),
+            features: model.feature_rows(),
+            indices_per_lookup,
+            indices_per_feature: Vec::new(),
+            fixed_indices: false,
+            seed,
+        }
+    }
+}
+
 /// Weight of each sparse feature's hidden effect (unit variance) in the
 /// hidden logit: 26 features give the hidden model a logit spread of ~2.5,
 /// an AUC near 0.87 for a perfect learner.

@@ -17,18 +17,9 @@ fn pjrt() -> Option<PjrtBackend> {
     ))
 }
 
-/// Synthetic batches for `config` (13 dense features).
+/// Synthetic batches for `config`.
 fn data(config: &DlrmConfig, kind: DataGeneration, ids: usize, seed: u64) -> SyntheticData {
-    SyntheticData::new(SyntheticConfig {
-        kind,
-        num_dense: 13,
-        features: config.feature_rows(),
-        indices_per_lookup: ids,
-        indices_per_feature: vec![],
-        fixed_indices: false,
-        seed,
-    })
-    .unwrap()
+    SyntheticData::new(SyntheticConfig::for_model(config, kind, ids, seed)).unwrap()
 }
 
 fn close(what: &str, a: &[f32], b: &[f32]) {

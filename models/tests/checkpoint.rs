@@ -25,15 +25,12 @@ fn config(interaction: InteractionType, tables: usize) -> DlrmConfig {
 }
 
 fn data(config: &DlrmConfig) -> SyntheticData {
-    SyntheticData::new(SyntheticConfig {
-        kind: DataGeneration::Learnable,
-        num_dense: config.num_dense(),
-        features: config.feature_rows(),
-        indices_per_lookup: 3,
-        indices_per_feature: vec![],
-        fixed_indices: false,
-        seed: 4,
-    })
+    SyntheticData::new(SyntheticConfig::for_model(
+        config,
+        DataGeneration::Learnable,
+        3,
+        4,
+    ))
     .unwrap()
 }
 

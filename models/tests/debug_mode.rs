@@ -15,13 +15,8 @@ fn model_and_data() -> (Dlrm, SyntheticData) {
         interaction: InteractionType::Dot,
     };
     let data = SyntheticData::new(SyntheticConfig {
-        kind: DataGeneration::Random,
-        num_dense: 3,
-        features: config.feature_rows(),
-        indices_per_lookup: 1,
-        indices_per_feature: vec![],
         fixed_indices: true,
-        seed: 1,
+        ..SyntheticConfig::for_model(&config, DataGeneration::Random, 1, 1)
     })
     .unwrap();
     let model = Dlrm::new(

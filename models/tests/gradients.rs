@@ -25,15 +25,12 @@ fn interactions() -> [InteractionType; 2] {
 }
 
 fn batch(config: &DlrmConfig, size: usize) -> Batch {
-    SyntheticData::new(SyntheticConfig {
-        kind: DataGeneration::Learnable,
-        num_dense: config.num_dense(),
-        features: config.feature_rows(),
-        indices_per_lookup: 3,
-        indices_per_feature: vec![],
-        fixed_indices: false,
-        seed: 9,
-    })
+    SyntheticData::new(SyntheticConfig::for_model(
+        config,
+        DataGeneration::Learnable,
+        3,
+        9,
+    ))
     .unwrap()
     .batch(0, size)
 }

@@ -97,15 +97,12 @@ fn a_set_written_by_ranks_reads_back_exactly_anywhere() {
     let config = config();
     let table_opt = TableOptimizer::adam(0.05);
     let dense_opt = DenseOptimizerConfig::adam(0.01);
-    let data = SyntheticData::new(SyntheticConfig {
-        kind: DataGeneration::Random,
-        num_dense: 13,
-        features: config.feature_rows(),
-        indices_per_lookup: 3,
-        indices_per_feature: vec![],
-        fixed_indices: false,
-        seed: 5,
-    })
+    let data = SyntheticData::new(SyntheticConfig::for_model(
+        &config,
+        DataGeneration::Random,
+        3,
+        5,
+    ))
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let index = dir.path().join("model.safetensors.index.json");

@@ -73,6 +73,25 @@ pub trait Collective: Send + Sync {
         self.all_to_all_v(vec![mine; self.world_size()])
     }
 
+    /// Every rank's `mine` (a count, a size), by rank.
+    fn all_gather_u64(&self, mine: u64) -> Result<Vec<u64>, ShardingError> {
+        (self
+            .all_gather(mine.to_le_bytes().to_vec())?
+            .iter()
+            .enumerate())
+        .map(|(rank, b)| {
+            <[u8; 8]>::try_from(b.as_slice())
+                .map(u64::from_le_bytes)
+                .map_err(|_| {
+                    ShardingError::Collective(format!(
+                        "rank {rank} sent {} bytes for one number",
+                        b.len()
+                    ))
+                })
+        })
+        .collect()
+    }
+
     /// `root`'s `data` on every rank (`data` is ignored elsewhere).
     fn broadcast(&self, root: usize, data: Vec<u8>) -> Result<Vec<u8>, ShardingError> {
         let n = self.world_size();

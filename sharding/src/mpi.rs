@@ -44,8 +44,8 @@ impl MpiWorld {
         Ok(Self { universe })
     }
 
-    /// Stops every rank of the job from wherever this process is (a panic
-    /// hook): MPI must have been initialized.
+    /// Stops every rank of the job (`MPI_Abort`), after an error or a panic
+    /// on this one; callable from anywhere once MPI is initialized.
     pub fn abort_job(code: i32) -> ! {
         mpi::topology::SimpleCommunicator::world().abort(code)
     }
@@ -67,11 +67,6 @@ impl MpiWorld {
             timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
             bytes_sent: AtomicU64::new(0),
         }
-    }
-
-    /// Stops every rank of the job (`MPI_Abort`), after an error on this one.
-    pub fn abort(&self, code: i32) -> ! {
-        self.universe.world().abort(code)
     }
 }
 

@@ -543,21 +543,13 @@ impl ShardedEmbeddingBagCollection {
         match &self.exec {
             Exec::Threads(_) => Ok(blocks_exact(b, self.plan.num_devices)),
             Exec::Rank(comm) => {
-                let sizes = comm.all_gather((b as u64).to_le_bytes().to_vec())?;
                 let mut start = 0;
-                (sizes.iter().enumerate())
-                    .map(|(rank, m)| {
-                        let n = <[u8; 8]>::try_from(m.as_slice()).map_err(|_| {
-                            wire_err(format!(
-                                "rank {rank} sent a batch size of {} bytes",
-                                m.len()
-                            ))
-                        })?;
-                        let n = u64::from_le_bytes(n) as usize;
-                        start += n;
-                        Ok(start - n..start)
+                Ok((comm.all_gather_u64(b as u64)?.into_iter())
+                    .map(|n| {
+                        start += n as usize;
+                        start - n as usize..start
                     })
-                    .collect()
+                    .collect())
             }
         }
     }

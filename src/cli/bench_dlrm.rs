@@ -236,16 +236,16 @@ fn run_in_pool(
     let backend = args.backend.build(args.mode.mode)?;
     let mut stepper = Stepper::new(args.mode.mode);
     let data = SyntheticData::new(SyntheticConfig {
-        kind: match args.data_generation {
-            DataKind::Random => DataGeneration::Random,
-            DataKind::Learnable => DataGeneration::Learnable,
-        },
-        num_dense: config.num_dense(),
-        features: config.feature_rows(),
-        indices_per_lookup: resolved.indices_per_lookup,
-        indices_per_feature: vec![],
         fixed_indices: resolved.fixed_indices,
-        seed: args.seed,
+        ..SyntheticConfig::for_model(
+            config,
+            match args.data_generation {
+                DataKind::Random => DataGeneration::Random,
+                DataKind::Learnable => DataGeneration::Learnable,
+            },
+            resolved.indices_per_lookup,
+            args.seed,
+        )
     })?;
     let size = args.mini_batch_size;
     let test_batches: Vec<Batch> = if args.test_freq > 0 {

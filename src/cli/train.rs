@@ -263,10 +263,7 @@ fn fewest_and_most(launch: &Launch, mine: u64) -> anyhow::Result<(u64, u64)> {
     let Some(r) = launch.ranks() else {
         return Ok((mine, mine));
     };
-    let all: Vec<u64> = (r.comm.all_gather(mine.to_le_bytes().to_vec())?.iter())
-        .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-        .map(u64::from_le_bytes)
-        .collect();
+    let all = r.comm.all_gather_u64(mine)?;
     let fewest = all.iter().copied().min().unwrap_or(0);
     Ok((fewest, all.iter().copied().max().unwrap_or(0)))
 }
@@ -634,17 +631,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let train_seconds = (started.elapsed().saturating_sub(excluded)).as_secs_f64();
     let per_rank_bytes_sent = match launch.ranks() {
         None => None,
-        Some(r) => {
-            let all = r
-                .comm
-                .all_gather(r.comm.bytes_sent().to_le_bytes().to_vec())?;
-            Some(
-                all.iter()
-                    .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-                    .map(u64::from_le_bytes)
-                    .collect(),
-            )
-        }
+        Some(r) => Some(r.comm.all_gather_u64(r.comm.bytes_sent())?),
     };
     Ok(TrainReport {
         event: "summary",

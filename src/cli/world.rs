@@ -29,7 +29,7 @@ pub struct Ranks {
     pub comm: Arc<dyn Collective>,
     /// Keeps MPI initialized; finalizes it when dropped.
     #[cfg(feature = "mpi")]
-    mpi: ember_sharding::mpi::MpiWorld,
+    _mpi: ember_sharding::mpi::MpiWorld,
 }
 
 impl Launch {
@@ -50,11 +50,6 @@ impl Launch {
                 Some(n) => Some(Ranks::init(n)?),
             },
         })
-    }
-
-    /// A single process (for tests and library use).
-    pub fn single() -> Self {
-        Self { ranks: None }
     }
 
     pub fn ranks(&self) -> Option<&Ranks> {
@@ -105,8 +100,8 @@ impl Launch {
     /// otherwise wait for this one until their timeout). Returns when alone.
     pub fn abort_others(&self) {
         #[cfg(feature = "mpi")]
-        if let Some(r) = &self.ranks {
-            r.mpi.abort(1);
+        if self.ranks.is_some() {
+            ember_sharding::mpi::MpiWorld::abort_job(1);
         }
     }
 }
@@ -130,7 +125,7 @@ impl Ranks {
             rank: mpi.rank(),
             size,
             comm: Arc::new(mpi.collective(peer_timeout()?)),
-            mpi,
+            _mpi: mpi,
         })
     }
 

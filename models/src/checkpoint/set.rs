@@ -74,10 +74,7 @@ pub fn save_set(
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let stamp = comm.broadcast(0, stamp.to_le_bytes().to_vec())?;
-    let stamp = <[u8; 8]>::try_from(stamp.as_slice())
-        .map_err(|_| ModelError::Config("rank 0 sent a malformed file stamp".into()))?;
-    let stamp = u64::from_le_bytes(stamp);
+    let stamp = comm.all_gather_u64(stamp)?[0];
     let file = format!(
         "model-s{steps}-{stamp:016x}-{:05}-of-{size:05}.safetensors",
         rank + 1

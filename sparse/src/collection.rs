@@ -1,13 +1,12 @@
 //! `EmbeddingBagCollection`: tables, the pooled forward lookup and the backward
 //! scatter with the optimizer fused in.
 //!
-//! Forward: tasks pool bags while prefetching rows a few ids ahead (random
-//! gathers are latency-bound; keeping several misses in flight is what
-//! reaches the memory system's throughput). With many ids per bag, a task is
-//! (feature, block of samples), in feature order, so each thread works
-//! through one table at a time and its rows stay within the TLB's reach;
-//! with few, the output is as big as the reads, and a task is a block of
-//! samples written row after row.
+//! Forward: a task is a block of samples. It first checks every id of the
+//! block and resolves it to its row's address, then pools feature by feature
+//! with nothing else in the loop, prefetching rows a few ids ahead. Random
+//! gathers are latency-bound: what reaches the memory system's throughput is
+//! keeping many rows in flight, and a lean loop lets the core run further
+//! ahead.
 //!
 //! Backward: per table, the (id, sample, feature) triples of the batch are
 //! sorted by id, so equal ids form one segment; a segment's gradient is summed
@@ -23,14 +22,14 @@ use crate::{
     EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PoolingType, SparseError, TableOptimizer,
 };
 
-/// Bags average at least this many ids: the forward is multi-hot (feature-
-/// major tasks, sparser prefetch hints); below, one-hot-like (sample-major).
+/// Bags average at least this many ids: the forward's prefetch hints are
+/// sparser (see `prefetch_every`).
 const MULTI_HOT_IDS_PER_BAG: usize = 3;
-/// Samples per feature-major task (of one feature): 26 features x 8 blocks at
-/// batch 2048 balance two threads with little per-task overhead.
-const SAMPLES_PER_TASK: usize = 256;
-/// Samples per sample-major task (all features): 32 tasks at batch 2048.
-const SAMPLE_MAJOR_SAMPLES: usize = 64;
+/// Bounds on the samples of a forward task (all features); between them, a
+/// batch makes about four tasks per thread. Longer blocks keep a thread on
+/// one table longer (measured at one id per bag, batch 2048, two threads:
+/// 25 M ids/s with 64 samples, 27-28 with 256 or 512).
+const BLOCK_SAMPLES: (usize, usize) = (16, 256);
 /// Distance, in ids, at which rows are prefetched ahead of use.
 const PREFETCH_DISTANCE: usize = 12;
 /// Rows initialised per independently seeded chunk (keeps init reproducible
@@ -106,16 +105,6 @@ impl EmbeddingTable {
             id,
             rows: self.num_embeddings(),
         }
-    }
-
-    #[inline(always)]
-    fn prefetch_row(&self, id: i64, step: usize) {
-        let dim = self.dim();
-        let row = self
-            .weights
-            .as_ptr()
-            .wrapping_add((id as usize).wrapping_mul(dim));
-        prefetch_every(row, dim * 4, step);
     }
 
     /// Bytes of weights plus optimizer state.
@@ -315,27 +304,22 @@ impl EmbeddingBagCollection {
                 64
             },
         };
-        if kjt.values().len() < MULTI_HOT_IDS_PER_BAG * kjt.offsets().len().saturating_sub(1) {
-            // Few ids per bag: the output is as large as the rows read, so
-            // write it row after row (measured: sample-major 24-27 M ids/s
-            // against 12-20 for feature-major, one id per bag).
-            return out
-                .values_mut()
-                .par_chunks_mut(SAMPLE_MAJOR_SAMPLES * width)
-                .enumerate()
-                .try_for_each(|(task, block)| {
-                    pool_samples(&job, task * SAMPLE_MAJOR_SAMPLES, block)
-                });
-        }
-        // Many ids per bag: reads dominate.
-        // Tasks are (feature, block of samples), feature-major: rayon hands
-        // each thread a contiguous run of tasks, so a thread works through one
-        // table at a time and its rows stay within the TLB's reach. Walking
-        // all tables per sample instead cost up to 20% in page walks.
-        let blocks = batch.div_ceil(SAMPLES_PER_TASK);
-        (0..self.slots.len() * blocks)
+        // Ids resolved before the gather, measured against pooling while
+        // walking the offsets (2 threads, batch 2048, 512-byte rows): one id
+        // per bag, 26-28 M ids/s against 16-17 sample by sample and 20-22
+        // feature by feature; 20 ids per bag, 68-69 against 58 feature by
+        // feature.
+        let (least, most) = BLOCK_SAMPLES;
+        let block = batch
+            .div_ceil(4 * rayon::current_num_threads())
+            .clamp(least, most);
+        (0..batch.div_ceil(block))
             .into_par_iter()
-            .try_for_each(|task| pool_task(&job, task / blocks, (task % blocks) * SAMPLES_PER_TASK))
+            .try_for_each(|b| {
+                let first = b * block;
+                BLOCK_ROWS
+                    .with_borrow_mut(|rows| pool_block(&job, first, block.min(batch - first), rows))
+            })
     }
 
     /// Backward pass of [`forward`](Self::forward) for the same input, with
@@ -519,145 +503,93 @@ struct ForwardJob<'a> {
     prefetch_step: usize,
 }
 
-multiversion!(fn pool_task(job: &ForwardJob<'_>, slot: usize, first: usize) -> Result<(), SparseError> = pool_task_body);
-
-/// Pools feature `slot` for samples `first..first + SAMPLES_PER_TASK` (or
-/// to the batch's end). The feature's ids are contiguous in the input, so the
-/// prefetch runs `PREFETCH_DISTANCE` ids ahead over them across bags.
-#[inline(always)]
-fn pool_task_body(job: &ForwardJob<'_>, slot: usize, first: usize) -> Result<(), SparseError> {
-    let batch = job.kjt.stride();
-    let samples = SAMPLES_PER_TASK.min(batch - first);
-    let feature = &job.slots[slot];
-    let table = &job.tables[feature.table];
-    let dim = table.dim();
-    let key = job.keys[slot];
-    let bags = &job.kjt.offsets()[key * batch + first..=key * batch + first + samples];
-    // The feature's ids are contiguous across blocks: prefetch past this
-    // block's end into the next block's ids, which this thread most likely
-    // pools next, so the prefetch stream never restarts cold.
-    let prefetch_end = job.kjt.offsets()[(key + 1) * batch];
-    for (s, bag) in bags.windows(2).enumerate() {
-        // SAFETY: the output holds batch x width floats; this task alone
-        // writes the `dim` columns of `feature` in its samples' rows.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut(
-                job.out.at((first + s) * job.width + feature.column),
-                dim,
-            )
-        };
-        with_fixed_dim!(
-            dim,
-            pool_bag(job, table, (bag[0], bag[1]), prefetch_end, out)
-        )
-        .map_err(|id| table.id_error(&feature.name, first + s, id))?;
-    }
-    Ok(())
+thread_local! {
+    /// Row addresses of a forward task's block (see `pool_block`), kept per
+    /// thread so the forward allocates nothing once warm.
+    static BLOCK_ROWS: std::cell::RefCell<Vec<*const f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Pools the bag `values[start..end]` of `table` into `out`, prefetching the
-/// row `PREFETCH_DISTANCE` ids ahead (up to `prefetch_end`); returns a bad
-/// id as the error.
-///
-/// `D > 0` is the dim known at compile time: the sum then lives in registers
-/// (8 AVX-512 registers for D = 128) and `out` is written once, as FBGEMM's
-/// JIT kernels do. `D = 0` handles any dim, summing in `out` itself.
-#[inline(always)]
-fn pool_bag<const D: usize>(
-    job: &ForwardJob<'_>,
-    table: &EmbeddingTable,
-    (start, end): (usize, usize),
-    prefetch_end: usize,
-    out: &mut [f32],
-) -> Result<(), i64> {
-    let values = job.kjt.values();
-    let weights = job.kjt.weights();
-    let rows = table.num_embeddings() as u64;
-    let mut acc = [0.0f32; D];
-    for p in start..end {
-        if p + PREFETCH_DISTANCE < prefetch_end {
-            table.prefetch_row(values[p + PREFETCH_DISTANCE], job.prefetch_step);
-        }
-        let id = values[p];
-        if id < 0 || id as u64 >= rows {
-            return Err(id);
-        }
-        let w = weights.map_or(1.0, |w| w[p]);
-        accumulate(&mut acc, out, table.row(id as usize), w, p == start);
-    }
-    finish_bag(table, &acc, end - start, out);
-    Ok(())
-}
-
-multiversion!(fn pool_samples(job: &ForwardJob<'_>, first: usize, block: &mut [f32]) -> Result<(), SparseError> = pool_samples_body);
-
-/// Sample-major forward task: pools every feature for the samples of
-/// `block` (which starts at sample `first`), sample by sample, so each
-/// sample's output row is written front to back (sequential stores the
-/// hardware streams well). A second
-/// cursor walks the same (sample, feature, id) order `PREFETCH_DISTANCE` ids
-/// ahead and prefetches those rows, across bag and feature boundaries, so the
-/// stream of outstanding misses never drains, even with one id per bag.
-#[inline(always)]
-fn pool_samples_body(
+/// Forward task: pools every feature for samples
+/// `first..first + samples`, feature by feature. It first checks every id of
+/// the block and resolves it to its row's address (`rows`, scratch), so the
+/// gather loop holds only prefetches, loads, adds and stores: a lean loop
+/// lets the core run further ahead, with more rows in flight.
+fn pool_block(
     job: &ForwardJob<'_>,
     first: usize,
-    block: &mut [f32],
+    samples: usize,
+    rows: &mut Vec<*const f32>,
 ) -> Result<(), SparseError> {
-    let width = job.width;
-    let samples = block.len() / width;
+    rows.clear();
     let values = job.kjt.values();
-    let weights = job.kjt.weights();
-    let mut ahead = LookupCursor::new(job, first, samples);
-    for _ in 0..PREFETCH_DISTANCE {
-        if let Some((table, id)) = ahead.next() {
-            table.prefetch_row(id, job.prefetch_step);
+    for (i, slot) in job.slots.iter().enumerate() {
+        let table = &job.tables[slot.table];
+        let num_rows = table.num_embeddings() as u64;
+        // A feature's bags for consecutive samples are contiguous in `values`.
+        let (start, end) = (job.bag(i, first).0, job.bag(i, first + samples - 1).1);
+        for (p, &id) in values.iter().enumerate().take(end).skip(start) {
+            if id < 0 || id as u64 >= num_rows {
+                return Err(table.id_error(&slot.name, job.sample_of(i, first, samples, p), id));
+            }
+            rows.push(table.row(id as usize).as_ptr());
         }
     }
-    for s in 0..samples {
-        for (i, slot) in job.slots.iter().enumerate() {
-            let table = &job.tables[slot.table];
-            let dim = table.dim();
-            let bag = job.bag(i, first + s);
-            let out = &mut block[s * width + slot.column..s * width + slot.column + dim];
-            with_fixed_dim!(
-                dim,
-                pool_bag_cursor(table, bag, values, weights, &mut ahead, out)
-            )
-            .map_err(|id| table.id_error(&slot.name, first + s, id))?;
-        }
-    }
+    gather_block(job, first, samples, rows);
     Ok(())
 }
 
-/// [`pool_bag`] with the prefetch stream of a sample-major task: advances the
-/// cursor one id per id read. (Sharing one body with `pool_bag` through a
-/// prefetch closure was measured 25% slower at one id per bag.)
+multiversion!(fn gather_block(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const f32]) -> () = gather_block_body);
+
+/// The gather of [`pool_block`]: `rows` holds the block's rows in the order
+/// they are pooled, and the row `PREFETCH_DISTANCE` entries ahead is
+/// prefetched, across bags and features.
 #[inline(always)]
-fn pool_bag_cursor<const D: usize>(
-    table: &EmbeddingTable,
-    (start, end): (usize, usize),
-    values: &[i64],
-    weights: Option<&[f32]>,
-    ahead: &mut LookupCursor<'_>,
-    out: &mut [f32],
-) -> Result<(), i64> {
-    let step = ahead.job.prefetch_step;
-    let rows = table.num_embeddings() as u64;
-    let mut acc = [0.0f32; D];
-    for p in start..end {
-        if let Some((next_table, id)) = ahead.next() {
-            next_table.prefetch_row(id, step);
-        }
-        let id = values[p];
-        if id < 0 || id as u64 >= rows {
-            return Err(id);
-        }
-        let w = weights.map_or(1.0, |w| w[p]);
-        accumulate(&mut acc, out, table.row(id as usize), w, p == start);
+fn gather_block_body(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const f32]) {
+    let mut next = 0;
+    for i in 0..job.slots.len() {
+        let dim = job.tables[job.slots[i].table].dim();
+        with_fixed_dim!(
+            dim,
+            gather_feature(job, i, first..first + samples, rows, &mut next)
+        );
     }
-    finish_bag(table, &acc, end - start, out);
-    Ok(())
+}
+
+/// Pools feature `i` for `samples` from `rows[*next..]`, advancing `next`.
+#[inline(always)]
+fn gather_feature<const D: usize>(
+    job: &ForwardJob<'_>,
+    i: usize,
+    samples: std::ops::Range<usize>,
+    rows: &[*const f32],
+    next: &mut usize,
+) {
+    let slot = &job.slots[i];
+    let table = &job.tables[slot.table];
+    let dim = table.dim();
+    let weights = job.kjt.weights();
+    for s in samples {
+        let (start, end) = job.bag(i, s);
+        // SAFETY: the output holds batch x width floats; this task alone
+        // writes its samples' rows.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(job.out.at(s * job.width + slot.column), dim) };
+        let mut acc = [0.0f32; D];
+        for p in start..end {
+            // Ahead may lie in the next feature's table, of another dim: the
+            // hint then covers a little more or less of that row, harmlessly.
+            if let Some(&ahead) = rows.get(*next + PREFETCH_DISTANCE) {
+                prefetch_every(ahead, dim * 4, job.prefetch_step);
+            }
+            // SAFETY: pool_block resolved this entry from a checked id of
+            // this table: a whole row of `dim` floats.
+            let row = unsafe { std::slice::from_raw_parts(rows[*next], dim) };
+            *next += 1;
+            let w = weights.map_or(1.0, |w| w[p]);
+            accumulate(&mut acc, out, row, w, p == start);
+        }
+        finish_bag(table, &acc, end - start, out);
+    }
 }
 
 impl ForwardJob<'_> {
@@ -668,55 +600,13 @@ impl ForwardJob<'_> {
         let offsets = self.kjt.offsets();
         (offsets[at], offsets[at + 1])
     }
-}
 
-/// Walks a task's ids in the order the forward kernel reads them:
-/// sample by sample, feature by feature, id by id.
-struct LookupCursor<'a> {
-    job: &'a ForwardJob<'a>,
-    first: usize,
-    samples: usize,
-    sample: usize,
-    slot: usize,
-    pos: usize,
-    end: usize,
-}
-
-impl<'a> LookupCursor<'a> {
-    fn new(job: &'a ForwardJob<'a>, first: usize, samples: usize) -> Self {
-        let (pos, end) = if samples > 0 && !job.slots.is_empty() {
-            job.bag(0, first)
-        } else {
-            (0, 0)
-        };
-        Self {
-            job,
-            first,
-            samples,
-            sample: 0,
-            slot: 0,
-            pos,
-            end,
-        }
-    }
-
-    /// The next (table, id), or `None` past the task's last id.
-    #[inline(always)]
-    fn next(&mut self) -> Option<(&'a EmbeddingTable, i64)> {
-        while self.pos == self.end {
-            self.slot += 1;
-            if self.slot == self.job.slots.len() {
-                self.slot = 0;
-                self.sample += 1;
-            }
-            if self.sample >= self.samples {
-                return None;
-            }
-            (self.pos, self.end) = self.job.bag(self.slot, self.first + self.sample);
-        }
-        let id = self.job.kjt.values()[self.pos];
-        self.pos += 1;
-        Some((&self.job.tables[self.job.slots[self.slot].table], id))
+    /// The sample, among `first..first + samples`, whose bag of slot `i`
+    /// holds value `p`.
+    fn sample_of(&self, i: usize, first: usize, samples: usize, p: usize) -> usize {
+        let at = self.keys[i] * self.kjt.stride() + first;
+        let ends = &self.kjt.offsets()[at + 1..=at + samples];
+        first + ends.partition_point(|&end| end <= p)
     }
 }
 
@@ -818,7 +708,7 @@ fn finish_bag<const D: usize>(table: &EmbeddingTable, acc: &[f32; D], len: usize
 /// disjoint part of the buffer (rows of a table; blocks of the output).
 #[derive(Clone, Copy)]
 struct SharedMut(*mut f32);
-// SAFETY: see apply_segments and pool_task_body: tasks write disjoint parts.
+// SAFETY: see apply_segments and gather_feature: tasks write disjoint parts.
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 

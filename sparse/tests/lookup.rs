@@ -27,7 +27,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
         batch,
         any::<u64>(),
         prop::bool::ANY,
-        // Short bags take the sample-major forward, long ones the feature-major.
+        // Short bags take the sample-block forward, long ones the feature-major.
         prop_oneof![Just(5u64), Just(12u64)],
     )
         .prop_map(|(tables, batch, seed, weighted, max_len)| {
@@ -406,6 +406,23 @@ fn bad_lookups_name_the_fault() {
             feature: "f".into(),
             sample: 1,
             id: 3,
+            rows: 3
+        }
+    );
+    // Deep in a long batch of short bags (several forward tasks, empty bags
+    // before it), the second id of sample 278's bag: the error names the sample.
+    let lengths: Vec<i64> = (0..300).map(|s| s % 3).collect();
+    let mut values: Vec<i64> = vec![0; lengths.iter().sum::<i64>() as usize];
+    let before: i64 = lengths[..278].iter().sum();
+    values[before as usize + 1] = 7;
+    let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], values, &lengths, None).unwrap();
+    assert_eq!(
+        ebc.forward(&kjt).unwrap_err(),
+        SparseError::IdOutOfRange {
+            table: "t".into(),
+            feature: "f".into(),
+            sample: 278,
+            id: 7,
             rows: 3
         }
     );

@@ -27,7 +27,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
         batch,
         any::<u64>(),
         prop::bool::ANY,
-        // Short bags take the sample-block forward, long ones the feature-major.
+        // Short bags get dense prefetch hints, long ones every other line.
         prop_oneof![Just(5u64), Just(12u64)],
     )
         .prop_map(|(tables, batch, seed, weighted, max_len)| {

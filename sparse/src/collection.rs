@@ -30,6 +30,9 @@ const MULTI_HOT_IDS_PER_BAG: usize = 3;
 /// one table longer (measured at one id per bag, batch 2048, two threads:
 /// 25 M ids/s with 64 samples, 27-28 with 256 or 512).
 const BLOCK_SAMPLES: (usize, usize) = (16, 256);
+/// Fewer samples per task when bags are long, so that a task resolves about
+/// this many ids at most (1 MiB of row addresses per thread).
+const BLOCK_IDS: usize = 1 << 17;
 /// Distance, in ids, at which rows are prefetched ahead of use.
 const PREFETCH_DISTANCE: usize = 12;
 /// Rows initialised per independently seeded chunk (keeps init reproducible
@@ -310,9 +313,11 @@ impl EmbeddingBagCollection {
         // feature by feature; 20 ids per bag, 68-69 against 58 feature by
         // feature.
         let (least, most) = BLOCK_SAMPLES;
+        let ids_per_sample = kjt.values().len().div_ceil(batch).max(1);
         let block = batch
             .div_ceil(4 * rayon::current_num_threads())
-            .clamp(least, most);
+            .clamp(least, most)
+            .min((BLOCK_IDS / ids_per_sample).max(1));
         (0..batch.div_ceil(block))
             .into_par_iter()
             .try_for_each(|b| {

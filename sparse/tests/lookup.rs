@@ -477,6 +477,33 @@ fn config_is_json() {
     assert_eq!(minimal.pooling, PoolingType::Sum);
 }
 
+/// Bags so long that a forward task holds a single sample (its ids capped),
+/// next to empty bags: sums match a plain reference.
+#[test]
+fn very_long_bags_pool_correctly() {
+    let configs = vec![
+        EmbeddingBagConfig::new("a", 1000, 16, &["fa"]),
+        EmbeddingBagConfig::new("b", 50, 3, &["fb"]).with_pooling(PoolingType::Mean),
+    ];
+    let ebc = EmbeddingBagCollection::new(configs.clone(), TableOptimizer::None, 3).unwrap();
+    let mut rng = ember_sparse::rng::Rng::new(9);
+    let lengths: Vec<i64> = vec![150_000, 0, 90_000, 70_000, 1, 0];
+    let rows = [1000u64, 1000, 1000, 50, 50, 50];
+    let values: Vec<i64> = lengths
+        .iter()
+        .zip(rows)
+        .flat_map(|(&len, rows)| (0..len).map(|_| rng.below(rows) as i64).collect::<Vec<_>>())
+        .collect();
+    let kjt =
+        KeyedJaggedTensor::from_lengths(vec!["fa".into(), "fb".into()], values, &lengths, None)
+            .unwrap();
+    let out = ebc.forward(&kjt).unwrap();
+    let expected = reference_forward(&ebc, &configs, &kjt);
+    for (a, e) in out.values().iter().zip(&expected) {
+        assert!(close(*a as f64, *e, 1e-4), "{a} vs {e}");
+    }
+}
+
 /// Sparse results are bitwise identical whatever the thread count.
 #[test]
 fn thread_count_does_not_change_results() {

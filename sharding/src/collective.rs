@@ -9,7 +9,7 @@ use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 /// failed stops the others in bounded time instead of hanging them.
 pub const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
-use crate::ShardingError;
+use crate::{wire, ShardingError};
 
 pub trait Collective: Send + Sync {
     fn rank(&self) -> usize;
@@ -39,31 +39,28 @@ pub trait Collective: Send + Sync {
         let (n, me) = (self.world_size(), self.rank());
         let len = data.len();
         let chunk = |r: usize| (len * r / n)..(len * (r + 1) / n);
-        let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-        let floats = |rank: usize, b: &[u8], want: usize| -> Result<Vec<f32>, ShardingError> {
-            if b.len() != 4 * want {
-                return Err(ShardingError::Collective(format!(
-                    "all-reduce: rank {rank} sent {} bytes for {want} values",
-                    b.len()
-                )));
+        let read = |rank: usize, b: &[u8], out: &mut [f32]| -> Result<(), ShardingError> {
+            if wire::copy_from_bytes(b, out) {
+                return Ok(());
             }
-            Ok((b.chunks_exact(4))
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
+            Err(ShardingError::Collective(format!(
+                "all-reduce: rank {rank} sent {} bytes for {} values",
+                b.len(),
+                out.len()
+            )))
         };
-        let parts = self.all_to_all_v((0..n).map(|r| bytes(&data[chunk(r)])).collect())?;
+        let parts = self.all_to_all_v((0..n).map(|r| wire::to_bytes(&data[chunk(r)])).collect())?;
         let mine = chunk(me);
-        let mut sum = vec![0f32; mine.len()];
+        let (mut sum, mut values) = (vec![0f32; mine.len()], vec![0f32; mine.len()]);
         for (rank, part) in parts.iter().enumerate() {
-            for (s, x) in sum.iter_mut().zip(floats(rank, part, mine.len())?) {
+            read(rank, part, &mut values)?;
+            for (s, x) in sum.iter_mut().zip(&values) {
                 *s += x;
             }
         }
-        let all = self.all_gather(bytes(&sum))?;
+        let all = self.all_gather(wire::to_bytes(&sum))?;
         for (rank, part) in all.iter().enumerate() {
-            let c = chunk(rank);
-            let values = floats(rank, part, c.len())?;
-            data[c].copy_from_slice(&values);
+            read(rank, part, &mut data[chunk(rank)])?;
         }
         Ok(())
     }

@@ -362,7 +362,8 @@ impl ShardedEmbeddingBagCollection {
     /// (data-parallel tables from device 0's replica). On a rank, every rank
     /// must call this together: the shards travel to every rank.
     pub fn to_collection(&self) -> Result<EmbeddingBagCollection, ShardingError> {
-        let mut ebc = EmbeddingBagCollection::new(self.configs.clone(), self.optimizer, 0)?;
+        // Zeroed, not initialised: the shards below cover every row and state float.
+        let mut ebc = EmbeddingBagCollection::zeroed(self.configs.clone(), self.optimizer)?;
         // (table, shard index, shard) of every shard that is gathered.
         let wanted: Vec<(usize, usize, &crate::plan::Shard)> = (self.configs.iter().enumerate())
             .flat_map(|(t, c)| {
@@ -1127,11 +1128,12 @@ fn copy_rows(
 ) {
     let (dim, lc) = (global.dim(), cols.len());
     let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
+    let map = state_map(opt, dim, cols.clone());
     for lr in 0..local.num_embeddings() {
         let gr = rows.global(lr);
         local.weights_mut()[lr * lc..(lr + 1) * lc]
             .copy_from_slice(&global.weights()[gr * dim + cols.start..gr * dim + cols.end]);
-        for (l, g) in state_map(opt, dim, cols.clone()) {
+        for &(l, g) in &map {
             local.optimizer_state_mut()[lr * ls + l] = global.optimizer_state()[gr * gs + g];
         }
     }
@@ -1148,11 +1150,12 @@ fn copy_rows_back(
     let (rows, cols) = (shard.rows, shard.column_range());
     let (dim, lc) = (global.dim(), cols.len());
     let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
+    let map = state_map(opt, dim, cols.clone());
     for lr in 0..num_rows {
         let gr = rows.global(lr);
         global.weights_mut()[gr * dim + cols.start..gr * dim + cols.end]
             .copy_from_slice(&weights[lr * lc..(lr + 1) * lc]);
-        for (l, g) in state_map(opt, dim, cols.clone()) {
+        for &(l, g) in &map {
             global.optimizer_state_mut()[gr * gs + g] = state[lr * ls + l];
         }
     }

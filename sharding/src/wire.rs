@@ -17,6 +17,25 @@ fn bytes_of<T: Pod>(v: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
+/// `v`'s bytes, without a length prefix.
+pub(crate) fn to_bytes<T: Pod>(v: &[T]) -> Vec<u8> {
+    bytes_of(v).to_vec()
+}
+
+/// Fills `out` from `bytes` (unprefixed, possibly unaligned); false when the
+/// sizes differ.
+pub(crate) fn copy_from_bytes<T: Pod>(bytes: &[u8], out: &mut [T]) -> bool {
+    if bytes.len() != std::mem::size_of_val(out) {
+        return false;
+    }
+    // SAFETY: `out` has room for exactly `bytes.len()` bytes; the source may
+    // be unaligned, which a byte copy does not mind.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), bytes.len());
+    }
+    true
+}
+
 pub(crate) struct Writer(pub Vec<u8>);
 
 impl Writer {
@@ -73,15 +92,7 @@ impl<'a> Reader<'a> {
                 .ok_or("length overflow")?,
         )?;
         let mut out = vec![T::default(); n];
-        // SAFETY: `out` has room for exactly `bytes.len()` bytes; the source
-        // may be unaligned, which a byte copy does not mind.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                out.as_mut_ptr().cast::<u8>(),
-                bytes.len(),
-            );
-        }
+        copy_from_bytes(bytes, &mut out);
         Ok(out)
     }
 }

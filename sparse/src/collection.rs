@@ -765,11 +765,8 @@ pub fn initial_rows(
             .map(|&chunk| {
                 let first = chunk * INIT_CHUNK_ROWS;
                 let n = INIT_CHUNK_ROWS.min(config.num_embeddings - first);
-                let mut rng = crate::rng::Rng::new(crate::rng::mix(&[seed, index, chunk as u64]));
                 let mut values = vec![0f32; n * dim];
-                for x in &mut values {
-                    *x = lo + (hi - lo) * rng.next_f32();
-                }
+                draw_chunk((lo, hi), [seed, index, chunk as u64], &mut values);
                 // The wanted rows' columns, packed, and where they go.
                 let (mut locals, mut kept) = (Vec::new(), Vec::new());
                 for r in first.max(rows.start)..(first + n).min(end) {
@@ -786,6 +783,16 @@ pub fn initial_rows(
                 out[l * lc..(l + 1) * lc].copy_from_slice(row);
             }
         }
+    }
+}
+
+/// The initial values of one chunk of `INIT_CHUNK_ROWS` rows (`seed`, table
+/// index, chunk index): the one draw both [`new_table`] and [`initial_rows`]
+/// make, so they agree bit for bit.
+fn draw_chunk((lo, hi): (f32, f32), key: [u64; 3], out: &mut [f32]) {
+    let mut rng = crate::rng::Rng::new(crate::rng::mix(&key));
+    for x in out {
+        *x = lo + (hi - lo) * rng.next_f32();
     }
 }
 
@@ -808,12 +815,7 @@ fn new_table(
         let Some(seed) = seed else { return };
         w.par_chunks_mut(INIT_CHUNK_ROWS * dim)
             .enumerate()
-            .for_each(|(chunk, rows)| {
-                let mut rng = crate::rng::Rng::new(crate::rng::mix(&[seed, index, chunk as u64]));
-                for x in rows {
-                    *x = lo + (hi - lo) * rng.next_f32();
-                }
-            })
+            .for_each(|(chunk, rows)| draw_chunk((lo, hi), [seed, index, chunk as u64], rows))
     })
     .ok_or_else(|| alloc_error(len * 4))?;
     let state = OptimizerState::new(optimizer, config.num_embeddings, dim).ok_or_else(|| {

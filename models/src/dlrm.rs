@@ -362,19 +362,21 @@ fn average_over_ranks(
     let n = samples as f32;
     let flat = &mut world.flat;
     flat.clear();
-    for p in arch.params() {
+    let mut params = arch.params();
+    for p in &params {
         flat.extend(p.grad.iter().map(|g| g * n));
     }
     flat.extend([loss * n, n]);
     world.comm.all_reduce_sum(flat)?;
     let total = flat[flat.len() - 1];
     let mut at = 0;
-    for p in arch.params() {
+    for p in &mut params {
         for (g, s) in p.grad.iter_mut().zip(&flat[at..]) {
             *g = s / total;
         }
         at += p.grad.len();
     }
+    drop(params);
     // The pooled gradient stays per sample: only its 1/n becomes 1/total.
     let scale = n / total;
     arch.pooled_grad_mut()

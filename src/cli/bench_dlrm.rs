@@ -18,7 +18,7 @@ use ember_models::checkpoint::{save, save_set};
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ExecMode, ModeArgs, Stepper};
 use super::bench_embedding::{median, BenchOptimizer};
-use super::sharding::{planner_options, ShardingArgs};
+use super::sharding::{mean_ids_per_bag, planner_options, ShardingArgs};
 use super::world::{place_model, Fault, Launch};
 use super::{peak_rss_bytes, Progress};
 
@@ -203,10 +203,7 @@ fn run_in_pool(
     let setup = Instant::now();
     let config = &resolved.config;
     let table_optimizer = args.optim.table_optimizer();
-    let pooling = match resolved.fixed_indices {
-        true => resolved.indices_per_lookup as f64,
-        false => (resolved.indices_per_lookup as f64 + 1.0) / 2.0,
-    };
+    let pooling = mean_ids_per_bag(resolved.indices_per_lookup, resolved.fixed_indices);
     let options = planner_options(table_optimizer, args.mini_batch_size, pooling);
     anyhow::ensure!(
         args.mini_batch_size >= launch.world_size(),

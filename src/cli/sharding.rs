@@ -212,15 +212,19 @@ pub fn planner_options(optimizer: TableOptimizer, batch: usize, pooling: f64) ->
     }
 }
 
+/// The mean ids per bag of `--num-indices-per-lookup n`: dlrm_s_pytorch
+/// draws 1..=n ids per bag unless fixed, about (n + 1) / 2 on average.
+pub fn mean_ids_per_bag(n: usize, fixed: bool) -> f64 {
+    match fixed {
+        true => n as f64,
+        false => (n as f64 + 1.0) / 2.0,
+    }
+}
+
 pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanReport> {
     args.optim.validate()?;
     let (config, lookups, fixed) = args.arch.resolve()?;
-    // dlrm_s_pytorch draws 1..=n ids per bag unless fixed: about (n + 1) / 2 on average.
-    let pooling = args.num_indices_per_lookup.unwrap_or(if fixed {
-        lookups as f64
-    } else {
-        (lookups as f64 + 1.0) / 2.0
-    });
+    let pooling = (args.num_indices_per_lookup).unwrap_or(mean_ids_per_bag(lookups, fixed));
     let options = planner_options(args.optim.table_optimizer(), args.mini_batch_size, pooling);
     let sharding = ShardingArgs {
         devices: Some(args.sharding.devices.unwrap_or(1)),

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use ember_dataloader::Loader;
 use ember_dense::DenseBackend;
-use ember_models::checkpoint::{save, save_set, INDEX_FILE};
+use ember_models::checkpoint::{remove_set, save, save_set, INDEX_FILE};
 use ember_models::{
     push_over_ranks, Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainState,
 };
@@ -242,19 +242,6 @@ fn latest_checkpoint(dir: Option<&Path>, launch: &Launch) -> anyhow::Result<Opti
     };
     let chosen = String::from_utf8(r.comm.broadcast(0, mine)?)?;
     Ok((!chosen.is_empty()).then(|| PathBuf::from(chosen)))
-}
-
-/// Removes a checkpoint set (its index first, so no half set is ever read).
-fn remove_set(dir: &Path) {
-    if std::fs::remove_file(dir.join(INDEX_FILE)).is_err() {
-        return;
-    }
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("model-s") && name.ends_with(".safetensors") {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
 }
 
 /// The fewest and the most of `mine` over the ranks (the fewest: how many

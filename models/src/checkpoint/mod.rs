@@ -27,6 +27,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use ember_dense::{DenseOptimizerConfig, HasParams};
+use ember_sharding::RowSplit;
 use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, TensorView, View};
@@ -37,7 +38,7 @@ use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
 
 mod rows;
 mod set;
-pub use set::{save_set, INDEX_FILE};
+pub use set::{remove_set, save_set, INDEX_FILE};
 
 pub const TABLE_PREFIX: &str = "sparse_arch.embedding_bag_collection.embedding_bags.";
 pub const OPTIMIZER_PREFIX: &str = "optimizer.";
@@ -503,11 +504,7 @@ impl Checkpoint {
 
     /// The named tensor as f32 values, checked for dtype and shape.
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        self.view(name, shape, |bytes| {
-            (bytes.chunks_exact(4))
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect()
-        })
+        self.view(name, shape, f32s)
     }
 
     /// `read` applied to the named tensor's bytes, after the checks (a
@@ -533,13 +530,8 @@ impl Checkpoint {
                         .map(|(r, _)| r)
                         .map_err(|m| fail(&dir.join(file), m));
                 }
-                let pieces =
-                    (index.pieces.get(name)).ok_or_else(|| fail(&self.path, "missing".into()))?;
-                let values = set::assemble(shape, pieces, |p| {
-                    file_view(&files[&p.file], &p.tensor, None, f32s)
-                        .map_err(|m| format!("{}: {m}", p.file))
-                })
-                .map_err(|m| fail(&self.path, m))?;
+                let cols = shape.get(1).copied().unwrap_or(1);
+                let values = self.rows_of(name, shape, RowSplit::All, 0..cols)?;
                 Ok(read(f32_bytes(&values)))
             }
         }
@@ -565,35 +557,9 @@ impl Checkpoint {
             .local_mut()
             .expect("a new model holds its tables in one collection");
         for table in ebc.tables_mut() {
-            let (name, rows, dim) = (
-                table.name().to_string(),
-                table.num_embeddings(),
-                table.dim(),
-            );
-            let w = self.tensor(&table_weight_name(&name), &[rows, dim])?;
-            table.weights_mut().copy_from_slice(&w);
-            if !same_table_opt {
-                continue;
-            }
-            let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{name}.{s}");
-            let state = match table_optimizer {
-                TableOptimizer::None | TableOptimizer::Sgd { .. } => continue,
-                TableOptimizer::RowWiseAdagrad { .. } => {
-                    self.tensor(&opt_name("momentum1"), &[rows])?
-                }
-                TableOptimizer::Adagrad { .. } => {
-                    self.tensor(&opt_name("momentum1"), &[rows, dim])?
-                }
-                TableOptimizer::Adam { .. } => {
-                    let m = self.tensor(&opt_name("momentum1"), &[rows, dim])?;
-                    let v = self.tensor(&opt_name("momentum2"), &[rows, dim])?;
-                    (m.chunks_exact(dim).zip(v.chunks_exact(dim)))
-                        .flat_map(|(m, v)| m.iter().chain(v))
-                        .copied()
-                        .collect()
-                }
-            };
-            table.optimizer_state_mut().copy_from_slice(&state);
+            let config = table.config().clone();
+            let all = (RowSplit::All, 0..config.embedding_dim);
+            self.read_table(&config, all, (table_optimizer, same_table_opt), table)?;
         }
         if same_table_opt {
             ebc.set_step(self.sparse_step);

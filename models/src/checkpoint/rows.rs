@@ -37,7 +37,7 @@ impl Checkpoint {
 
     /// Rows `rows` and columns `cols` of the named tensor of `shape`
     /// (`[rows, cols]`, or `[rows]` read as one column), in local row order.
-    fn rows_of(
+    pub(super) fn rows_of(
         &self,
         name: &str,
         shape: &[usize],
@@ -83,6 +83,12 @@ impl Checkpoint {
                 1 => 0..1,
                 _ => p.columns[0]..p.columns[1],
             };
+            if pc.end > width {
+                return Err(fail(format!(
+                    "{}: a piece of columns {:?} of {shape:?}",
+                    p.file, p.columns
+                )));
+            }
             let (from, to) = (cols.start.max(pc.start), cols.end.min(pc.end));
             let plr = p.rows.count(total);
             let want: Vec<usize> = match shape.len() {
@@ -113,6 +119,50 @@ impl Checkpoint {
         }
         Ok(out)
     }
+
+    /// Fills `local` with rows `split` and columns `cols` of the saved table
+    /// `config`, and with their optimizer state (of `optimizer`'s kind) when
+    /// `restore`.
+    pub(super) fn read_table(
+        &self,
+        config: &EmbeddingBagConfig,
+        (split, cols): (RowSplit, Range<usize>),
+        (optimizer, restore): (TableOptimizer, bool),
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ModelError> {
+        let (rows, dim) = (config.num_embeddings, config.embedding_dim);
+        let w = self.rows_of(
+            &table_weight_name(&config.name),
+            &[rows, dim],
+            split,
+            cols.clone(),
+        )?;
+        local.weights_mut().copy_from_slice(&w);
+        if !restore {
+            return Ok(());
+        }
+        let name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
+        let read = |s: &str, shape: &[usize], cols: Range<usize>| {
+            self.rows_of(&name(s), shape, split, cols)
+        };
+        let state = match optimizer {
+            TableOptimizer::None | TableOptimizer::Sgd { .. } => return Ok(()),
+            TableOptimizer::RowWiseAdagrad { .. } => read("momentum1", &[rows], 0..1)?,
+            TableOptimizer::Adagrad { .. } => read("momentum1", &[rows, dim], cols)?,
+            TableOptimizer::Adam { .. } => {
+                // FBGEMM keeps both moments of a row together: [m | v].
+                let lc = cols.len().max(1);
+                let m = read("momentum1", &[rows, dim], cols.clone())?;
+                let v = read("momentum2", &[rows, dim], cols)?;
+                (m.chunks_exact(lc).zip(v.chunks_exact(lc)))
+                    .flat_map(|(m, v)| m.iter().chain(v))
+                    .copied()
+                    .collect()
+            }
+        };
+        local.optimizer_state_mut().copy_from_slice(&state);
+        Ok(())
+    }
 }
 
 fn f32_at(bytes: &[u8], i: usize) -> f32 {
@@ -140,41 +190,9 @@ impl ShardSource for ShardRows<'_> {
         shard: &Shard,
         local: &mut EmbeddingTable,
     ) -> Result<(), ShardingError> {
-        let err = |e: ModelError| ShardingError::Source(e.to_string());
-        let ck = self.checkpoint;
-        let (rows, dim) = (config.num_embeddings, config.embedding_dim);
-        let (split, cols) = (shard.rows, shard.column_range());
-        let w = ck
-            .rows_of(
-                &table_weight_name(&config.name),
-                &[rows, dim],
-                split,
-                cols.clone(),
-            )
-            .map_err(err)?;
-        local.weights_mut().copy_from_slice(&w);
-        if !self.restore {
-            return Ok(());
-        }
-        let name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
-        let read = |s: &str, shape: &[usize], cols: Range<usize>| {
-            ck.rows_of(&name(s), shape, split, cols).map_err(err)
-        };
-        let state = match self.optimizer {
-            TableOptimizer::None | TableOptimizer::Sgd { .. } => return Ok(()),
-            TableOptimizer::RowWiseAdagrad { .. } => read("momentum1", &[rows], 0..1)?,
-            TableOptimizer::Adagrad { .. } => read("momentum1", &[rows, dim], cols)?,
-            TableOptimizer::Adam { .. } => {
-                let lc = cols.len().max(1);
-                let m = read("momentum1", &[rows, dim], cols.clone())?;
-                let v = read("momentum2", &[rows, dim], cols)?;
-                (m.chunks_exact(lc).zip(v.chunks_exact(lc)))
-                    .flat_map(|(m, v)| m.iter().chain(v))
-                    .copied()
-                    .collect()
-            }
-        };
-        local.optimizer_state_mut().copy_from_slice(&state);
-        Ok(())
+        let source = (shard.rows, shard.column_range());
+        (self.checkpoint)
+            .read_table(config, source, (self.optimizer, self.restore), local)
+            .map_err(|e| ShardingError::Source(e.to_string()))
     }
 }

@@ -167,6 +167,13 @@ pub fn save_set(
     Ok(index_path)
 }
 
+/// Removes the set in `dir`: its index first, so no half set is ever read.
+pub fn remove_set(dir: &Path) {
+    if std::fs::remove_file(dir.join(INDEX_FILE)).is_ok() {
+        remove_stale(dir, &[]);
+    }
+}
+
 /// Files of older sets: those `keep` does not name.
 fn remove_stale(dir: &Path, keep: &[String]) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -193,53 +200,4 @@ pub(super) fn read_index(path: &Path) -> Result<Index, ModelError> {
         }
     }
     Ok(index)
-}
-
-/// Places `pieces` of a tensor of `shape` (`[rows, cols]` or `[rows]`) into
-/// the whole tensor; `local(piece)` gives a piece's values and shape. Every
-/// value must be covered exactly once.
-pub(super) fn assemble(
-    shape: &[usize],
-    pieces: &[Piece],
-    mut local: impl FnMut(&Piece) -> Result<(Vec<f32>, Vec<usize>), String>,
-) -> Result<Vec<f32>, String> {
-    let rows = shape.first().copied().unwrap_or(1);
-    let cols = shape.get(1).copied().unwrap_or(1);
-    let mut out = vec![0f32; rows * cols];
-    let mut covered = 0usize;
-    for p in pieces {
-        let (values, local_shape) = local(p)?;
-        let lr = p.rows.count(rows);
-        // A 1-D tensor (per-row state) has one column per row.
-        let lc = match shape.len() {
-            1 => 1,
-            _ => p.columns[1].saturating_sub(p.columns[0]),
-        };
-        let want: Vec<usize> = match shape.len() {
-            1 => vec![lr],
-            _ => vec![lr, lc],
-        };
-        if local_shape != want || (shape.len() > 1 && p.columns[1] > cols) {
-            return Err(format!(
-                "{}: a piece of shape {local_shape:?} for rows {:?} and columns {:?} of {shape:?}",
-                p.file, p.rows, p.columns
-            ));
-        }
-        let c0 = if shape.len() == 1 { 0 } else { p.columns[0] };
-        for (l, row) in values.chunks_exact(lc.max(1)).enumerate().take(lr) {
-            let g = p.rows.global(l);
-            if g >= rows {
-                return Err(format!("{}: row {g} is past the {rows} rows", p.file));
-            }
-            out[g * cols + c0..g * cols + c0 + lc].copy_from_slice(row);
-        }
-        covered += lr * lc;
-    }
-    if covered != rows * cols {
-        return Err(format!(
-            "the pieces cover {covered} of {} values",
-            rows * cols
-        ));
-    }
-    Ok(out)
 }

@@ -19,11 +19,17 @@ pub fn default_cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("EMBER_PJRT_CACHE_DIR") {
         return PathBuf::from(p);
     }
+    ember_pjrt_cache().join("executables")
+}
+
+/// `$XDG_CACHE_HOME/ember/pjrt`, or `~/.cache/ember/pjrt`, or `./ember/pjrt`:
+/// where the plugin and the compiled executables live by default.
+pub fn ember_pjrt_cache() -> PathBuf {
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(|| PathBuf::from("."));
-    cache.join("ember").join("pjrt").join("executables")
+    cache.join("ember").join("pjrt")
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {

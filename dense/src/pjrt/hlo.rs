@@ -8,12 +8,7 @@ use crate::backend::Activation;
 
 /// `tensor<RxCxf32>`, or `tensor<f32>` for a scalar (`dims` empty).
 pub fn ty(dims: &[usize]) -> String {
-    let mut s = String::from("tensor<");
-    for d in dims {
-        let _ = write!(s, "{d}x");
-    }
-    s.push_str("f32>");
-    s
+    format!("tensor<{}f32>", shape_prefix(dims))
 }
 
 /// An f32 literal MLIR reads back exactly: 9 significant digits, and the
@@ -92,23 +87,22 @@ impl Func {
 
     /// Sum over rows: `[r, c]` → `[c]`.
     pub fn sum_rows(&mut self, v: &str, r: usize, c: usize) -> String {
-        let zero = self.splat(0.0, &[]);
-        self.op(format!(
-            "stablehlo.reduce({v} init: {zero}) applies stablehlo.add across dimensions = [0] : ({}, {}) -> {}",
-            ty(&[r, c]),
-            ty(&[]),
-            ty(&[c])
-        ))
+        self.sum_dim0(v, &[r, c], &[c])
     }
 
     /// Sum of everything: `[n]` → scalar.
     pub fn sum_all(&mut self, v: &str, n: usize) -> String {
+        self.sum_dim0(v, &[n], &[])
+    }
+
+    /// Sum over the first dimension: `from` → `to`.
+    fn sum_dim0(&mut self, v: &str, from: &[usize], to: &[usize]) -> String {
         let zero = self.splat(0.0, &[]);
         self.op(format!(
             "stablehlo.reduce({v} init: {zero}) applies stablehlo.add across dimensions = [0] : ({}, {}) -> {}",
-            ty(&[n]),
+            ty(from),
             ty(&[]),
-            ty(&[])
+            ty(to)
         ))
     }
 

@@ -98,13 +98,7 @@ pub fn dot_interaction_forward(
     ));
     let zf = f.reshape(&z, &[n, k, k], &[n, k * k]);
     let p = gather_columns(f, &zf, n, k * k, &pairs);
-    let w = d + pairs.len();
-    f.op(format!(
-        "stablehlo.concatenate {dense}, {p}, dim = 1 : ({}, {}) -> {}",
-        ty(&[n, d]),
-        ty(&[n, pairs.len()]),
-        ty(&[n, w])
-    ))
+    concat_columns(f, dense, &p, n, d, pairs.len())
 }
 
 /// Backward of the dot interaction: `(ddense [n, d], dsparse [n, F d])`.
@@ -129,24 +123,10 @@ pub fn dot_interaction_backward(
         }
     }
     let c = combined(f, dense, sparse, n, fk, d);
-    let gdense = f.op(format!(
-        "stablehlo.slice {dout} [0:{n}, 0:{d}] : ({}) -> {}",
-        ty(&[n, d + np]),
-        ty(&[n, d])
-    ));
-    let gpairs = f.op(format!(
-        "stablehlo.slice {dout} [0:{n}, {d}:{}] : ({}) -> {}",
-        d + np,
-        ty(&[n, d + np]),
-        ty(&[n, np])
-    ));
+    let gdense = slice_columns(f, dout, n, d + np, 0, d);
+    let gpairs = slice_columns(f, dout, n, d + np, d, d + np);
     let zero = f.splat(0.0, &[n, 1]);
-    let padded = f.op(format!(
-        "stablehlo.concatenate {gpairs}, {zero}, dim = 1 : ({}, {}) -> {}",
-        ty(&[n, np]),
-        ty(&[n, 1]),
-        ty(&[n, np + 1])
-    ));
+    let padded = concat_columns(f, &gpairs, &zero, n, np, 1);
     let gz = gather_columns(f, &padded, n, np + 1, &map);
     let gz = f.reshape(&gz, &[n, k * k], &[n, k, k]);
     let gzt = f.op(format!(

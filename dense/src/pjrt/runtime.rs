@@ -37,13 +37,7 @@ pub fn default_plugin_path() -> PathBuf {
     }
     let home = std::env::var_os("EMBER_PJRT_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .unwrap_or_else(|| PathBuf::from("."));
-            cache.join("ember").join("pjrt")
-        });
+        .unwrap_or_else(super::cache::ember_pjrt_cache);
     home.join("xla-cpu-pjrt-0.0.1").join("xla_cpu_pjrt.so")
 }
 
@@ -98,12 +92,17 @@ fn dl_error() -> String {
 
 /// Copies a (pointer, length) string the plugin owns.
 fn c_str(ptr: *const std::ffi::c_char, len: usize) -> String {
+    String::from_utf8_lossy(c_bytes(ptr, len)).into_owned()
+}
+
+/// The (pointer, length) bytes the plugin owns, borrowed.
+fn c_bytes<'a>(ptr: *const std::ffi::c_char, len: usize) -> &'a [u8] {
     if ptr.is_null() {
-        return String::new();
+        return &[];
     }
-    // SAFETY: the plugin returns `len` valid bytes at `ptr`.
-    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
-    String::from_utf8_lossy(bytes).into_owned()
+    // SAFETY: the plugin returns `len` valid bytes at `ptr`, alive while the
+    // caller reads them.
+    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
 }
 
 impl Plugin {
@@ -533,7 +532,7 @@ impl Executable {
             "PJRT_Executable_Serialize",
             &mut a,
         )?;
-        let bytes = c_str_bytes(a.serialized_bytes, a.serialized_bytes_size);
+        let bytes = c_bytes(a.serialized_bytes, a.serialized_bytes_size).to_vec();
         if let Some(deleter) = a.serialized_executable_deleter {
             // SAFETY: the plugin's deleter for the object it gave us.
             unsafe { deleter(a.serialized_executable) };
@@ -574,14 +573,6 @@ impl Executable {
             .await_event(event, "PJRT_Event_Await (execute)")?;
         Ok(outs)
     }
-}
-
-fn c_str_bytes(ptr: *const std::ffi::c_char, len: usize) -> Vec<u8> {
-    if ptr.is_null() {
-        return Vec::new();
-    }
-    // SAFETY: the plugin returns `len` valid bytes at `ptr`.
-    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec()
 }
 
 struct InnerExecutable<'a>(*mut ffi::Executable, &'a Plugin);

@@ -23,9 +23,15 @@ struct Value {
 
 /// A host buffer an op wrote, filled when the window runs.
 struct Destination {
-    key: usize,
     ptr: *mut f32,
     len: usize,
+}
+
+impl Destination {
+    /// Its address, the key of `Window::values`.
+    fn key(&self) -> usize {
+        self.ptr as usize
+    }
 }
 
 #[derive(Default)]
@@ -100,15 +106,15 @@ impl Window {
             },
         );
         // The newest pointer: it is the one derived from the live borrow.
-        match self.destinations.iter_mut().find(|d| d.key == key) {
+        match self.destinations.iter_mut().find(|d| d.key() == key) {
             Some(d) => (d.ptr, d.len) = (ptr, len),
-            None => self.destinations.push(Destination { key, ptr, len }),
+            None => self.destinations.push(Destination { ptr, len }),
         }
     }
 
     fn forget(&mut self, key: usize) {
         self.values.remove(&key);
-        self.destinations.retain(|d| d.key != key);
+        self.destinations.retain(|d| d.key() != key);
     }
 
     /// [`Window::write`] into `t` resized to `[rows, cols]`. When the resize
@@ -136,7 +142,7 @@ impl Window {
         }
         let results: Vec<(String, Vec<usize>)> = (w.destinations.iter())
             .map(|d| {
-                let v = &w.values[&d.key];
+                let v = &w.values[&d.key()];
                 (v.name.clone(), v.dims.clone())
             })
             .collect();

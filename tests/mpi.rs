@@ -286,9 +286,7 @@ fn a_dead_or_hung_rank_stops_the_job_and_resume_ends_like_a_run_that_never_stopp
     // The set reads back under another number of ranks, each reading only
     // its rows, and in one process: rewritten with no step taken, it holds
     // the same tensors.
-    let mut four = train_args(&data, &stopped, "22");
-    four.push("--resume");
-    ok("read on 4 ranks", mpirun(4, &four, &[]));
+    ok("read on 4 ranks", mpirun(4, &resume, &[]));
     same_model(
         "read on 4 ranks",
         Path::new(&stopped),

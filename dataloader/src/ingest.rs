@@ -26,28 +26,6 @@ use crate::DataError;
 /// under 1 KB).
 pub const MAX_LINE_BYTES: usize = 1 << 16;
 
-/// Reads up to and including the next newline; returns the bytes skipped.
-fn skip_line(lines: &mut dyn BufRead) -> std::io::Result<usize> {
-    let mut skipped = 0;
-    loop {
-        let buf = lines.fill_buf()?;
-        if buf.is_empty() {
-            return Ok(skipped);
-        }
-        match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                lines.consume(i + 1);
-                return Ok(skipped + i + 1);
-            }
-            None => {
-                let n = buf.len();
-                lines.consume(n);
-                skipped += n;
-            }
-        }
-    }
-}
-
 /// Rejected lines reported one by one; the rest are only counted.
 pub const REPORTED_REJECTS: usize = 10;
 
@@ -307,7 +285,7 @@ fn ingest_one(
         let parsed = if buf.len() == MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
             // Not a Criteo line (a binary file, a missing newline): skip to
             // the next newline without holding the rest in memory.
-            let skipped = skip_line(&mut *lines).map_err(DataError::io(input))?;
+            let skipped = lines.skip_until(b'\n').map_err(DataError::io(input))?;
             Err(Reject::TooLong {
                 bytes: MAX_LINE_BYTES + skipped,
             })

@@ -76,6 +76,9 @@ struct Device {
     keys: Vec<String>,
     /// `received[i][src]`: route i's bags from device src (kept for the backward).
     received: Vec<Vec<Bags>>,
+    /// The forward's input to `ebc`, built from `received`, reused by the
+    /// backward unless data-parallel bags arrived with the gradients.
+    kjt: Option<KeyedJaggedTensor>,
     pooled: KeyedTensor,
     local_grad: Vec<f32>,
 }
@@ -325,6 +328,7 @@ impl ShardedEmbeddingBagCollection {
                 keys,
                 pooled,
                 local_grad: Vec::new(),
+                kjt: None,
             });
         }
         let layout = Layout {
@@ -944,6 +948,7 @@ fn device_forward(
         lookups = kjt.values().len() as u64;
         ctx.pool
             .install(|| ebc.forward_into(&kjt, &mut dev.pooled))?;
+        dev.kjt = Some(kjt);
     }
     times.0[1] = t.elapsed();
 
@@ -1020,6 +1025,7 @@ fn device_backward(
     dev.local_grad.clear();
     let total = ctx.owners.last().map_or(0, |o| o.end);
     dev.local_grad.resize(total * local_width, 0.0);
+    let mut more_bags = false;
     for (src, msg) in received.iter().enumerate() {
         let mut reader = Reader::new(msg);
         for (i, &r) in dev.routes.iter().enumerate() {
@@ -1032,6 +1038,7 @@ fn device_backward(
             }
             if ctx.routes[r].data_parallel && src != me {
                 dev.received[i][src] = decode_bags(&mut reader)?;
+                more_bags = true;
             }
         }
     }
@@ -1039,9 +1046,17 @@ fn device_backward(
 
     let t = Instant::now();
     if let Some(ebc) = &mut dev.ebc {
-        let kjt = local_kjt(&dev.received, &dev.keys, ctx.owners, ctx.weighted)?;
+        if more_bags || dev.kjt.is_none() {
+            dev.kjt = Some(local_kjt(
+                &dev.received,
+                &dev.keys,
+                ctx.owners,
+                ctx.weighted,
+            )?);
+        }
+        let kjt = dev.kjt.as_ref().expect("built above or by the forward");
         let grad = &dev.local_grad;
-        ctx.pool.install(|| ebc.backward_update(&kjt, grad))?;
+        ctx.pool.install(|| ebc.backward_update(kjt, grad))?;
     }
     times.0[1] = t.elapsed();
     Ok(times)

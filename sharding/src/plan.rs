@@ -244,6 +244,13 @@ impl ShardingPlan {
     }
 }
 
+/// Why `optimizer`'s tables cannot be split by columns, if they cannot.
+pub(crate) fn column_split_refused(optimizer: &TableOptimizer) -> Option<&'static str> {
+    matches!(optimizer, TableOptimizer::RowWiseAdagrad { .. }).then_some(
+        "row-wise Adagrad keeps one state per row, which a column split would break into one per column shard (a different optimizer); use table-wise or row-wise sharding, or another optimizer",
+    )
+}
+
 fn validate_table(
     t: &EmbeddingBagConfig,
     p: &TablePlan,
@@ -328,8 +335,10 @@ fn validate_table(
             t.embedding_dim
         ));
     }
-    if columns.len() > 1 && matches!(optimizer, TableOptimizer::RowWiseAdagrad { .. }) {
-        return Err("row-wise Adagrad keeps one state per row, which a column split would break into one per column shard (a different optimizer); use table-wise or row-wise sharding, or another optimizer".into());
+    if columns.len() > 1 {
+        if let Some(why) = column_split_refused(optimizer) {
+            return Err(why.into());
+        }
     }
     for c in &columns {
         let pieces: Vec<RowSplit> = p

@@ -21,7 +21,7 @@
 use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
 use serde::Serialize;
 
-use crate::plan::{ShardingPlan, ShardingType, TablePlan};
+use crate::plan::{column_split_refused, ShardingPlan, ShardingType, TablePlan};
 use crate::{ShardingError, Topology};
 
 #[derive(Clone, Debug)]
@@ -124,7 +124,7 @@ fn loads(
 fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<TablePlan> {
     let n = topo.num_devices();
     let all: Vec<usize> = (0..n).collect();
-    let column_ok = !matches!(o.optimizer, TableOptimizer::RowWiseAdagrad { .. });
+    let column_ok = column_split_refused(&o.optimizer).is_none();
     let mut out = Vec::new();
     let want = |k: ShardingType| o.sharding.is_none_or(|s| s == k);
     if want(ShardingType::TableWise) {
@@ -247,12 +247,11 @@ pub fn plan(
     o: &PlannerOptions,
 ) -> Result<(ShardingPlan, PlanStats), ShardingError> {
     topo.validate()?;
-    if o.sharding == Some(ShardingType::ColumnWise)
-        && matches!(o.optimizer, TableOptimizer::RowWiseAdagrad { .. })
-    {
-        return Err(ShardingError::Plan(
-            "column-wise sharding with row-wise Adagrad would keep one state per column shard instead of one per row; use another sharding or optimizer".into(),
-        ));
+    // Forced column-wise: say why no option exists, not that nothing fits.
+    if o.sharding == Some(ShardingType::ColumnWise) {
+        if let Some(why) = column_split_refused(&o.optimizer) {
+            return Err(ShardingError::Plan(why.into()));
+        }
     }
     // Balance cost first; when that strands a table, balance storage.
     let mut attempt = greedy(tables, topo, o, false);

@@ -17,4 +17,4 @@ pub use dlrm::{DenseArch, Dlrm, DlrmConfig, InteractionType, PhaseTimes, StepOut
 pub use error::ModelError;
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
 pub use sparse_arch::SparseArch;
-pub use train::{evaluate, push_over_ranks};
+pub use train::{evaluate, Evaluation};

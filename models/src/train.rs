@@ -14,38 +14,56 @@ pub fn evaluate(
     be: &dyn DenseBackend<f32>,
     batches: impl IntoIterator<Item = impl Borrow<Batch>>,
 ) -> Result<Metrics, ModelError> {
-    let (mut logits, mut labels) = (Vec::new(), Vec::new());
+    let mut eval = Evaluation::default();
     for batch in batches {
-        let batch = batch.borrow();
-        logits.extend_from_slice(model.predict(be, batch)?);
-        labels.extend_from_slice(&batch.labels);
+        eval.push(model, be, batch.borrow())?;
     }
-    let mut acc = MetricsAccumulator::default();
-    push_over_ranks(model, &logits, &labels, &mut acc)?;
-    Ok(acc.finish())
+    eval.finish(model)
 }
 
-/// Pushes this process's predictions into `acc`; on a rank of a world,
-/// every rank's (all ranks call this together).
-pub fn push_over_ranks(
-    model: &Dlrm,
-    logits: &[f32],
-    labels: &[f32],
-    acc: &mut MetricsAccumulator,
-) -> Result<(), ModelError> {
-    let Some(comm) = model.world() else {
-        acc.push(logits, labels);
-        return Ok(());
-    };
-    let mine: Vec<u8> = (logits.iter().chain(labels))
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    for part in comm.all_gather(mine)? {
-        let values: Vec<f32> = (part.chunks_exact(4))
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        let (l, y) = values.split_at(values.len() / 2);
-        acc.push(l, y);
+/// Predictions on the way to metrics. Alone, they go straight into the
+/// accumulator; on a rank of a world, they are kept until `finish` gathers
+/// every rank's (all ranks call it together).
+#[derive(Default)]
+pub struct Evaluation {
+    acc: MetricsAccumulator,
+    logits: Vec<f32>,
+    labels: Vec<f32>,
+}
+
+impl Evaluation {
+    /// Predicts `batch` and keeps the predictions with its labels.
+    pub fn push(
+        &mut self,
+        model: &mut Dlrm,
+        be: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<(), ModelError> {
+        let ranks = model.world().is_some();
+        let logits = model.predict(be, batch)?;
+        if ranks {
+            self.logits.extend_from_slice(logits);
+            self.labels.extend_from_slice(&batch.labels);
+        } else {
+            self.acc.push(logits, &batch.labels);
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// The metrics over every prediction pushed (on a world, every rank's).
+    pub fn finish(mut self, model: &Dlrm) -> Result<Metrics, ModelError> {
+        if let Some(comm) = model.world() {
+            let mine: Vec<u8> = (self.logits.iter().chain(&self.labels))
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            for part in comm.all_gather(mine)? {
+                let values: Vec<f32> = (part.chunks_exact(4))
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                let (l, y) = values.split_at(values.len() / 2);
+                self.acc.push(l, y);
+            }
+        }
+        Ok(self.acc.finish())
+    }
 }

@@ -10,9 +10,7 @@ use serde::Serialize;
 use ember_dataloader::Loader;
 use ember_dense::DenseBackend;
 use ember_models::checkpoint::{remove_set, save, save_set, INDEX_FILE};
-use ember_models::{
-    push_over_ranks, Batch, Checkpoint, Dlrm, Metrics, MetricsAccumulator, TrainState,
-};
+use ember_models::{Batch, Checkpoint, Dlrm, Evaluation, Metrics, TrainState};
 
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs, Stepper};
@@ -199,23 +197,11 @@ pub fn evaluate(
     loader: &Loader,
     batches: u64,
 ) -> anyhow::Result<Metrics> {
-    let mut acc = MetricsAccumulator::default();
-    let (mut logits, mut labels) = (Vec::new(), Vec::new());
-    let ranks = model.world().is_some();
+    let mut eval = Evaluation::default();
     for batch in loader.epoch(0, 0).take(batches as usize) {
-        let batch = Batch::from_loader(batch?)?;
-        let l = model.predict(be, &batch)?;
-        if ranks {
-            logits.extend_from_slice(l);
-            labels.extend_from_slice(&batch.labels);
-        } else {
-            acc.push(l, &batch.labels);
-        }
+        eval.push(model, be, &Batch::from_loader(batch?)?)?;
     }
-    if model.world().is_some() {
-        push_over_ranks(model, &logits, &labels, &mut acc)?;
-    }
-    Ok(acc.finish())
+    Ok(eval.finish(model)?)
 }
 
 /// The checkpoint to resume from in `dir`: one file, or the set the ranks of
@@ -392,7 +378,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let mut loader_config = args
         .loader
         .config(&features, config.num_dense(), rank_batch)?;
-    loader_config.rank = launch.ranks().map_or(0, |r| r.rank);
+    loader_config.rank = launch.rank();
     loader_config.world_size = world;
     loader_config.shuffle_seed = state.shuffle_seed;
     loader_config.drop_last = state.drop_last;
@@ -409,7 +395,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
             let mut c = args
                 .loader
                 .config(&features, config.num_dense(), rank_batch)?;
-            (c.rank, c.world_size) = (launch.ranks().map_or(0, |r| r.rank), world);
+            (c.rank, c.world_size) = (launch.rank(), world);
             Some(Loader::open(&args.eval_data, c)?)
         }
     };
@@ -437,7 +423,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
             // On stderr from every rank: only rank 0 prints progress.
             eprintln!(
                 "rank {}: {} of its {mine} batches per epoch are left out, to step with the rank that has the fewest",
-                launch.ranks().map_or(0, |r| r.rank),
+                launch.rank(),
                 mine - steps
             );
         }

@@ -50,14 +50,26 @@ pub struct ModeArgs {
 }
 
 #[derive(Args, Clone, Debug)]
-pub struct BackendArgs {
-    /// Where the dense towers run.
-    #[arg(long, value_enum, default_value_t = BackendKind::Native)]
-    pub dense_backend: BackendKind,
+pub struct PluginArgs {
     /// The PJRT plugin library [default: $EMBER_PJRT_PLUGIN, else where
     /// scripts/fetch-pjrt-plugin.sh puts the CPU plugin].
     #[arg(long)]
     pub pjrt_plugin: Option<PathBuf>,
+}
+
+impl PluginArgs {
+    pub fn path(&self) -> PathBuf {
+        self.pjrt_plugin.clone().unwrap_or_else(default_plugin_path)
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct BackendArgs {
+    /// Where the dense towers run.
+    #[arg(long, value_enum, default_value_t = BackendKind::Native)]
+    pub dense_backend: BackendKind,
+    #[command(flatten)]
+    pub plugin: PluginArgs,
     /// Where compiled PJRT executables are kept for later runs [default:
     /// $EMBER_PJRT_CACHE_DIR, else ~/.cache/ember/pjrt/executables].
     #[arg(long)]
@@ -86,8 +98,7 @@ impl BackendArgs {
                 Backend::Native(NativeBackend::new(rayon::current_num_threads()))
             }
             BackendKind::Pjrt => {
-                let path = self.pjrt_plugin.clone().unwrap_or_else(default_plugin_path);
-                let client = Client::new(Plugin::load(&path)?)?;
+                let client = Client::new(Plugin::load(&self.plugin.path())?)?;
                 let cache = self.compile_cache.clone().unwrap_or_else(default_cache_dir);
                 Backend::Pjrt(Arc::new(PjrtBackend::with_disk_cache(client, cache)))
             }

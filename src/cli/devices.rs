@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Serialize;
 
-use ember_dense::pjrt::{default_plugin_path, Client, DeviceInfo, Plugin};
+use ember_dense::pjrt::{Client, DeviceInfo, Plugin};
+
+use super::backend::PluginArgs;
 
 #[derive(Args, Clone, Debug)]
 pub struct DevicesArgs {
-    /// The PJRT plugin library [default: $EMBER_PJRT_PLUGIN, else where
-    /// scripts/fetch-pjrt-plugin.sh puts the CPU plugin].
-    #[arg(long)]
-    pub pjrt_plugin: Option<PathBuf>,
+    #[command(flatten)]
+    pub plugin: PluginArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -43,7 +43,7 @@ impl std::fmt::Display for DevicesReport {
 }
 
 pub fn run(args: &DevicesArgs) -> anyhow::Result<DevicesReport> {
-    let path = args.pjrt_plugin.clone().unwrap_or_else(default_plugin_path);
+    let path = args.plugin.path();
     let plugin = Plugin::load(&path)?;
     let (major, minor) = plugin.api_version();
     let client = Client::new(plugin)?;

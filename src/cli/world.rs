@@ -65,6 +65,11 @@ impl Launch {
         self.ranks.as_ref().map_or(1, |r| r.size)
     }
 
+    /// This process's rank (0 alone).
+    pub fn rank(&self) -> usize {
+        self.ranks.as_ref().map_or(0, |r| r.rank)
+    }
+
     /// Refuses commands that do not run across ranks.
     pub fn single_process_only(&self, command: &str) -> anyhow::Result<()> {
         match &self.ranks {
@@ -229,7 +234,7 @@ impl Fault {
             "hang" => FaultKind::Hang,
             _ => return Err(bad()),
         };
-        let here = launch.ranks().map_or(0, |r| r.rank) == rank;
+        let here = launch.rank() == rank;
         Ok(Self {
             at: here.then_some((step, kind)),
         })

@@ -48,6 +48,32 @@ impl DenseOptimizerConfig {
             eps: 1e-8,
         }
     }
+
+    /// State tensors per parameter: Adam's two moments, Adagrad's sum of
+    /// squares, none for SGD.
+    pub fn state_tensors(&self) -> usize {
+        match self {
+            DenseOptimizerConfig::Sgd { .. } => 0,
+            DenseOptimizerConfig::Adagrad { .. } => 1,
+            DenseOptimizerConfig::Adam { .. } => 2,
+        }
+    }
+
+    /// Adam's bias corrections at step `t` (from 1): `lr / (1 - b1^t)` and
+    /// `1 / sqrt(1 - b2^t)`, in f64; `None` for the other optimizers.
+    pub fn adam_bias_correction(&self, t: u64) -> Option<(f64, f64)> {
+        let DenseOptimizerConfig::Adam {
+            lr, beta1, beta2, ..
+        } = *self
+        else {
+            return None;
+        };
+        let t = t as i32;
+        Some((
+            lr as f64 / (1.0 - (beta1 as f64).powi(t)),
+            1.0 / (1.0 - (beta2 as f64).powi(t)).sqrt(),
+        ))
+    }
 }
 
 /// State of one parameter: Adagrad keeps its sum of squares in `v`; Adam uses both moments.
@@ -114,7 +140,7 @@ impl<T: Real> DenseOptimizer<T> {
     pub fn step(&mut self, mut params: Vec<Param<'_, T>>) {
         self.ensure_state(&params);
         self.steps += 1;
-        let t = self.steps as i32;
+        let bias_correction = self.config.adam_bias_correction(self.steps);
         for (p, slot) in params.iter_mut().zip(&mut self.slots) {
             match self.config {
                 DenseOptimizerConfig::Sgd { lr } => sgd(p, T::from_f64(lr as f64)),
@@ -125,17 +151,12 @@ impl<T: Real> DenseOptimizer<T> {
                     T::from_f64(eps as f64),
                 ),
                 DenseOptimizerConfig::Adam {
-                    lr,
-                    beta1,
-                    beta2,
-                    eps,
+                    beta1, beta2, eps, ..
                 } => {
-                    let (b1, b2) = (beta1 as f64, beta2 as f64);
-                    let step_size = lr as f64 / (1.0 - b1.powi(t));
-                    let inv_bc2_sqrt = 1.0 / (1.0 - b2.powi(t)).sqrt();
+                    let (step_size, inv_bc2_sqrt) = bias_correction.expect("Adam's");
                     let k = AdamScalars {
-                        b1: T::from_f64(b1),
-                        b2: T::from_f64(b2),
+                        b1: T::from_f64(beta1 as f64),
+                        b2: T::from_f64(beta2 as f64),
                         step_size: T::from_f64(step_size),
                         inv_bc2_sqrt: T::from_f64(inv_bc2_sqrt),
                         eps: T::from_f64(eps as f64),

@@ -13,6 +13,7 @@ use ember_dense::pjrt::{lower, DeviceBuffer, Executable, PjrtBackend, PjrtError}
 use ember_dense::{Activation, DenseOptimizerConfig, HasParams};
 
 use crate::checkpoint::dense_shapes;
+use crate::dlrm::{bottom_linear_prefix, top_linear_prefix};
 use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
 
 fn pjrt(e: PjrtError) -> ModelError {
@@ -33,15 +34,6 @@ pub struct CompiledDenseStep {
     steps: u64,
     /// The host copy of the parameters is behind the device's.
     host_stale: bool,
-}
-
-/// State tensors per parameter for an optimizer.
-fn state_per_param(o: &DenseOptimizerConfig) -> usize {
-    match o {
-        DenseOptimizerConfig::Sgd { .. } => 0,
-        DenseOptimizerConfig::Adagrad { .. } => 1,
-        DenseOptimizerConfig::Adam { .. } => 2,
-    }
 }
 
 impl CompiledDenseStep {
@@ -103,7 +95,7 @@ impl CompiledDenseStep {
                     if v.is_empty() { &zeros } else { v },
                 )
             });
-            let parts: Vec<&Vec<f32>> = match state_per_param(&self.optimizer) {
+            let parts: Vec<&Vec<f32>> = match self.optimizer.state_tensors() {
                 0 => vec![],
                 1 => vec![v],
                 _ => vec![m, v],
@@ -177,7 +169,7 @@ impl CompiledDenseStep {
         for (p, v) in model.dense_arch_mut().params().into_iter().zip(&values) {
             p.value.copy_from_slice(v);
         }
-        let per = state_per_param(&self.optimizer);
+        let per = self.optimizer.state_tensors();
         let mut state = Vec::with_capacity(self.names.len());
         for (i, (name, shape)) in self.names.iter().enumerate() {
             let len = shape.iter().product();
@@ -196,21 +188,10 @@ impl CompiledDenseStep {
 }
 
 /// The per-step scalars of the update: Adam's `step_size` and
-/// `1 / sqrt(1 - b2^t)` (computed in f64 as the native optimizer does).
+/// `1 / sqrt(1 - b2^t)`, as the native optimizer computes them.
 fn step_scalars(o: &DenseOptimizerConfig, t: u64) -> (f32, f32) {
-    match *o {
-        DenseOptimizerConfig::Adam {
-            lr, beta1, beta2, ..
-        } => {
-            let (b1, b2) = (beta1 as f64, beta2 as f64);
-            let t = t as i32;
-            (
-                (lr as f64 / (1.0 - b1.powi(t))) as f32,
-                (1.0 / (1.0 - b2.powi(t)).sqrt()) as f32,
-            )
-        }
-        _ => (0.0, 0.0),
-    }
+    let (s1, s2) = o.adam_bias_correction(t).unwrap_or((0.0, 0.0));
+    (s1 as f32, s2 as f32)
 }
 
 /// The StableHLO of one training step. Arguments: dense `[B, nd]`, pooled
@@ -234,7 +215,7 @@ fn step_program(
         let v = f.arg(shape);
         p.insert(name.as_str(), v);
     }
-    let per = state_per_param(o);
+    let per = o.state_tensors();
     let state: Vec<Vec<String>> = names
         .iter()
         .map(|(_, shape)| (0..per).map(|_| f.arg(shape)).collect())
@@ -244,7 +225,7 @@ fn step_program(
     // Bottom MLP (ReLU after every layer, TorchRec's DenseArch).
     let bottom: Vec<Layer> = (c.bottom_mlp.windows(2).enumerate())
         .map(|(i, w)| Layer {
-            prefix: format!("dense_arch.model._mlp.{i}._linear."),
+            prefix: bottom_linear_prefix(i),
             inp: w[0],
             out: w[1],
             act: Activation::Relu,
@@ -285,10 +266,7 @@ fn step_program(
     let nt = top_sizes.len() - 1;
     let top: Vec<Layer> = (top_sizes.windows(2).enumerate())
         .map(|(i, w)| Layer {
-            prefix: match i + 1 == nt {
-                true => "over_arch.model.1.".into(),
-                false => format!("over_arch.model.0._mlp.{i}._linear."),
-            },
+            prefix: top_linear_prefix(i, nt),
             inp: w[0],
             out: w[1],
             act: if i + 1 == nt {

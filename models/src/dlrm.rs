@@ -293,6 +293,20 @@ impl<T: Real> DenseArch<T> {
     }
 }
 
+/// TorchRec's name prefix of bottom MLP layer `i`.
+pub(crate) fn bottom_linear_prefix(i: usize) -> String {
+    format!("dense_arch.model._mlp.{i}._linear.")
+}
+
+/// TorchRec's name prefix of top layer `i` of `layers`: its OverArch is
+/// Sequential(MLP(all but the last layer), Linear).
+pub(crate) fn top_linear_prefix(i: usize, layers: usize) -> String {
+    match i + 1 == layers {
+        true => "over_arch.model.1.".into(),
+        false => format!("over_arch.model.0._mlp.{i}._linear."),
+    }
+}
+
 impl<T: Real> HasParams<T> for DenseArch<T> {
     /// Parameters named as in TorchRec's DLRM `state_dict`.
     fn params(&mut self) -> Vec<Param<'_, T>> {

@@ -34,6 +34,7 @@ use safetensors::tensor::{Dtype, TensorView, View};
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
+use crate::dlrm::{bottom_linear_prefix, top_linear_prefix};
 use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
 
 mod rows;
@@ -91,16 +92,11 @@ pub fn dense_shapes(config: &DlrmConfig) -> BTreeMap<String, Vec<usize>> {
         shapes.insert(format!("{prefix}bias"), vec![out]);
     };
     for (i, w) in config.bottom_mlp.windows(2).enumerate() {
-        linear(format!("dense_arch.model._mlp.{i}._linear."), w[0], w[1]);
+        linear(bottom_linear_prefix(i), w[0], w[1]);
     }
     let top = config.top_mlp_sizes();
-    let last = top.len() - 2;
     for (i, w) in top.windows(2).enumerate() {
-        let prefix = match i == last {
-            true => "over_arch.model.1.".to_string(),
-            false => format!("over_arch.model.0._mlp.{i}._linear."),
-        };
-        linear(prefix, w[0], w[1]);
+        linear(top_linear_prefix(i, top.len() - 1), w[0], w[1]);
     }
     if let InteractionType::Dcn { layers, rank } = config.interaction {
         let n = (config.num_sparse_features() + 1) * config.embedding_dim();

@@ -10,6 +10,14 @@ fn ember(args: &[&str]) -> std::process::Output {
         .expect("the ember binary runs")
 }
 
+/// Stderr of a run that must fail.
+fn fails(args: &[&str]) -> String {
+    let out = ember(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "ember {args:?} must fail: {err}");
+    err
+}
+
 fn json(args: &[&str]) -> serde_json::Value {
     let out = ember(args);
     assert!(
@@ -176,14 +184,12 @@ fn bench_embedding_reports_roofline() {
 
 #[test]
 fn bad_flags_are_named() {
-    let out = ember(&["bench", "dlrm", "--arch-mlp-bot", "13-x-2"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails(&["bench", "dlrm", "--arch-mlp-bot", "13-x-2"]);
     assert!(
         err.contains("--arch-mlp-bot") && err.contains("'x'"),
         "{err}"
     );
-    let out = ember(&[
+    let err = fails(&[
         "bench",
         "dlrm",
         "--arch-mlp-bot",
@@ -191,11 +197,7 @@ fn bad_flags_are_named() {
         "--arch-sparse-feature-size",
         "2",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("embedding dim"),
-        "{err}"
-    );
+    assert!(err.contains("embedding dim"), "{err}");
     // Each bad value is an error naming it (exit code 1 from anyhow, 2 from
     // clap's own parsing), never a panic (101).
     for (args, needle) in [
@@ -339,10 +341,9 @@ fn plan_then_bench_sharded_with_every_type() {
         plan.to_str().unwrap(),
     ];
     a.extend(arch);
-    let out = ember(&a);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails(&a);
     assert!(
-        !out.status.success() && err.contains("t_cat_2") && err.contains("plan.json"),
+        err.contains("t_cat_2") && err.contains("plan.json"),
         "{err}"
     );
     // Too little memory: the error lists the tables and what is missing.
@@ -356,12 +357,8 @@ fn plan_then_bench_sharded_with_every_type() {
         plan.to_str().unwrap(),
     ];
     a.extend(arch);
-    let out = ember(&a);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("t_cat_0") && err.contains("missing"),
-        "{err}"
-    );
+    let err = fails(&a);
+    assert!(err.contains("t_cat_0") && err.contains("missing"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -453,12 +450,9 @@ fn pjrt_backend_trains_like_native_and_a_second_run_hits_the_compile_cache() {
     for mode in ["compiled", "defer-fuse"] {
         let mut wrong = args("native");
         wrong.extend(["--mode", mode]);
-        let out = ember(&wrong);
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = fails(&wrong);
         assert!(
-            !out.status.success()
-                && err.contains(&format!("--mode {mode}"))
-                && err.contains("--dense-backend pjrt"),
+            err.contains(&format!("--mode {mode}")) && err.contains("--dense-backend pjrt"),
             "{err}"
         );
     }

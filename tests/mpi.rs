@@ -44,6 +44,14 @@ fn ok(what: &str, out: Output) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Stdout and stderr of a job that must fail.
+fn failed(what: &str, out: Output) -> String {
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{what} must fail the job: {text}");
+    text
+}
+
 fn json(what: &str, out: Output) -> serde_json::Value {
     let text = ok(what, out);
     let last = text.trim().lines().last().unwrap_or_default();
@@ -236,10 +244,8 @@ fn a_dead_or_hung_rank_stops_the_job_and_resume_ends_like_a_run_that_never_stopp
     let whole = p("whole");
     let mut args = train_args(&data, &whole, "22");
     args.push("--json");
-    let out = ok("uninterrupted", mpirun(2, &args, &[]));
-    let summary: serde_json::Value =
-        serde_json::from_str(out.trim().lines().last().unwrap_or_default()).unwrap();
-    assert_eq!(summary["world_size"], 2, "{out}");
+    let summary = json("uninterrupted", mpirun(2, &args, &[]));
+    assert_eq!(summary["world_size"], 2, "{summary}");
     let sent = summary["per_rank_bytes_sent"].as_array().unwrap();
     assert!(sent.len() == 2 && sent.iter().all(|b| b.as_u64().unwrap() > 0));
 
@@ -250,9 +256,7 @@ fn a_dead_or_hung_rank_stops_the_job_and_resume_ends_like_a_run_that_never_stopp
         &train_args(&data, &stopped, "22"),
         &[("EMBER_FAULT", "1:12:kill"), ("EMBER_PEER_TIMEOUT", "20")],
     );
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a killed rank must fail the job");
+    let text = failed("a killed rank", out);
     assert!(text.contains("rank 1"), "the dead rank is named: {text}");
 
     // Rank 1 hung at step 7: rank 0 gives up after the timeout, naming it.
@@ -262,9 +266,7 @@ fn a_dead_or_hung_rank_stops_the_job_and_resume_ends_like_a_run_that_never_stopp
         &train_args(&data, &hung, "22"),
         &[("EMBER_FAULT", "1:7:hang"), ("EMBER_PEER_TIMEOUT", "2")],
     );
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a hung rank must fail the job");
+    let text = failed("a hung rank", out);
     assert!(
         text.contains("rank 1 did not exchange for 2 s"),
         "the hung rank is named: {text}"

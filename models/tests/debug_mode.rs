@@ -60,12 +60,12 @@ fn the_first_non_finite_value_is_named_and_nothing_is_updated() {
     );
     // An infinite weight in the bottom MLP: named by its layer.
     let (mut model, data) = model_and_data();
-    let before: Vec<Vec<f32>> = model
-        .dense_arch_mut()
-        .params()
-        .iter()
-        .map(|p| p.value.to_vec())
-        .collect();
+    let dense = |m: &mut Dlrm| -> Vec<Vec<f32>> {
+        (m.dense_arch_mut().params().iter())
+            .map(|p| p.value.to_vec())
+            .collect()
+    };
+    let before = dense(&mut model);
     model.dense_arch_mut().params()[0].value[0] = f32::INFINITY;
     let err = model
         .train_step_checked(&be, &data.batch(0, 8))
@@ -75,11 +75,6 @@ fn the_first_non_finite_value_is_named_and_nothing_is_updated() {
         "{err}"
     );
     // The failed step left every other parameter as it was.
-    let after: Vec<Vec<f32>> = model
-        .dense_arch_mut()
-        .params()
-        .iter()
-        .map(|p| p.value.to_vec())
-        .collect();
+    let after = dense(&mut model);
     assert_eq!(after[1..], before[1..]);
 }

@@ -38,7 +38,7 @@ pub trait Collective: Send + Sync {
     fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), ShardingError> {
         let (n, me) = (self.world_size(), self.rank());
         let len = data.len();
-        let chunk = |r: usize| (len * r / n)..(len * (r + 1) / n);
+        let chunk = |r: usize| crate::plan::block(len, n, r);
         let read = |rank: usize, b: &[u8], out: &mut [f32]| -> Result<(), ShardingError> {
             if wire::copy_from_bytes(b, out) {
                 return Ok(());

@@ -106,12 +106,14 @@ pub struct TablePlan {
 /// Near-equal blocks of `0..n` in `parts` pieces (the first ones one longer).
 pub fn blocks(n: usize, parts: usize) -> Vec<Range<usize>> {
     let parts = parts.clamp(1, n.max(1));
-    (0..parts)
-        .map(|p| {
-            let at = |k: usize| (n as u128 * k as u128 / parts as u128) as usize;
-            at(p)..at(p + 1)
-        })
-        .collect()
+    (0..parts).map(|k| block(n, parts, k)).collect()
+}
+
+/// Block `k` of `0..n` cut into `parts` near-equal blocks (empty ones when
+/// `parts > n`).
+pub(crate) fn block(n: usize, parts: usize, k: usize) -> Range<usize> {
+    let at = |k: usize| (n as u128 * k as u128 / parts as u128) as usize;
+    at(k)..at(k + 1)
 }
 
 impl TablePlan {

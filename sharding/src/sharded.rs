@@ -467,10 +467,7 @@ impl ShardedEmbeddingBagCollection {
 
     /// Index in `devices` of global device `device`, when this process runs it.
     fn device_index(&self, device: usize) -> Option<usize> {
-        match &self.exec {
-            Exec::Threads(_) => Some(device),
-            Exec::Rank(comm) => (comm.rank() == device).then_some(0),
-        }
+        (device.checked_sub(self.local_offset_device())).filter(|&i| i < self.devices.len())
     }
 
     pub fn plan(&self) -> &ShardingPlan {
@@ -561,10 +558,7 @@ impl ShardedEmbeddingBagCollection {
 
     /// Where this process's input starts among the global samples.
     fn local_offset(&self, owners: &[Range<usize>]) -> usize {
-        match &self.exec {
-            Exec::Threads(_) => 0,
-            Exec::Rank(comm) => owners[comm.rank()].start,
-        }
+        owners[self.local_offset_device()].start
     }
 
     /// For each slot, its key's index in `kjt`, after checking every id.
@@ -757,7 +751,7 @@ fn on_devices<R: Send, X: Send>(
 
 /// `blocks`, but always `n` ranges (empty ones when the batch is smaller).
 fn blocks_exact(b: usize, n: usize) -> Vec<Range<usize>> {
-    (0..n).map(|d| (b * d / n)..(b * (d + 1) / n)).collect()
+    (0..n).map(|d| crate::plan::block(b, n, d)).collect()
 }
 
 struct Context<'a> {

@@ -119,9 +119,9 @@ pub trait DenseBackend<T: Real>: Send + Sync {
     fn add_assign(&self, y: &mut Tensor<T>, x: &Tensor<T>);
 
     /// Mean binary cross-entropy of `sigmoid(logits)` against `labels`, computed stably on the
-    /// logits. Writes `dlogits = (sigmoid(z) - y) / n` and the mean loss into `loss` (an output
-    /// like any other, so a deferring backend need not stop for it).
-    fn bce_with_logits(&self, logits: &[T], labels: &[T], dlogits: &mut [T], loss: &mut T);
+    /// logits. Writes `dlogits = (sigmoid(z) - y) / n`, resized to `[n, 1]`, and the mean loss
+    /// into `loss` (an output like any other, so a deferring backend need not stop for it).
+    fn bce_with_logits(&self, logits: &[T], labels: &[T], dlogits: &mut Tensor<T>, loss: &mut T);
 
     /// `dst` becomes a copy of `src` (shape and values).
     fn copy(&self, dst: &mut Tensor<T>, src: &Tensor<T>);

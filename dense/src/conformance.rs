@@ -277,7 +277,8 @@ pub fn check_bce_with_logits<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
         let labels: Vec<f32> = (0..len)
             .map(|i| (rng.unit() < 0.3 || i == 1) as u8 as f32)
             .collect();
-        let mut grad = vec![f32::NAN; len];
+        // Sized wrong on purpose: the backend makes it [len, 1].
+        let mut grad = Tensor::from_vec(1, len + 1, vec![f32::NAN; len + 1]).unwrap();
         let mut loss = f32::NAN;
         be.bce_with_logits(&logits, &labels, &mut grad, &mut loss);
         let l64: Vec<f64> = logits.iter().map(|&v| v as f64).collect();
@@ -291,8 +292,8 @@ pub fn check_bce_with_logits<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
         )?;
         compare(
             &format!("{what} dlogits"),
-            &Tensor::from_vec(1, len, grad).unwrap(),
-            &Tensor::from_vec(1, len, want_grad).unwrap(),
+            &grad,
+            &Tensor::from_vec(len, 1, want_grad).unwrap(),
         )?;
         n += 1;
     }
@@ -398,11 +399,10 @@ impl Chain {
         be.linear_forward(&self.xc, &p.w, p.b.data(), Activation::Relu, &mut self.y);
         be.concat_columns(&self.y, &self.xc, &mut self.cat);
         be.linear_forward(&self.cat, &p.w2, &p.b2, Activation::None, &mut self.logits);
-        be.zeros(&mut self.dlogits, rows, 1);
         be.bce_with_logits(
             self.logits.data(),
             &p.labels[..rows],
-            self.dlogits.data_mut(),
+            &mut self.dlogits,
             &mut self.loss,
         );
         be.linear_backward(

@@ -150,10 +150,19 @@ impl DenseBackend<f32> for Broken {
     fn add_assign(&self, y: &mut Tensor<f32>, x: &Tensor<f32>) {
         DenseBackend::<f32>::add_assign(&self.0, y, x)
     }
-    fn bce_with_logits(&self, logits: &[f32], labels: &[f32], dlogits: &mut [f32], loss: &mut f32) {
+    fn bce_with_logits(
+        &self,
+        logits: &[f32],
+        labels: &[f32],
+        dlogits: &mut Tensor<f32>,
+        loss: &mut f32,
+    ) {
         self.0.bce_with_logits(logits, labels, dlogits, loss);
         if matches!(self.1, Bug::BceUnscaled) {
-            dlogits.iter_mut().for_each(|g| *g *= logits.len() as f32);
+            dlogits
+                .data_mut()
+                .iter_mut()
+                .for_each(|g| *g *= logits.len() as f32);
         }
     }
     fn copy(&self, dst: &mut Tensor<f32>, src: &Tensor<f32>) {

@@ -259,7 +259,7 @@ fn bce_with_logits() {
     let mut lp = logits.clone();
     check("bce dlogits", logits.data(), grad.data(), |i, v| {
         lp.data_mut()[i] = v;
-        let (mut g, mut l) = (vec![0.0; 6], 0.0);
+        let (mut g, mut l) = (Tensor::default(), 0.0);
         be.bce_with_logits(lp.data(), &labels, &mut g, &mut l);
         lp.data_mut()[i] = logits.data()[i];
         l

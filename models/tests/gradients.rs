@@ -44,7 +44,7 @@ fn loss(
     labels: &[f64],
 ) -> f64 {
     let logits = arch.forward(be, dense, pooled).clone();
-    let (mut d, mut loss) = (vec![0.0; labels.len()], 0.0);
+    let (mut d, mut loss) = (Tensor::default(), 0.0);
     be.bce_with_logits(logits.data(), labels, &mut d, &mut loss);
     loss
 }
@@ -76,8 +76,8 @@ fn dense_arch_gradients_match_finite_differences() {
         let labels: Vec<f64> = b.labels.iter().map(|&y| y as f64).collect();
 
         let logits = arch.forward(&be, &dense, &pooled).clone();
-        let mut d_logits = Tensor::zeros(5, 1);
-        be.bce_with_logits(logits.data(), &labels, d_logits.data_mut(), &mut 0.0);
+        let mut d_logits = Tensor::default();
+        be.bce_with_logits(logits.data(), &labels, &mut d_logits, &mut 0.0);
         let d_pooled = arch.backward(&be, &d_logits).clone();
         let grads: Vec<(String, Vec<f64>)> = arch
             .params()

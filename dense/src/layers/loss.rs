@@ -22,9 +22,7 @@ impl<T: Real> BceWithLogits<T> {
 
     /// Stores the mean loss and `dL/dlogits` (shaped like `logits`).
     pub fn forward_backward(&mut self, be: &dyn DenseBackend<T>, logits: &Tensor<T>, labels: &[T]) {
-        // Shaped through the backend, like every buffer a window may hold.
-        be.zeros(&mut self.grad, logits.rows(), logits.cols());
-        be.bce_with_logits(logits.data(), labels, self.grad.data_mut(), &mut self.loss);
+        be.bce_with_logits(logits.data(), labels, &mut self.grad, &mut self.loss);
     }
 
     /// The mean loss from the last [`BceWithLogits::forward_backward`].

@@ -565,8 +565,9 @@ impl<T: Real> DenseBackend<T> for NativeBackend {
         });
     }
 
-    fn bce_with_logits(&self, logits: &[T], labels: &[T], dlogits: &mut [T], loss: &mut T) {
-        *loss = bce_with_logits(logits, labels, dlogits);
+    fn bce_with_logits(&self, logits: &[T], labels: &[T], dlogits: &mut Tensor<T>, loss: &mut T) {
+        dlogits.resize(logits.len(), 1);
+        *loss = bce_with_logits(logits, labels, dlogits.data_mut());
     }
 
     fn copy(&self, dst: &mut Tensor<T>, src: &Tensor<T>) {

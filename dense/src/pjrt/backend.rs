@@ -433,19 +433,25 @@ impl DenseBackend<f32> for PjrtBackend {
         });
     }
 
-    fn bce_with_logits(&self, logits: &[f32], labels: &[f32], dlogits: &mut [f32], loss: &mut f32) {
+    fn bce_with_logits(
+        &self,
+        logits: &[f32],
+        labels: &[f32],
+        dlogits: &mut Tensor<f32>,
+        loss: &mut f32,
+    ) {
         let n = logits.len();
         assert!(
-            labels.len() == n && dlogits.len() == n,
-            "bce_with_logits: logits [{n}], labels [{}], dlogits [{}]",
+            labels.len() == n,
+            "bce_with_logits: logits [{n}], labels [{}]",
             labels.len(),
-            dlogits.len()
         );
         self.record(|w, client| {
             let z = w.read(client, logits, &[n])?;
             let y = w.read(client, labels, &[n])?;
             let (l, g) = lower::bce_with_logits(&mut w.f, &z, &y, n);
-            w.write(dlogits, &[n], g);
+            let g = w.f.reshape(&g, &[n], &[n, 1]);
+            w.write_tensor(dlogits, n, 1, g);
             w.write(std::slice::from_mut(loss), &[], l);
             Ok(())
         });

@@ -529,14 +529,16 @@ fn pool_block(
     let values = job.kjt.values();
     for (i, slot) in job.slots.iter().enumerate() {
         let table = &job.tables[slot.table];
-        let num_rows = table.num_embeddings() as u64;
+        let (num_rows, dim) = (table.num_embeddings() as u64, table.dim());
+        let base = table.weights().as_ptr();
         // A feature's bags for consecutive samples are contiguous in `values`.
         let (start, end) = (job.bag(i, first).0, job.bag(i, first + samples - 1).1);
         for (p, &id) in (start..end).zip(&values[start..end]) {
             if id < 0 || id as u64 >= num_rows {
                 return Err(table.id_error(&slot.name, job.sample_of(i, first, samples, p), id));
             }
-            rows.push(table.row(id as usize).as_ptr());
+            // In bounds: the id was checked just above.
+            rows.push(base.wrapping_add(id as usize * dim));
         }
     }
     gather_block(job, first, samples, rows);

@@ -337,15 +337,16 @@ fn run_in_pool(
     let timed = step_s.len().max(1) as f64;
     let total_s: f64 = step_s.iter().sum();
     let per_step_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / timed;
+    let compile = backend.compile_stats();
     Ok(DlrmReport {
         data_generation: args.data_generation,
         optimizer: args.optim.optimizer,
         backend: backend.name(),
         mode: args.mode.mode,
-        compiles: backend.compile_stats().map(|s| s.compiles),
-        compile_ms: backend.compile_stats().map(|s| s.compile_ms),
-        compile_cache_hits: backend.compile_stats().map(|s| s.compile_cache_hits),
-        cache_load_ms: backend.compile_stats().map(|s| s.cache_load_ms),
+        compiles: compile.as_ref().map(|s| s.compiles),
+        compile_ms: compile.as_ref().map(|s| s.compile_ms),
+        compile_cache_hits: compile.as_ref().map(|s| s.compile_cache_hits),
+        cache_load_ms: compile.as_ref().map(|s| s.cache_load_ms),
         threads: rayon::current_num_threads(),
         mini_batch_size: size,
         num_batches: args.num_batches,

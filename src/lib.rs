@@ -1,14 +1,22 @@
 //! Ember: a Rust engine for training and serving recommendation models.
 //!
-//! This facade re-exports the member crates and holds the `ember` command
-//! line's subcommands, so they can be driven from code and tests too.
+//! This facade re-exports the member crates, a [`prelude`] with the types a
+//! user meets first, and (with the default `cli` feature) the `ember`
+//! command line's subcommands, so they can be driven from code and tests.
 //!
 //! - [`sparse`]: jagged inputs, embedding bag tables, fused-optimizer lookups.
-//! - [`dense`]: dense tensors, layers and backends.
-//! - [`models`]: DLRM, DLRM-DCNv2, metrics and synthetic data.
+//! - [`dense`]: dense tensors, layers and backends (native, PJRT).
+//! - [`sharding`]: topology, the planner, sharding plans, collectives and
+//!   sharded execution.
+//! - [`dataloader`]: Criteo ingestion into Parquet and the pipelined loader.
+//! - [`models`]: DLRM, DLRM-DCNv2, the [`Model`](models::Model) contract, the
+//!   [`Trainer`](models::Trainer), checkpoints, metrics and synthetic data.
+//!
+//! A library build without the command line's dependencies:
+//! `ember = { version = "0.1", default-features = false }`.
 //!
 //! ```
-//! use ember::sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, TableOptimizer};
+//! use ember::prelude::*;
 //!
 //! let tables = vec![EmbeddingBagConfig::new("t_cat_0", 1000, 16, &["cat_0"])];
 //! let mut ebc = EmbeddingBagCollection::new(tables, TableOptimizer::rowwise_adagrad(0.01), 42)?;
@@ -21,8 +29,39 @@
 //! # Ok::<(), ember::sparse::SparseError>(())
 //! ```
 
+#![warn(missing_docs)]
+
+pub use ember_dataloader as dataloader;
 pub use ember_dense as dense;
 pub use ember_models as models;
+pub use ember_sharding as sharding;
 pub use ember_sparse as sparse;
 
+/// The `ember` command line's subcommands (feature `cli`).
+#[cfg(feature = "cli")]
+#[allow(missing_docs)]
 pub mod cli;
+
+/// The types a user needs first: `use ember::prelude::*;`.
+pub mod prelude {
+    pub use ember_dataloader::{Dataset, Loader, LoaderConfig};
+    pub use ember_dense::{
+        Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, Linear, Mlp,
+        NativeBackend, Param, Tensor,
+    };
+    pub use ember_models::checkpoint::{StateDict, StateFile};
+    pub use ember_models::{
+        evaluate, Backend, Batch, Checkpoint, DataGeneration, DataParallel, Dlrm, DlrmConfig,
+        ExecMode, InMemory, InteractionType, Metrics, Model, ModelError, StepOutput,
+        SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainError, TrainEvent,
+        TrainState, TrainSummary, Trainer, TrainerConfig,
+    };
+    pub use ember_sharding::{
+        Collective, InProcess, PlannerOptions, ShardedEmbeddingBagCollection, ShardingPlan,
+        ShardingType, Topology,
+    };
+    pub use ember_sparse::{
+        EmbeddingBagCollection, EmbeddingBagConfig, JaggedTensor, KeyedJaggedTensor, KeyedTensor,
+        PoolingType, TableOptimizer,
+    };
+}

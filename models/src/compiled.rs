@@ -17,7 +17,7 @@ use crate::dlrm::{bottom_linear_prefix, top_linear_prefix};
 use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
 
 fn pjrt(e: PjrtError) -> ModelError {
-    ModelError::Config(format!("compiled dense step: {e}"))
+    ModelError::from(e)
 }
 
 /// One compiled dense step for a model, batch size and optimizer.

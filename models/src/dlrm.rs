@@ -2,6 +2,7 @@
 //! TorchRec's structure: sparse_arch (embedding bags) → dense_arch (bottom
 //! MLP) → inter_arch → over_arch (top MLP ending in one logit).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,8 +16,9 @@ use ember_sharding::{
 use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedTensor, TableOptimizer};
 use serde::{Deserialize, Serialize};
 
+use crate::model::DataParallel;
 use crate::sparse_arch::SparseArch;
-use crate::{Batch, ModelError};
+use crate::{Backend, Batch, CompiledDenseStep, ExecMode, Model, ModelError, TrainState};
 
 /// How the bottom MLP's output and the pooled embeddings interact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -363,43 +365,6 @@ impl PhaseTimes {
     }
 }
 
-/// Dense gradients, the pooled embeddings' gradient and the loss of this
-/// rank's samples become those of all ranks' samples: one all-reduce of every
-/// gradient and the loss weighted by the sample count, and the count. The
-/// sum is in rank order, so every rank gets the same bits. Returns the loss.
-fn average_over_ranks(
-    world: &mut World,
-    arch: &mut DenseArch<f32>,
-    samples: usize,
-    loss: f32,
-) -> Result<f32, ModelError> {
-    let n = samples as f32;
-    let flat = &mut world.flat;
-    flat.clear();
-    let mut params = arch.params();
-    for p in &params {
-        flat.extend(p.grad.iter().map(|g| g * n));
-    }
-    flat.extend([loss * n, n]);
-    world.comm.all_reduce_sum(flat)?;
-    let total = flat[flat.len() - 1];
-    let mut at = 0;
-    for p in &mut params {
-        for (g, s) in p.grad.iter_mut().zip(&flat[at..]) {
-            *g = s / total;
-        }
-        at += p.grad.len();
-    }
-    drop(params);
-    // The pooled gradient stays per sample: only its 1/n becomes 1/total.
-    let scale = n / total;
-    arch.pooled_grad_mut()
-        .data_mut()
-        .iter_mut()
-        .for_each(|g| *g *= scale);
-    Ok(flat[flat.len() - 2] / total)
-}
-
 /// How a training step runs its dense part.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Run {
@@ -429,16 +394,10 @@ pub struct Dlrm {
     pooled_dense: Tensor<f32>,
     loss: BceWithLogits<f32>,
     /// Set when this process is one rank of a data-parallel world.
-    world: Option<World>,
-}
-
-/// Data parallelism over ranks (one process each): every rank steps on its
-/// own samples, and the dense gradients and the loss become means over the
-/// samples of all ranks, so every rank applies the same dense update.
-struct World {
-    comm: Arc<dyn Collective>,
-    /// Reused buffer of the one all-reduce per step.
-    flat: Vec<f32>,
+    world: Option<DataParallel>,
+    /// The compiled mode's step, made at its first step (and again when
+    /// the batch size changes); while it runs, the device holds the truth.
+    compiled: Option<CompiledDenseStep>,
 }
 
 impl Dlrm {
@@ -497,10 +456,7 @@ impl Dlrm {
         )?;
         let mut model =
             Self::with_tables(config, SparseArch::Sharded(sharded), dense_optimizer, seed)?;
-        model.world = Some(World {
-            comm,
-            flat: Vec::new(),
-        });
+        model.world = Some(DataParallel::new(comm));
         Ok(model)
     }
 
@@ -521,6 +477,7 @@ impl Dlrm {
             pooled_dense: Tensor::zeros(0, 0),
             loss: BceWithLogits::new(),
             world: None,
+            compiled: None,
         })
     }
 
@@ -548,7 +505,7 @@ impl Dlrm {
 
     /// The world's collective, when this model is one rank of it.
     pub fn world(&self) -> Option<&Arc<dyn Collective>> {
-        self.world.as_ref().map(|w| &w.comm)
+        self.world.as_ref().map(|w| w.comm())
     }
     pub fn dense_arch(&self) -> &DenseArch<f32> {
         &self.dense_arch
@@ -713,7 +670,10 @@ impl Dlrm {
         }
         let mut loss = self.loss.loss();
         if let Some(world) = &mut self.world {
-            loss = average_over_ranks(world, &mut self.dense_arch, batch.size(), loss)?;
+            let scale;
+            (loss, scale) = world.average(self.dense_arch.params(), batch.size(), loss)?;
+            // The pooled gradient stays per sample: only its 1/n becomes 1/total.
+            (self.dense_arch.pooled_grad_mut().data_mut().iter_mut()).for_each(|g| *g *= scale);
         }
 
         if run == Run::Checked {
@@ -767,5 +727,151 @@ impl Dlrm {
             ),
             value: values[i],
         })
+    }
+}
+
+impl Dlrm {
+    /// The compiled mode's step: made for this batch size on first use
+    /// (after bringing a previous step's state home), then run.
+    fn step_compiled(
+        &mut self,
+        pjrt: &Arc<ember_dense::pjrt::PjrtBackend>,
+        batch: &Batch,
+    ) -> Result<StepOutput, ModelError> {
+        // One executable per batch size: a short last batch gets its own.
+        if self.compiled.as_ref().map(|s| s.batch_size()) != Some(batch.size()) {
+            self.sync_to_host()?;
+            self.compiled = Some(CompiledDenseStep::new(pjrt.clone(), self, batch.size())?);
+        }
+        let mut step = self.compiled.take().expect("made above");
+        let out = self.train_step_compiled(&mut step, batch);
+        self.compiled = Some(step);
+        out
+    }
+
+    /// The model placed by `plan`, from `checkpoint` or new from `seed`.
+    /// On a rank of `world`, only its shards are ever built (or read);
+    /// alone, the whole model is built, then sharded over threads.
+    pub fn place(
+        config: &DlrmConfig,
+        (table_optimizer, dense_optimizer): (TableOptimizer, DenseOptimizerConfig),
+        seed: u64,
+        plan: Option<ShardingPlan>,
+        checkpoint: Option<&crate::Checkpoint>,
+        world: Option<&Arc<dyn Collective>>,
+    ) -> Result<Dlrm, ModelError> {
+        Ok(match (checkpoint, plan, world) {
+            (Some(ckpt), Some(plan), Some(comm)) => {
+                ckpt.model_on_rank(table_optimizer, dense_optimizer, plan, comm.clone())?
+            }
+            (None, Some(plan), Some(comm)) => Dlrm::new_on_rank(
+                config.clone(),
+                table_optimizer,
+                dense_optimizer,
+                seed,
+                plan,
+                comm.clone(),
+            )?,
+            (checkpoint, plan, _) => {
+                let mut model = match checkpoint {
+                    Some(ckpt) => ckpt.model(table_optimizer, dense_optimizer)?,
+                    None => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, seed)?,
+                };
+                model.shard(plan)?;
+                model
+            }
+        })
+    }
+}
+
+impl Model for Dlrm {
+    fn train_step(
+        &mut self,
+        backend: &Backend,
+        batch: &Batch,
+        mode: ExecMode,
+    ) -> Result<StepOutput, ModelError> {
+        backend.check_mode(mode)?;
+        match (mode, backend.pjrt_backend()) {
+            (ExecMode::Compiled, Some(pjrt)) => self.step_compiled(pjrt, batch),
+            (ExecMode::Debug, _) => self.train_step_checked(backend.dense(), batch),
+            (ExecMode::DeferFuse, _) => self.train_step_fused(backend.dense(), batch),
+            _ => Dlrm::train_step(self, backend.dense(), batch),
+        }
+    }
+
+    fn predict(
+        &mut self,
+        backend: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<&[f32], ModelError> {
+        Dlrm::predict(self, backend, batch)
+    }
+
+    fn sync_to_host(&mut self) -> Result<(), ModelError> {
+        if let Some(mut step) = self.compiled.take() {
+            let result = step.sync_to_host(self);
+            self.compiled = Some(step);
+            result?;
+        }
+        Ok(())
+    }
+
+    fn world(&self) -> Option<&Arc<dyn Collective>> {
+        Dlrm::world(self)
+    }
+
+    /// One file (`model.safetensors`) from one process; a set (an index and
+    /// one file per rank, each rank writing its own shards) from the ranks
+    /// of a world. Either replaces the other.
+    fn save_checkpoint(
+        &mut self,
+        dir: &Path,
+        train: Option<&TrainState>,
+    ) -> Result<PathBuf, ModelError> {
+        self.sync_to_host()?;
+        let file = dir.join(crate::checkpoint::CHECKPOINT_FILE);
+        std::fs::create_dir_all(dir).map_err(|e| crate::checkpoint::fail_at(dir, e.to_string()))?;
+        match self.world().map(|c| c.rank()) {
+            None => {
+                crate::checkpoint::save(self, &file, train)?;
+                crate::checkpoint::remove_set(dir);
+                Ok(file)
+            }
+            Some(rank) => {
+                let index = crate::checkpoint::save_set(self, dir, train)?;
+                if rank == 0 {
+                    let _ = std::fs::remove_file(&file);
+                }
+                Ok(index)
+            }
+        }
+    }
+
+    /// Reads a checkpoint of this architecture into this (one-process)
+    /// model, keeping its optimizers and its sharding over threads. On a
+    /// rank, build the model from the checkpoint instead
+    /// ([`Dlrm::place`]), which reads only the rank's own shards.
+    fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {
+        if self.world.is_some() {
+            return Err(ModelError::Config(
+                "a rank's model is built from its checkpoint (Dlrm::place), not loaded in place"
+                    .into(),
+            ));
+        }
+        let ckpt = crate::Checkpoint::open(path)?;
+        if ckpt.config() != &self.config {
+            return Err(crate::checkpoint::fail_at(
+                path,
+                "the checkpoint holds another architecture than this model".into(),
+            ));
+        }
+        let plan = self.sparse_arch.sharded().map(|s| s.plan().clone());
+        let optimizers = (self.sparse_arch.optimizer(), self.dense_optimizer.config());
+        // Drop this model's tables before the checkpoint's are built.
+        self.sparse_arch =
+            SparseArch::Local(EmbeddingBagCollection::zeroed(Vec::new(), optimizers.0)?);
+        *self = Dlrm::place(&self.config.clone(), optimizers, 0, plan, Some(&ckpt), None)?;
+        Ok(ckpt.train_state().cloned())
     }
 }

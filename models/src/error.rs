@@ -32,4 +32,7 @@ pub enum ModelError {
     Sharding(#[from] ember_sharding::ShardingError),
     #[error(transparent)]
     Data(#[from] ember_dataloader::DataError),
+    /// The PJRT plugin failed (loading it, compiling or running a program).
+    #[error(transparent)]
+    Pjrt(Box<ember_dense::pjrt::PjrtError>),
 }

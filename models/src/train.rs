@@ -4,19 +4,35 @@ use std::borrow::Borrow;
 
 use ember_dense::DenseBackend;
 
-use crate::{Batch, Dlrm, Metrics, MetricsAccumulator, ModelError};
+use crate::{Batch, Metrics, MetricsAccumulator, Model, ModelError, TrainData};
 
 /// AUC, log loss and accuracy of the model's predictions on `batches`. On a
 /// rank of a world, over every rank's batches (each rank passes its own, and
 /// as many as the others).
-pub fn evaluate(
-    model: &mut Dlrm,
+pub fn evaluate<M: Model + ?Sized>(
+    model: &mut M,
     be: &dyn DenseBackend<f32>,
     batches: impl IntoIterator<Item = impl Borrow<Batch>>,
 ) -> Result<Metrics, ModelError> {
     let mut eval = Evaluation::default();
     for batch in batches {
         eval.push(model, be, batch.borrow())?;
+    }
+    eval.finish(model)
+}
+
+/// AUC, log loss and accuracy of the model's predictions on the first
+/// `batches` batches of `data`'s epoch 0 (on a world: over every rank's,
+/// each rank passing its own data and the same count).
+pub fn evaluate_data<M: Model + ?Sized>(
+    model: &mut M,
+    be: &dyn DenseBackend<f32>,
+    data: &dyn TrainData,
+    batches: u64,
+) -> Result<Metrics, ModelError> {
+    let mut eval = Evaluation::default();
+    for batch in data.epoch(0, 0).take(batches as usize) {
+        eval.push(model, be, &batch?)?;
     }
     eval.finish(model)
 }
@@ -33,9 +49,9 @@ pub struct Evaluation {
 
 impl Evaluation {
     /// Predicts `batch` and keeps the predictions with its labels.
-    pub fn push(
+    pub fn push<M: Model + ?Sized>(
         &mut self,
-        model: &mut Dlrm,
+        model: &mut M,
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
     ) -> Result<(), ModelError> {
@@ -51,7 +67,7 @@ impl Evaluation {
     }
 
     /// The metrics over every prediction pushed (on a world, every rank's).
-    pub fn finish(mut self, model: &Dlrm) -> Result<Metrics, ModelError> {
+    pub fn finish<M: Model + ?Sized>(mut self, model: &M) -> Result<Metrics, ModelError> {
         if let Some(comm) = model.world() {
             let mine: Vec<u8> = (self.logits.iter().chain(&self.labels))
                 .flat_map(|v| v.to_le_bytes())

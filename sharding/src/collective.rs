@@ -108,6 +108,33 @@ pub trait Collective: Send + Sync {
     }
 }
 
+/// Runs `f` (building or loading shards, writing a checkpoint: work whose
+/// length differs between ranks) with the world's exchanges waiting up to
+/// `timeout` instead of the peer timeout, and ends it with a barrier so
+/// every rank leaves it together. Without a world, just runs `f`.
+pub fn patiently<R, E: From<ShardingError>>(
+    world: Option<&std::sync::Arc<dyn Collective>>,
+    timeout: std::time::Duration,
+    f: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E> {
+    let Some(comm) = world else {
+        return f();
+    };
+    let usual = comm.timeout();
+    comm.set_timeout(timeout);
+    let result = f().and_then(|v| {
+        comm.barrier()?;
+        Ok(v)
+    });
+    if let Some(t) = usual {
+        comm.set_timeout(t);
+    }
+    result
+}
+
+/// How long [`patiently`] waits by default: an hour.
+pub const SETUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// One direction between two ranks.
 type Channel = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
 

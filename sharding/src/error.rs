@@ -15,6 +15,12 @@ pub enum ShardingError {
     /// Reading a shard's rows from where they are kept (a checkpoint).
     #[error("{0}")]
     Source(String),
+    /// MPI could not be initialized.
+    #[error("MPI: {0}")]
+    Mpi(String),
+    /// Multi-process use of a build without the `mpi` feature.
+    #[error("built without mpi: rebuild with `--features mpi` (Open MPI and libclang needed; see the README)")]
+    BuiltWithoutMpi,
     #[error(transparent)]
     Sparse(#[from] ember_sparse::SparseError),
 }

@@ -7,14 +7,18 @@
 //! - [`planner`]: a cost model and a greedy placement balancing the most
 //!   loaded device.
 //! - [`collective`]: all-to-all-v, all-reduce and barrier behind a trait, and
-//!   an in-process backend (one thread per device); `mpi` (feature `mpi`):
-//!   the backend for one process per device, started by `mpirun`.
+//!   an in-process backend (one thread per device); [`mpi`]: the backend
+//!   for one process per device, started by `mpirun` (with the `mpi`
+//!   feature; without it, the same API fails with "built without mpi").
 //! - [`sharded`]: the sharded collection: input distribution, lookups on the
 //!   owning devices, output distribution, and the routed fused backward.
 
 pub mod collective;
 mod error;
 #[cfg(feature = "mpi")]
+pub mod mpi;
+#[cfg(not(feature = "mpi"))]
+#[path = "mpi_stub.rs"]
 pub mod mpi;
 pub mod plan;
 pub mod planner;

@@ -33,13 +33,13 @@ impl MpiWorld {
     /// Initializes MPI (once per process). Exchanges run on worker threads,
     /// one at a time (`MpiCollective`'s lock), so MPI must allow serialized
     /// calls from any thread.
-    pub fn init() -> Result<Self, String> {
+    pub fn init() -> Result<Self, ShardingError> {
         let (universe, level) = mpi::initialize_with_threading(Threading::Serialized)
-            .ok_or("MPI was already initialized")?;
+            .ok_or_else(|| ShardingError::Mpi("MPI was already initialized".into()))?;
         if level < Threading::Serialized {
-            return Err(format!(
+            return Err(ShardingError::Mpi(format!(
                 "this MPI library offers thread level {level:?}; Ember needs Serialized"
-            ));
+            )));
         }
         Ok(Self { universe })
     }

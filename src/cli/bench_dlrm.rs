@@ -4,22 +4,21 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use ember_models::{
-    evaluate, Batch, DataGeneration, DlrmConfig, Metrics, PhaseTimes, SyntheticConfig,
-    SyntheticData,
+    Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, InMemory, Metrics, PhaseTimes,
+    SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent, TrainState, Trainer,
+    TrainerConfig,
 };
 
-use ember_models::checkpoint::{save, save_set};
-
 use super::arch::{ArchArgs, OptimArgs};
-use super::backend::{BackendArgs, ExecMode, ModeArgs, Stepper};
+use super::backend::{BackendArgs, ModeArgs};
 use super::bench_embedding::{median, BenchOptimizer};
 use super::sharding::{mean_ids_per_bag, planner_options, ShardingArgs};
-use super::world::{place_model, Fault, Launch};
+use super::world::{setup_timeout, Fault, Launch};
 use super::{peak_rss_bytes, Progress};
 
 /// Test batches are numbered from here, apart from training batches.
@@ -195,6 +194,57 @@ pub fn run(args: &DlrmArgs, launch: &Launch) -> anyhow::Result<DlrmReport> {
     super::with_threads(args.threads, || run_in_pool(args, resolved, launch))?
 }
 
+/// What the timed steps of a run add up to (step 0, a warm-up, left out
+/// unless it is the only one).
+#[derive(Default)]
+struct Timings {
+    step_s: Vec<f64>,
+    phases: PhaseTimes,
+    ids: u64,
+    loss: (f32, f32),
+    /// Seconds and loss summed since the last progress line, and steps.
+    window: (f64, f64, u64),
+    metrics: Option<Metrics>,
+}
+
+impl Timings {
+    /// Counts one step; prints a progress line every `--print-freq` steps.
+    fn step(&mut self, args: &DlrmArgs, progress: &Progress, e: &TrainEvent) {
+        let TrainEvent::Step {
+            steps,
+            loss,
+            times,
+            ids,
+            ..
+        } = e
+        else {
+            return;
+        };
+        let seconds = times.total().as_secs_f64();
+        if *steps > 1 || args.num_batches == 1 {
+            self.step_s.push(seconds);
+            self.ids += *ids as u64;
+            add_times(&mut self.phases, times);
+        }
+        if *steps == 1 {
+            self.loss.0 = *loss;
+        }
+        self.loss.1 = *loss;
+        let w = &mut self.window;
+        *w = (w.0 + seconds, w.1 + *loss as f64, w.2 + 1);
+        progress.inc();
+        if steps % args.print_freq.max(1) == 0 || *steps == args.num_batches {
+            progress.line(&format!(
+                "Finished training it {steps}/{} of epoch 0, {:.2} ms/it, loss {:.6}",
+                args.num_batches,
+                w.0 * 1e3 / w.2 as f64,
+                w.1 / w.2 as f64
+            ));
+            *w = (0.0, 0.0, 0);
+        }
+    }
+}
+
 fn run_in_pool(
     args: &DlrmArgs,
     resolved: ResolvedDlrm,
@@ -219,192 +269,225 @@ fn run_in_pool(
             .map(|d| d.shards.clone())
             .collect::<Vec<_>>()
     });
-    let dense_optimizer = args.optim.dense_optimizer();
     // A rank builds only its own shards (ranks wait for the slowest).
-    let optimizers = (table_optimizer, dense_optimizer);
+    let optimizers = (table_optimizer, args.optim.dense_optimizer());
     let plan = planned.map(|(plan, _)| plan);
-    let mut model =
-        launch.patiently(|| place_model(launch, config, optimizers, args.seed, plan, None))?;
-    // On a rank, its block of every global batch.
-    let mine = |b: Batch| match launch.ranks() {
-        Some(r) => b.select(b.size() * r.rank / r.size..b.size() * (r.rank + 1) / r.size),
-        None => b,
-    };
-    let backend = args.backend.build(args.mode.mode)?;
-    let mut stepper = Stepper::new(args.mode.mode);
-    let data = SyntheticData::new(SyntheticConfig {
-        fixed_indices: resolved.fixed_indices,
-        ..SyntheticConfig::for_model(
+    let mut model = launch.patiently(|| {
+        Ok(Dlrm::place(
             config,
-            match args.data_generation {
-                DataKind::Random => DataGeneration::Random,
-                DataKind::Learnable => DataGeneration::Learnable,
-            },
-            resolved.indices_per_lookup,
+            optimizers,
             args.seed,
-        )
+            plan,
+            None,
+            launch.world(),
+        )?)
     })?;
-    let size = args.mini_batch_size;
-    let test_batches: Vec<Batch> = if args.test_freq > 0 {
-        (0..args.test_num_batches)
-            .map(|i| mine(data.batch(TEST_BATCH_BASE + i, size)))
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let (train, test) = synthetic_data(args, &resolved, launch)?;
+    let trainer = Trainer::new(
+        TrainerConfig {
+            epochs: 1,
+            mode: args.mode.mode,
+            eval_every: args.test_freq,
+            eval_at_epoch_end: args.test_freq > 0,
+            checkpoint_dir: args.save.clone(),
+            log_every: u64::MAX,
+            setup_timeout: setup_timeout()?,
+            ..TrainerConfig::default()
+        },
+        args.backend.build(args.mode.mode)?,
+    );
     let setup_s = setup.elapsed().as_secs_f64();
 
     let progress = Progress::new(args.num_batches, "dlrm", args.json).quiet(!launch.is_root());
     let fault = Fault::from_env(launch)?;
     progress.line(&format!(
-        "ember bench dlrm: {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {size}, {} threads, setup {setup_s:.1} s",
+        "ember bench dlrm: {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads, setup {setup_s:.1} s",
         config.tables.len(), config.embedding_dim(), config.bottom_mlp, config.top_mlp_sizes(),
-        config.interaction, rayon::current_num_threads()));
-    let mut step_s = Vec::new();
-    let mut phases = PhaseTimes::default();
-    let mut ids = 0u64;
-    let (mut loss_first, mut loss_last) = (f32::NAN, f32::NAN);
-    let mut window = (0.0f64, 0.0f64, 0u64);
-    let mut last_metrics: Option<Metrics> = None;
-    for i in 0..args.num_batches {
-        // Every batch is new, made off the clock: cycling a few batches would
-        // let the model memorise random labels and keep their rows in cache.
-        let batch = mine(data.batch(i, size));
-        fault.at_step(i);
-        let out = stepper.step(&backend, &mut model, &batch)?;
-        if !out.loss.is_finite() {
-            bail!(
-                "loss became {} at batch {i}: lower --learning-rate",
-                out.loss
-            );
-        }
-        let seconds = out.times.total().as_secs_f64();
-        // Step 0 (allocations, first touches) is a warm-up unless it is the only one.
-        if i > 0 || args.num_batches == 1 {
-            step_s.push(seconds);
-            ids += batch.sparse.values().len() as u64;
-            add_times(&mut phases, &out.times);
-        }
-        if i == 0 {
-            loss_first = out.loss;
-        }
-        loss_last = out.loss;
-        window = (window.0 + seconds, window.1 + out.loss as f64, window.2 + 1);
-        progress.inc();
-        let done = i + 1;
-        if done % args.print_freq.max(1) == 0 || done == args.num_batches {
+        config.interaction, args.mini_batch_size, rayon::current_num_threads()));
+    let mut t = Timings::default();
+    let test = (args.test_freq > 0).then_some(&test as &dyn TrainData);
+    let mut on_event = |e: &TrainEvent| match e {
+        TrainEvent::BeforeStep { steps } => fault.at_step(*steps),
+        TrainEvent::Eval {
+            steps, metrics: m, ..
+        } => {
             progress.line(&format!(
-                "Finished training it {done}/{} of epoch 0, {:.2} ms/it, loss {:.6}",
-                args.num_batches,
-                window.0 * 1e3 / window.2 as f64,
-                window.1 / window.2 as f64
-            ));
-            window = (0.0, 0.0, 0);
-        }
-        if args.test_freq > 0 && (done % args.test_freq == 0 || done == args.num_batches) {
-            stepper.sync(&mut model)?;
-            let m = evaluate(&mut model, backend.dense(), &test_batches)?;
-            progress.line(&format!(
-                "Testing at - {done}/{} of epoch 0, loss {:.6}, auc {:.4}, accuracy {:.3} %",
+                "Testing at - {steps}/{} of epoch 0, loss {:.6}, auc {:.4}, accuracy {:.3} %",
                 args.num_batches,
                 m.logloss,
                 m.auc,
                 m.accuracy * 100.0
             ));
-            last_metrics = Some(m);
+            t.metrics = Some(*m);
         }
-    }
-    progress.finish();
-    if let Some(dir) = &args.save {
-        stepper.sync(&mut model)?;
-        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-        launch.patiently(|| {
-            match model.world() {
-                Some(_) => drop(save_set(&mut model, dir, None)?),
-                None => save(&mut model, &dir.join("model.safetensors"), None)?,
-            }
-            Ok(())
-        })?;
-    }
-    // On ranks: every rank's ids and sharding counters.
-    let (ids, sharding_stats) = match (launch.ranks(), model.sparse_arch().sharded()) {
-        (Some(r), Some(sh)) => {
-            let (ids, stats) = over_ranks(&r.comm, ids, sh)?;
-            (ids, Some(stats))
-        }
-        (_, sh) => (ids, sh.map(|sh| (sh.stats(), sh.device_bytes()))),
+        e => t.step(args, &progress, e),
     };
-    let timed = step_s.len().max(1) as f64;
-    let total_s: f64 = step_s.iter().sum();
-    let per_step_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / timed;
-    let compile = backend.compile_stats();
-    Ok(DlrmReport {
-        data_generation: args.data_generation,
-        optimizer: args.optim.optimizer,
-        backend: backend.name(),
-        mode: args.mode.mode,
-        compiles: compile.as_ref().map(|s| s.compiles),
-        compile_ms: compile.as_ref().map(|s| s.compile_ms),
-        compile_cache_hits: compile.as_ref().map(|s| s.compile_cache_hits),
-        cache_load_ms: compile.as_ref().map(|s| s.cache_load_ms),
-        threads: rayon::current_num_threads(),
-        mini_batch_size: size,
-        num_batches: args.num_batches,
-        samples_per_s: if total_s > 0.0 {
-            step_s.len() as f64 * size as f64 / total_s
-        } else {
-            f64::NAN
-        },
-        ids_per_s: if total_s > 0.0 {
-            ids as f64 / total_s
-        } else {
-            f64::NAN
-        },
-        step_ms_median: median(&mut step_s) * 1e3,
-        phase_ms: PhaseMs {
-            sparse_forward: per_step_ms(phases.sparse_forward),
-            dense_forward: per_step_ms(phases.dense_forward),
-            dense_backward: per_step_ms(phases.dense_backward),
-            dense_update: per_step_ms(phases.dense_update),
-            sparse_backward_update: per_step_ms(phases.sparse_backward_update),
-        },
-        loss_first,
-        loss_last,
-        auc: last_metrics.map(|m| m.auc),
-        logloss: last_metrics.map(|m| m.logloss),
-        accuracy: last_metrics.map(|m| m.accuracy),
-        // Of every rank's devices.
-        table_bytes: (sharding_stats.as_ref())
-            .map_or(model.sparse_arch().bytes(), |(_, b)| b.iter().sum())
-            as u64,
-        peak_rss_bytes: peak_rss_bytes(),
+    trainer.fit(
+        &mut model,
+        &train,
+        test,
+        TrainState::default(),
+        &mut on_event,
+    )?;
+    progress.finish();
+    let sharding = sharding_report(launch, &model, &mut t, shards, estimated_ms)?;
+    let report = DlrmReport::new(
+        args,
+        resolved,
+        trainer.backend(),
+        &model,
+        t,
+        sharding,
         setup_s,
+    );
+    Ok(DlrmReport {
         world_size: launch.world_size(),
-        sharding: sharding_stats.map(|(st, device_bytes)| {
-            let steps = st.steps.max(1) as f64;
-            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps;
-            ShardingReport {
-                devices: device_bytes.len(),
-                shards: shards.clone().unwrap_or_default(),
-                per_device_table_bytes: device_bytes.iter().map(|&b| b as u64).collect(),
-                per_device_lookups_per_step: st.lookups.iter().map(|&l| l as f64 / steps).collect(),
-                per_device_bytes_sent_per_step: st
-                    .bytes_sent
-                    .iter()
-                    .map(|&b| b as f64 / steps)
-                    .collect(),
-                stage_ms: StageMs {
-                    input_dist: ms(st.input_dist),
-                    lookup: ms(st.lookup),
-                    output_dist: ms(st.output_dist),
-                    grad_dist: ms(st.grad_dist),
-                    update: ms(st.update),
-                },
-                estimated_max_device_ms: estimated_ms.unwrap_or(f64::NAN),
-            }
-        }),
-        architecture: resolved,
+        ..report
     })
+}
+
+/// The training batches and (on a rank, its block of) the test batches,
+/// numbered apart from each other.
+fn synthetic_data(
+    args: &DlrmArgs,
+    resolved: &ResolvedDlrm,
+    launch: &Launch,
+) -> anyhow::Result<(SyntheticBatches, InMemory)> {
+    let data = || {
+        SyntheticData::new(SyntheticConfig {
+            fixed_indices: resolved.fixed_indices,
+            ..SyntheticConfig::for_model(
+                &resolved.config,
+                match args.data_generation {
+                    DataKind::Random => DataGeneration::Random,
+                    DataKind::Learnable => DataGeneration::Learnable,
+                },
+                resolved.indices_per_lookup,
+                args.seed,
+            )
+        })
+    };
+    let batches = |first, batches| -> anyhow::Result<SyntheticBatches> {
+        Ok(SyntheticBatches {
+            data: data()?,
+            first,
+            batches,
+            size: args.mini_batch_size,
+            rank: launch.rank(),
+            world_size: launch.world_size(),
+        })
+    };
+    // Made once, so each evaluation sees the same batches.
+    let test = match args.test_freq {
+        0 => Vec::new(),
+        _ => {
+            let test = batches(TEST_BATCH_BASE, args.test_num_batches)?;
+            test.epoch(0, 0).collect::<Result<_, _>>()?
+        }
+    };
+    Ok((batches(0, args.num_batches)?, InMemory(test)))
+}
+
+/// With sharded tables: where they ran and what moved (on ranks, every
+/// rank's devices); also makes `t.ids` every rank's.
+fn sharding_report(
+    launch: &Launch,
+    model: &Dlrm,
+    t: &mut Timings,
+    shards: Option<Vec<Vec<String>>>,
+    estimated_ms: Option<f64>,
+) -> anyhow::Result<Option<(ShardingReport, u64)>> {
+    let (sharding_stats, ids) = match (launch.ranks(), model.sparse_arch().sharded()) {
+        (Some(r), Some(sh)) => {
+            let (ids, stats) = over_ranks(&r.comm, t.ids, sh)?;
+            (Some(stats), ids)
+        }
+        (_, sh) => (sh.map(|sh| (sh.stats(), sh.device_bytes())), t.ids),
+    };
+    t.ids = ids;
+    Ok(sharding_stats.map(|(st, device_bytes)| {
+        let steps = st.steps.max(1) as f64;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps;
+        let table_bytes = device_bytes.iter().sum::<usize>() as u64;
+        let report = ShardingReport {
+            devices: device_bytes.len(),
+            shards: shards.unwrap_or_default(),
+            per_device_table_bytes: device_bytes.iter().map(|&b| b as u64).collect(),
+            per_device_lookups_per_step: st.lookups.iter().map(|&l| l as f64 / steps).collect(),
+            per_device_bytes_sent_per_step: st
+                .bytes_sent
+                .iter()
+                .map(|&b| b as f64 / steps)
+                .collect(),
+            stage_ms: StageMs {
+                input_dist: ms(st.input_dist),
+                lookup: ms(st.lookup),
+                output_dist: ms(st.output_dist),
+                grad_dist: ms(st.grad_dist),
+                update: ms(st.update),
+            },
+            estimated_max_device_ms: estimated_ms.unwrap_or(f64::NAN),
+        };
+        (report, table_bytes)
+    }))
+}
+
+impl DlrmReport {
+    fn new(
+        args: &DlrmArgs,
+        architecture: ResolvedDlrm,
+        backend: &Backend,
+        model: &Dlrm,
+        mut t: Timings,
+        sharding: Option<(ShardingReport, u64)>,
+        setup_s: f64,
+    ) -> Self {
+        let size = args.mini_batch_size;
+        let timed = t.step_s.len().max(1) as f64;
+        let total_s: f64 = t.step_s.iter().sum();
+        let per_step_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / timed;
+        let rate = |n: f64| if total_s > 0.0 { n / total_s } else { f64::NAN };
+        let compile = backend.compile_stats();
+        let (sharding, table_bytes) = match sharding {
+            Some((report, bytes)) => (Some(report), bytes),
+            None => (None, model.sparse_arch().bytes() as u64),
+        };
+        Self {
+            data_generation: args.data_generation,
+            optimizer: args.optim.optimizer,
+            backend: backend.name(),
+            mode: args.mode.mode,
+            compiles: compile.as_ref().map(|s| s.compiles),
+            compile_ms: compile.as_ref().map(|s| s.compile_ms),
+            compile_cache_hits: compile.as_ref().map(|s| s.compile_cache_hits),
+            cache_load_ms: compile.as_ref().map(|s| s.cache_load_ms),
+            threads: rayon::current_num_threads(),
+            mini_batch_size: size,
+            num_batches: args.num_batches,
+            samples_per_s: rate(t.step_s.len() as f64 * size as f64),
+            ids_per_s: rate(t.ids as f64),
+            step_ms_median: median(&mut t.step_s) * 1e3,
+            phase_ms: PhaseMs {
+                sparse_forward: per_step_ms(t.phases.sparse_forward),
+                dense_forward: per_step_ms(t.phases.dense_forward),
+                dense_backward: per_step_ms(t.phases.dense_backward),
+                dense_update: per_step_ms(t.phases.dense_update),
+                sparse_backward_update: per_step_ms(t.phases.sparse_backward_update),
+            },
+            loss_first: t.loss.0,
+            loss_last: t.loss.1,
+            auc: t.metrics.map(|m| m.auc),
+            logloss: t.metrics.map(|m| m.logloss),
+            accuracy: t.metrics.map(|m| m.accuracy),
+            // Of every rank's devices.
+            table_bytes,
+            peak_rss_bytes: peak_rss_bytes(),
+            setup_s,
+            world_size: 1,
+            sharding,
+            architecture,
+        }
+    }
 }
 
 /// The ids of every rank, and the sharding counters with every rank's own

@@ -11,8 +11,9 @@ use ember_models::{Batch, Checkpoint, Dlrm};
 
 use super::backend::{BackendArgs, ExecMode};
 use super::data::LoaderArgs;
-use super::train::{evaluate, MetricsReport};
+use super::train::MetricsReport;
 use super::Progress;
+use ember_models::evaluate_data;
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -57,7 +58,7 @@ pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
         let (mut model, loader) = args.open()?;
         let be = args.backend.build(ExecMode::Strict)?;
         let batches = loader.batches_per_epoch(0);
-        Ok(evaluate(&mut model, be.dense(), &loader, batches)?.into())
+        Ok(evaluate_data(&mut model, be.dense(), &loader, batches)?.into())
     })?
 }
 

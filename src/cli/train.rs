@@ -1,26 +1,25 @@
 //! `ember train`: DLRM training from Parquet, with evaluation, checkpoints
 //! and exact resumption.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 use clap::Args;
 use serde::Serialize;
 
-use ember_dataloader::Loader;
-use ember_dense::DenseBackend;
-use ember_models::checkpoint::{remove_set, save, save_set, INDEX_FILE};
-use ember_models::{Batch, Checkpoint, Dlrm, Evaluation, Metrics, TrainState};
+use ember_dataloader::{Dataset, Loader};
+use ember_models::{
+    Checkpoint, Dlrm, DlrmConfig, Metrics, TrainData, TrainEvent, TrainState, TrainSummary,
+    Trainer, TrainerConfig,
+};
 
 use super::arch::{ArchArgs, OptimArgs};
-use super::backend::{BackendArgs, ModeArgs, Stepper};
+use super::backend::{BackendArgs, ModeArgs};
 use super::data::LoaderArgs;
 use super::sharding::{planner_options, ShardingArgs};
-use super::world::{place_model, Fault, Launch};
+use super::world::{setup_timeout, Fault, Launch};
 use super::Progress;
 
-/// The checkpoint `--checkpoint-dir` holds and `--resume` reads.
-pub const CHECKPOINT_FILE: &str = "model.safetensors";
+pub use ember_models::checkpoint::CHECKPOINT_FILE;
 
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
@@ -188,59 +187,6 @@ impl std::fmt::Display for TrainReport {
     }
 }
 
-/// Metrics of `model` over the first `batches` batches of `loader` (epoch 0,
-/// in order). On a rank of a world, over every rank's (each rank passes its
-/// loader and the same count).
-pub fn evaluate(
-    model: &mut Dlrm,
-    be: &dyn DenseBackend<f32>,
-    loader: &Loader,
-    batches: u64,
-) -> anyhow::Result<Metrics> {
-    let mut eval = Evaluation::default();
-    for batch in loader.epoch(0, 0).take(batches as usize) {
-        eval.push(model, be, &Batch::from_loader(batch?)?)?;
-    }
-    Ok(eval.finish(model)?)
-}
-
-/// The checkpoint to resume from in `dir`: one file, or the set the ranks of
-/// a world wrote; the newer when both are there (a crash between writing
-/// one and removing the other). Rank 0 decides for every rank.
-fn latest_checkpoint(dir: Option<&Path>, launch: &Launch) -> anyhow::Result<Option<PathBuf>> {
-    let Some(dir) = dir else { return Ok(None) };
-    let choose = || {
-        let modified = |p: PathBuf| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p));
-        [dir.join(INDEX_FILE), dir.join(CHECKPOINT_FILE)]
-            .into_iter()
-            .filter_map(modified)
-            .max_by_key(|(t, _)| *t)
-            .map(|(_, p)| p)
-    };
-    let Some(r) = launch.ranks() else {
-        return Ok(choose());
-    };
-    let mine = match r.rank {
-        0 => choose().map_or(Vec::new(), |p| {
-            p.to_string_lossy().into_owned().into_bytes()
-        }),
-        _ => Vec::new(),
-    };
-    let chosen = String::from_utf8(r.comm.broadcast(0, mine)?)?;
-    Ok((!chosen.is_empty()).then(|| PathBuf::from(chosen)))
-}
-
-/// The fewest and the most of `mine` over the ranks (the fewest: how many
-/// batches every rank can run in lockstep).
-fn fewest_and_most(launch: &Launch, mine: u64) -> anyhow::Result<(u64, u64)> {
-    let Some(r) = launch.ranks() else {
-        return Ok((mine, mine));
-    };
-    let all = r.comm.all_gather_u64(mine)?;
-    let fewest = all.iter().copied().min().unwrap_or(0);
-    Ok((fewest, all.iter().copied().max().unwrap_or(0)))
-}
-
 pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
     args.optim.validate()?;
     anyhow::ensure!(
@@ -254,61 +200,124 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
     super::with_threads(args.threads, || run_in_pool(args, launch))?
 }
 
-fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
-    let progress = Progress::new(0, "train", args.json).quiet(!launch.is_root());
-    let log = |e: Event, text: String| {
-        if !launch.is_root() {
-            return;
+impl TrainArgs {
+    /// What the library's trainer is to do.
+    fn trainer_config(&self) -> anyhow::Result<TrainerConfig> {
+        Ok(TrainerConfig {
+            epochs: self.epochs,
+            max_steps: self.max_steps,
+            mode: self.mode.mode,
+            eval_every: self.eval_every,
+            eval_at_epoch_end: self.eval_every == 0,
+            checkpoint_dir: self.checkpoint_dir.clone(),
+            checkpoint_every: self.checkpoint_every,
+            log_every: self.print_freq,
+            setup_timeout: setup_timeout()?,
+        })
+    }
+
+    /// The position of a fresh run: how its batches are made.
+    fn fresh_state(&self, dataset: &Dataset) -> TrainState {
+        TrainState {
+            batch_size: self.mini_batch_size as u64,
+            shuffle_seed: (!self.no_shuffle).then_some(self.seed),
+            drop_last: self.drop_last,
+            dense_transform: Some(self.loader.dense_transform),
+            id_transform: Some(self.loader.id_transform),
+            data_fingerprint: dataset.fingerprint(),
+            ..TrainState::default()
         }
-        if args.json {
-            println!("{}", serde_json::to_string(&e).expect("events serialise"));
-        } else {
-            progress.line(&text);
+    }
+
+    /// The global batch size of the run `state` continues (older
+    /// checkpoints without one take the flag's).
+    fn batch_size(&self, state: &TrainState) -> usize {
+        match state.batch_size {
+            0 => self.mini_batch_size,
+            b => b as usize,
         }
+    }
+
+    /// The training and evaluation loaders of this rank, reading the data
+    /// as the run that `state` continues did.
+    fn loaders(
+        &self,
+        launch: &Launch,
+        config: &DlrmConfig,
+        dataset: Dataset,
+        state: &TrainState,
+    ) -> anyhow::Result<(Loader, Option<Loader>)> {
+        let features = config.feature_rows();
+        let batch_size = self.batch_size(state);
+        // On ranks, the batch is global: each rank reads its own row groups
+        // in batches of its share.
+        let world = launch.world_size();
+        anyhow::ensure!(
+            batch_size.is_multiple_of(world),
+            "the batch of {batch_size} does not split evenly over {world} ranks"
+        );
+        let rank_batch = batch_size / world;
+        let config_for = |c: &mut ember_dataloader::LoaderConfig| {
+            (c.rank, c.world_size) = (launch.rank(), world);
+        };
+        let mut train = self
+            .loader
+            .config(&features, config.num_dense(), rank_batch)?;
+        config_for(&mut train);
+        train.shuffle_seed = state.shuffle_seed;
+        train.drop_last = state.drop_last;
+        if let Some(t) = state.dense_transform {
+            train.dense_transform = t;
+        }
+        if let Some(t) = state.id_transform {
+            train.id_transform = t;
+        }
+        let eval = match self.eval_data.is_empty() {
+            true => None,
+            false => {
+                let mut c = self
+                    .loader
+                    .config(&features, config.num_dense(), rank_batch)?;
+                config_for(&mut c);
+                Some(Loader::open(&self.eval_data, c)?)
+            }
+        };
+        Ok((Loader::new(dataset, train)?, eval))
+    }
+}
+
+/// The checkpoint `--resume` continues from, if any.
+fn resume_from(
+    args: &TrainArgs,
+    launch: &Launch,
+    progress: &Progress,
+) -> anyhow::Result<Option<Checkpoint>> {
+    let Some(dir) = args.checkpoint_dir.as_deref().filter(|_| args.resume) else {
+        return Ok(None);
     };
-    let checkpoint_path = args
-        .checkpoint_dir
-        .as_ref()
-        .map(|d| d.join(CHECKPOINT_FILE));
-    let existing = latest_checkpoint(args.checkpoint_dir.as_deref(), launch)?;
-    let resume_from = match (&checkpoint_path, existing) {
-        (Some(_), Some(p)) if args.resume => Some(Checkpoint::open(&p)?),
-        (Some(p), _) if args.resume => {
+    match ember_models::checkpoint::latest(dir, launch.world())? {
+        Some(path) => Ok(Some(Checkpoint::open(&path)?)),
+        None => {
             progress.line(&format!(
                 "no checkpoint at {}: starting from scratch",
-                p.display()
+                dir.join(CHECKPOINT_FILE).display()
             ));
-            None
+            Ok(None)
         }
-        _ => None,
-    };
-    let dataset = ember_dataloader::Dataset::open(&args.data)?;
-    let data_fingerprint = dataset.fingerprint();
-    let fresh = TrainState {
-        batch_size: args.mini_batch_size as u64,
-        shuffle_seed: (!args.no_shuffle).then_some(args.seed),
-        drop_last: args.drop_last,
-        dense_transform: Some(args.loader.dense_transform),
-        id_transform: Some(args.loader.id_transform),
-        data_fingerprint,
-        ..TrainState::default()
-    };
+    }
+}
+
+fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
+    let progress = Progress::new(0, "train", args.json).quiet(!launch.is_root());
+    let resume = resume_from(args, launch, &progress)?;
+    let dataset = Dataset::open(&args.data)?;
     // The run goes on with the architecture and optimizers it was trained with.
-    let (config, table_optimizer, dense_optimizer) = match &resume_from {
-        Some(ckpt) => (
-            ckpt.config().clone(),
-            (ckpt.table_optimizer()).unwrap_or(args.optim.table_optimizer()),
-            (ckpt.dense_optimizer()).unwrap_or(args.optim.dense_optimizer()),
-        ),
-        None => (
-            args.arch.resolve()?.0,
-            args.optim.table_optimizer(),
-            args.optim.dense_optimizer(),
-        ),
-    };
-    let state = match &resume_from {
+    let (config, optimizers, state) = match &resume {
         Some(ckpt) => {
-            let state = ckpt.train_state().cloned().unwrap_or(fresh);
+            let state = ckpt
+                .train_state()
+                .cloned()
+                .unwrap_or(args.fresh_state(&dataset));
             progress.line(&format!(
                 "resuming from {} at epoch {}, batch {} (step {})",
                 ckpt.path().display(),
@@ -316,309 +325,139 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
                 state.batches_in_epoch,
                 state.steps
             ));
-            state
+            let optimizers = (
+                ckpt.table_optimizer()
+                    .unwrap_or(args.optim.table_optimizer()),
+                ckpt.dense_optimizer()
+                    .unwrap_or(args.optim.dense_optimizer()),
+            );
+            (ckpt.config().clone(), optimizers, state)
         }
-        None => fresh,
+        None => {
+            let optimizers = (args.optim.table_optimizer(), args.optim.dense_optimizer());
+            (
+                args.arch.resolve()?.0,
+                optimizers,
+                args.fresh_state(&dataset),
+            )
+        }
     };
-    if state.data_fingerprint != 0 && state.data_fingerprint != data_fingerprint {
-        anyhow::bail!(
-            "--resume: the training data differs from the run the checkpoint continues (other files or row groups); resume on the same data"
-        );
-    }
-    let options = planner_options(table_optimizer, args.mini_batch_size, 1.0);
+    let options = planner_options(optimizers.0, args.mini_batch_size, 1.0);
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let mut model = launch.patiently(|| {
         let plan = args.sharding.plan_for(&config, &options, launch)?;
-        let optimizers = (table_optimizer, dense_optimizer);
         let plan = plan.map(|(plan, _)| plan);
-        place_model(
-            launch,
+        let world = launch.world();
+        Ok(Dlrm::place(
             &config,
             optimizers,
             args.seed,
             plan,
-            resume_from.as_ref(),
-        )
+            resume.as_ref(),
+            world,
+        )?)
     })?;
-    let mut state = state;
-    // A position mid-epoch counts batches of the ranks that wrote it, each
-    // reading its own row groups: under another number of ranks it means
-    // nothing, so the run goes on at the next epoch.
-    let world_before = state.world_size.max(1) as usize;
-    let skipped = world_before != launch.world_size() && state.batches_in_epoch > 0;
-    if skipped {
-        progress.line(&format!(
-            "the checkpoint was written by {world_before} process(es) mid-epoch; under {} the rest of epoch {} is skipped",
-            launch.world_size(),
-            state.epoch
-        ));
-        state.epoch += 1;
-        state.batches_in_epoch = 0;
-    }
-    state.world_size = launch.world_size() as u64;
     // The model holds the weights now: let go of the old file's mapping
     // before saves replace it.
-    drop(resume_from);
-    let resumed_at_step = state.steps;
-    let features = config.feature_rows();
-    // A resumed run reads the data as the run it continues did (older
-    // checkpoints without a batch size take the flags').
-    let batch_size = match state.batch_size {
-        0 => args.mini_batch_size,
-        b => b as usize,
-    };
-    // On ranks, the batch is global: each rank reads its own row groups in
-    // batches of its share.
-    let world = launch.world_size();
-    anyhow::ensure!(
-        batch_size % world == 0,
-        "the batch of {batch_size} does not split evenly over {world} ranks"
-    );
-    let rank_batch = batch_size / world;
-    let mut loader_config = args
-        .loader
-        .config(&features, config.num_dense(), rank_batch)?;
-    loader_config.rank = launch.rank();
-    loader_config.world_size = world;
-    loader_config.shuffle_seed = state.shuffle_seed;
-    loader_config.drop_last = state.drop_last;
-    if let Some(t) = state.dense_transform {
-        loader_config.dense_transform = t;
-    }
-    if let Some(t) = state.id_transform {
-        loader_config.id_transform = t;
-    }
-    let train_loader = Loader::new(dataset, loader_config)?;
-    let eval_loader = match args.eval_data.is_empty() {
-        true => None,
-        false => {
-            let mut c = args
-                .loader
-                .config(&features, config.num_dense(), rank_batch)?;
-            (c.rank, c.world_size) = (launch.rank(), world);
-            Some(Loader::open(&args.eval_data, c)?)
-        }
-    };
-    let backend_box = args.backend.build(args.mode.mode)?;
-    let backend = backend_box.dense();
-    let mut stepper = Stepper::new(args.mode.mode);
-    // Ranks step in lockstep: an epoch is as many batches as the rank with
-    // the fewest has (the others' extra batches are left out).
-    let mut per_epoch = Vec::new();
-    for e in 0..args.epochs {
-        let mine = train_loader.batches_per_epoch(e);
-        let (steps, _) = fewest_and_most(launch, mine)?;
-        anyhow::ensure!(
-            steps > 0,
-            "epoch {e} has no batch{}: {} rows in batches of {batch_size}{}",
-            if world > 1 { " for some rank" } else { "" },
-            train_loader.dataset().num_rows(),
-            if world > 1 {
-                " over ranks that each read whole row groups (write smaller row groups, or run fewer ranks)"
-            } else {
-                ""
-            }
-        );
-        if steps < mine && e == state.epoch {
-            // On stderr from every rank: only rank 0 prints progress.
-            eprintln!(
-                "rank {}: {} of its {mine} batches per epoch are left out, to step with the rank that has the fewest",
-                launch.rank(),
-                mine - steps
-            );
-        }
-        per_epoch.push(steps);
-    }
-    let eval_batches = match &eval_loader {
-        Some(l) => {
-            let (fewest, most) = fewest_and_most(launch, l.batches_per_epoch(0))?;
-            anyhow::ensure!(
-                fewest > 0 || most == 0,
-                "the evaluation data has no batch for some rank (write smaller row groups, or run fewer ranks)"
-            );
-            fewest
-        }
-        None => 0,
-    };
-    let total: u64 = per_epoch.iter().skip(state.epoch as usize).sum();
-    progress.set_total(total.saturating_sub(state.batches_in_epoch));
+    drop(resume);
+    let (train, eval) = args.loaders(launch, &config, dataset, &state)?;
+    let trainer = Trainer::new(args.trainer_config()?, args.backend.build(args.mode.mode)?);
     progress.line(&format!(
         "ember train: {} rows in {} files, {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads",
-        train_loader.dataset().num_rows(),
-        train_loader.dataset().files().len(),
+        train.dataset().num_rows(),
+        train.dataset().files().len(),
         config.tables.len(),
         config.embedding_dim(),
         config.bottom_mlp,
         config.top_mlp_sizes(),
         config.interaction,
-        batch_size,
+        args.batch_size(&state),
         rayon::current_num_threads()
     ));
-
-    let mut excluded = Duration::ZERO;
-    let mut loader_wait = Duration::ZERO;
-    let (mut loss_first, mut loss_last) = (f64::NAN, f64::NAN);
-    let mut window = (0.0f64, 0.0f64, 0u64);
-    let mut samples = 0u64;
-    let mut last_eval = None;
-    let mut saved = None;
-    let started = Instant::now();
-    let max_steps = args.max_steps.unwrap_or(u64::MAX);
-    let mut checkpoint =
-        |model: &mut Dlrm, state: &TrainState, excluded: &mut Duration| -> anyhow::Result<()> {
-            if let Some(file) = &checkpoint_path {
-                let t = Instant::now();
-                let dir = file.parent().unwrap_or(Path::new("."));
-                std::fs::create_dir_all(dir)?;
-                // One file from one process; a set from the ranks of a world
-                // (each writes its own shards). Either replaces the other.
-                let path = launch.patiently(|| match model.world() {
-                    None => {
-                        save(model, file, Some(state))?;
-                        remove_set(dir);
-                        Ok(file.clone())
-                    }
-                    Some(_) => {
-                        let index = save_set(model, dir, Some(state))?;
-                        if launch.is_root() {
-                            let _ = std::fs::remove_file(file);
-                        }
-                        Ok(index)
-                    }
-                })?;
-                *excluded += t.elapsed();
-                log(
-                    Event::Checkpoint {
-                        path: path.clone(),
-                        steps: state.steps,
-                    },
-                    format!("checkpoint {} at step {}", path.display(), state.steps),
-                );
-                saved = Some(path.clone());
-            }
-            Ok(())
-        };
-    let mut run_eval =
-        |model: &mut Dlrm, state: &TrainState, excluded: &mut Duration| -> anyhow::Result<()> {
-            if let Some(loader) = &eval_loader {
-                let t = Instant::now();
-                let m = MetricsReport::from(evaluate(model, backend, loader, eval_batches)?);
-                *excluded += t.elapsed();
-                log(
-                    Event::Eval {
-                        epoch: state.epoch,
-                        steps: state.steps,
-                        auc: m.auc,
-                        logloss: m.logloss,
-                        accuracy: m.accuracy,
-                        rows: m.rows,
-                    },
-                    format!(
-                        "Testing at step {} of epoch {}: {m}",
-                        state.steps, state.epoch
-                    ),
-                );
-                last_eval = Some(m);
-            }
-            Ok(())
-        };
     let fault = Fault::from_env(launch)?;
-    'epochs: while state.epoch < args.epochs {
-        let mut batches = train_loader.epoch(state.epoch, state.batches_in_epoch);
-        loop {
-            if state.steps >= max_steps {
-                break 'epochs;
-            }
-            if state.batches_in_epoch >= per_epoch[state.epoch as usize] {
-                break;
-            }
-            let t = Instant::now();
-            let Some(batch) = batches.next() else { break };
-            let batch = Batch::from_loader(batch?)?;
-            loader_wait += t.elapsed();
-            fault.at_step(state.steps);
-            let out = stepper.step(&backend_box, &mut model, &batch)?;
-            anyhow::ensure!(
-                out.loss.is_finite(),
-                "loss became {} at step {}: lower --learning-rate",
-                out.loss,
-                state.steps
-            );
-            state.steps += 1;
-            state.batches_in_epoch += 1;
-            samples += (batch.size() * world) as u64;
-            progress.inc();
-            let loss = out.loss as f64;
-            if loss_first.is_nan() {
-                loss_first = loss;
-            }
-            loss_last = loss;
-            window = (
-                window.0 + t.elapsed().as_secs_f64(),
-                window.1 + loss,
-                window.2 + 1,
-            );
-            if state.batches_in_epoch % args.print_freq.max(1) == 0 {
-                let (ms, mean) = (window.0 * 1e3 / window.2 as f64, window.1 / window.2 as f64);
-                log(
-                    Event::Train {
-                        epoch: state.epoch,
-                        batch: state.batches_in_epoch,
-                        steps: state.steps,
-                        loss: mean,
-                        ms_per_step: ms,
-                    },
-                    format!(
-                        "Finished training it {} of epoch {}, {ms:.2} ms/it, loss {mean:.6}",
-                        state.batches_in_epoch, state.epoch
-                    ),
-                );
-                window = (0.0, 0.0, 0);
-            }
-            if args.eval_every > 0 && state.steps % args.eval_every == 0 {
-                stepper.sync(&mut model)?;
-                run_eval(&mut model, &state, &mut excluded)?;
-            }
-            if args.checkpoint_every > 0 && state.steps % args.checkpoint_every == 0 {
-                stepper.sync(&mut model)?;
-                checkpoint(&mut model, &state, &mut excluded)?;
-            }
-        }
-        drop(batches);
-        state.epoch += 1;
-        state.batches_in_epoch = 0;
-        if args.eval_every == 0 {
-            stepper.sync(&mut model)?;
-            run_eval(&mut model, &state, &mut excluded)?;
-        }
-        stepper.sync(&mut model)?;
-        checkpoint(&mut model, &state, &mut excluded)?;
-    }
-    // Also after a skip to an epoch past the last: the new position is kept.
-    let untrained_skip = skipped && state.steps == resumed_at_step;
-    if (state.steps >= max_steps && state.epoch < args.epochs) || untrained_skip {
-        stepper.sync(&mut model)?;
-        checkpoint(&mut model, &state, &mut excluded)?;
-    }
+    let eval = eval.as_ref().map(|l| l as &dyn TrainData);
+    let mut on_event = |e: &TrainEvent| report_event(args, launch, &progress, &fault, e);
+    let summary = trainer.fit(&mut model, &train, eval, state, &mut on_event)?;
     progress.finish();
-    let train_seconds = (started.elapsed().saturating_sub(excluded)).as_secs_f64();
     let per_rank_bytes_sent = match launch.ranks() {
         None => None,
         Some(r) => Some(r.comm.all_gather_u64(r.comm.bytes_sent())?),
     };
-    Ok(TrainReport {
-        event: "summary",
-        steps: state.steps,
-        samples,
-        train_seconds,
-        samples_per_s: samples as f64 / train_seconds.max(1e-9),
-        loader_wait_seconds: loader_wait.as_secs_f64(),
-        loss_first,
-        loss_last,
-        eval: last_eval,
-        checkpoint: saved,
-        resumed_at_step,
-        world_size: launch.world_size(),
+    Ok(TrainReport::new(
+        summary,
+        launch.world_size(),
         per_rank_bytes_sent,
-    })
+    ))
+}
+
+/// Prints one event of the run: a progress line (rank 0), a JSON line with
+/// `--json`; and injects the test fault before the step it names.
+fn report_event(
+    args: &TrainArgs,
+    launch: &Launch,
+    progress: &Progress,
+    fault: &Fault,
+    e: &TrainEvent,
+) {
+    let log = |event: Event, text: String| {
+        if !launch.is_root() {
+            return;
+        }
+        match args.json {
+            true => println!(
+                "{}",
+                serde_json::to_string(&event).expect("events serialise")
+            ),
+            false => progress.line(&text),
+        }
+    };
+    match e {
+        TrainEvent::Start { steps, .. } => progress.set_total(*steps),
+        TrainEvent::EpochRestSkipped { epoch, written_by } => progress.line(&format!(
+            "the checkpoint was written by {written_by} process(es) mid-epoch; under {} the rest of epoch {epoch} is skipped",
+            launch.world_size()
+        )),
+        // On stderr from every rank: only rank 0 prints progress.
+        TrainEvent::BatchesLeftOut { left_out, of } => eprintln!(
+            "rank {}: {left_out} of its {of} batches per epoch are left out, to step with the rank that has the fewest",
+            launch.rank()
+        ),
+        TrainEvent::BeforeStep { steps } => fault.at_step(*steps),
+        TrainEvent::Step { .. } => progress.inc(),
+        &TrainEvent::Log { epoch, batch, steps, loss, ms_per_step } => log(
+            Event::Train { epoch, batch, steps, loss, ms_per_step },
+            format!("Finished training it {batch} of epoch {epoch}, {ms_per_step:.2} ms/it, loss {loss:.6}"),
+        ),
+        &TrainEvent::Eval { epoch, steps, metrics } => {
+            let m = MetricsReport::from(metrics);
+            log(
+                Event::Eval { epoch, steps, auc: m.auc, logloss: m.logloss, accuracy: m.accuracy, rows: m.rows },
+                format!("Testing at step {steps} of epoch {epoch}: {m}"),
+            )
+        }
+        TrainEvent::Checkpoint { path, steps } => log(
+            Event::Checkpoint { path: path.clone(), steps: *steps },
+            format!("checkpoint {} at step {steps}", path.display()),
+        ),
+    }
+}
+
+impl TrainReport {
+    fn new(s: TrainSummary, world_size: usize, per_rank_bytes_sent: Option<Vec<u64>>) -> Self {
+        Self {
+            event: "summary",
+            steps: s.steps,
+            samples: s.samples,
+            train_seconds: s.train_seconds,
+            samples_per_s: s.samples as f64 / s.train_seconds.max(1e-9),
+            loader_wait_seconds: s.data_wait_seconds,
+            loss_first: s.loss_first,
+            loss_last: s.loss_last,
+            eval: s.eval.map(MetricsReport::from),
+            checkpoint: s.checkpoint,
+            resumed_at_step: s.resumed_at_step,
+            world_size,
+            per_rank_bytes_sent,
+        }
+    }
 }

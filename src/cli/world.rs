@@ -5,17 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ember_dense::DenseOptimizerConfig;
-use ember_models::{Checkpoint, Dlrm, DlrmConfig};
-use ember_sharding::{Collective, ShardingPlan};
-use ember_sparse::TableOptimizer;
+use ember_sharding::Collective;
 
 /// The environment variables MPI launchers set (Open MPI's; MPICH's Hydra).
 const SIZE_VARS: [&str; 2] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"];
 
 /// How long a rank waits for a peer's message before it stops the job:
 /// `EMBER_PEER_TIMEOUT` seconds, 120 by default.
-#[cfg(feature = "mpi")]
 const TIMEOUT_VAR: &str = "EMBER_PEER_TIMEOUT";
 
 /// This process's place in the job: alone, or one rank of several.
@@ -28,7 +24,6 @@ pub struct Ranks {
     pub size: usize,
     pub comm: Arc<dyn Collective>,
     /// Keeps MPI initialized; finalizes it when dropped.
-    #[cfg(feature = "mpi")]
     _mpi: ember_sharding::mpi::MpiWorld,
 }
 
@@ -86,25 +81,17 @@ impl Launch {
     /// `EMBER_SETUP_TIMEOUT` seconds (an hour by default) instead of the peer
     /// timeout, and ends it with a barrier so every rank leaves it together.
     pub fn patiently<R>(&self, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
-        let Some(r) = &self.ranks else {
-            return f();
-        };
-        let usual = r.comm.timeout();
-        r.comm.set_timeout(setup_timeout()?);
-        let result = f().and_then(|v| {
-            r.comm.barrier()?;
-            Ok(v)
-        });
-        if let Some(t) = usual {
-            r.comm.set_timeout(t);
-        }
-        result
+        ember_sharding::collective::patiently(self.world(), setup_timeout()?, f)
+    }
+
+    /// The world's collective, under mpirun.
+    pub fn world(&self) -> Option<&Arc<dyn Collective>> {
+        self.ranks.as_ref().map(|r| &r.comm)
     }
 
     /// After an error on this rank: stops every rank of the job (they would
     /// otherwise wait for this one until their timeout). Returns when alone.
     pub fn abort_others(&self) {
-        #[cfg(feature = "mpi")]
         if self.ranks.is_some() {
             ember_sharding::mpi::MpiWorld::abort_job(1);
         }
@@ -112,9 +99,10 @@ impl Launch {
 }
 
 impl Ranks {
-    #[cfg(feature = "mpi")]
     fn init(size: usize) -> anyhow::Result<Self> {
-        let mpi = ember_sharding::mpi::MpiWorld::init().map_err(anyhow::Error::msg)?;
+        use anyhow::Context;
+        let mpi = ember_sharding::mpi::MpiWorld::init()
+            .with_context(|| format!("started as one of {size} MPI ranks"))?;
         anyhow::ensure!(
             mpi.size() == size,
             "the launcher says {size} ranks, MPI says {}",
@@ -134,21 +122,18 @@ impl Ranks {
         })
     }
 
-    #[cfg(not(feature = "mpi"))]
-    fn init(size: usize) -> anyhow::Result<Self> {
-        anyhow::bail!(
-            "started as one of {size} MPI ranks, but this ember was built without MPI: build it with `cargo build --release --features mpi`"
-        )
-    }
 }
 
-#[cfg(feature = "mpi")]
 fn peer_timeout() -> anyhow::Result<Duration> {
     seconds(TIMEOUT_VAR, ember_sharding::collective::PEER_TIMEOUT)
 }
 
-fn setup_timeout() -> anyhow::Result<Duration> {
-    seconds("EMBER_SETUP_TIMEOUT", Duration::from_secs(3600))
+/// `EMBER_SETUP_TIMEOUT` seconds, an hour by default.
+pub fn setup_timeout() -> anyhow::Result<Duration> {
+    seconds(
+        "EMBER_SETUP_TIMEOUT",
+        ember_sharding::collective::SETUP_TIMEOUT,
+    )
 }
 
 /// A duration in seconds from the environment variable `var`, or `default`.
@@ -163,43 +148,6 @@ fn seconds(var: &str, default: Duration) -> anyhow::Result<Duration> {
             _ => anyhow::bail!("{var}='{s}' is not a positive number of seconds"),
         },
     }
-}
-
-/// The model placed by `plan`, from `checkpoint` or new from `seed`. On a
-/// rank, only its shards are ever built (or read); alone, the whole model is
-/// built, then sharded over threads.
-pub fn place_model(
-    launch: &Launch,
-    config: &DlrmConfig,
-    (table_optimizer, dense_optimizer): (TableOptimizer, DenseOptimizerConfig),
-    seed: u64,
-    plan: Option<ShardingPlan>,
-    checkpoint: Option<&Checkpoint>,
-) -> anyhow::Result<Dlrm> {
-    use anyhow::Context;
-    Ok(match (checkpoint, plan, launch.ranks()) {
-        (Some(ckpt), Some(plan), Some(r)) => {
-            ckpt.model_on_rank(table_optimizer, dense_optimizer, plan, r.comm.clone())?
-        }
-        (None, Some(plan), Some(r)) => Dlrm::new_on_rank(
-            config.clone(),
-            table_optimizer,
-            dense_optimizer,
-            seed,
-            plan,
-            r.comm.clone(),
-        )
-        .context("building the model")?,
-        (checkpoint, plan, _) => {
-            let mut model = match checkpoint {
-                Some(ckpt) => ckpt.model(table_optimizer, dense_optimizer)?,
-                None => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, seed)
-                    .context("building the model")?,
-            };
-            model.shard(plan).context("sharding the tables")?;
-            model
-        }
-    })
 }
 
 /// A failure injected for testing failure handling: `EMBER_FAULT=R:S:kill`

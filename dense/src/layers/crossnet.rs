@@ -191,18 +191,16 @@ impl<T: Real> HasParams<T> for LowRankCrossNet<T> {
     fn params(&mut self) -> Vec<Param<'_, T>> {
         let mut out = Vec::with_capacity(3 * self.num_layers());
         for (l, (w, g)) in self.w_kernels.iter_mut().zip(&mut self.w_grads).enumerate() {
-            out.push(Param::new(
-                format!("W_kernels.{l}"),
-                w.data_mut(),
-                g.data_mut(),
-            ));
+            let shape = [w.rows(), w.cols()];
+            out.push(
+                Param::new(format!("W_kernels.{l}"), w.data_mut(), g.data_mut()).with_shape(&shape),
+            );
         }
         for (l, (v, g)) in self.v_kernels.iter_mut().zip(&mut self.v_grads).enumerate() {
-            out.push(Param::new(
-                format!("V_kernels.{l}"),
-                v.data_mut(),
-                g.data_mut(),
-            ));
+            let shape = [v.rows(), v.cols()];
+            out.push(
+                Param::new(format!("V_kernels.{l}"), v.data_mut(), g.data_mut()).with_shape(&shape),
+            );
         }
         for (l, (b, g)) in self.bias.iter_mut().zip(&mut self.bias_grads).enumerate() {
             out.push(Param::new(

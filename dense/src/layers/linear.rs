@@ -91,12 +91,14 @@ impl<T: Real> Linear<T> {
 
 impl<T: Real> HasParams<T> for Linear<T> {
     fn params(&mut self) -> Vec<Param<'_, T>> {
+        let shape = [self.weight.rows(), self.weight.cols()];
         vec![
             Param::new(
                 "weight",
                 self.weight.data_mut(),
                 self.weight_grad.data_mut(),
-            ),
+            )
+            .with_shape(&shape),
             Param::new("bias", &mut self.bias, &mut self.bias_grad),
         ]
     }

@@ -39,8 +39,44 @@ use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
 
 mod rows;
 mod set;
+mod state;
 pub use set::{remove_set, save_set, INDEX_FILE};
+pub use state::{StateDict, StateFile};
 
+/// The file a one-process checkpoint is written to in its directory.
+pub const CHECKPOINT_FILE: &str = "model.safetensors";
+
+/// The checkpoint to resume from in `dir`: one file, or the set the ranks
+/// of a world wrote; the newer when both are there (a crash between
+/// writing one and removing the other). On a world, rank 0 decides for
+/// every rank (all ranks call this together).
+pub fn latest(
+    dir: &Path,
+    world: Option<&std::sync::Arc<dyn ember_sharding::Collective>>,
+) -> Result<Option<PathBuf>, ModelError> {
+    let choose = || {
+        let modified = |p: PathBuf| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p));
+        [dir.join(INDEX_FILE), dir.join(CHECKPOINT_FILE)]
+            .into_iter()
+            .filter_map(modified)
+            .max_by_key(|(t, _)| *t)
+            .map(|(_, p)| p)
+    };
+    let Some(comm) = world else {
+        return Ok(choose());
+    };
+    let mine = match comm.rank() {
+        0 => choose().map_or(Vec::new(), |p| {
+            p.to_string_lossy().into_owned().into_bytes()
+        }),
+        _ => Vec::new(),
+    };
+    let chosen = comm.broadcast(0, mine)?;
+    let chosen = String::from_utf8_lossy(&chosen).into_owned();
+    Ok((!chosen.is_empty()).then(|| PathBuf::from(chosen)))
+}
+
+/// The prefix of DLRM's table tensors (TorchRec's `EmbeddingBagCollection` in `sparse_arch`).
 pub const TABLE_PREFIX: &str = "sparse_arch.embedding_bag_collection.embedding_bags.";
 pub const OPTIMIZER_PREFIX: &str = "optimizer.";
 
@@ -81,7 +117,13 @@ pub struct TrainState {
 
 /// Name of table `t`'s weight.
 pub fn table_weight_name(table: &str) -> String {
-    format!("{TABLE_PREFIX}{table}.weight")
+    format!("{}.weight", table_base_name(table))
+}
+
+/// A DLRM table's TorchRec name, to which `.weight` and the optimizer
+/// state's suffixes are added.
+fn table_base_name(table: &str) -> String {
+    format!("{TABLE_PREFIX}{table}")
 }
 
 /// Names and shapes of the dense parameters of `config`.
@@ -153,18 +195,22 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
     let unsharded = model.sparse_arch().unsharded()?;
     for table in unsharded.tables() {
         let part = TablePart {
-            table: table.name(),
             weights: table.weights(),
             state: table.optimizer_state(),
             rows: table.num_embeddings(),
             dim: table.dim(),
         };
-        table_tensors(&part, &table_opt, &mut tensors);
+        table_tensors(
+            &table_base_name(table.name()),
+            &part,
+            &table_opt,
+            &mut tensors,
+        );
     }
     write_file(tensors, meta, path)
 }
 
-fn fail_at(path: &Path, message: String) -> ModelError {
+pub(crate) fn fail_at(path: &Path, message: String) -> ModelError {
     ModelError::Checkpoint {
         path: path.to_path_buf(),
         tensor: None,
@@ -248,29 +294,29 @@ fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, F32Tensor<'static>)>, 
 /// A table, or the rows and columns of it one shard holds: `rows` x `dim`
 /// weights and the optimizer state in the collection's layout.
 struct TablePart<'a> {
-    table: &'a str,
     weights: &'a [f32],
     state: &'a [f32],
     rows: usize,
     dim: usize,
 }
 
-/// The weight and optimizer-state tensors of `part`, under the table's
-/// TorchRec names.
+/// The weight and optimizer-state tensors of `part`, under `base` (the
+/// table's TorchRec name, without `.weight`).
 fn table_tensors<'a>(
+    base: &str,
     part: &TablePart<'a>,
     table_opt: &TableOptimizer,
     tensors: &mut Vec<(String, F32Tensor<'a>)>,
 ) {
     let (rows, dim, state) = (part.rows, part.dim, part.state);
     tensors.push((
-        table_weight_name(part.table),
+        format!("{base}.weight"),
         F32Tensor {
             shape: vec![rows, dim],
             data: Cow::Borrowed(part.weights),
         },
     ));
-    let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", part.table);
+    let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{base}.{s}");
     match table_opt {
         TableOptimizer::None | TableOptimizer::Sgd { .. } => {}
         TableOptimizer::RowWiseAdagrad { .. } => tensors.push((

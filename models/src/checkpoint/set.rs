@@ -23,7 +23,10 @@ use std::path::{Path, PathBuf};
 use ember_sharding::RowSplit;
 use serde::{Deserialize, Serialize};
 
-use super::{dense_tensors, fail_at, metadata, table_tensors, write_file, TablePart, TrainState};
+use super::{
+    dense_tensors, fail_at, metadata, table_base_name, table_tensors, write_file, TablePart,
+    TrainState,
+};
 use crate::{Dlrm, ModelError};
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -96,7 +99,6 @@ pub fn save_set(
         .ok_or_else(|| ModelError::Config("a rank's tables are sharded".into()))?;
     for local in sharded.local_shards() {
         let part = TablePart {
-            table: local.table,
             weights: local.data.weights(),
             state: local.data.optimizer_state(),
             rows: local.data.num_embeddings(),
@@ -107,7 +109,12 @@ pub fn save_set(
             .map_or(0, |t| t.embedding_dim);
         let whole = local.shard.rows == RowSplit::All && local.shard.columns == [0, dim];
         let before = tensors.len();
-        table_tensors(&part, &table_opt, &mut tensors);
+        table_tensors(
+            &table_base_name(local.table),
+            &part,
+            &table_opt,
+            &mut tensors,
+        );
         for (name, _) in &mut tensors[before..] {
             if whole {
                 written.whole.push(name.clone());

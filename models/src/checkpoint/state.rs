@@ -1,0 +1,279 @@
+//! Checkpoints of any model: its state as named tensors in one safetensors
+//! file ([`StateDict`] out, [`StateFile`] in), in the naming scheme DLRM's
+//! checkpoints use, so a user's model built from Ember's parts saves and
+//! restores them the way DLRM does:
+//!
+//! ```text
+//! <prefix>embedding_bags.<table>.weight                     [rows, dim]
+//! optimizer.<prefix>embedding_bags.<table>.momentum1|2      FBGEMM's table state
+//! <param name>                                              dense parameters, torch shapes
+//! optimizer.<param name>.exp_avg|exp_avg_sq|sum             torch's dense optimizer state
+//! ```
+//!
+//! Step counts (the tables' and each dense optimizer's) and the training
+//! position travel in the metadata.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ember_dense::{DenseOptimizer, DenseOptimizerConfig, Param};
+use ember_sparse::{EmbeddingBagCollection, TableOptimizer};
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+
+use super::{
+    f32s, fail_at, file_view, json, map, meta_value, table_tensors, write_file, F32Tensor,
+    TablePart, TrainState, META_TRAIN_STATE, OPTIMIZER_PREFIX,
+};
+use crate::ModelError;
+
+/// A model's state on its way to a file: named f32 tensors (borrowed where
+/// they can be) and metadata.
+#[derive(Default)]
+pub struct StateDict<'a> {
+    tensors: Vec<(String, F32Tensor<'a>)>,
+    metadata: HashMap<String, String>,
+}
+
+/// The metadata key of the step count of the tables under `prefix`.
+fn table_step_key(prefix: &str) -> String {
+    format!("ember.table_step.{prefix}")
+}
+
+/// The metadata key of the step count of the dense optimizer under `prefix`.
+fn dense_steps_key(prefix: &str) -> String {
+    format!("ember.dense_steps.{prefix}")
+}
+
+/// torch's names of a dense optimizer's two state tensors (empty: unused).
+fn dense_state_names(config: &DenseOptimizerConfig) -> [&'static str; 2] {
+    match config {
+        DenseOptimizerConfig::Adam { .. } => ["exp_avg", "exp_avg_sq"],
+        DenseOptimizerConfig::Adagrad { .. } => ["", "sum"],
+        DenseOptimizerConfig::Sgd { .. } => ["", ""],
+    }
+}
+
+impl<'a> StateDict<'a> {
+    /// An empty state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one tensor; `data` holds `shape`'s product of values.
+    pub fn push(
+        &mut self,
+        name: impl Into<String>,
+        shape: &[usize],
+        data: impl Into<Cow<'a, [f32]>>,
+    ) -> &mut Self {
+        let data = data.into();
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        let shape = shape.to_vec();
+        self.tensors.push((name.into(), F32Tensor { shape, data }));
+        self
+    }
+
+    /// Adds a metadata entry (a string; JSON for structured values).
+    pub fn metadata(&mut self, key: impl Into<String>, value: impl Into<String>) -> &mut Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds dense parameters (copied) under `prefix` + their names, in their
+    /// shapes.
+    pub fn add_params(&mut self, prefix: &str, params: Vec<Param<'_, f32>>) -> &mut Self {
+        for p in params {
+            self.push(format!("{prefix}{}", p.name), &p.shape, p.value.to_vec());
+        }
+        self
+    }
+
+    /// Adds a dense optimizer's state for the parameters it updates, under
+    /// `optimizer.<prefix><name>.<state>`, and its step count.
+    pub fn add_dense_optimizer(
+        &mut self,
+        prefix: &str,
+        optimizer: &DenseOptimizer<f32>,
+        params: Vec<Param<'_, f32>>,
+    ) -> &mut Self {
+        let shapes: HashMap<String, Vec<usize>> =
+            params.into_iter().map(|p| (p.name, p.shape)).collect();
+        let names = dense_state_names(&optimizer.config());
+        for (name, len, m, v) in optimizer.state() {
+            let shape = shapes.get(name).cloned().unwrap_or(vec![len]);
+            for (state, data) in names.iter().zip([m, v]) {
+                if !state.is_empty() && !data.is_empty() {
+                    let key = format!("{OPTIMIZER_PREFIX}{prefix}{name}.{state}");
+                    self.push(key, &shape, data.to_vec());
+                }
+            }
+        }
+        self.metadata(dense_steps_key(prefix), optimizer.steps().to_string())
+    }
+
+    /// Adds every table of `ebc` (weights borrowed) and its optimizer state
+    /// under `<prefix>embedding_bags.<table>`, and the tables' step count.
+    pub fn add_collection(&mut self, prefix: &str, ebc: &'a EmbeddingBagCollection) -> &mut Self {
+        let names: Vec<String> = ebc
+            .tables()
+            .iter()
+            .map(|t| format!("{prefix}embedding_bags.{}", t.name()))
+            .collect();
+        for (table, name) in ebc.tables().iter().zip(&names) {
+            let part = TablePart {
+                weights: table.weights(),
+                state: table.optimizer_state(),
+                rows: table.num_embeddings(),
+                dim: table.dim(),
+            };
+            table_tensors(name, &part, ebc.optimizer(), &mut self.tensors);
+        }
+        self.metadata(table_step_key(prefix), ebc.step().to_string())
+    }
+
+    /// Writes the state (and the training position, when given) to `path`
+    /// atomically: a temporary file, fsynced, then renamed.
+    pub fn save(mut self, path: &Path, train: Option<&TrainState>) -> Result<(), ModelError> {
+        self.metadata.insert("format".into(), "pt".into());
+        if let Some(t) = train {
+            self.metadata.insert(META_TRAIN_STATE.into(), json(t));
+        }
+        write_file(self.tensors, self.metadata, path)
+    }
+}
+
+/// A state written by [`StateDict::save`] (or any safetensors file of f32
+/// tensors), memory-mapped; tensors are read by name and checked for shape.
+pub struct StateFile {
+    path: PathBuf,
+    mmap: Mmap,
+    metadata: HashMap<String, String>,
+}
+
+impl StateFile {
+    /// Maps `path` and reads its metadata.
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let mmap = map(path)?;
+        let (_, header) = SafeTensors::read_metadata(&mmap)
+            .map_err(|e| fail_at(path, format!("not a safetensors file: {e}")))?;
+        let metadata = header.metadata().clone().unwrap_or_default();
+        Ok(Self {
+            path: path.to_path_buf(),
+            mmap,
+            metadata,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A metadata entry.
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.metadata.get(key).map(String::as_str)
+    }
+
+    /// Where training stood when the file was written, if it says.
+    pub fn train_state(&self) -> Result<Option<TrainState>, ModelError> {
+        meta_value(&self.metadata, META_TRAIN_STATE, &self.path)
+    }
+
+    /// The named tensor's values, which must be f32 of `shape`.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        file_view(&self.mmap, name, Some(shape), f32s)
+            .map(|(v, _)| v)
+            .map_err(|message| ModelError::Checkpoint {
+                path: self.path.clone(),
+                tensor: Some(name.to_string()),
+                message,
+            })
+    }
+
+    /// A step count saved in the metadata (0 when absent).
+    fn steps(&self, key: &str) -> Result<u64, ModelError> {
+        Ok(meta_value(&self.metadata, key, &self.path)?.unwrap_or(0))
+    }
+
+    /// Reads dense parameters saved by [`StateDict::add_params`] into `params`.
+    pub fn load_params(&self, prefix: &str, params: Vec<Param<'_, f32>>) -> Result<(), ModelError> {
+        for p in params {
+            let values = self.tensor(&format!("{prefix}{}", p.name), &p.shape)?;
+            p.value.copy_from_slice(&values);
+        }
+        Ok(())
+    }
+
+    /// Restores a dense optimizer saved by [`StateDict::add_dense_optimizer`]
+    /// for `params` (nothing before its first step).
+    pub fn load_dense_optimizer(
+        &self,
+        prefix: &str,
+        optimizer: &mut DenseOptimizer<f32>,
+        params: Vec<Param<'_, f32>>,
+    ) -> Result<(), ModelError> {
+        let steps = self.steps(&dense_steps_key(prefix))?;
+        if steps == 0 {
+            return Ok(());
+        }
+        let names = dense_state_names(&optimizer.config());
+        let mut state = Vec::with_capacity(params.len());
+        for p in params {
+            let load = |s: &str| match s.is_empty() {
+                true => Ok(Vec::new()),
+                false => self.tensor(
+                    &format!("{OPTIMIZER_PREFIX}{prefix}{}.{s}", p.name),
+                    &p.shape,
+                ),
+            };
+            state.push((
+                p.name.clone(),
+                p.value.len(),
+                load(names[0])?,
+                load(names[1])?,
+            ));
+        }
+        optimizer.set_state(steps, state);
+        Ok(())
+    }
+
+    /// Reads the tables saved by [`StateDict::add_collection`] into `ebc`:
+    /// weights, and the optimizer state and step count when the saved
+    /// optimizer is of the collection's kind.
+    pub fn load_collection(
+        &self,
+        prefix: &str,
+        ebc: &mut EmbeddingBagCollection,
+    ) -> Result<(), ModelError> {
+        let optimizer = *ebc.optimizer();
+        for table in ebc.tables_mut() {
+            let (rows, dim) = (table.num_embeddings(), table.dim());
+            let name = format!("{prefix}embedding_bags.{}", table.name());
+            let w = self.tensor(&format!("{name}.weight"), &[rows, dim])?;
+            table.weights_mut().copy_from_slice(&w);
+            let state = |s: &str, shape: &[usize]| {
+                self.tensor(&format!("{OPTIMIZER_PREFIX}{name}.{s}"), shape)
+            };
+            let restored = match optimizer {
+                TableOptimizer::None | TableOptimizer::Sgd { .. } => continue,
+                TableOptimizer::RowWiseAdagrad { .. } => state("momentum1", &[rows])?,
+                TableOptimizer::Adagrad { .. } => state("momentum1", &[rows, dim])?,
+                TableOptimizer::Adam { .. } => {
+                    let (m, v) = (
+                        state("momentum1", &[rows, dim])?,
+                        state("momentum2", &[rows, dim])?,
+                    );
+                    (m.chunks_exact(dim.max(1)).zip(v.chunks_exact(dim.max(1))))
+                        .flat_map(|(m, v)| m.iter().chain(v))
+                        .copied()
+                        .collect()
+                }
+            };
+            table.optimizer_state_mut().copy_from_slice(&restored);
+        }
+        ebc.set_step(self.steps(&table_step_key(prefix))?);
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! The contract between a model and everything above one step: the
+//! [`Trainer`](crate::Trainer), [`evaluate`](crate::evaluate), checkpoints
+//! and data-parallel ranks. DLRM and DLRM-DCNv2 implement it, and so can a
+//! user's model built from Ember's parts (see `examples/`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ember_dense::{DenseBackend, Param};
+use ember_sharding::Collective;
+
+use crate::{Backend, Batch, ExecMode, ModelError, StepOutput, TrainState};
+
+/// A model the [`Trainer`](crate::Trainer) can train, evaluate and
+/// checkpoint. Every method is called by one thread at a time; on the ranks
+/// of a world, every rank calls each method in the same order.
+///
+/// ```
+/// use ember_models::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, TrainState};
+/// use ember_dense::DenseBackend;
+/// # use std::path::{Path, PathBuf};
+///
+/// /// Predicts the same logit for everyone and learns nothing.
+/// struct Constant { logits: Vec<f32> }
+///
+/// impl Model for Constant {
+///     fn train_step(&mut self, _: &Backend, batch: &Batch, _: ExecMode) -> Result<StepOutput, ModelError> {
+///         Ok(StepOutput { loss: std::f32::consts::LN_2, times: Default::default() })
+///     }
+///     fn predict(&mut self, _: &dyn DenseBackend<f32>, batch: &Batch) -> Result<&[f32], ModelError> {
+///         self.logits.resize(batch.size(), 0.0);
+///         Ok(&self.logits)
+///     }
+///     fn save_checkpoint(&mut self, dir: &Path, _: Option<&TrainState>) -> Result<PathBuf, ModelError> {
+///         Ok(dir.to_path_buf()) // nothing to save
+///     }
+///     fn load_checkpoint(&mut self, _: &Path) -> Result<Option<TrainState>, ModelError> {
+///         Ok(None)
+///     }
+/// }
+/// ```
+pub trait Model {
+    /// One training step on `batch`: forward, loss, backward and both
+    /// optimizers, run as `mode` says. Returns the batch's mean loss (on a
+    /// world, the mean over every rank's samples). A mode the model does
+    /// not support is an error, not a silent fallback.
+    fn train_step(
+        &mut self,
+        backend: &Backend,
+        batch: &Batch,
+        mode: ExecMode,
+    ) -> Result<StepOutput, ModelError>;
+
+    /// The logits of `batch`, one per sample (no update).
+    fn predict(
+        &mut self,
+        backend: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<&[f32], ModelError>;
+
+    /// Brings state kept on a device (the compiled mode's parameters) back
+    /// to the host; called before every evaluation and checkpoint.
+    fn sync_to_host(&mut self) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    /// The world this model is one rank of, if any: its ranks step in
+    /// lockstep and average their dense gradients.
+    fn world(&self) -> Option<&Arc<dyn Collective>> {
+        None
+    }
+
+    /// Writes a checkpoint of the whole state (weights, optimizer state and
+    /// step counts, and `train` when given) into `dir`, atomically; returns
+    /// the file (or a set's index) it wrote. On a world every rank calls it.
+    fn save_checkpoint(
+        &mut self,
+        dir: &Path,
+        train: Option<&TrainState>,
+    ) -> Result<PathBuf, ModelError>;
+
+    /// Restores what [`Model::save_checkpoint`] wrote to `path`; returns the
+    /// training position it held. A resumed run is then bitwise the run that
+    /// never stopped.
+    fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError>;
+}
+
+/// Data parallelism over the ranks of a world: every rank steps on its own
+/// samples, then [`DataParallel::average`] makes the dense gradients and the
+/// loss the means over every rank's samples, so every rank applies the same
+/// dense update. One all-reduce per step, summed in rank order, so every
+/// rank gets the same bits.
+pub struct DataParallel {
+    comm: Arc<dyn Collective>,
+    /// Reused buffer of the all-reduce.
+    flat: Vec<f32>,
+}
+
+impl DataParallel {
+    /// Averaging over the ranks of `comm`.
+    pub fn new(comm: Arc<dyn Collective>) -> Self {
+        Self {
+            comm,
+            flat: Vec::new(),
+        }
+    }
+
+    /// The world's collective.
+    pub fn comm(&self) -> &Arc<dyn Collective> {
+        &self.comm
+    }
+
+    /// Replaces every gradient of `params` (means over this rank's `samples`)
+    /// with the mean over all ranks' samples, and returns the loss as the
+    /// mean over all samples. Returns the factor `samples / total samples`,
+    /// by which per-sample gradients of this rank's batch (the pooled
+    /// embeddings', for the tables) are to be scaled, with the loss.
+    pub fn average(
+        &mut self,
+        mut params: Vec<Param<'_, f32>>,
+        samples: usize,
+        loss: f32,
+    ) -> Result<(f32, f32), ModelError> {
+        let n = samples as f32;
+        let flat = &mut self.flat;
+        flat.clear();
+        for p in &params {
+            flat.extend(p.grad.iter().map(|g| g * n));
+        }
+        flat.extend([loss * n, n]);
+        self.comm.all_reduce_sum(flat)?;
+        let total = flat[flat.len() - 1];
+        let mut at = 0;
+        for p in &mut params {
+            for (g, s) in p.grad.iter_mut().zip(&flat[at..]) {
+                *g = s / total;
+            }
+            at += p.grad.len();
+        }
+        Ok((flat[flat.len() - 2] / total, n / total))
+    }
+}

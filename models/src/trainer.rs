@@ -1,0 +1,651 @@
+//! The training loop as library code: epochs and step limits, evaluation
+//! and checkpoint cadence, resumption at an exact batch, the execution
+//! mode, and the ranks of a world moving in lockstep. It serves any
+//! [`Model`] and any [`TrainData`], and reports progress as
+//! [`TrainEvent`]s to a callback; it never prints.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ember_sharding::collective::{patiently, SETUP_TIMEOUT};
+use ember_sharding::Collective;
+use thiserror::Error;
+
+use crate::{
+    evaluate_data, Backend, Batch, ExecMode, Metrics, Model, ModelError, PhaseTimes, SyntheticData,
+    TrainState,
+};
+
+/// A source of batches, epoch by epoch. Batch `k` of an epoch must be the
+/// same whenever it is asked for: that is what makes a resumed run equal
+/// the run that never stopped.
+pub trait TrainData {
+    /// Batches in epoch `epoch` (on a rank of a world: this rank's).
+    fn batches_per_epoch(&self, epoch: u64) -> u64;
+
+    /// The batches of epoch `epoch`, from batch `skip` on.
+    fn epoch(
+        &self,
+        epoch: u64,
+        skip: u64,
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_>;
+
+    /// Identifies the data, so that a resumed run can refuse other data
+    /// (0: unknown, never refused).
+    fn fingerprint(&self) -> u64 {
+        0
+    }
+}
+
+impl TrainData for ember_dataloader::Loader {
+    fn batches_per_epoch(&self, epoch: u64) -> u64 {
+        ember_dataloader::Loader::batches_per_epoch(self, epoch)
+    }
+
+    fn epoch(
+        &self,
+        epoch: u64,
+        skip: u64,
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
+        let batches = ember_dataloader::Loader::epoch(self, epoch, skip);
+        Box::new(batches.map(|b| Batch::from_loader(b?)))
+    }
+
+    fn fingerprint(&self) -> u64 {
+        self.dataset().fingerprint()
+    }
+}
+
+/// Batches held in memory (a user's own data); every epoch yields them
+/// all, in order.
+pub struct InMemory(pub Vec<Batch>);
+
+impl TrainData for InMemory {
+    fn batches_per_epoch(&self, _: u64) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn epoch(&self, _: u64, skip: u64) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
+        Box::new(self.0.iter().skip(skip as usize).cloned().map(Ok))
+    }
+}
+
+/// Synthetic batches made as they are asked for: batch `i` of epoch `e` is
+/// `data.batch(first + e * batches + i, size)`, every one new (cycling a few
+/// would let a model memorise random labels). On rank `r` of `world_size`,
+/// its block of each global batch.
+pub struct SyntheticBatches {
+    /// The generator.
+    pub data: SyntheticData,
+    /// The index of the first batch (to keep test batches apart).
+    pub first: u64,
+    /// Batches per epoch.
+    pub batches: u64,
+    /// The global batch size.
+    pub size: usize,
+    /// This process's rank and the world's size (0 and 1 alone).
+    pub rank: usize,
+    /// See `rank`.
+    pub world_size: usize,
+}
+
+impl TrainData for SyntheticBatches {
+    fn batches_per_epoch(&self, _: u64) -> u64 {
+        self.batches
+    }
+
+    fn epoch(
+        &self,
+        epoch: u64,
+        skip: u64,
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
+        let base = self.first + epoch * self.batches;
+        let (r, w) = (self.rank, self.world_size.max(1));
+        Box::new((skip..self.batches).map(move |i| {
+            let b = self.data.batch(base + i, self.size);
+            Ok(match w {
+                1 => b,
+                _ => b.select(b.size() * r / w..b.size() * (r + 1) / w),
+            })
+        }))
+    }
+}
+
+/// What a [`Trainer`] does.
+#[derive(Clone, Debug)]
+pub struct TrainerConfig {
+    /// Epochs in all (a resumed run counts the ones already done).
+    pub epochs: u64,
+    /// Stop after this many steps in all, checkpointing there.
+    pub max_steps: Option<u64>,
+    /// How the dense step runs.
+    pub mode: ExecMode,
+    /// Evaluate every this many steps (0: not mid-epoch).
+    pub eval_every: u64,
+    /// Also evaluate at the end of each epoch (unless that step just was).
+    pub eval_at_epoch_end: bool,
+    /// Where checkpoints go (none: no checkpoints).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint every this many steps (0: at epoch ends only).
+    pub checkpoint_every: u64,
+    /// A [`TrainEvent::Log`] every this many batches of an epoch.
+    pub log_every: u64,
+    /// How long ranks wait for each other in checkpoints.
+    pub setup_timeout: Duration,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            max_steps: None,
+            mode: ExecMode::Strict,
+            eval_every: 0,
+            eval_at_epoch_end: true,
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            log_every: 100,
+            setup_timeout: SETUP_TIMEOUT,
+        }
+    }
+}
+
+/// Progress of a run, in the order it happens.
+#[derive(Clone, Debug)]
+pub enum TrainEvent {
+    /// Before the first step: how many steps remain at most, from where.
+    Start {
+        /// Steps this run takes unless `max_steps` stops it first.
+        steps: u64,
+        /// The position it starts from (resumed, or zero).
+        from: TrainState,
+    },
+    /// The checkpoint was written mid-epoch by another number of ranks, whose
+    /// position means nothing here: the rest of that epoch is skipped.
+    EpochRestSkipped {
+        /// The epoch skipped.
+        epoch: u64,
+        /// The ranks that wrote the checkpoint.
+        written_by: u64,
+    },
+    /// This rank has more batches than the rank with the fewest; the extra
+    /// ones are left out so that every rank steps in lockstep.
+    BatchesLeftOut {
+        /// Batches of each epoch left out.
+        left_out: u64,
+        /// This rank's batches per epoch.
+        of: u64,
+    },
+    /// A step is about to run (`steps` done so far).
+    BeforeStep {
+        /// Steps done.
+        steps: u64,
+    },
+    /// A step ran.
+    Step {
+        /// The epoch and the batch within it (1-based: batches done).
+        epoch: u64,
+        /// See `epoch`.
+        batch: u64,
+        /// Steps done in all.
+        steps: u64,
+        /// The step's loss (over every rank's samples).
+        loss: f32,
+        /// The step's phases.
+        times: PhaseTimes,
+        /// This rank's samples and ids in the batch.
+        samples: usize,
+        /// See `samples`.
+        ids: usize,
+        /// Time spent waiting for the batch.
+        data_wait: Duration,
+    },
+    /// Every `log_every` batches: the mean loss and wall time per step since
+    /// the last log.
+    Log {
+        /// The epoch, the batch within it and the steps in all.
+        epoch: u64,
+        /// See `epoch`.
+        batch: u64,
+        /// See `epoch`.
+        steps: u64,
+        /// Mean loss since the last log.
+        loss: f64,
+        /// Mean wall time per step since the last log (data waits included).
+        ms_per_step: f64,
+    },
+    /// An evaluation finished.
+    Eval {
+        /// The epoch in progress and the steps done.
+        epoch: u64,
+        /// See `epoch`.
+        steps: u64,
+        /// Its metrics (on a world, over every rank's samples).
+        metrics: Metrics,
+    },
+    /// A checkpoint was written.
+    Checkpoint {
+        /// The file (or a set's index).
+        path: PathBuf,
+        /// Steps done.
+        steps: u64,
+    },
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, Default)]
+pub struct TrainSummary {
+    /// Steps in all (the resumed-from ones included).
+    pub steps: u64,
+    /// Samples trained on in this run, over every rank.
+    pub samples: u64,
+    /// Training time, evaluations and checkpoints excluded (data waits included).
+    pub train_seconds: f64,
+    /// Time spent waiting for batches.
+    pub data_wait_seconds: f64,
+    /// The first and the last step's loss of this run (NaN: no step).
+    pub loss_first: f64,
+    /// See `loss_first`.
+    pub loss_last: f64,
+    /// The last evaluation's metrics.
+    pub eval: Option<Metrics>,
+    /// The last checkpoint written.
+    pub checkpoint: Option<PathBuf>,
+    /// The step the run started from.
+    pub resumed_at_step: u64,
+    /// Where training stands now (what the last checkpoint holds).
+    pub state: TrainState,
+}
+
+/// Why training stopped.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// The model, its data or a checkpoint failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The world's exchanges failed (a rank stopped).
+    #[error(transparent)]
+    Sharding(#[from] ember_sharding::ShardingError),
+    /// The loss became NaN or infinite: the learning rate is too high.
+    #[error("loss became {loss} at step {step}: lower the learning rate")]
+    NonFiniteLoss {
+        /// The step (0-based) and its loss.
+        step: u64,
+        /// See `step`.
+        loss: f32,
+    },
+    /// An epoch with no batch (for some rank, on a world).
+    #[error("epoch {epoch} has no batch{}", if *.world_size > 1 { " for some rank (ranks each read whole row groups: write smaller ones, or run fewer ranks)" } else { "" })]
+    EmptyEpoch {
+        /// The epoch and the ranks.
+        epoch: u64,
+        /// See `epoch`.
+        world_size: usize,
+    },
+    /// The evaluation data has batches for some ranks but not for others.
+    #[error("the evaluation data has no batch for some rank (write smaller row groups, or run fewer ranks)")]
+    EmptyEvalRank,
+    /// Resuming on other data than the run that wrote the checkpoint.
+    #[error("resume: the training data differs from the run the checkpoint continues (other files or row groups); resume on the same data")]
+    OtherData,
+}
+
+/// Trains a [`Model`] on a [`Backend`] as its [`TrainerConfig`] says.
+///
+/// ```
+/// use ember_models::{Backend, DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig,
+///     SyntheticData, SyntheticBatches, Trainer, TrainerConfig, TrainEvent, TrainState};
+/// use ember_sparse::TableOptimizer;
+/// use ember_dense::DenseOptimizerConfig;
+///
+/// let config = DlrmConfig {
+///     tables: DlrmConfig::criteo_tables(&[100, 200], 8),
+///     bottom_mlp: vec![4, 8],
+///     top_mlp: vec![8, 1],
+///     interaction: InteractionType::Dot,
+/// };
+/// let mut model = Dlrm::new(config.clone(), TableOptimizer::rowwise_adagrad(0.05),
+///     DenseOptimizerConfig::sgd(0.1), 7)?;
+/// let data = SyntheticData::new(SyntheticConfig::for_model(&config, DataGeneration::Learnable, 3, 7))?;
+/// let batches = SyntheticBatches { data, first: 0, batches: 20, size: 64, rank: 0, world_size: 1 };
+/// let trainer = Trainer::new(TrainerConfig::default(), Backend::native());
+/// let mut losses = Vec::new();
+/// let summary = trainer.fit(&mut model, &batches, None, TrainState::default(), &mut |e| {
+///     if let TrainEvent::Step { loss, .. } = e { losses.push(*loss) }
+/// })?;
+/// assert_eq!((summary.steps, losses.len()), (20, 20));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Trainer {
+    config: TrainerConfig,
+    backend: Backend,
+}
+
+/// A run's counters while it goes.
+struct Run {
+    state: TrainState,
+    excluded: Duration,
+    data_wait: Duration,
+    samples: u64,
+    loss: (f64, f64),
+    /// Wall seconds, loss sum and steps since the last log.
+    window: (f64, f64, u64),
+    eval: Option<Metrics>,
+    evaluated_at: Option<u64>,
+    checkpoint: Option<PathBuf>,
+    /// The position the last checkpoint holds.
+    saved: Option<TrainState>,
+}
+
+impl Trainer {
+    /// A trainer that runs its models' dense side on `backend`.
+    pub fn new(config: TrainerConfig, backend: Backend) -> Self {
+        Self { config, backend }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
+    /// The dense backend.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The checkpoint in the checkpoint directory to resume from, if any
+    /// (on a world, rank 0's choice; every rank calls this together).
+    pub fn latest_checkpoint(
+        &self,
+        world: Option<&Arc<dyn Collective>>,
+    ) -> Result<Option<PathBuf>, ModelError> {
+        match &self.config.checkpoint_dir {
+            Some(dir) => crate::checkpoint::latest(dir, world),
+            None => Ok(None),
+        }
+    }
+
+    /// Loads the latest checkpoint of the checkpoint directory into `model`
+    /// and returns the position to pass to [`Trainer::fit`] (zero when there
+    /// is none: a fresh start).
+    pub fn resume<M: Model + ?Sized>(&self, model: &mut M) -> Result<TrainState, ModelError> {
+        let latest = self.latest_checkpoint(model.world())?;
+        Ok(match latest {
+            Some(path) => model.load_checkpoint(&path)?.unwrap_or_default(),
+            None => TrainState::default(),
+        })
+    }
+
+    /// Trains `model` on `train` from position `from` (a fresh
+    /// `TrainState::default()`, or a checkpoint's), evaluating on the first
+    /// batches of `eval`'s epoch 0 and checkpointing as configured.
+    /// `on_event` hears of every step, log, evaluation and checkpoint.
+    pub fn fit<M: Model + ?Sized>(
+        &self,
+        model: &mut M,
+        train: &dyn TrainData,
+        eval: Option<&dyn TrainData>,
+        from: TrainState,
+        on_event: &mut dyn FnMut(&TrainEvent),
+    ) -> Result<TrainSummary, TrainError> {
+        let c = &self.config;
+        self.backend.check_mode(c.mode)?;
+        let world = model.world().cloned();
+        let world_size = world.as_ref().map_or(1, |w| w.world_size());
+        let mut state = from;
+        let fingerprint = train.fingerprint();
+        match state.data_fingerprint {
+            0 => state.data_fingerprint = fingerprint,
+            f if fingerprint != 0 && f != fingerprint => return Err(TrainError::OtherData),
+            _ => {}
+        }
+        // A position mid-epoch counts batches of the ranks that wrote it,
+        // each reading its own row groups: under another number of ranks it
+        // means nothing, so the run goes on at the next epoch.
+        let written_by = state.world_size.max(1);
+        let skipped = written_by != world_size as u64 && state.batches_in_epoch > 0;
+        if skipped {
+            on_event(&TrainEvent::EpochRestSkipped {
+                epoch: state.epoch,
+                written_by,
+            });
+            state.epoch += 1;
+            state.batches_in_epoch = 0;
+        }
+        state.world_size = world_size as u64;
+        let per_epoch = self.lockstep_epochs(train, world.as_ref(), &state, on_event)?;
+        let eval_batches = match eval {
+            Some(data) => {
+                let (fewest, most) = fewest_and_most(world.as_ref(), data.batches_per_epoch(0))?;
+                if fewest == 0 && most > 0 {
+                    return Err(TrainError::EmptyEvalRank);
+                }
+                fewest
+            }
+            None => 0,
+        };
+        let total: u64 = per_epoch.iter().skip(state.epoch as usize).sum();
+        on_event(&TrainEvent::Start {
+            steps: total.saturating_sub(state.batches_in_epoch),
+            from: state.clone(),
+        });
+        let resumed_at_step = state.steps;
+        let mut run = Run {
+            state,
+            excluded: Duration::ZERO,
+            data_wait: Duration::ZERO,
+            samples: 0,
+            loss: (f64::NAN, f64::NAN),
+            window: (0.0, 0.0, 0),
+            eval: None,
+            evaluated_at: None,
+            checkpoint: None,
+            saved: None,
+        };
+        let started = Instant::now();
+        let max_steps = c.max_steps.unwrap_or(u64::MAX);
+        let eval = eval.map(|d| (d, eval_batches));
+        while run.state.epoch < c.epochs {
+            let epoch = run.state.epoch;
+            let mut batches = train.epoch(epoch, run.state.batches_in_epoch);
+            while run.state.steps < max_steps
+                && run.state.batches_in_epoch < per_epoch[epoch as usize]
+            {
+                let t = Instant::now();
+                let Some(batch) = batches.next() else { break };
+                let batch = batch?;
+                let data_wait = t.elapsed();
+                self.step(model, &batch, &mut run, world_size, data_wait, t, on_event)?;
+                if c.eval_every > 0 && run.state.steps.is_multiple_of(c.eval_every) {
+                    self.evaluate(model, eval, &mut run, on_event)?;
+                }
+                if c.checkpoint_every > 0 && run.state.steps.is_multiple_of(c.checkpoint_every) {
+                    self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
+                }
+            }
+            if run.state.steps >= max_steps
+                && run.state.batches_in_epoch < per_epoch[epoch as usize]
+            {
+                break;
+            }
+            drop(batches);
+            run.state.epoch += 1;
+            run.state.batches_in_epoch = 0;
+            if c.eval_at_epoch_end && run.evaluated_at != Some(run.state.steps) {
+                self.evaluate(model, eval, &mut run, on_event)?;
+            }
+            self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
+        }
+        // Stopped by max_steps, or skipped past the last epoch: the new
+        // position is kept.
+        let untrained_skip = skipped && run.state.steps == resumed_at_step;
+        if (run.state.steps >= max_steps && run.state.epoch < c.epochs) || untrained_skip {
+            self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
+        }
+        let train_seconds = started.elapsed().saturating_sub(run.excluded).as_secs_f64();
+        Ok(TrainSummary {
+            steps: run.state.steps,
+            samples: run.samples,
+            train_seconds,
+            data_wait_seconds: run.data_wait.as_secs_f64(),
+            loss_first: run.loss.0,
+            loss_last: run.loss.1,
+            eval: run.eval,
+            checkpoint: run.checkpoint,
+            resumed_at_step,
+            state: run.state,
+        })
+    }
+
+    /// Batches per epoch that every rank can run in lockstep: the fewest
+    /// any rank has.
+    fn lockstep_epochs(
+        &self,
+        train: &dyn TrainData,
+        world: Option<&Arc<dyn Collective>>,
+        state: &TrainState,
+        on_event: &mut dyn FnMut(&TrainEvent),
+    ) -> Result<Vec<u64>, TrainError> {
+        let world_size = world.map_or(1, |w| w.world_size());
+        let mut per_epoch = Vec::new();
+        for epoch in 0..self.config.epochs {
+            let mine = train.batches_per_epoch(epoch);
+            let (steps, _) = fewest_and_most(world, mine)?;
+            if steps == 0 {
+                return Err(TrainError::EmptyEpoch { epoch, world_size });
+            }
+            if steps < mine && epoch == state.epoch {
+                on_event(&TrainEvent::BatchesLeftOut {
+                    left_out: mine - steps,
+                    of: mine,
+                });
+            }
+            per_epoch.push(steps);
+        }
+        Ok(per_epoch)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn step<M: Model + ?Sized>(
+        &self,
+        model: &mut M,
+        batch: &Batch,
+        run: &mut Run,
+        world_size: usize,
+        data_wait: Duration,
+        started: Instant,
+        on_event: &mut dyn FnMut(&TrainEvent),
+    ) -> Result<(), TrainError> {
+        let state = &mut run.state;
+        run.data_wait += data_wait;
+        on_event(&TrainEvent::BeforeStep { steps: state.steps });
+        let out = model.train_step(&self.backend, batch, self.config.mode)?;
+        if !out.loss.is_finite() {
+            return Err(TrainError::NonFiniteLoss {
+                step: state.steps,
+                loss: out.loss,
+            });
+        }
+        state.steps += 1;
+        state.batches_in_epoch += 1;
+        run.samples += (batch.size() * world_size) as u64;
+        let loss = out.loss as f64;
+        if run.loss.0.is_nan() {
+            run.loss.0 = loss;
+        }
+        run.loss.1 = loss;
+        on_event(&TrainEvent::Step {
+            epoch: state.epoch,
+            batch: state.batches_in_epoch,
+            steps: state.steps,
+            loss: out.loss,
+            times: out.times,
+            samples: batch.size(),
+            ids: batch.sparse.values().len(),
+            data_wait,
+        });
+        let w = &mut run.window;
+        *w = (w.0 + started.elapsed().as_secs_f64(), w.1 + loss, w.2 + 1);
+        if state
+            .batches_in_epoch
+            .is_multiple_of(self.config.log_every.max(1))
+        {
+            on_event(&TrainEvent::Log {
+                epoch: state.epoch,
+                batch: state.batches_in_epoch,
+                steps: state.steps,
+                loss: w.1 / w.2 as f64,
+                ms_per_step: w.0 * 1e3 / w.2 as f64,
+            });
+            *w = (0.0, 0.0, 0);
+        }
+        Ok(())
+    }
+
+    fn evaluate<M: Model + ?Sized>(
+        &self,
+        model: &mut M,
+        eval: Option<(&dyn TrainData, u64)>,
+        run: &mut Run,
+        on_event: &mut dyn FnMut(&TrainEvent),
+    ) -> Result<(), TrainError> {
+        let Some((data, batches)) = eval else {
+            return Ok(());
+        };
+        let t = Instant::now();
+        model.sync_to_host()?;
+        let metrics = evaluate_data(model, self.backend.dense(), data, batches)?;
+        run.excluded += t.elapsed();
+        run.eval = Some(metrics);
+        run.evaluated_at = Some(run.state.steps);
+        on_event(&TrainEvent::Eval {
+            epoch: run.state.epoch,
+            steps: run.state.steps,
+            metrics,
+        });
+        Ok(())
+    }
+
+    fn checkpoint<M: Model + ?Sized>(
+        &self,
+        model: &mut M,
+        world: Option<&Arc<dyn Collective>>,
+        run: &mut Run,
+        on_event: &mut dyn FnMut(&TrainEvent),
+    ) -> Result<(), TrainError> {
+        let Some(dir) = &self.config.checkpoint_dir else {
+            return Ok(());
+        };
+        if run.saved.as_ref() == Some(&run.state) {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let state = &run.state;
+        // Ranks write their parts at their own pace, then leave together.
+        let path = patiently(world, self.config.setup_timeout, || {
+            model.save_checkpoint(dir, Some(state))
+        })?;
+        run.excluded += t.elapsed();
+        run.saved = Some(state.clone());
+        on_event(&TrainEvent::Checkpoint {
+            path: path.clone(),
+            steps: state.steps,
+        });
+        run.checkpoint = Some(path);
+        Ok(())
+    }
+}
+
+/// The fewest and the most of `mine` over the ranks.
+fn fewest_and_most(
+    world: Option<&Arc<dyn Collective>>,
+    mine: u64,
+) -> Result<(u64, u64), TrainError> {
+    let Some(comm) = world else {
+        return Ok((mine, mine));
+    };
+    let all = comm.all_gather_u64(mine)?;
+    let fewest = all.iter().copied().min().unwrap_or(0);
+    Ok((fewest, all.iter().copied().max().unwrap_or(0)))
+}

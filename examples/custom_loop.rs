@@ -49,9 +49,17 @@ fn sharded_model() -> Result<Dlrm, Box<dyn std::error::Error>> {
         optimizer: table_optimizer,
         sharding: None,
     };
-    let (plan, _) = ember::sharding::plan(&config().tables, &Topology::uniform(2, 1 << 30), &options)?;
+    let (plan, _) =
+        ember::sharding::plan(&config().tables, &Topology::uniform(2, 1 << 30), &options)?;
     let optimizers = (table_optimizer, DenseOptimizerConfig::adagrad(0.05));
-    Ok(Dlrm::place(&config(), optimizers, 7, Some(plan), None, None)?)
+    Ok(Dlrm::place(
+        &config(),
+        optimizers,
+        7,
+        Some(plan),
+        None,
+        None,
+    )?)
 }
 
 /// Runs the loop: steps `0..STEPS`, a checkpoint at the half; then a new
@@ -64,16 +72,24 @@ fn run(dir: &std::path::Path) -> Result<(Vec<f32>, Vec<f32>), Box<dyn std::error
     let mut checkpoint = None;
     for (step, batch) in (0..STEPS).zip(my_batches(1)) {
         if step == STEPS / 2 {
-            let state = TrainState { steps: step, ..TrainState::default() };
+            let state = TrainState {
+                steps: step,
+                ..TrainState::default()
+            };
             checkpoint = Some(model.save_checkpoint(dir, Some(&state))?);
         }
         losses.push(Model::train_step(&mut model, &backend, &batch, ExecMode::Strict)?.loss);
     }
     // A second process would start here: a model of the same plan, loaded.
     let mut resumed = sharded_model()?;
-    let state = resumed.load_checkpoint(&checkpoint.expect("saved at the half"))?.unwrap_or_default();
+    let state = resumed
+        .load_checkpoint(&checkpoint.expect("saved at the half"))?
+        .unwrap_or_default();
     let mut again = Vec::new();
-    for batch in my_batches(1).skip(state.steps as usize).take((STEPS - state.steps) as usize) {
+    for batch in my_batches(1)
+        .skip(state.steps as usize)
+        .take((STEPS - state.steps) as usize)
+    {
         again.push(Model::train_step(&mut resumed, &backend, &batch, ExecMode::Strict)?.loss);
     }
     Ok((losses[(STEPS / 2) as usize..].to_vec(), again))
@@ -93,7 +109,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 mod tests {
     #[test]
     fn resumed_run_takes_the_same_steps() {
-        let dir = std::env::temp_dir().join(format!("ember-custom-loop-test-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ember-custom-loop-test-{}", std::process::id()));
         let (first, resumed) = super::run(&dir).expect("runs");
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(first.len(), 10);

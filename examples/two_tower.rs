@@ -13,9 +13,9 @@
 
 use std::path::{Path, PathBuf};
 
+use ember::dense::{BceWithLogits, DotInteraction};
 use ember::models::checkpoint::{StateDict, StateFile, CHECKPOINT_FILE};
 use ember::prelude::*;
-use ember::dense::{BceWithLogits, DotInteraction};
 use ember::sparse::rng::{mix, Rng};
 
 const USERS: usize = 20_000;
@@ -70,7 +70,9 @@ fn pairs(pairs: &[(u64, u64)], seed: u64) -> Batch {
         values.push(cat as i64);
         lengths.push(1);
     }
-    let keys = ["user_id", "user_hist", "item_id", "item_cat"].map(String::from).to_vec();
+    let keys = ["user_id", "user_hist", "item_id", "item_cat"]
+        .map(String::from)
+        .to_vec();
     let labels = (pairs.iter())
         .map(|&(u, i)| (cluster(0, u) == cluster(1, i)) as u8 as f32)
         .collect();
@@ -94,7 +96,11 @@ impl TrainData for PairData {
         self.batches
     }
 
-    fn epoch(&self, epoch: u64, skip: u64) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
+    fn epoch(
+        &self,
+        epoch: u64,
+        skip: u64,
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
         Box::new((skip..self.batches).map(move |i| {
             let mut rng = Rng::new(mix(&[self.seed, epoch, i]));
             let pairs_: Vec<(u64, u64)> = (0..self.size)
@@ -136,7 +142,8 @@ impl TwoTower {
             table("item_id", ITEMS),
             table("item_cat", CLUSTERS as usize),
         ];
-        let tables = EmbeddingBagCollection::new(tables, TableOptimizer::rowwise_adagrad(0.1), seed)?;
+        let tables =
+            EmbeddingBagCollection::new(tables, TableOptimizer::rowwise_adagrad(0.1), seed)?;
         Ok(Self {
             pooled: tables.new_output(0),
             tables,
@@ -153,7 +160,11 @@ impl TwoTower {
     fn forward(&mut self, be: &dyn DenseBackend<f32>, batch: &Batch) -> Result<(), ModelError> {
         self.tables.forward_into(&batch.sparse, &mut self.pooled)?;
         let [pooled, user_in, item_in, logits, head, _] = &mut self.buffers;
-        *pooled = Tensor::from_vec(batch.size(), self.pooled.width(), self.pooled.values().to_vec())?;
+        *pooled = Tensor::from_vec(
+            batch.size(),
+            self.pooled.width(),
+            self.pooled.values().to_vec(),
+        )?;
         be.split_columns(pooled, 2 * DIM, user_in, item_in);
         let u = self.user_mlp.forward(be, user_in);
         let v = self.item_mlp.forward(be, item_in);
@@ -162,20 +173,32 @@ impl TwoTower {
         be.split_columns(out, DIM, head, logits);
         Ok(())
     }
-
 }
 
 /// Both towers' parameters, named `user_tower.*` and `item_tower.*`.
 fn tower_params<'a>(user: &'a mut Mlp<f32>, item: &'a mut Mlp<f32>) -> Vec<Param<'a, f32>> {
-    let user = user.params().into_iter().map(|p| p.with_prefix("user_tower."));
-    let item = item.params().into_iter().map(|p| p.with_prefix("item_tower."));
+    let user = user
+        .params()
+        .into_iter()
+        .map(|p| p.with_prefix("user_tower."));
+    let item = item
+        .params()
+        .into_iter()
+        .map(|p| p.with_prefix("item_tower."));
     user.chain(item).collect()
 }
 
 impl Model for TwoTower {
-    fn train_step(&mut self, backend: &Backend, batch: &Batch, mode: ExecMode) -> Result<StepOutput, ModelError> {
+    fn train_step(
+        &mut self,
+        backend: &Backend,
+        batch: &Batch,
+        mode: ExecMode,
+    ) -> Result<StepOutput, ModelError> {
         if !matches!(mode, ExecMode::Strict | ExecMode::Debug) {
-            return Err(ModelError::Config(format!("the two-tower example runs strict or debug, not {mode}")));
+            return Err(ModelError::Config(format!(
+                "the two-tower example runs strict or debug, not {mode}"
+            )));
         }
         let be = backend.dense();
         self.forward(be, batch)?;
@@ -189,7 +212,8 @@ impl Model for TwoTower {
         let dv_in = self.item_mlp.backward(be, dv, true).expect("asked for");
         be.concat_columns(du_in, dv_in, pooled);
         self.tables.backward_update(&batch.sparse, pooled.data())?;
-        self.optimizer.step(tower_params(&mut self.user_mlp, &mut self.item_mlp));
+        self.optimizer
+            .step(tower_params(&mut self.user_mlp, &mut self.item_mlp));
         Ok(StepOutput {
             loss: self.loss.loss(),
             times: Default::default(),
@@ -201,9 +225,14 @@ impl Model for TwoTower {
         Ok(self.buffers[3].data())
     }
 
-    fn save_checkpoint(&mut self, dir: &Path, train: Option<&TrainState>) -> Result<PathBuf, ModelError> {
+    fn save_checkpoint(
+        &mut self,
+        dir: &Path,
+        train: Option<&TrainState>,
+    ) -> Result<PathBuf, ModelError> {
         let path = dir.join(CHECKPOINT_FILE);
-        std::fs::create_dir_all(dir).map_err(|e| ModelError::Config(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", dir.display())))?;
         let mut state = StateDict::new();
         state.add_params("", tower_params(&mut self.user_mlp, &mut self.item_mlp));
         let params = tower_params(&mut self.user_mlp, &mut self.item_mlp);
@@ -225,7 +254,12 @@ impl Model for TwoTower {
 
 /// recall@k over `users` test users: a held-out item of the user's cluster
 /// among 99 random ones; the fraction whose item ranks in the top `k`.
-fn recall_at(model: &mut TwoTower, be: &dyn DenseBackend<f32>, users: u64, k: usize) -> Result<f64, ModelError> {
+fn recall_at(
+    model: &mut TwoTower,
+    be: &dyn DenseBackend<f32>,
+    users: u64,
+    k: usize,
+) -> Result<f64, ModelError> {
     let mut hits = 0;
     for u in 0..users {
         let user = mix(&[99, u]) % USERS as u64;
@@ -240,18 +274,40 @@ fn recall_at(model: &mut TwoTower, be: &dyn DenseBackend<f32>, users: u64, k: us
 }
 
 /// Trains for `batches` batches of 1024 and returns (test AUC, recall@10).
-fn run(batches: u64, checkpoint_dir: Option<PathBuf>) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+fn run(
+    batches: u64,
+    checkpoint_dir: Option<PathBuf>,
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     let mut model = TwoTower::new(42)?;
-    let train = PairData { seed: 1, batches, size: 1024 };
-    let test = PairData { seed: 2, batches: 8, size: 1024 };
-    let config = TrainerConfig { epochs: 1, checkpoint_dir, log_every: 50, ..TrainerConfig::default() };
+    let train = PairData {
+        seed: 1,
+        batches,
+        size: 1024,
+    };
+    let test = PairData {
+        seed: 2,
+        batches: 8,
+        size: 1024,
+    };
+    let config = TrainerConfig {
+        epochs: 1,
+        checkpoint_dir,
+        log_every: 50,
+        ..TrainerConfig::default()
+    };
     let trainer = Trainer::new(config, Backend::native());
     let started = std::time::Instant::now();
-    let summary = trainer.fit(&mut model, &train, Some(&test), TrainState::default(), &mut |e| {
-        if let TrainEvent::Log { steps, loss, .. } = e {
-            println!("step {steps}: loss {loss:.4}");
-        }
-    })?;
+    let summary = trainer.fit(
+        &mut model,
+        &train,
+        Some(&test),
+        TrainState::default(),
+        &mut |e| {
+            if let TrainEvent::Log { steps, loss, .. } = e {
+                println!("step {steps}: loss {loss:.4}");
+            }
+        },
+    )?;
     let auc = summary.eval.map_or(f64::NAN, |m| m.auc);
     let recall = recall_at(&mut model, trainer.backend().dense(), 500, 10)?;
     println!(
@@ -284,7 +340,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ember-two-tower-{}", std::process::id()));
         let mut a = TwoTower::new(1).unwrap();
         let be = Backend::native();
-        let data = PairData { seed: 3, batches: 3, size: 256 };
+        let data = PairData {
+            seed: 3,
+            batches: 3,
+            size: 256,
+        };
         for b in data.epoch(0, 0) {
             a.train_step(&be, &b.unwrap(), ExecMode::Strict).unwrap();
         }
@@ -295,7 +355,10 @@ mod tests {
         let next = data.epoch(1, 0).next().unwrap().unwrap();
         a.train_step(&be, &next, ExecMode::Strict).unwrap();
         b.train_step(&be, &next, ExecMode::Strict).unwrap();
-        let (la, lb) = (a.predict(be.dense(), &next).unwrap().to_vec(), b.predict(be.dense(), &next).unwrap().to_vec());
+        let (la, lb) = (
+            a.predict(be.dense(), &next).unwrap().to_vec(),
+            b.predict(be.dense(), &next).unwrap().to_vec(),
+        );
         assert_eq!(la, lb);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -136,6 +136,20 @@ pub trait DenseBackend<T: Real>: Send + Sync {
     /// the rest to `b`; both are resized.
     fn split_columns(&self, x: &Tensor<T>, cols_a: usize, a: &mut Tensor<T>, b: &mut Tensor<T>);
 
+    /// Runs a dense op of the caller's own (one Ember does not ship, such as
+    /// DeepFM's factorization-machine interaction) on the host: `op` reads
+    /// its input tensors and writes its outputs in place. An eager backend
+    /// (native; PJRT outside a fused window) runs it at once, its inputs
+    /// already written. Inside a fused window ([`DenseBackend::fused`]) the
+    /// inputs are not written yet, so a backend that defers ops panics,
+    /// naming `name`: run such models in strict or debug mode there (or
+    /// lower the op to StableHLO yourself, as `ember_dense::pjrt::lower`
+    /// does Ember's own).
+    fn host_op(&self, name: &str, op: &mut dyn FnMut()) {
+        let _ = name;
+        op()
+    }
+
     /// Runs `body` as one window: a backend may record the ops `body` issues and run them
     /// fused when it returns, writing every output then (`--mode defer-fuse`). An eager
     /// backend just runs `body`. A panic in `body` discards the window.

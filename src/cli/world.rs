@@ -121,7 +121,6 @@ impl Ranks {
             _mpi: mpi,
         })
     }
-
 }
 
 fn peer_timeout() -> anyhow::Result<Duration> {

@@ -525,6 +525,16 @@ impl DenseBackend<f32> for PjrtBackend {
         });
     }
 
+    fn host_op(&self, name: &str, op: &mut dyn FnMut()) {
+        let me = std::thread::current().id();
+        let in_window = matches!(&self.recorder().open, Some(o) if o.owner == me);
+        assert!(
+            !in_window,
+            "host op '{name}' inside a fused window: its inputs are written only when the window ends (run it in strict or debug mode)"
+        );
+        op()
+    }
+
     unsafe fn fused(&self, body: &mut dyn FnMut()) {
         let me = std::thread::current().id();
         {

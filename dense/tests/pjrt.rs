@@ -193,3 +193,31 @@ fn compiled_executables_are_cached_on_disk_and_bad_entries_recompiled() {
     assert_eq!(d.stats().compiles, 1);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A user's host op sees every earlier op's output outside a window, and is
+/// refused (naming it) inside one, where those outputs are not written yet.
+#[test]
+fn host_ops_run_eagerly_and_are_refused_inside_fused_windows() {
+    let Some(client) = client() else { return };
+    let be = ember_dense::pjrt::PjrtBackend::new(client);
+    let (a, b) = (
+        Tensor::from_vec(1, 2, vec![1.0, 2.0]).unwrap(),
+        Tensor::from_vec(1, 1, vec![3.0]).unwrap(),
+    );
+    let mut joined = Tensor::zeros(0, 0);
+    be.concat_columns(&a, &b, &mut joined);
+    let mut sum = 0.0;
+    be.host_op("sum", &mut || sum = joined.data().iter().sum());
+    assert_eq!(sum, 6.0);
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut body = || be.host_op("my_op", &mut || {});
+        // SAFETY: the body's op touches no buffer.
+        unsafe { be.fused(&mut body) };
+    }));
+    let message = refused.expect_err("refused in a window");
+    let text = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(text.contains("my_op") && text.contains("strict"), "{text}");
+}

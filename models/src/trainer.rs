@@ -460,7 +460,12 @@ impl Trainer {
                 if c.eval_every > 0 && run.state.steps.is_multiple_of(c.eval_every) {
                     self.evaluate(model, eval, &mut run, on_event)?;
                 }
-                if c.checkpoint_every > 0 && run.state.steps.is_multiple_of(c.checkpoint_every) {
+                // At an epoch's last batch the epoch's own checkpoint follows.
+                let ends_epoch = run.state.batches_in_epoch == per_epoch[epoch as usize];
+                if c.checkpoint_every > 0
+                    && run.state.steps.is_multiple_of(c.checkpoint_every)
+                    && !ends_epoch
+                {
                     self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
                 }
             }

@@ -8,13 +8,19 @@ use serde::Serialize;
 
 use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
 
+/// Fields on a Criteo line: the label, [`NUM_INT`] integers and [`NUM_CAT`]
+/// categorical ids.
 pub const NUM_FIELDS: usize = 1 + NUM_INT + NUM_CAT;
 
 /// One parsed line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CriteoRecord {
+    /// The click label, 0 or 1.
     pub label: i8,
+    /// Integer features `int_0..int_12`, raw; `None` where the field was empty.
     pub ints: [Option<i32>; NUM_INT],
+    /// Categorical features `cat_0..cat_25`, the hexadecimal id parsed (no
+    /// modulo); `None` where the field was empty.
     pub cats: [Option<i64>; NUM_CAT],
 }
 
@@ -22,11 +28,36 @@ pub struct CriteoRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum Reject {
-    FieldCount { found: usize },
-    Label { value: String },
-    Integer { column: String, value: String },
-    Categorical { column: String, value: String },
-    TooLong { bytes: usize },
+    /// The line does not have [`NUM_FIELDS`] tab-separated fields.
+    FieldCount {
+        /// How many fields it has.
+        found: usize,
+    },
+    /// The label is not `0` or `1`.
+    Label {
+        /// The label as written (long values cut to 40 characters).
+        value: String,
+    },
+    /// An integer field is not a decimal 32-bit integer.
+    Integer {
+        /// Its column, `int_0..int_12`.
+        column: String,
+        /// The field as written (long values cut to 40 characters).
+        value: String,
+    },
+    /// A categorical field is not a hexadecimal id below 2^63.
+    Categorical {
+        /// Its column, `cat_0..cat_25`.
+        column: String,
+        /// The field as written (long values cut to 40 characters).
+        value: String,
+    },
+    /// The line is at least [`MAX_LINE_BYTES`](crate::ingest::MAX_LINE_BYTES)
+    /// long (no Criteo line is); it is skipped without being held in memory.
+    TooLong {
+        /// The line's length in bytes, counting its newline.
+        bytes: usize,
+    },
 }
 
 impl Reject {

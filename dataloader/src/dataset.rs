@@ -19,11 +19,14 @@ use crate::DataError;
 
 /// One opened Parquet file.
 pub struct ParquetFile {
+    /// The file's path, as given or as found in its directory.
     pub path: PathBuf,
     metadata: ArrowReaderMetadata,
 }
 
 impl ParquetFile {
+    /// Opens `path` and parses its footer, checking that the row groups' row
+    /// counts add up to the file's.
     pub fn open(path: &Path) -> Result<Self, DataError> {
         let file = File::open(path).map_err(DataError::io(path))?;
         let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
@@ -58,6 +61,7 @@ impl ParquetFile {
         (self.metadata.metadata().row_groups().iter()).map(|rg| rg.num_rows() as usize)
     }
 
+    /// Rows in the file (from the footer).
     pub fn num_rows(&self) -> u64 {
         self.row_group_rows().map(|r| r as u64).sum()
     }
@@ -75,8 +79,11 @@ impl ParquetFile {
 /// One row group of one file: the unit of shuffling, sharding and decoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unit {
+    /// Index of the file in [`Dataset::files`].
     pub file: usize,
+    /// Index of the row group within the file.
     pub row_group: usize,
+    /// Rows in the row group (from the footer).
     pub rows: usize,
 }
 
@@ -122,10 +129,12 @@ impl Dataset {
         Ok(Self { files })
     }
 
+    /// The files, in the order they are read.
     pub fn files(&self) -> &[ParquetFile] {
         &self.files
     }
 
+    /// Rows in all files (from the footers).
     pub fn num_rows(&self) -> u64 {
         self.files.iter().map(|f| f.num_rows()).sum()
     }
@@ -168,11 +177,15 @@ impl Dataset {
 /// Which columns to decode and how.
 #[derive(Clone, Debug)]
 pub struct DecodeSpec {
+    /// The label column (int8, 0 or 1).
     pub label: String,
+    /// The integer columns (int32) read as dense features, in this order.
     pub dense: Vec<String>,
     /// Categorical columns with the row count their ids are reduced to.
     pub sparse: Vec<(String, u64)>,
+    /// Applied to every dense value.
     pub dense_transform: DenseTransform,
+    /// Reduces each raw id to a row of its table.
     pub id_transform: IdTransform,
 }
 
@@ -181,16 +194,20 @@ pub struct DecodeSpec {
 pub struct FeatureChunk {
     /// `rows + 1` offsets into `values`.
     pub offsets: Vec<u32>,
+    /// The transformed ids of every row, row after row; missing values add none.
     pub values: Vec<i64>,
 }
 
 /// One decoded row group, transformed.
 #[derive(Clone, Debug, Default)]
 pub struct Chunk {
+    /// Rows decoded.
     pub rows: usize,
     /// Row-major `[rows, dense columns]`.
     pub dense: Vec<f32>,
+    /// One label per row, 0.0 or 1.0.
     pub labels: Vec<f32>,
+    /// One per [`DecodeSpec::sparse`] column, in that order.
     pub features: Vec<FeatureChunk>,
 }
 

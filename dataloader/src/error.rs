@@ -4,31 +4,57 @@ use thiserror::Error;
 
 use crate::criteo::Reject;
 
+/// Everything that can go wrong while ingesting, opening or loading data.
+/// Each variant names the file (and where known the line, row or column) so
+/// the message alone says what to fix.
 #[derive(Debug, Error)]
 pub enum DataError {
+    /// Reading, writing, renaming or fsyncing `path` failed.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The file or directory the operation was on.
         path: PathBuf,
+        /// The underlying I/O error.
         source: std::io::Error,
     },
     /// A file that is not Parquet, or is corrupt or truncated.
     #[error("{}: not a readable Parquet file: {message}", path.display())]
-    Parquet { path: PathBuf, message: String },
+    Parquet {
+        /// The Parquet file.
+        path: PathBuf,
+        /// What the reader or writer reported (with the row group, when known).
+        message: String,
+    },
+    /// A column is missing from a file, has the wrong type, or holds a value
+    /// the loader refuses (a null or non-0/1 label; the message names the row
+    /// within the row group).
     #[error("{}: column '{column}': {message}", path.display())]
     Column {
+        /// The Parquet file.
         path: PathBuf,
+        /// The column's name, e.g. `label` or `cat_3`.
         column: String,
+        /// What is wrong with it.
         message: String,
     },
     /// A malformed input line under `--strict`.
     #[error("{}:{line}: {reason}", path.display())]
     Malformed {
+        /// The input TSV (plain or gzip).
         path: PathBuf,
+        /// The 1-based line number.
         line: u64,
+        /// Why the line was rejected.
         reason: Reject,
     },
+    /// Invalid options or inputs, found before any data is read (a zero batch
+    /// size, a rank not below the world size, a directory without `.parquet`
+    /// files, two inputs writing the same outputs), or a decoding thread that
+    /// stopped without a result.
     #[error("{0}")]
     Config(String),
+    /// Assembling a batch's [`KeyedJaggedTensor`](ember_sparse::KeyedJaggedTensor)
+    /// failed.
     #[error(transparent)]
     Sparse(#[from] ember_sparse::SparseError),
 }

@@ -29,8 +29,10 @@ pub const MAX_LINE_BYTES: usize = 1 << 16;
 /// Rejected lines reported one by one; the rest are only counted.
 pub const REPORTED_REJECTS: usize = 10;
 
+/// Options of [`ingest_criteo`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IngestOptions {
+    /// File and row-group layout and compression of the output.
     pub sink: SinkOptions,
     /// Stop at the first malformed line instead of skipping it.
     pub strict: bool,
@@ -41,45 +43,68 @@ pub struct IngestOptions {
 /// A rejected line, with where it was.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RejectedLine {
+    /// The input file.
     pub file: PathBuf,
+    /// The 1-based line number.
     pub line: u64,
+    /// Why it was rejected, as [`Reject`]'s message.
     pub reason: String,
 }
 
 /// Null count of one column.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColumnNulls {
+    /// The column's name (`int_i` or `cat_i`).
     pub column: String,
+    /// Accepted rows where it was empty (missing).
     pub nulls: u64,
 }
 
 /// What one input file produced (also the content of its marker file).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputSummary {
+    /// The input file.
     pub input: PathBuf,
+    /// The Parquet parts written for it, in order.
     pub files: Vec<PathBuf>,
+    /// Rows written: the accepted lines.
     pub rows_written: u64,
-    /// Rejected lines by reason (`field_count`, `label`, `integer`, `categorical`).
+    /// Rejected lines by reason (`field_count`, `label`, `integer`,
+    /// `categorical`, `too_long`).
     pub rejected: BTreeMap<String, u64>,
+    /// The first [`REPORTED_REJECTS`] rejected lines.
     pub first_rejected: Vec<RejectedLine>,
+    /// Null count of every column, `int_0..int_12` then `cat_0..cat_25`.
     pub nulls: Vec<ColumnNulls>,
+    /// Bytes read from the input file (compressed, for gzip).
     pub bytes_in: u64,
+    /// Bytes of the Parquet files written.
     pub bytes_out: u64,
 }
 
 /// The whole run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct IngestSummary {
+    /// Rows written over all inputs.
     pub rows_written: u64,
+    /// Lines rejected over all inputs (the sum of `rejected`).
     pub lines_rejected: u64,
+    /// Rejected lines by reason, as in [`InputSummary::rejected`].
     pub rejected: BTreeMap<String, u64>,
-    /// The first rejected lines, with file and line number.
+    /// The first rejected lines, with file and line number (at most
+    /// [`REPORTED_REJECTS`]).
     pub first_rejected: Vec<RejectedLine>,
+    /// Null count of every column over all inputs.
     pub nulls: Vec<ColumnNulls>,
+    /// Bytes read from the inputs (compressed, for gzip).
     pub bytes_in: u64,
+    /// Bytes of the Parquet files written.
     pub bytes_out: u64,
+    /// Wall-clock time of the run, in seconds.
     pub seconds: f64,
+    /// `rows_written / seconds`.
     pub rows_per_s: f64,
+    /// Every Parquet file, of every input, in order.
     pub files: Vec<PathBuf>,
     /// Inputs skipped by `resume` (their counts are included above).
     pub resumed_inputs: Vec<PathBuf>,

@@ -9,6 +9,8 @@
 //! - [`dataset`]: a validated set of Parquet files and row-group decoding.
 //! - [`loader`]: the pipelined, shuffled, rank-sharded batch iterator.
 
+#![warn(missing_docs)]
+
 pub mod criteo;
 pub mod dataset;
 mod error;

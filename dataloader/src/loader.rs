@@ -32,18 +32,31 @@ use crate::{DataError, Dataset};
 /// `num_embeddings` rows.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SparseColumn {
+    /// The Parquet column it is read from (int64 or `list<int64>`).
     pub column: String,
+    /// The feature's key in [`Batch::sparse`].
     pub key: String,
+    /// Rows of the feature's table: every id is reduced into
+    /// `0..num_embeddings` by [`LoaderConfig::id_transform`]. At least 1.
     pub num_embeddings: u64,
 }
 
+/// What a [`Loader`] reads and how. [`LoaderConfig::criteo`] gives the
+/// Criteo schema's columns with the defaults; change fields from there.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LoaderConfig {
+    /// Rows per batch (at least 1); an epoch's last batch may be shorter
+    /// unless `drop_last`.
     pub batch_size: usize,
+    /// The label column (int8, 0 or 1, never null).
     pub label_column: String,
+    /// Integer columns (int32) read as dense features, in this order.
     pub dense_columns: Vec<String>,
+    /// Categorical columns read as sparse features, in this order.
     pub sparse_columns: Vec<SparseColumn>,
+    /// Raw integer → dense input.
     pub dense_transform: DenseTransform,
+    /// Raw id → table row.
     pub id_transform: IdTransform,
     /// Shuffle the row groups of every epoch with this seed (`None`: file order).
     pub shuffle_seed: Option<u64>,
@@ -52,6 +65,7 @@ pub struct LoaderConfig {
     /// This process's share of the row groups: those at positions `rank`,
     /// `rank + world_size`, ... of the (shuffled) epoch.
     pub rank: usize,
+    /// Number of processes sharing the data (at least 1; `rank` is below it).
     pub world_size: usize,
     /// Decoding threads.
     pub threads: usize,
@@ -112,12 +126,17 @@ impl LoaderConfig {
 pub struct Batch {
     /// Row-major `[batch, num_dense]`.
     pub dense: Vec<f32>,
+    /// Dense features per row (the width of `dense`).
     pub num_dense: usize,
+    /// The ids, one key per [`SparseColumn`] (its `key`), one bag per row;
+    /// a missing value is an empty bag.
     pub sparse: KeyedJaggedTensor,
+    /// One label per row, 0.0 or 1.0.
     pub labels: Vec<f32>,
 }
 
 impl Batch {
+    /// Rows in the batch.
     pub fn size(&self) -> usize {
         self.labels.len()
     }
@@ -131,7 +150,47 @@ impl Batch {
     }
 }
 
-/// Batches from a dataset.
+/// Batches from a dataset: a [`Dataset`] checked against a [`LoaderConfig`].
+/// Each [`epoch`](Loader::epoch) starts its own decoding threads.
+///
+/// ```
+/// use ember_dataloader::schema::{cat_column, NUM_CAT, NUM_INT};
+/// use ember_dataloader::writer::{Bag, CriteoBatchBuilder, ParquetSink, SinkOptions};
+/// use ember_dataloader::{Loader, LoaderConfig};
+///
+/// // Ten rows in row groups of four, written with the crate's own writer.
+/// let dir = tempfile::tempdir()?;
+/// let mut builder = CriteoBatchBuilder::new(&[false; NUM_CAT]);
+/// let options = SinkOptions {
+///     row_group_size: 4,
+///     ..SinkOptions::default()
+/// };
+/// let mut sink = ParquetSink::new(dir.path(), "day_0", builder.schema().clone(), options);
+/// for r in 0..10 {
+///     builder.push_row((r % 2) as i8, &[Some(r); NUM_INT], |i| match i {
+///         0 if r % 3 == 0 => Bag::Missing,
+///         _ => Bag::One(r as i64 * 100 + i as i64),
+///     });
+/// }
+/// sink.write(&builder.finish())?;
+/// sink.finish()?;
+///
+/// // Every categorical column as a feature with a table of 1000 rows.
+/// let features: Vec<(String, usize)> = (0..NUM_CAT).map(|i| (cat_column(i), 1000)).collect();
+/// let loader = Loader::open(&[dir.path().to_path_buf()], LoaderConfig::criteo(4, &features))?;
+/// assert_eq!(loader.dataset().num_rows(), 10);
+/// assert_eq!(loader.batches_per_epoch(0), 3);
+///
+/// let mut rows = 0;
+/// for batch in loader.epoch(0, 0) {
+///     let batch = batch?;
+///     assert_eq!(batch.dense.len(), batch.size() * NUM_INT);
+///     assert_eq!(batch.sparse.keys().len(), NUM_CAT);
+///     rows += batch.size();
+/// }
+/// assert_eq!(rows, 10);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Loader {
     dataset: Arc<Dataset>,
     config: LoaderConfig,
@@ -164,10 +223,12 @@ impl Loader {
         Self::new(Dataset::open(inputs)?, config)
     }
 
+    /// The configuration it was made with.
     pub fn config(&self) -> &LoaderConfig {
         &self.config
     }
 
+    /// The files it reads.
     pub fn dataset(&self) -> &Dataset {
         &self.dataset
     }

@@ -6,14 +6,20 @@ use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+/// Number of integer (dense) features: columns `int_0..int_12`.
 pub const NUM_INT: usize = 13;
+/// Number of categorical (sparse) features: columns `cat_0..cat_25`.
 pub const NUM_CAT: usize = 26;
+/// Name of the label column (int8, 0 or 1, never null).
 pub const LABEL: &str = "label";
 
+/// Name of integer feature `i`: `int_{i}` (int32, nullable, raw value).
 pub fn int_column(i: usize) -> String {
     format!("int_{i}")
 }
 
+/// Name of categorical feature `i`: `cat_{i}` (int64 or `list<int64>`,
+/// nullable; the raw hexadecimal id, not reduced).
 pub fn cat_column(i: usize) -> String {
     format!("cat_{i}")
 }

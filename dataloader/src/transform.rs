@@ -17,6 +17,7 @@ pub enum DenseTransform {
 }
 
 impl DenseTransform {
+    /// The model input for raw value `x` (`None`: missing).
     #[inline]
     pub fn apply(self, x: Option<i32>) -> f32 {
         let x = x.unwrap_or(0) as f32;
@@ -40,6 +41,8 @@ pub enum IdTransform {
 }
 
 impl IdTransform {
+    /// The table row for raw id `id`, in `0..rows`; `rows` must be at least 1
+    /// (the loader checks this).
     #[inline]
     pub fn apply(self, id: i64, rows: u64) -> i64 {
         match self {

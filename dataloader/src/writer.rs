@@ -26,9 +26,12 @@ use crate::DataError;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Codec {
+    /// Zstandard at its default level (the default).
     #[default]
     Zstd,
+    /// Snappy: faster to read and write, larger files.
     Snappy,
+    /// Uncompressed.
     None,
 }
 
@@ -49,6 +52,7 @@ pub struct SinkOptions {
     pub rows_per_file: Option<u64>,
     /// Rows per Parquet row group, the loader's unit of shuffling and sharding.
     pub row_group_size: usize,
+    /// Page compression of every column.
     pub compression: Codec,
 }
 
@@ -112,14 +116,17 @@ impl CriteoBatchBuilder {
         }
     }
 
+    /// The Arrow schema of the batches it builds (see [`criteo_schema`]).
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
     }
 
+    /// Rows appended since the last [`finish`](Self::finish).
     pub fn len(&self) -> usize {
         self.rows
     }
 
+    /// Whether no rows were appended since the last [`finish`](Self::finish).
     pub fn is_empty(&self) -> bool {
         self.rows == 0
     }
@@ -182,8 +189,12 @@ impl CriteoBatchBuilder {
 /// The ids of one categorical feature of one row.
 #[derive(Clone, Copy, Debug)]
 pub enum Bag<'a> {
+    /// No ids: a null (scalar or list) value.
     Missing,
+    /// One id.
     One(i64),
+    /// Several ids (possibly none): a list for a `list<int64>` column; a scalar
+    /// column keeps only the first (null if empty).
     Many(&'a [i64]),
 }
 
@@ -206,6 +217,9 @@ pub struct ParquetSink {
 }
 
 impl ParquetSink {
+    /// A sink writing batches of `schema` into `dir` (which must exist) as
+    /// `<prefix>-00000.parquet`, `<prefix>-00001.parquet`, ... Nothing is created
+    /// until the first [`write`](Self::write).
     pub fn new(dir: &Path, prefix: &str, schema: SchemaRef, options: SinkOptions) -> Self {
         Self {
             dir: dir.to_path_buf(),
@@ -223,6 +237,9 @@ impl ParquetSink {
         format!("{prefix}-{n:05}.parquet")
     }
 
+    /// Appends `batch`'s rows, closing and committing a file whenever it reaches
+    /// `rows_per_file` and opening the next. Row groups hold at most
+    /// `row_group_size` rows and never span two files.
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), DataError> {
         let limit = self.options.rows_per_file;
         let mut start = 0;
@@ -341,6 +358,8 @@ pub struct PredictionWriter {
 }
 
 impl PredictionWriter {
+    /// Opens `path`'s temporary file (`.<name>.tmp` beside it); `path` itself
+    /// appears only at [`finish`](Self::finish).
     pub fn create(path: &Path) -> Result<Self, DataError> {
         use arrow_schema::{DataType, Field, Schema};
         let schema = Arc::new(Schema::new(vec![
@@ -367,6 +386,7 @@ impl PredictionWriter {
         })
     }
 
+    /// Appends one row per logit, with its probability `1 / (1 + e^-logit)`.
     pub fn write(&mut self, logits: &[f32]) -> Result<(), DataError> {
         use arrow_array::Float32Array;
         let p: Float32Array = logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();

@@ -18,8 +18,11 @@ use crate::tensor::Tensor;
 /// The activation fused after a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Activation {
+    /// Identity: `y = z` (no activation, e.g. the over arch's last layer producing logits).
     None,
+    /// `y = max(z, 0)`, torch `nn.ReLU`.
     Relu,
+    /// `y = 1 / (1 + e^-z)`, torch `nn.Sigmoid`.
     Sigmoid,
 }
 

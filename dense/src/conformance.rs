@@ -98,6 +98,8 @@ pub fn check_matmul<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, Stri
     Ok(n)
 }
 
+/// `linear_forward` with every activation on a few shapes, into an output of another shape
+/// (the op must resize it).
 pub fn check_linear_forward<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
     let mut rng = Initializer::new(12);
     let mut n = 0;
@@ -120,6 +122,8 @@ pub fn check_linear_forward<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usi
     Ok(n)
 }
 
+/// `linear_backward` with every activation, with and without `dx`: `dz` (written into `dy`),
+/// `dw`, `db` (overwritten, not accumulated) and `dx`, including narrow outputs over many rows.
 pub fn check_linear_backward<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
     let mut rng = Initializer::new(13);
     let mut n = 0;
@@ -175,6 +179,8 @@ pub fn check_linear_backward<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
     Ok(n)
 }
 
+/// `dot_interaction_forward` and `_backward`, from `F = 0` (no sparse features) up to
+/// Criteo's 26 sparse features (`F = 26`, `D = 16`).
 pub fn check_dot_interaction<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
     let mut rng = Initializer::new(14);
     let mut n = 0;
@@ -209,6 +215,8 @@ pub fn check_dot_interaction<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<us
     Ok(n)
 }
 
+/// `cross_combine_forward` and `_backward`; `dx0` must accumulate onto what it held and
+/// `db` be overwritten.
 pub fn check_cross_combine<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
     let mut rng = Initializer::new(15);
     let mut n = 0;
@@ -250,6 +258,7 @@ pub fn check_cross_combine<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usiz
     Ok(n)
 }
 
+/// `add_assign` on a few shapes, up to parallel sizes.
 pub fn check_add_assign<B: DenseBackend<f32> + ?Sized>(be: &B) -> Result<usize, String> {
     let mut rng = Initializer::new(16);
     let mut n = 0;
@@ -555,6 +564,7 @@ pub mod reference {
         })
     }
 
+    /// `act(z)` for one value.
     pub fn activate(z: f64, act: Activation) -> f64 {
         match act {
             Activation::None => z,
@@ -563,6 +573,8 @@ pub mod reference {
         }
     }
 
+    /// `act(x · wᵀ + b)`: `x` is `[n, in]`, `w` is `[out, in]`, `b` holds `out` values
+    /// (e.g. `[1, out]`); the result is `[n, out]`.
     pub fn linear_forward(
         x: &Tensor<f64>,
         w: &Tensor<f64>,
@@ -578,14 +590,20 @@ pub mod reference {
         })
     }
 
+    /// The gradients [`linear_backward`] returns.
     pub struct LinearGrads {
+        /// Gradient of the pre-activation, `[n, out]`.
         pub dz: Tensor<f64>,
+        /// Gradient of the weight, `[out, in]`.
         pub dw: Tensor<f64>,
-        /// `[1, out]`.
+        /// Gradient of the bias, `[1, out]`.
         pub db: Tensor<f64>,
+        /// Gradient of the input, `[n, in]`.
         pub dx: Tensor<f64>,
     }
 
+    /// Backward of [`linear_forward`], given its input `x`, weight `w`, activated output `y`
+    /// and `dy = dL/dy` (`[n, out]`).
     pub fn linear_backward(
         x: &Tensor<f64>,
         w: &Tensor<f64>,
@@ -627,6 +645,9 @@ pub mod reference {
         v
     }
 
+    /// `[dense, <c_i, c_j> for i < j]` per sample over `c = [dense, sparse_0, ..]`: `dense` is
+    /// `[n, D]`, `sparse` `[n, F * D]`, the result `[n, D + F(F+1)/2]` (as
+    /// [`DenseBackend::dot_interaction_forward`](crate::DenseBackend::dot_interaction_forward)).
     pub fn dot_interaction_forward(dense: &Tensor<f64>, sparse: &Tensor<f64>) -> Tensor<f64> {
         let d = dense.cols();
         let nv = sparse.cols() / d + 1;
@@ -644,6 +665,7 @@ pub mod reference {
         out
     }
 
+    /// `(ddense [n, D], dsparse [n, F * D])` of [`dot_interaction_forward`] given `dout`.
     pub fn dot_interaction_backward(
         dense: &Tensor<f64>,
         sparse: &Tensor<f64>,
@@ -676,6 +698,8 @@ pub mod reference {
         (dd, ds)
     }
 
+    /// `x0 ⊙ (h + b) + xl`, all `[n, cols]` but `b`, which holds `cols` values broadcast over
+    /// rows.
     pub fn cross_combine_forward(
         x0: &Tensor<f64>,
         h: &Tensor<f64>,

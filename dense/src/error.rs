@@ -7,27 +7,46 @@
 /// What went wrong, naming the op or layer and the shapes involved.
 #[derive(Debug, thiserror::Error)]
 pub enum DenseError {
-    /// A buffer's length does not match the shape it was given.
+    /// A buffer's length does not match the shape it was given: returned by
+    /// [`Tensor::from_vec`](crate::Tensor::from_vec) when `len != rows * cols`.
     #[error("{op}: data of length {len} does not fit shape [{rows}, {cols}]")]
     DataLength {
+        /// The constructor that refused the data, e.g. `"Tensor::from_vec"`.
         op: &'static str,
+        /// Rows of the requested shape.
         rows: usize,
+        /// Columns of the requested shape.
         cols: usize,
+        /// Length of the data given.
         len: usize,
     },
-    /// Operands whose shapes do not agree.
+    /// Operands whose shapes do not agree. Backend ops and layers panic with this message
+    /// (a programming error), they do not return it.
     #[error("{op}: shape mismatch: {detail}")]
-    ShapeMismatch { op: &'static str, detail: String },
-    /// An optimizer was stepped with parameters other than those its state was created for.
+    ShapeMismatch {
+        /// The op or layer that checked, e.g. `"Mlp::forward"`.
+        op: &'static str,
+        /// The shapes involved and what was expected, as text.
+        detail: String,
+    },
+    /// An optimizer was stepped with parameters other than those its state was created for
+    /// (another list, order or length): [`DenseOptimizer::step`](crate::DenseOptimizer::step)
+    /// panics with this message.
     #[error(
         "dense optimizer: parameter #{index} is `{got}` ({got_len} values) but the state was \
          created for `{expected}` ({expected_len} values)"
     )]
     ParamMismatch {
+        /// Position in the parameter list of the first parameter that differs.
         index: usize,
+        /// Name (and gradient length) of the parameter passed there; `<none>` when the list
+        /// is shorter than the state.
         got: String,
+        /// Number of values of the parameter passed there (0 when none).
         got_len: usize,
+        /// Name the state has for that position; `<none>` when the list is longer.
         expected: String,
+        /// Number of values the state has for that position (0 when none).
         expected_len: usize,
     },
 }

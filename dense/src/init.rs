@@ -13,6 +13,7 @@ pub struct Initializer {
 }
 
 impl Initializer {
+    /// A stream seeded with `seed` (xoshiro256++).
     pub fn new(seed: u64) -> Self {
         Initializer {
             rng: Xoshiro256PlusPlus::seed_from_u64(seed),

@@ -14,32 +14,45 @@ const CHUNK: usize = 1 << 14;
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum DenseOptimizerConfig {
     /// `p -= lr * g`.
-    Sgd { lr: f32 },
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
     /// torch `Adagrad` with `initial_accumulator_value = 0`, `lr_decay = 0`:
     /// `s += g²; p -= lr * g / (sqrt(s) + eps)`.
-    Adagrad { lr: f32, eps: f32 },
+    Adagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to `sqrt(s)` in the denominator, for stability.
+        eps: f32,
+    },
     /// torch `Adam` with bias correction:
     /// `m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²;
     ///  p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`.
     Adam {
+        /// Learning rate.
         lr: f32,
+        /// Decay of the first moment `m` (torch `betas[0]`).
         beta1: f32,
+        /// Decay of the second moment `v` (torch `betas[1]`).
         beta2: f32,
+        /// Added to the bias-corrected `sqrt(v)` in the denominator, for stability.
         eps: f32,
     },
 }
 
 impl DenseOptimizerConfig {
+    /// Plain SGD with learning rate `lr`.
     pub fn sgd(lr: f32) -> Self {
         DenseOptimizerConfig::Sgd { lr }
     }
 
-    /// torch's default `eps = 1e-10`.
+    /// Adagrad with learning rate `lr` and torch's default `eps = 1e-10`.
     pub fn adagrad(lr: f32) -> Self {
         DenseOptimizerConfig::Adagrad { lr, eps: 1e-10 }
     }
 
-    /// torch's defaults `betas = (0.9, 0.999)`, `eps = 1e-8`.
+    /// Adam with learning rate `lr` and torch's defaults `betas = (0.9, 0.999)`, `eps = 1e-8`.
     pub fn adam(lr: f32) -> Self {
         DenseOptimizerConfig::Adam {
             lr,
@@ -98,6 +111,7 @@ pub struct DenseOptimizer<T> {
 }
 
 impl<T: Real> DenseOptimizer<T> {
+    /// An optimizer with no state yet: it is created on the first [`DenseOptimizer::step`].
     pub fn new(config: DenseOptimizerConfig) -> Self {
         DenseOptimizer {
             config,
@@ -106,6 +120,7 @@ impl<T: Real> DenseOptimizer<T> {
         }
     }
 
+    /// The update rule and its hyperparameters.
     pub fn config(&self) -> DenseOptimizerConfig {
         self.config
     }

@@ -32,16 +32,25 @@ pub trait Real:
     + MulAssign
     + DivAssign
 {
+    /// `0.0`.
     const ZERO: Self;
+    /// `1.0`.
     const ONE: Self;
+    /// Converts from `f64` as `as` does: rounds to nearest, out of range becomes ±infinity.
     fn from_f64(v: f64) -> Self;
+    /// Widens to `f64` (exact).
     fn to_f64(self) -> f64;
+    /// `e^self`.
     fn exp(self) -> Self;
+    /// Natural logarithm.
     fn ln(self) -> Self;
     /// `ln(1 + self)`, accurate for small `self` (the tail of the stable BCE loss).
     fn ln_1p(self) -> Self;
+    /// Square root (NaN for negative values).
     fn sqrt(self) -> Self;
+    /// The larger of `self` and `o`; when one of them is NaN, the other (as `f32::max`).
     fn max(self, o: Self) -> Self;
+    /// Absolute value.
     fn abs(self) -> Self;
 }
 

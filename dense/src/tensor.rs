@@ -3,11 +3,30 @@
 use crate::error::DenseError;
 use crate::real::Real;
 
-/// A dense row-major matrix `[rows, cols]`.
+/// A dense row-major matrix `[rows, cols]`: element `[r, c]` is `data[r * cols + c]`, and
+/// `data.len() == rows * cols` always holds. For activations, rows are samples of the batch.
 ///
 /// Layers keep their activations and gradients in `Tensor`s and [`Tensor::resize`] them each
 /// step, so after the first step of a given batch size none of these buffers is reallocated
 /// (the gemm crate still allocates its own packing buffers inside each product).
+///
+/// ```
+/// use ember_dense::Tensor;
+///
+/// let t = Tensor::from_vec(2, 3, vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+/// assert_eq!((t.rows(), t.cols()), (2, 3));
+/// assert_eq!(t.shape(), (2, 3));
+/// assert_eq!(t.row(1), &[4.0, 5.0, 6.0]);
+/// let (r, c) = (1, 2);
+/// assert_eq!(t.data()[r * t.cols() + c], 6.0); // row-major
+///
+/// // The length must match the shape.
+/// assert!(Tensor::<f32>::from_vec(2, 3, vec![0.0; 5]).is_err());
+///
+/// let z = Tensor::<f64>::zeros(4, 2);
+/// assert_eq!(z.len(), 8);
+/// assert!(z.data().iter().all(|&v| v == 0.0));
+/// ```
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Tensor<T> {
     rows: usize,
@@ -23,6 +42,10 @@ fn element_count(rows: usize, cols: usize) -> usize {
 }
 
 impl<T: Real> Tensor<T> {
+    /// A `[rows, cols]` tensor of zeros (torch `zeros`).
+    ///
+    /// # Panics
+    /// When `rows * cols` overflows `usize`.
     pub fn zeros(rows: usize, cols: usize) -> Self {
         Tensor {
             rows,
@@ -44,7 +67,7 @@ impl<T: Real> Tensor<T> {
         Ok(Tensor { rows, cols, data })
     }
 
-    /// A tensor whose entries are `f(row, col)`.
+    /// A `[rows, cols]` tensor whose entries are `f(row, col)`, called in row-major order.
     pub fn from_fn(rows: usize, cols: usize, mut f: impl FnMut(usize, usize) -> T) -> Self {
         let mut data = Vec::with_capacity(element_count(rows, cols));
         for r in 0..rows {
@@ -55,11 +78,13 @@ impl<T: Real> Tensor<T> {
         Tensor { rows, cols, data }
     }
 
+    /// Number of rows (the first dimension; the batch size for activations).
     #[inline]
     pub fn rows(&self) -> usize {
         self.rows
     }
 
+    /// Number of columns (elements per row).
     #[inline]
     pub fn cols(&self) -> usize {
         self.cols
@@ -71,22 +96,25 @@ impl<T: Real> Tensor<T> {
         (self.rows, self.cols)
     }
 
-    /// Number of elements.
+    /// Number of elements, `rows * cols`.
     #[inline]
     pub fn len(&self) -> usize {
         self.data.len()
     }
 
+    /// Whether there are no elements (`rows == 0` or `cols == 0`).
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
 
+    /// Every element, row-major: `[r, c]` is at `r * cols + c`.
     #[inline]
     pub fn data(&self) -> &[T] {
         &self.data
     }
 
+    /// Every element, row-major, mutable. The shape stays; use [`Tensor::resize`] to change it.
     #[inline]
     pub fn data_mut(&mut self) -> &mut [T] {
         &mut self.data
@@ -97,11 +125,19 @@ impl<T: Real> Tensor<T> {
         self.data
     }
 
+    /// Row `i`: `cols` elements.
+    ///
+    /// # Panics
+    /// When `i >= rows` (and `cols > 0`).
     #[inline]
     pub fn row(&self, i: usize) -> &[T] {
         &self.data[i * self.cols..(i + 1) * self.cols]
     }
 
+    /// Row `i`, mutable.
+    ///
+    /// # Panics
+    /// When `i >= rows` (and `cols > 0`).
     #[inline]
     pub fn row_mut(&mut self, i: usize) -> &mut [T] {
         &mut self.data[i * self.cols..(i + 1) * self.cols]

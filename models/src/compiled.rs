@@ -109,6 +109,7 @@ impl CompiledDenseStep {
         Ok(())
     }
 
+    /// The batch size it was compiled for; [`run`](Self::run) takes no other.
     pub fn batch_size(&self) -> usize {
         self.batch
     }

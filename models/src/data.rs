@@ -32,6 +32,7 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The number of samples (the number of labels).
     pub fn size(&self) -> usize {
         self.labels.len()
     }
@@ -91,17 +92,25 @@ impl Batch {
     }
 }
 
+/// Which generator makes the batches (dlrm_s_pytorch's `--data-generation`;
+/// serialised in lowercase: `random`, `learnable`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DataGeneration {
+    /// Uniform ids, uniform dense values in [0, 1), labels 0/1 with
+    /// probability 1/2: nothing to learn, for speed measurements.
     Random,
+    /// Power-law ids and labels drawn from a fixed hidden logistic model of
+    /// the features: a model that trains well approaches its AUC.
     Learnable,
 }
 
 /// What to generate.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SyntheticConfig {
+    /// The generator.
     pub kind: DataGeneration,
+    /// Dense features per sample (the columns of [`Batch::dense`]).
     pub num_dense: usize,
     /// Feature names and the number of rows of the table each one looks up.
     pub features: Vec<(String, usize)>,
@@ -111,7 +120,10 @@ pub struct SyntheticConfig {
     /// Per-feature override of `indices_per_lookup` (empty: none).
     #[serde(default)]
     pub indices_per_feature: Vec<usize>,
+    /// Every bag holds exactly its number of ids (else a varying number).
     pub fixed_indices: bool,
+    /// Seeds the batches and the hidden model: batch `i` is a pure
+    /// function of (`seed`, `i`).
     pub seed: u64,
 }
 
@@ -152,6 +164,9 @@ pub struct SyntheticData {
 }
 
 impl SyntheticData {
+    /// A generator for `config`. Fails with [`ModelError::Config`] when a
+    /// feature's table has 0 rows, a bag size is 0, or
+    /// `indices_per_feature` is neither empty nor one per feature.
     pub fn new(config: SyntheticConfig) -> Result<Self, ModelError> {
         if let Some((name, _)) = config.features.iter().find(|(_, rows)| *rows == 0) {
             return Err(ModelError::Config(format!(
@@ -182,6 +197,7 @@ impl SyntheticData {
         })
     }
 
+    /// What it generates.
     pub fn config(&self) -> &SyntheticConfig {
         &self.config
     }

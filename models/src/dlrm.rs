@@ -27,12 +27,20 @@ pub enum InteractionType {
     /// Pairwise dot products (DLRM).
     Dot,
     /// Low-rank cross network over the concatenated features (DLRM-DCNv2).
-    Dcn { layers: usize, rank: usize },
+    Dcn {
+        /// Cross layers (TorchRec's `num_layers`), each
+        /// `x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l`.
+        layers: usize,
+        /// The rank of each layer's `W_l V_l` (TorchRec's `low_rank`).
+        rank: usize,
+    },
 }
 
 /// The architecture of a DLRM, as dlrm_s_pytorch's flags describe it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DlrmConfig {
+    /// The embedding tables, all of one embedding dim; their features, in
+    /// order, are the sparse inputs.
     pub tables: Vec<EmbeddingBagConfig>,
     /// Bottom MLP sizes including its input (the number of dense features),
     /// e.g. `[13, 512, 256, 64, 16]`; the last equals the embedding dim.
@@ -40,6 +48,7 @@ pub struct DlrmConfig {
     /// Top MLP sizes after its input (which follows from the interaction),
     /// e.g. `[512, 256, 1]`; the last is 1.
     pub top_mlp: Vec<usize>,
+    /// How the bottom MLP's output and the pooled embeddings interact.
     pub interaction: InteractionType,
 }
 
@@ -54,10 +63,12 @@ impl DlrmConfig {
             .collect()
     }
 
+    /// Number of dense features: the bottom MLP's input.
     pub fn num_dense(&self) -> usize {
         self.bottom_mlp[0]
     }
 
+    /// The embedding dim of the tables (the first table's; 0 without tables).
     pub fn embedding_dim(&self) -> usize {
         self.tables.first().map_or(0, |t| t.embedding_dim)
     }
@@ -94,6 +105,11 @@ impl DlrmConfig {
         sizes
     }
 
+    /// Checks the architecture: at least one table, none of 0 rows, one
+    /// embedding dim for all, a bottom MLP of an input and at least one
+    /// layer ending in that dim, a top MLP ending in 1, no size 0, and a
+    /// DCN of at least one layer and rank 1. Fails with
+    /// [`ModelError::Config`] saying what is wrong.
     pub fn validate(&self) -> Result<(), ModelError> {
         let fail = |m: String| Err(ModelError::Config(m));
         if self.tables.is_empty() {
@@ -158,6 +174,8 @@ pub struct DenseArch<T: Real> {
 }
 
 impl<T: Real> DenseArch<T> {
+    /// A freshly initialised dense arch for `config` (validated first);
+    /// `seed` makes the initial weights.
     pub fn new(config: &DlrmConfig, seed: u64) -> Result<Self, ModelError> {
         config.validate()?;
         let (f, d) = (config.num_sparse_features(), config.embedding_dim());
@@ -281,12 +299,16 @@ impl<T: Real> DenseArch<T> {
         })
     }
 
+    /// The bottom MLP (TorchRec's `dense_arch`), ReLU after every layer.
     pub fn bottom(&self) -> &Mlp<T> {
         &self.bottom
     }
+    /// The top MLP (TorchRec's `over_arch`), its last layer giving the logit.
     pub fn top(&self) -> &Mlp<T> {
         &self.top
     }
+    /// The cross network of a DLRM-DCNv2 (TorchRec's `inter_arch.crossnet`);
+    /// `None` for the dot interaction, which has no parameters.
     pub fn cross_net(&self) -> Option<&LowRankCrossNet<T>> {
         match &self.interaction {
             InteractionArch::Dcn { net, .. } => Some(net),
@@ -348,14 +370,21 @@ fn non_finite<T: Real>(what: &str, data: &[T], cols: usize) -> Option<ModelError
 /// Wall time of each phase of a training step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct PhaseTimes {
+    /// The batch checks and the pooled embedding lookup.
     pub sparse_forward: Duration,
+    /// Dense forward and loss (with `--mode defer-fuse` the backward too;
+    /// compiled: the whole dense step).
     pub dense_forward: Duration,
+    /// Dense backward (0 when it ran inside `dense_forward`).
     pub dense_backward: Duration,
+    /// The dense optimizer's step.
     pub dense_update: Duration,
+    /// The embeddings' backward with the fused table optimizer.
     pub sparse_backward_update: Duration,
 }
 
 impl PhaseTimes {
+    /// The sum of the phases.
     pub fn total(&self) -> Duration {
         self.sparse_forward
             + self.dense_forward
@@ -379,7 +408,10 @@ enum Run {
 /// What one training step reports.
 #[derive(Clone, Copy, Debug)]
 pub struct StepOutput {
+    /// The batch's mean binary cross-entropy, before the update (on a
+    /// world: the mean over every rank's samples).
     pub loss: f32,
+    /// How long each phase took.
     pub times: PhaseTimes,
 }
 
@@ -401,6 +433,9 @@ pub struct Dlrm {
 }
 
 impl Dlrm {
+    /// A new model in one process: `config` validated, tables in one local
+    /// collection with `table_optimizer` fused into their backward, the
+    /// dense arch stepped by `dense_optimizer`, all initialised from `seed`.
     pub fn new(
         config: DlrmConfig,
         table_optimizer: TableOptimizer,
@@ -481,12 +516,16 @@ impl Dlrm {
         })
     }
 
+    /// The architecture.
     pub fn config(&self) -> &DlrmConfig {
         &self.config
     }
+    /// The embedding tables (TorchRec's `sparse_arch`), local or sharded.
     pub fn sparse_arch(&self) -> &SparseArch {
         &self.sparse_arch
     }
+    /// The embedding tables, mutably. Resharding through this leaves the
+    /// model's pooled output buffer stale; use [`Dlrm::shard`] for that.
     pub fn sparse_arch_mut(&mut self) -> &mut SparseArch {
         &mut self.sparse_arch
     }
@@ -507,15 +546,20 @@ impl Dlrm {
     pub fn world(&self) -> Option<&Arc<dyn Collective>> {
         self.world.as_ref().map(|w| w.comm())
     }
+    /// The bottom MLP, interaction and top MLP. In the compiled mode the
+    /// host copy is stale until [`Model::sync_to_host`].
     pub fn dense_arch(&self) -> &DenseArch<f32> {
         &self.dense_arch
     }
+    /// The dense arch, mutably (its parameters, e.g. to read or set them).
     pub fn dense_arch_mut(&mut self) -> &mut DenseArch<f32> {
         &mut self.dense_arch
     }
+    /// The dense parameters' optimizer, with its state and step count.
     pub fn dense_optimizer(&self) -> &DenseOptimizer<f32> {
         &self.dense_optimizer
     }
+    /// The dense optimizer, mutably (e.g. to restore its state).
     pub fn dense_optimizer_mut(&mut self) -> &mut DenseOptimizer<f32> {
         &mut self.dense_optimizer
     }

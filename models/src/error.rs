@@ -2,34 +2,61 @@ use ember_dense::DenseError;
 use ember_sparse::SparseError;
 use thiserror::Error;
 
+/// Everything that can go wrong building, stepping, saving or loading a
+/// model. The message says what and where; wrapped errors of the other
+/// crates pass through unchanged.
 #[derive(Debug, Error)]
 pub enum ModelError {
+    /// An embedding table operation failed: a malformed sparse batch, a
+    /// feature no table serves (or one missing from the batch), an id out
+    /// of a table's range, or an invalid table configuration.
     #[error(transparent)]
     Sparse(#[from] SparseError),
+    /// A dense operation failed: a buffer that does not fit its shape,
+    /// operands of disagreeing shapes, or an optimizer stepped with other
+    /// parameters than its state was made for.
     #[error(transparent)]
     Dense(#[from] DenseError),
+    /// An invalid [`DlrmConfig`](crate::DlrmConfig) or
+    /// [`SyntheticConfig`](crate::SyntheticConfig) (see
+    /// [`DlrmConfig::validate`](crate::DlrmConfig::validate)), or an
+    /// operation the model's setup does not allow (e.g. resharding or the
+    /// compiled step on a rank of a world).
     #[error("invalid model configuration: {0}")]
     Config(String),
+    /// A batch whose shapes do not fit the model: dense features not
+    /// `[batch, num_dense]`, sparse features for another number of samples
+    /// than the labels, or a batch size the compiled step was not made for.
     #[error("batch does not fit the model: {0}")]
     Batch(String),
     /// A checkpoint that cannot be read or does not fit; names the tensor
     /// when one is at fault.
     #[error("{}: {}{message}", path.display(), tensor.as_ref().map_or(String::new(), |t| format!("tensor '{t}': ")))]
     Checkpoint {
+        /// The file (or index) at fault.
         path: std::path::PathBuf,
+        /// The tensor at fault, when one is (e.g. missing, wrong dtype or shape).
         tensor: Option<String>,
+        /// What is wrong.
         message: String,
     },
     /// `--mode debug`: the first NaN or infinity of a step, where it appeared.
     #[error("{value} in {what} at {location}")]
     NonFinite {
+        /// The buffer it is in: a layer's output (by its TorchRec name), the
+        /// loss, a feature's pooled embeddings or a parameter's gradient.
         what: String,
         /// `sample S, column C` for activations, `element I` for parameter gradients.
         location: String,
+        /// The offending value (NaN, `inf` or `-inf`).
         value: f32,
     },
+    /// Sharding failed: an invalid topology or plan, tables that do not fit
+    /// the devices, or an exchange between devices or ranks that failed.
     #[error(transparent)]
     Sharding(#[from] ember_sharding::ShardingError),
+    /// The data loader failed: a file that cannot be read, is not Parquet,
+    /// or has a missing or invalid column.
     #[error(transparent)]
     Data(#[from] ember_dataloader::DataError),
     /// The PJRT plugin failed (loading it, compiling or running a program).

@@ -1,5 +1,28 @@
 //! ember-models: DLRM and DLRM-DCNv2 assembled from the sparse and dense
 //! crates, the training and evaluation steps, metrics and synthetic data.
+//!
+//! - [`Dlrm`] is the model, in TorchRec's structure (`sparse_arch` →
+//!   `dense_arch` → `inter_arch` → `over_arch`), its architecture a
+//!   [`DlrmConfig`] with a dot ([`InteractionType::Dot`], DLRM) or low-rank
+//!   cross network ([`InteractionType::Dcn`], DLRM-DCNv2) interaction. Its
+//!   tables live in one collection or sharded over devices or the ranks of a
+//!   world ([`SparseArch`]).
+//! - The [`Model`] trait is what the training loop needs of a model: a
+//!   training step in an [`ExecMode`] on a [`Backend`], `predict`, and saving
+//!   and loading checkpoints. [`Dlrm`] implements it; so can a user's model.
+//! - [`Trainer`] runs the loop over any [`TrainData`] (the Parquet
+//!   loader, [`SyntheticBatches`], [`InMemory`] batches): epochs and step
+//!   limits, evaluation and checkpoint cadence, exact resumption, reporting
+//!   [`TrainEvent`]s. [`evaluate`] and [`Metrics`] (AUC, log loss,
+//!   accuracy) score a model on its own.
+//! - [`checkpoint`]s are safetensors files with the tensor names of TorchRec's
+//!   DLRM `state_dict` plus the optimizer state and the architecture in the
+//!   metadata; [`Checkpoint`] opens one (or a set written by the ranks of a
+//!   world, or a plain TorchRec file) and builds models from it.
+//! - [`SyntheticData`] makes reproducible batches ([`Batch`]), random or
+//!   learnable.
+
+#![warn(missing_docs)]
 
 mod backend;
 pub mod checkpoint;

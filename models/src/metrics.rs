@@ -11,6 +11,7 @@ pub struct Metrics {
     pub logloss: f64,
     /// Share of predictions on the right side of probability 0.5.
     pub accuracy: f64,
+    /// Number of predictions.
     pub count: usize,
 }
 
@@ -23,6 +24,8 @@ pub struct MetricsAccumulator {
 }
 
 impl MetricsAccumulator {
+    /// Adds a batch's logits and their 0/1 labels (a label above 0.5 is
+    /// positive), pair by pair.
     pub fn push(&mut self, logits: &[f32], labels: &[f32]) {
         for (&z, &y) in logits.iter().zip(labels) {
             let positive = y > 0.5;
@@ -36,6 +39,8 @@ impl MetricsAccumulator {
         }
     }
 
+    /// The metrics over everything pushed so far (the accumulator stays as
+    /// it is); NaN where undefined.
     pub fn finish(&self) -> Metrics {
         let n = self.scores.len() as f64;
         Metrics {

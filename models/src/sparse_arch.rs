@@ -9,16 +9,23 @@ use ember_sparse::{EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor, Table
 use crate::ModelError;
 
 // One per model: the size difference of the variants costs nothing.
+/// A DLRM's embedding tables (TorchRec's `sparse_arch`): pooled lookups
+/// forward, the fused optimizer's update backward, either way placed.
 #[allow(clippy::large_enum_variant)]
 pub enum SparseArch {
+    /// Every table whole in one collection of this process.
     Local(EmbeddingBagCollection),
+    /// The tables sharded over devices (threads, or the ranks of a world)
+    /// by a plan.
     Sharded(ShardedEmbeddingBagCollection),
 }
 
 /// The tables in the unsharded layout: borrowed when local, gathered from
 /// the devices when sharded.
 pub enum Unsharded<'a> {
+    /// The local collection itself.
     Borrowed(&'a EmbeddingBagCollection),
+    /// A collection put together from the shards.
     Gathered(EmbeddingBagCollection),
 }
 
@@ -33,6 +40,9 @@ impl Deref for Unsharded<'_> {
 }
 
 impl SparseArch {
+    /// Pooled lookup of `kjt` into `out` (reused: no allocation once grown
+    /// to the batch), `[batch, F * D]` with the features in output order.
+    /// Fails on an unknown or missing feature or an id out of range.
     pub fn forward_into(
         &mut self,
         kjt: &KeyedJaggedTensor,
@@ -44,6 +54,9 @@ impl SparseArch {
         }
     }
 
+    /// Backward of the last [`forward_into`](Self::forward_into) on the same
+    /// `kjt`, with the table optimizer applied in the scatter. `grad` is the
+    /// loss's gradient of the pooled output, `[batch, F * D]` row-major.
     pub fn backward_update(
         &mut self,
         kjt: &KeyedJaggedTensor,
@@ -55,6 +68,7 @@ impl SparseArch {
         }
     }
 
+    /// An output tensor with the right keys and widths for `batch` samples.
     pub fn new_output(&self, batch: usize) -> KeyedTensor {
         match self {
             SparseArch::Local(e) => e.new_output(batch),
@@ -70,6 +84,7 @@ impl SparseArch {
         }
     }
 
+    /// The table optimizer fused into the backward.
     pub fn optimizer(&self) -> TableOptimizer {
         match self {
             SparseArch::Local(e) => *e.optimizer(),
@@ -77,6 +92,7 @@ impl SparseArch {
         }
     }
 
+    /// Backward updates applied so far (Adam's bias-correction step).
     pub fn step(&self) -> u64 {
         match self {
             SparseArch::Local(e) => e.step(),
@@ -84,6 +100,7 @@ impl SparseArch {
         }
     }
 
+    /// The sharded collection (`None` when local).
     pub fn sharded(&self) -> Option<&ShardedEmbeddingBagCollection> {
         match self {
             SparseArch::Local(_) => None,
@@ -91,6 +108,9 @@ impl SparseArch {
         }
     }
 
+    /// The tables in the unsharded layout, as checkpoints see them: the
+    /// local collection, or the shards gathered into a new one (a copy of
+    /// every table).
     pub fn unsharded(&self) -> Result<Unsharded<'_>, ModelError> {
         Ok(match self {
             SparseArch::Local(e) => Unsharded::Borrowed(e),

@@ -11,8 +11,14 @@ pub const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120
 
 use crate::{wire, ShardingError};
 
+/// The collectives one rank (device) takes part in: the one required
+/// operation is [`all_to_all_v`](Collective::all_to_all_v); all-reduce,
+/// all-gather, broadcast and barrier are built on it. Every rank of a world
+/// must call the same collectives in the same order.
 pub trait Collective: Send + Sync {
+    /// This rank, `0..world_size()`.
     fn rank(&self) -> usize;
+    /// The number of ranks in the world (one per device).
     fn world_size(&self) -> usize;
     /// `send[j]` goes to rank `j`; returns what every rank sent to this one,
     /// by source rank. A peer that sends nothing within the backend's

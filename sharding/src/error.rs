@@ -1,18 +1,27 @@
 use thiserror::Error;
 
+/// Errors of topologies, plans, the planner, collectives and sharded
+/// execution.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ShardingError {
+    /// A topology that cannot be planned on: no devices, zero
+    /// `devices_per_host`, or a bandwidth that is not positive.
     #[error("invalid topology: {0}")]
     Topology(String),
-    /// A plan that does not cover the tables exactly (names the table).
+    /// A plan that does not cover the tables exactly (names the table), a
+    /// plan that is not valid JSON, a column split the optimizer cannot run
+    /// on, or a plan whose device count differs from the world's ranks.
     #[error("invalid plan: {0}")]
     Plan(String),
     /// The tables do not fit the devices (lists what is missing).
     #[error("the tables do not fit: {0}")]
     Capacity(String),
+    /// Sharded execution failed: a peer stopped or sent nothing within the
+    /// timeout, a message was malformed, a device thread panicked, or a
+    /// backward did not match the last forward's batch.
     #[error("collective: {0}")]
     Collective(String),
-    /// Reading a shard's rows from where they are kept (a checkpoint).
+    /// Reading a shard's rows from where they are kept (a checkpoint) failed.
     #[error("{0}")]
     Source(String),
     /// MPI could not be initialized.
@@ -21,6 +30,8 @@ pub enum ShardingError {
     /// Multi-process use of a build without the `mpi` feature.
     #[error("built without mpi: rebuild with `--features mpi` (Open MPI and libclang needed; see the README)")]
     BuiltWithoutMpi,
+    /// An error of the underlying embedding tables (an unknown or missing
+    /// feature, an id out of range, a gradient of the wrong shape).
     #[error(transparent)]
     Sparse(#[from] ember_sparse::SparseError),
 }

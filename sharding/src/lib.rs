@@ -2,7 +2,7 @@
 //! TorchRec shards an `EmbeddingBagCollection`.
 //!
 //! - [`topology`]: the devices, their memory and bandwidths.
-//! - [`plan`]: sharding types and a plan (which rows and columns of which
+//! - [`plan`](mod@plan): sharding types and a plan (which rows and columns of which
 //!   table live on which device), serde JSON, validated.
 //! - [`planner`]: a cost model and a greedy placement balancing the most
 //!   loaded device.
@@ -12,6 +12,8 @@
 //!   feature; without it, the same API fails with "built without mpi").
 //! - [`sharded`]: the sharded collection: input distribution, lookups on the
 //!   owning devices, output distribution, and the routed fused backward.
+
+#![warn(missing_docs)]
 
 pub mod collective;
 mod error;

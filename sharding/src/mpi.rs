@@ -50,10 +50,12 @@ impl MpiWorld {
         mpi::topology::SimpleCommunicator::world().abort(code)
     }
 
+    /// This process's rank in `MPI_COMM_WORLD`, `0..size()`.
     pub fn rank(&self) -> usize {
         self.universe.world().rank() as usize
     }
 
+    /// The number of ranks (processes) in `MPI_COMM_WORLD`.
     pub fn size(&self) -> usize {
         self.universe.world().size() as usize
     }
@@ -70,6 +72,10 @@ impl MpiWorld {
     }
 }
 
+/// The [`Collective`] over an MPI world, made by [`MpiWorld::collective`]:
+/// exchanges are serialized by a lock and give up after the timeout (set
+/// there, changed with [`Collective::set_timeout`]) with an error naming the
+/// silent ranks.
 pub struct MpiCollective {
     world: Mutex<SimpleCommunicator>,
     rank: usize,

@@ -32,15 +32,22 @@ pub enum ShardingType {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum RowSplit {
+    /// Every row, local row = global row (table-wise, column-wise,
+    /// data-parallel).
     All,
-    /// Rows `start..end`, local row `id - start`.
+    /// Rows `start..end`, local row `id - start` (row-wise, table-row-wise).
     Block {
+        /// First global row held.
         start: usize,
+        /// One past the last global row held.
         end: usize,
     },
-    /// Rows with `id % modulus == residue`, local row `id / modulus`.
+    /// Rows with `id % modulus == residue`, local row `id / modulus`
+    /// (row-wise mod).
     Mod {
+        /// The ids' remainder this shard holds, `< modulus`.
         residue: usize,
+        /// The number of row pieces, `1..=rows` of the table.
         modulus: usize,
     },
 }
@@ -83,23 +90,31 @@ impl RowSplit {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Shard {
+    /// The device holding it, `0..num_devices` of the plan.
     pub device: usize,
+    /// Which of the table's rows it holds.
     pub rows: RowSplit,
     /// Columns `[start, end)`.
     pub columns: [usize; 2],
 }
 
 impl Shard {
+    /// [`columns`](Self::columns) as a range.
     pub fn column_range(&self) -> Range<usize> {
         self.columns[0]..self.columns[1]
     }
 }
 
+/// How one table is sharded: its sharding type and its shards.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TablePlan {
+    /// The table's name (`EmbeddingBagConfig::name`).
     pub table: String,
+    /// The sharding type the shards follow.
     pub sharding: ShardingType,
+    /// The pieces, together covering every row and column once (a full
+    /// replica per device for data-parallel).
     pub shards: Vec<Shard>,
 }
 
@@ -125,6 +140,7 @@ impl TablePlan {
         }
     }
 
+    /// Table-wise: the whole table on `device`.
     pub fn table_wise(t: &EmbeddingBagConfig, device: usize) -> Self {
         let shard = Shard {
             device,
@@ -134,7 +150,10 @@ impl TablePlan {
         Self::new(t, ShardingType::TableWise, vec![shard])
     }
 
-    /// Row blocks over `devices` (at most one block per row).
+    /// Row blocks over `devices`, in order, near-equal (fewer blocks than
+    /// devices when the table has fewer rows); `sharding` is
+    /// [`RowWise`](ShardingType::RowWise) or
+    /// [`TableRowWise`](ShardingType::TableRowWise) (the devices of one host).
     pub fn row_wise(t: &EmbeddingBagConfig, devices: &[usize], sharding: ShardingType) -> Self {
         let shards = (blocks(t.num_embeddings, devices.len())
             .into_iter()
@@ -151,6 +170,8 @@ impl TablePlan {
         Self::new(t, sharding, shards)
     }
 
+    /// Row-wise mod: row `id` on `devices[id % N]` (`N` the device count,
+    /// at most the table's rows).
     pub fn row_wise_mod(t: &EmbeddingBagConfig, devices: &[usize]) -> Self {
         let modulus = devices.len().clamp(1, t.num_embeddings.max(1));
         let shards = (0..modulus)
@@ -163,6 +184,8 @@ impl TablePlan {
         Self::new(t, ShardingType::RowWiseMod, shards)
     }
 
+    /// Column-wise: near-equal column blocks over `devices`, each with every
+    /// row (fewer blocks than devices when the table has fewer columns).
     pub fn column_wise(t: &EmbeddingBagConfig, devices: &[usize]) -> Self {
         let shards = (blocks(t.embedding_dim, devices.len())
             .into_iter()
@@ -176,6 +199,7 @@ impl TablePlan {
         Self::new(t, ShardingType::ColumnWise, shards)
     }
 
+    /// Data-parallel: a full replica on each of devices `0..num_devices`.
     pub fn data_parallel(t: &EmbeddingBagConfig, num_devices: usize) -> Self {
         let shards = (0..num_devices)
             .map(|device| Shard {
@@ -191,23 +215,62 @@ impl TablePlan {
 /// The most devices a plan may name (each is a thread and a set of channels).
 pub const MAX_DEVICES: usize = 4096;
 
-/// Where every table lives.
+/// Where every table lives, as TorchRec's `ShardingPlan`: one [`TablePlan`]
+/// per table, over `num_devices` devices. Made by the planner
+/// ([`plan`](crate::plan())) or read from JSON (hand-written or edited), and
+/// checked with [`validate`](Self::validate) before use.
+///
+/// ```
+/// use ember_sharding::{PlannerOptions, ShardingPlan, Topology};
+/// use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
+///
+/// let tables = [
+///     EmbeddingBagConfig::new("users", 1000, 16, &["user_id"]),
+///     EmbeddingBagConfig::new("items", 500, 8, &["item_id"]),
+/// ];
+/// let options = PlannerOptions {
+///     batch_size: 64,
+///     pooling_factor: 2.0,
+///     optimizer: TableOptimizer::sgd(0.1),
+///     sharding: None,
+/// };
+/// // Two devices of 1 GiB each.
+/// let topology = Topology::uniform(2, 1 << 30);
+/// let (sharding_plan, _stats) = ember_sharding::plan(&tables, &topology, &options)?;
+/// assert_eq!(sharding_plan.num_devices, 2);
+/// assert!(sharding_plan.table("users").is_some());
+/// sharding_plan.validate(&tables, &options.optimizer)?;
+///
+/// // A plan is JSON, and reads back equal.
+/// let json = serde_json::to_string(&sharding_plan).unwrap();
+/// let back: ShardingPlan = serde_json::from_str(&json).unwrap();
+/// assert_eq!(back, sharding_plan);
+/// assert_eq!(ShardingPlan::from_json(&sharding_plan.to_json())?, sharding_plan);
+/// # Ok::<(), ember_sharding::ShardingError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShardingPlan {
+    /// The number of devices the plan places tables on, `1..=`[`MAX_DEVICES`].
     pub num_devices: usize,
+    /// One plan per table, in any order; each table exactly once.
     pub tables: Vec<TablePlan>,
 }
 
 impl ShardingPlan {
+    /// The plan of the table called `name`, if it is in the plan.
     pub fn table(&self, name: &str) -> Option<&TablePlan> {
         self.tables.iter().find(|t| t.table == name)
     }
 
+    /// Parses a plan from JSON (unknown fields are refused); fails with
+    /// [`ShardingError::Plan`]. Does not [`validate`](Self::validate) it.
     pub fn from_json(text: &str) -> Result<Self, ShardingError> {
         serde_json::from_str(text).map_err(|e| ShardingError::Plan(format!("not a plan: {e}")))
     }
 
+    /// The plan as pretty-printed JSON, as [`from_json`](Self::from_json)
+    /// reads it.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a plan serialises")
     }

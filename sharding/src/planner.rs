@@ -24,12 +24,15 @@ use serde::Serialize;
 use crate::plan::{column_split_refused, ShardingPlan, ShardingType, TablePlan};
 use crate::{ShardingError, Topology};
 
+/// What the planner assumes about training, and what it may choose.
 #[derive(Clone, Debug)]
 pub struct PlannerOptions {
     /// Global batch size.
     pub batch_size: usize,
     /// Mean ids per bag.
     pub pooling_factor: f64,
+    /// The tables' optimizer: sizes the optimizer state stored per row, and
+    /// rules out column splits it cannot run on (row-wise Adagrad).
     pub optimizer: TableOptimizer,
     /// Use only this type for every table (`None`: choose per table).
     pub sharding: Option<ShardingType>,
@@ -38,7 +41,10 @@ pub struct PlannerOptions {
 /// One device's share of a plan.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct DeviceLoad {
+    /// Estimated bytes the plan stores here: weights, optimizer state, and
+    /// the pooled output and its gradient.
     pub storage_bytes: u64,
+    /// The device's memory in bytes (its capacity in the topology).
     pub memory_bytes: u64,
     /// Estimated seconds per step (lookups and exchanges).
     pub cost_s: f64,
@@ -46,8 +52,10 @@ pub struct DeviceLoad {
     pub shards: Vec<String>,
 }
 
+/// The planner's estimates for a plan, per device.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PlanStats {
+    /// Each device's load, by device index.
     pub devices: Vec<DeviceLoad>,
     /// The most loaded device's estimated seconds per step.
     pub max_cost_s: f64,
@@ -240,7 +248,37 @@ struct Greedy {
     used: Vec<(u64, f64)>,
 }
 
-/// Places every table; fails, listing what is missing, when they do not fit.
+/// The planner: places every table on `topo` (see the module docs for the
+/// cost model) and returns the plan with its estimated per-device loads.
+///
+/// Fails with [`ShardingError::Capacity`], listing what is missing, when the
+/// tables do not fit the devices' memory; with [`ShardingError::Topology`]
+/// for an invalid topology; and with [`ShardingError::Plan`] when
+/// column-wise is forced with an optimizer that cannot be split by columns.
+///
+/// ```
+/// use ember_sharding::{plan, PlannerOptions, ShardingError, Topology};
+/// use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
+///
+/// let options = PlannerOptions {
+///     batch_size: 32,
+///     pooling_factor: 1.0,
+///     optimizer: TableOptimizer::sgd(0.1),
+///     sharding: None,
+/// };
+/// // 1M rows x 64 columns x 4 bytes = 256 MB of weights, on two devices of
+/// // 1 MiB each.
+/// let tables = [EmbeddingBagConfig::new("huge", 1_000_000, 64, &["f"])];
+/// let err = plan(&tables, &Topology::uniform(2, 1 << 20), &options).unwrap_err();
+/// assert!(matches!(err, ShardingError::Capacity(_)));
+/// assert!(err.to_string().contains("'huge' needs at least"));
+///
+/// // With room, every device's load is estimated.
+/// let (_, stats) = plan(&tables, &Topology::uniform(2, 1 << 30), &options)?;
+/// assert_eq!(stats.devices.len(), 2);
+/// assert!(stats.max_cost_s > 0.0);
+/// # Ok::<(), ShardingError>(())
+/// ```
 pub fn plan(
     tables: &[EmbeddingBagConfig],
     topo: &Topology,

@@ -99,15 +99,21 @@ pub struct LocalShard<'a> {
 /// the slowest device's per call).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ShardingStats {
+    /// Backward updates run by this collection (since it was made).
     pub steps: u64,
     /// Ids looked up by each device.
     pub lookups: Vec<u64>,
     /// Bytes each device sent to other devices.
     pub bytes_sent: Vec<u64>,
+    /// Forward: sending ids to the devices owning their rows.
     pub input_dist: Duration,
+    /// Forward: the owners' pooled lookups.
     pub lookup: Duration,
+    /// Forward: sending pooled slices back to the samples' devices.
     pub output_dist: Duration,
+    /// Backward: sending gradient slices to the owners.
     pub grad_dist: Duration,
+    /// Backward: the owners' fused optimizer updates.
     pub update: Duration,
 }
 
@@ -470,12 +476,16 @@ impl ShardedEmbeddingBagCollection {
         (device.checked_sub(self.local_offset_device())).filter(|&i| i < self.devices.len())
     }
 
+    /// The (validated) plan the collection is split by.
     pub fn plan(&self) -> &ShardingPlan {
         &self.plan
     }
+    /// The optimizer fused into the backward on every shard.
     pub fn optimizer(&self) -> &TableOptimizer {
         &self.optimizer
     }
+    /// The optimizer's step count: the source collection's at creation, plus
+    /// one per [`backward_update`](Self::backward_update) that updated.
     pub fn step(&self) -> u64 {
         self.step
     }
@@ -492,6 +502,7 @@ impl ShardedEmbeddingBagCollection {
         }
         s
     }
+    /// The plan's device count (all devices, also on a rank).
     pub fn num_devices(&self) -> usize {
         self.plan.num_devices
     }
@@ -506,9 +517,14 @@ impl ShardedEmbeddingBagCollection {
             })
             .collect()
     }
+    /// Bytes of weights and optimizer state on this process's devices, the
+    /// sum of [`device_bytes`](Self::device_bytes) (data-parallel replicas
+    /// counted once per device).
     pub fn bytes(&self) -> usize {
         self.device_bytes().iter().sum()
     }
+    /// The output's features, in output order (tables in order, each
+    /// table's features in order), as the unsharded collection's.
     pub fn feature_names(&self) -> Vec<String> {
         self.layout
             .slots
@@ -516,6 +532,8 @@ impl ShardedEmbeddingBagCollection {
             .map(|s| s.feature.clone())
             .collect()
     }
+    /// Width of each output feature (its table's `embedding_dim`), in the
+    /// order of [`feature_names`](Self::feature_names).
     pub fn feature_dims(&self) -> Vec<usize> {
         self.layout
             .slots
@@ -523,6 +541,8 @@ impl ShardedEmbeddingBagCollection {
             .map(|s| self.configs[s.table].embedding_dim)
             .collect()
     }
+    /// A zeroed output of `batch` samples with this collection's features,
+    /// for [`forward_into`](Self::forward_into).
     pub fn new_output(&self, batch: usize) -> KeyedTensor {
         KeyedTensor::zeros(self.feature_names(), self.feature_dims(), batch)
     }
@@ -653,6 +673,7 @@ impl ShardedEmbeddingBagCollection {
         Ok(())
     }
 
+    /// [`forward_into`](Self::forward_into) a new output.
     pub fn forward(&mut self, kjt: &KeyedJaggedTensor) -> Result<KeyedTensor, ShardingError> {
         let mut out = self.new_output(kjt.stride());
         self.forward_into(kjt, &mut out)?;
@@ -1099,6 +1120,7 @@ impl ShardSource for EmbeddingBagCollection {
 /// The initial rows a new collection seeded with `seed` would hold (the
 /// optimizer state starts as a new table's).
 pub struct InitialRows {
+    /// The seed the unsharded collection would be made with.
     pub seed: u64,
 }
 

@@ -8,6 +8,7 @@ use crate::ShardingError;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Device {
+    /// Memory for shards, in bytes: the planner's capacity for this device.
     pub memory_bytes: u64,
     /// Bytes per second of random row reads (the planner's lookup cost).
     pub memory_bandwidth: f64,
@@ -18,16 +19,22 @@ pub struct Device {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Topology {
+    /// The devices, by index (a plan's `device`).
     pub devices: Vec<Device>,
+    /// Devices per host, at least 1: host `h` has devices
+    /// `h * devices_per_host..(h + 1) * devices_per_host` (the last host may
+    /// have fewer).
     pub devices_per_host: usize,
     /// Bytes per second between two devices (inputs, pooled rows, gradients).
     pub device_bandwidth: f64,
 }
 
-/// Defaults measured on the development machine: about 13 GB/s of random
-/// 512-byte row reads per device, and 10 GB/s between devices (in-process,
-/// a memory copy; set it to the network's for multi-host estimates).
+/// [`Device::memory_bandwidth`]'s default, in bytes per second: about
+/// 13 GB/s of random 512-byte row reads, measured on the development machine.
 pub const DEFAULT_MEMORY_BANDWIDTH: f64 = 13e9;
+/// [`Topology::device_bandwidth`]'s default, in bytes per second: 10 GB/s,
+/// measured in-process (a memory copy); set it to the network's for
+/// multi-host estimates.
 pub const DEFAULT_DEVICE_BANDWIDTH: f64 = 10e9;
 
 impl Topology {
@@ -46,10 +53,12 @@ impl Topology {
         }
     }
 
+    /// The number of devices.
     pub fn num_devices(&self) -> usize {
         self.devices.len()
     }
 
+    /// The number of hosts: devices over `devices_per_host`, rounded up.
     pub fn num_hosts(&self) -> usize {
         self.devices.len().div_ceil(self.devices_per_host.max(1))
     }
@@ -60,6 +69,8 @@ impl Topology {
         h * per..((h + 1) * per).min(self.devices.len())
     }
 
+    /// Checks that there is a device, `devices_per_host` is at least 1 and
+    /// every bandwidth is positive; fails with [`ShardingError::Topology`].
     pub fn validate(&self) -> Result<(), ShardingError> {
         let fail = |m: String| Err(ShardingError::Topology(m));
         if self.devices.is_empty() {

@@ -68,15 +68,19 @@ struct Entry {
 }
 
 impl EmbeddingTable {
+    /// The configuration the table was built from.
     pub fn config(&self) -> &EmbeddingBagConfig {
         &self.config
     }
+    /// The table's name (`config().name`).
     pub fn name(&self) -> &str {
         &self.config.name
     }
+    /// Number of rows.
     pub fn num_embeddings(&self) -> usize {
         self.config.num_embeddings
     }
+    /// Floats per row (`config().embedding_dim`).
     pub fn dim(&self) -> usize {
         self.config.embedding_dim
     }
@@ -84,9 +88,15 @@ impl EmbeddingTable {
     pub fn weights(&self) -> &[f32] {
         self.weights.as_slice()
     }
+    /// All rows, mutable, row-major `[num_embeddings, dim]` (to load a
+    /// checkpoint or a shard's rows).
     pub fn weights_mut(&mut self) -> &mut [f32] {
         self.weights.as_mut_slice()
     }
+    /// Row `id`: `dim` floats.
+    ///
+    /// # Panics
+    /// When `id >= num_embeddings()`.
     pub fn row(&self, id: usize) -> &[f32] {
         let d = self.dim();
         &self.weights()[id * d..(id + 1) * d]
@@ -96,6 +106,8 @@ impl EmbeddingTable {
     pub fn optimizer_state(&self) -> &[f32] {
         self.state.as_slice()
     }
+    /// Optimizer state, mutable; laid out as
+    /// [`optimizer_state`](Self::optimizer_state).
     pub fn optimizer_state_mut(&mut self) -> &mut [f32] {
         self.state.as_mut_slice()
     }
@@ -127,6 +139,65 @@ struct FeatureSlot {
 /// A set of embedding tables looked up by named features, producing one
 /// pooled vector per (sample, feature), like TorchRec's `EmbeddingBagCollection`
 /// with a fused optimizer (FBGEMM TBE).
+///
+/// The output of [`forward`](Self::forward) is a [`KeyedTensor`] of
+/// `[batch, width]`, one column block per feature in
+/// [`feature_names`](Self::feature_names) order; `width` is the sum of the
+/// features' dims. [`backward_update`](Self::backward_update) takes the
+/// gradient in that layout and applies the optimizer to the rows it touches.
+///
+/// ```rust
+/// use ember_sparse::{
+///     EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, SparseError, TableOptimizer,
+/// };
+///
+/// // One table of 10 rows x 4 floats, shared by two features.
+/// let configs = vec![EmbeddingBagConfig::new("items", 10, 4, &["item", "last_item"])];
+/// let mut ebc = EmbeddingBagCollection::new(configs, TableOptimizer::sgd(0.1), 42)?;
+/// assert_eq!(ebc.feature_names(), ["item", "last_item"]);
+/// assert_eq!(ebc.feature_dims(), [4, 4]);
+///
+/// // Batch of 2: "item" bags [1, 2] and [3]; "last_item" bags [3] and [].
+/// let kjt = KeyedJaggedTensor::from_lengths(
+///     vec!["item".into(), "last_item".into()],
+///     vec![1, 2, 3, 3],
+///     &[2, 1, 1, 0],
+///     None,
+/// )?;
+/// let pooled = ebc.forward(&kjt)?;
+/// assert_eq!((pooled.batch(), pooled.width()), (2, 8)); // [batch, 4 + 4]
+///
+/// // Sum pooling: sample 0's "item" vector is row 1 + row 2; an empty bag gives zeros.
+/// let table = ebc.table("items").unwrap();
+/// let sum: Vec<f32> = table.row(1).iter().zip(table.row(2)).map(|(a, b)| a + b).collect();
+/// assert_eq!(pooled.get(0, 0), sum.as_slice());
+/// assert_eq!(pooled.get(1, 1), [0.0; 4]);
+///
+/// // Backward with fused SGD: `grad` is d(loss)/d(pooled), [batch, width] row-major.
+/// let before = ebc.table("items").unwrap().row(3).to_vec();
+/// let grad = vec![1.0f32; 2 * 8];
+/// ebc.backward_update(&kjt, &grad)?;
+/// assert_eq!(ebc.step(), 1);
+/// // Row 3 is in two bags, so its summed gradient is 2 per element: w -= 0.1 * 2.
+/// let after = ebc.table("items").unwrap().row(3);
+/// for (b, a) in before.iter().zip(after) {
+///     assert!((b - 0.2 - a).abs() < 1e-6);
+/// }
+///
+/// // A gradient of the wrong shape, or an id past the table, is an error.
+/// assert!(matches!(
+///     ebc.backward_update(&kjt, &[0.0; 3]),
+///     Err(SparseError::GradShape { .. })
+/// ));
+/// let bad = KeyedJaggedTensor::from_lengths(
+///     vec!["item".into(), "last_item".into()],
+///     vec![10],
+///     &[1, 0, 0, 0],
+///     None,
+/// )?;
+/// assert!(matches!(ebc.forward(&bad), Err(SparseError::IdOutOfRange { id: 10, .. })));
+/// # Ok::<(), SparseError>(())
+/// ```
 #[derive(Debug)]
 pub struct EmbeddingBagCollection {
     tables: Vec<EmbeddingTable>,
@@ -141,6 +212,12 @@ impl EmbeddingBagCollection {
     /// Creates and initialises the tables (uniform in each table's
     /// `init_range`, reproducible from `seed` whatever the thread count), and
     /// allocates the optimizer's state.
+    ///
+    /// Output features follow the configs' order, then each config's
+    /// `feature_names`. Fails when the optimizer or a config is invalid
+    /// ([`SparseError::InvalidOptimizer`], [`SparseError::InvalidConfig`]), a
+    /// feature is served by two tables ([`SparseError::FeatureServedTwice`]),
+    /// or a table cannot be allocated ([`SparseError::Allocation`]).
     pub fn new(
         configs: Vec<EmbeddingBagConfig>,
         optimizer: TableOptimizer,
@@ -217,15 +294,19 @@ impl EmbeddingBagCollection {
         })
     }
 
+    /// The tables, in config order.
     pub fn tables(&self) -> &[EmbeddingTable] {
         &self.tables
     }
+    /// The tables, mutable (to load weights or optimizer state).
     pub fn tables_mut(&mut self) -> &mut [EmbeddingTable] {
         &mut self.tables
     }
+    /// The table called `name`, if any.
     pub fn table(&self, name: &str) -> Option<&EmbeddingTable> {
         self.tables.iter().find(|t| t.name() == name)
     }
+    /// The optimizer fused into [`backward_update`](Self::backward_update).
     pub fn optimizer(&self) -> &TableOptimizer {
         &self.optimizer
     }
@@ -233,6 +314,8 @@ impl EmbeddingBagCollection {
     pub fn step(&self) -> u64 {
         self.step
     }
+    /// Sets the step count, e.g. when resuming from a checkpoint, so Adam's
+    /// bias correction carries on where it stopped.
     pub fn set_step(&mut self, step: u64) {
         self.step = step;
     }
@@ -257,7 +340,9 @@ impl EmbeddingBagCollection {
         KeyedTensor::zeros(self.feature_names(), self.feature_dims(), batch)
     }
 
-    /// Pooled lookup of every feature.
+    /// Pooled lookup of every feature: a new `[B, width]` output, `B` being
+    /// `kjt.stride()`. Every key of `kjt` must be served by a table and every
+    /// table's feature must be in `kjt` (in any order); ids must be in range.
     pub fn forward(&self, kjt: &KeyedJaggedTensor) -> Result<KeyedTensor, SparseError> {
         let mut out = self.new_output(kjt.stride());
         self.forward_into(kjt, &mut out)?;
@@ -330,6 +415,12 @@ impl EmbeddingBagCollection {
     /// Backward pass of [`forward`](Self::forward) for the same input, with
     /// the optimizer applied inside the scatter. `grad` is the gradient of the
     /// loss with respect to the pooled output, `[batch, width]` row-major.
+    ///
+    /// Equal ids in a batch get one update with their summed gradient (mean
+    /// pooling and per-id weights scale each occurrence). Every id is checked
+    /// before any row changes, so an error leaves the tables and
+    /// [`step`](Self::step) as they were. With [`TableOptimizer::None`] it
+    /// only checks the keys and the gradient's shape.
     pub fn backward_update(
         &mut self,
         kjt: &KeyedJaggedTensor,

@@ -9,6 +9,7 @@ use crate::SparseError;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolingType {
+    /// Sum of the bag's (weighted) rows; an empty bag pools to zeros. The default.
     #[default]
     Sum,
     /// Sum divided by the bag length; an empty bag pools to zeros.
@@ -19,20 +20,33 @@ pub enum PoolingType {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingBagConfig {
+    /// Table name; unique within a collection.
     pub name: String,
+    /// Number of rows (the id range is `0..num_embeddings`).
     pub num_embeddings: usize,
+    /// Floats per row: the width of each of this table's pooled outputs.
     pub embedding_dim: usize,
+    /// Features (input keys) that look this table up; each gets its own
+    /// pooled output, so tables are shared between features this way.
     pub feature_names: Vec<String>,
+    /// How each bag's rows are combined (`"sum"` or `"mean"` in JSON; sum when absent).
     #[serde(default)]
     pub pooling: PoolingType,
-    /// Uniform initialisation range; TorchRec's default ±sqrt(1/num_embeddings) when absent.
+    /// Lower end of the uniform initialisation range; TorchRec's default
+    /// -sqrt(1/num_embeddings) when absent.
     #[serde(default)]
     pub weight_init_min: Option<f32>,
+    /// Upper end of the uniform initialisation range; TorchRec's default
+    /// +sqrt(1/num_embeddings) when absent.
     #[serde(default)]
     pub weight_init_max: Option<f32>,
 }
 
 impl EmbeddingBagConfig {
+    /// A table `name` of `num_embeddings` rows of `embedding_dim` floats,
+    /// looked up by `features`, with sum pooling and the default init range.
+    /// Nothing is checked here; the collection validates configs when it is
+    /// built.
     pub fn new(name: &str, num_embeddings: usize, embedding_dim: usize, features: &[&str]) -> Self {
         Self {
             name: name.to_string(),
@@ -45,12 +59,14 @@ impl EmbeddingBagConfig {
         }
     }
 
+    /// The same config with `pooling` instead.
     pub fn with_pooling(mut self, pooling: PoolingType) -> Self {
         self.pooling = pooling;
         self
     }
 
-    /// The uniform initialisation range.
+    /// The uniform initialisation range `(min, max)`: the configured bounds,
+    /// or ±sqrt(1/num_embeddings) for those not set.
     pub fn init_range(&self) -> (f32, f32) {
         let bound = (1.0 / self.num_embeddings.max(1) as f64).sqrt() as f32;
         (

@@ -54,15 +54,19 @@ impl JaggedTensor {
         })
     }
 
+    /// All ids, bag after bag.
     pub fn values(&self) -> &[i64] {
         &self.values
     }
+    /// Per-id weights (one per value), if any.
     pub fn weights(&self) -> Option<&[f32]> {
         self.weights.as_deref()
     }
+    /// `num_bags() + 1` offsets into `values`, from 0 to `values().len()`.
     pub fn offsets(&self) -> &[usize] {
         &self.offsets
     }
+    /// Number of bags.
     pub fn num_bags(&self) -> usize {
         self.offsets.len() - 1
     }
@@ -70,12 +74,51 @@ impl JaggedTensor {
     pub fn bag(&self, i: usize) -> &[i64] {
         &self.values[self.offsets[i]..self.offsets[i + 1]]
     }
+    /// Each bag's length (the differences of the offsets).
     pub fn lengths(&self) -> Vec<usize> {
         self.offsets.windows(2).map(|w| w[1] - w[0]).collect()
     }
 }
 
-/// Sparse features of a batch: `K` keys x `B` samples of bags, key-major.
+/// Sparse features of a batch: `K` keys x `B` samples of bags, key-major,
+/// like TorchRec's `KeyedJaggedTensor`. Bag `(k, b)` is
+/// `values[offsets[k*B + b]..offsets[k*B + b + 1]]`; optional per-id weights
+/// (a weighted KJT) scale each id's row when pooled. The batch size `B` is
+/// [`stride`](Self::stride).
+///
+/// ```rust
+/// use ember_sparse::{KeyedJaggedTensor, SparseError};
+///
+/// // Two features, batch of 2: f0 has bags [1, 2] and [3], f1 has [] and [4, 5, 6].
+/// let kjt = KeyedJaggedTensor::from_lengths(
+///     vec!["f0".to_string(), "f1".to_string()],
+///     vec![1, 2, 3, 4, 5, 6],
+///     &[2, 1, 0, 3],
+///     None,
+/// )?;
+/// assert_eq!(kjt.keys(), ["f0", "f1"]);
+/// assert_eq!(kjt.stride(), 2);
+/// assert_eq!(kjt.offsets(), [0, 2, 3, 3, 6]);
+/// assert_eq!(kjt.lengths(), [2, 1, 0, 3]);
+/// assert_eq!(kjt.key_range(1), 3..6);
+///
+/// // One feature's bags, as a JaggedTensor.
+/// let f1 = kjt.get("f1").unwrap();
+/// assert!(f1.bag(0).is_empty());
+/// assert_eq!(f1.bag(1), [4, 5, 6]);
+///
+/// // Invalid lengths are rejected, naming the fault.
+/// let err = KeyedJaggedTensor::from_lengths(vec!["f0".into()], vec![7, 8], &[1, -1], None)
+///     .unwrap_err();
+/// assert_eq!(
+///     err,
+///     SparseError::NegativeLength { key: "f0".into(), sample: 1, index: 1, length: -1 }
+/// );
+/// let err = KeyedJaggedTensor::from_lengths(vec!["f0".into()], vec![7, 8], &[1, 0], None)
+///     .unwrap_err();
+/// assert_eq!(err, SparseError::LengthSumMismatch { sum: 1, values: 2 });
+/// # Ok::<(), SparseError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeyedJaggedTensor {
     keys: Vec<String>,
@@ -133,6 +176,7 @@ impl KeyedJaggedTensor {
         })
     }
 
+    /// The keys (feature names), in input order: `K = keys().len()`.
     pub fn keys(&self) -> &[String] {
         &self.keys
     }
@@ -140,9 +184,11 @@ impl KeyedJaggedTensor {
     pub fn stride(&self) -> usize {
         self.stride
     }
+    /// All ids, key-major: key 0's bags for samples `0..B`, then key 1's, ...
     pub fn values(&self) -> &[i64] {
         &self.values
     }
+    /// Per-id weights, laid out as `values`, if any.
     pub fn weights(&self) -> Option<&[f32]> {
         self.weights.as_deref()
     }
@@ -150,9 +196,11 @@ impl KeyedJaggedTensor {
     pub fn offsets(&self) -> &[usize] {
         &self.offsets
     }
+    /// `K*B` bag lengths, key-major (the differences of the offsets).
     pub fn lengths(&self) -> Vec<usize> {
         self.offsets.windows(2).map(|w| w[1] - w[0]).collect()
     }
+    /// Position of `key` in [`keys`](Self::keys), if present.
     pub fn key_index(&self, key: &str) -> Option<usize> {
         self.keys.iter().position(|k| k == key)
     }
@@ -196,7 +244,8 @@ impl KeyedJaggedTensor {
         }
     }
 
-    /// Key `k`'s bags as a [`JaggedTensor`] (copies).
+    /// Key `key`'s `B` bags as a [`JaggedTensor`] (copies); `None` when the
+    /// key is absent.
     pub fn get(&self, key: &str) -> Option<JaggedTensor> {
         let k = self.key_index(key)?;
         let base = self.offsets[k * self.stride];
@@ -368,15 +417,20 @@ impl KeyedTensor {
             values: vec![0.0; batch * width],
         }
     }
+    /// The keys (feature names), in column order.
     pub fn keys(&self) -> &[String] {
         &self.keys
     }
+    /// Width (embedding dim) of each key's pooled vector.
     pub fn length_per_key(&self) -> &[usize] {
         &self.length_per_key
     }
+    /// Column where each key's vector starts within a row, then the total
+    /// width: `keys().len() + 1` entries.
     pub fn offset_per_key(&self) -> &[usize] {
         &self.offset_per_key
     }
+    /// Number of samples (rows).
     pub fn batch(&self) -> usize {
         self.batch
     }
@@ -388,6 +442,7 @@ impl KeyedTensor {
     pub fn values(&self) -> &[f32] {
         &self.values
     }
+    /// Row-major `[batch, width]` values, mutable (the shape stays fixed).
     pub fn values_mut(&mut self) -> &mut [f32] {
         &mut self.values
     }

@@ -12,19 +12,36 @@ pub enum TableOptimizer {
     /// No update: the collection is used for inference or forward benchmarks.
     None,
     /// w -= lr * g
-    Sgd { lr: f32 },
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
     /// Per element: s += g²; w -= lr * g / (sqrt(s) + eps)
-    Adagrad { lr: f32, eps: f32 },
+    Adagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to sqrt(s) to keep the step finite.
+        eps: f32,
+    },
     /// FBGEMM's row-wise Adagrad, one state float per row:
     /// s += mean(g²); w -= lr * g / (sqrt(s) + eps)
-    RowWiseAdagrad { lr: f32, eps: f32 },
+    RowWiseAdagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to sqrt(s) to keep the step finite.
+        eps: f32,
+    },
     /// Adam with bias correction by the collection's step count. Only rows
     /// seen in a batch are updated (their moments are not decayed otherwise),
     /// as in FBGEMM's sparse Adam.
     Adam {
+        /// Learning rate.
         lr: f32,
+        /// Decay of the first moment (mean of g), in [0, 1).
         beta1: f32,
+        /// Decay of the second moment (mean of g²), in [0, 1).
         beta2: f32,
+        /// Added to sqrt(v̂) to keep the step finite.
         eps: f32,
     },
 }
@@ -57,16 +74,20 @@ impl TableOptimizer {
         }
     }
 
-    /// The default hyper-parameters of FBGEMM for each kind, at `lr`.
+    /// SGD at `lr`.
     pub fn sgd(lr: f32) -> Self {
         Self::Sgd { lr }
     }
+    /// Adagrad at `lr`, with FBGEMM's default `eps = 1e-8`.
     pub fn adagrad(lr: f32) -> Self {
         Self::Adagrad { lr, eps: 1e-8 }
     }
+    /// Row-wise Adagrad at `lr`, with FBGEMM's default `eps = 1e-8`.
     pub fn rowwise_adagrad(lr: f32) -> Self {
         Self::RowWiseAdagrad { lr, eps: 1e-8 }
     }
+    /// Adam at `lr`, with FBGEMM's defaults `beta1 = 0.9`, `beta2 = 0.999`,
+    /// `eps = 1e-8`.
     pub fn adam(lr: f32) -> Self {
         Self::Adam {
             lr,

@@ -4,12 +4,15 @@
 use rand_xoshiro::rand_core::{Rng as _, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
+/// A xoshiro256++ generator: the same sequence from a seed on every platform.
 pub struct Rng(Xoshiro256PlusPlus);
 
 impl Rng {
+    /// A generator seeded from `seed` (expanded to the full state by SplitMix64).
     pub fn new(seed: u64) -> Self {
         Self(Xoshiro256PlusPlus::seed_from_u64(seed))
     }
+    /// The next 64 uniformly random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0.next_u64()
     }

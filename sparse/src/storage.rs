@@ -55,24 +55,29 @@ impl AlignedBuffer {
         Some(Self { ptr, len, layout })
     }
 
+    /// The `len` floats.
     pub fn as_slice(&self) -> &[f32] {
         // SAFETY: initialised in `new`, len elements.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The `len` floats, mutable.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
         // SAFETY: initialised in `new`, len elements, uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
+    /// Address of the first float (64-byte aligned, 2 MiB for large buffers).
     pub fn as_ptr(&self) -> *const f32 {
         self.ptr.as_ptr()
     }
 
+    /// Number of floats.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer holds no floats.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

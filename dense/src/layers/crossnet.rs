@@ -13,11 +13,17 @@ use crate::tensor::Tensor;
 /// Caches `x_l`, `V_l x_l` and `W_l V_l x_l` per layer for the backward and reuses them.
 #[derive(Clone, Debug)]
 pub struct LowRankCrossNet<T> {
+    /// `W_l` per layer, `[in, rank]` (TorchRec `W_kernels`).
     pub w_kernels: Vec<Tensor<T>>,
+    /// `V_l` per layer, `[rank, in]` (TorchRec `V_kernels`).
     pub v_kernels: Vec<Tensor<T>>,
+    /// `b_l` per layer, `in` values (TorchRec `bias`).
     pub bias: Vec<Vec<T>>,
+    /// Gradient of each `W_l`, `[in, rank]`; overwritten by every backward.
     pub w_grads: Vec<Tensor<T>>,
+    /// Gradient of each `V_l`, `[rank, in]`; overwritten by every backward.
     pub v_grads: Vec<Tensor<T>>,
+    /// Gradient of each `b_l`, `in` values; overwritten by every backward.
     pub bias_grads: Vec<Vec<T>>,
     in_features: usize,
     rank: usize,
@@ -62,14 +68,17 @@ impl<T: Real> LowRankCrossNet<T> {
         }
     }
 
+    /// Width of the input, and of every layer's output (a cross layer keeps the width).
     pub fn in_features(&self) -> usize {
         self.in_features
     }
 
+    /// Number of cross layers.
     pub fn num_layers(&self) -> usize {
         self.w_kernels.len()
     }
 
+    /// Rank of each layer's factorization `W_l V_l`.
     pub fn rank(&self) -> usize {
         self.rank
     }

@@ -12,9 +12,13 @@ use crate::tensor::Tensor;
 /// (an [`crate::Mlp`] keeps one buffer per layer), so chaining layers copies nothing.
 #[derive(Clone, Debug)]
 pub struct Linear<T> {
+    /// `[out, in]`, as torch's `weight`.
     pub weight: Tensor<T>,
+    /// `out` values.
     pub bias: Vec<T>,
+    /// `dL/dweight`, `[out, in]`; overwritten by every backward.
     pub weight_grad: Tensor<T>,
+    /// `dL/dbias`, `out` values; overwritten by every backward.
     pub bias_grad: Vec<T>,
     activation: Activation,
 }
@@ -49,14 +53,17 @@ impl<T: Real> Linear<T> {
         }
     }
 
+    /// Input width (`weight.cols()`).
     pub fn in_features(&self) -> usize {
         self.weight.cols()
     }
 
+    /// Output width (`weight.rows()`).
     pub fn out_features(&self) -> usize {
         self.weight.rows()
     }
 
+    /// The activation fused after the affine map.
     pub fn activation(&self) -> Activation {
         self.activation
     }

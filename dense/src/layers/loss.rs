@@ -13,6 +13,8 @@ pub struct BceWithLogits<T> {
 }
 
 impl<T: Real> BceWithLogits<T> {
+    /// A loss with an empty gradient buffer and a loss of 0 until the first
+    /// [`BceWithLogits::forward_backward`].
     pub fn new() -> Self {
         BceWithLogits {
             grad: Tensor::default(),
@@ -20,7 +22,9 @@ impl<T: Real> BceWithLogits<T> {
         }
     }
 
-    /// Stores the mean loss and `dL/dlogits` (shaped like `logits`).
+    /// Stores the mean loss over the batch and `dL/dlogits = (sigmoid(z) - y) / n`, shaped
+    /// `[n, 1]`. `logits` holds one logit per sample (`n` values, e.g. `[n, 1]`) and `labels`
+    /// the `n` targets in `[0, 1]` (torch `BCEWithLogitsLoss`, mean reduction).
     pub fn forward_backward(&mut self, be: &dyn DenseBackend<T>, logits: &Tensor<T>, labels: &[T]) {
         be.bce_with_logits(logits.data(), labels, &mut self.grad, &mut self.loss);
     }

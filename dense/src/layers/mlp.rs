@@ -12,6 +12,23 @@ use crate::tensor::Tensor;
 ///
 /// Keeps the input, every layer's output and every gradient in buffers that are reused from
 /// step to step (none of them reallocates once the batch size is steady).
+///
+/// ```
+/// use ember_dense::{Activation, HasParams, Mlp, NativeBackend, Tensor};
+///
+/// let be = NativeBackend::new(1);
+/// // 4 inputs, one hidden layer of 8, 2 outputs.
+/// let mut mlp = Mlp::<f32>::new(&[4, 8, 2], Activation::None, 42);
+/// let x = Tensor::from_fn(3, 4, |r, c| (r * 4 + c) as f32 * 0.1); // a batch of 3
+///
+/// let y = mlp.forward(&be, &x);
+/// assert_eq!(y.shape(), (3, 2));
+///
+/// let dy = Tensor::from_fn(3, 2, |_, _| 1.0);
+/// let dx = mlp.backward(&be, &dy, true).unwrap();
+/// assert_eq!(dx.shape(), (3, 4));
+/// assert_eq!(mlp.params().len(), 4); // weight and bias of each layer
+/// ```
 #[derive(Clone, Debug)]
 pub struct Mlp<T> {
     layers: Vec<Linear<T>>,
@@ -51,10 +68,12 @@ impl<T: Real> Mlp<T> {
         }
     }
 
+    /// The linear layers, input side first.
     pub fn layers(&self) -> &[Linear<T>] {
         &self.layers
     }
 
+    /// The linear layers, mutable (to set weights, or rescale gradients).
     pub fn layers_mut(&mut self) -> &mut [Linear<T>] {
         &mut self.layers
     }

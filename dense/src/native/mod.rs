@@ -45,6 +45,7 @@ impl NativeBackend {
         }
     }
 
+    /// How many threads of the current rayon pool one op may use (at least 1).
     pub fn threads(&self) -> usize {
         self.threads
     }

@@ -25,11 +25,13 @@ use crate::tensor::Tensor;
 /// Counters of the executable caches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct CompileStats {
-    /// Programs compiled by the plugin, and the time it took.
+    /// Programs compiled by the plugin.
     pub compiles: u64,
+    /// Wall time spent compiling them, in milliseconds.
     pub compile_ms: f64,
-    /// Programs loaded from the on-disk cache instead, and the time it took.
+    /// Programs loaded from the on-disk cache instead of compiled.
     pub compile_cache_hits: u64,
+    /// Wall time spent loading them, in milliseconds.
     pub cache_load_ms: f64,
     /// Windows run: one per op when eager, one per fused body otherwise.
     pub executions: u64,
@@ -50,6 +52,14 @@ struct OpenWindow {
     broken: bool,
 }
 
+/// A [`DenseBackend<f32>`] that runs every op as a StableHLO program compiled by a PJRT
+/// plugin, on device 0 of its [`Client`]. `f32` only.
+///
+/// Eagerly, each op is compiled once per shape and run before it returns. Inside
+/// [`DenseBackend::fused`], the calling thread's ops are recorded and run as one program when
+/// the body ends (windows do not nest; [`DenseBackend::host_op`] panics inside one).
+/// Executables are cached by program text in memory, and on disk with
+/// [`PjrtBackend::with_disk_cache`]; [`PjrtBackend::stats`] counts compiles and runs.
 pub struct PjrtBackend {
     client: Client,
     cache: Mutex<HashMap<String, Arc<Executable>>>,
@@ -87,10 +97,12 @@ impl PjrtBackend {
         }
     }
 
+    /// The client the programs are compiled and run on.
     pub fn client(&self) -> &Client {
         &self.client
     }
 
+    /// The counters so far (a copy).
     pub fn stats(&self) -> CompileStats {
         *self.stats.lock().expect("stats lock")
     }

@@ -5,6 +5,8 @@
 //! so these declarations work with plugins of API 0.81 and older 0.x.
 
 #![allow(non_camel_case_types, dead_code)]
+// The items below mirror pjrt_c_api.h (0.81) field for field; their documentation is that header's.
+#![allow(missing_docs)]
 
 use std::ffi::{c_char, c_int, c_void};
 

@@ -26,10 +26,12 @@ pub struct Func {
 }
 
 impl Func {
+    /// An empty function: no arguments, no body.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Declares the next argument, `%argN` of type `tensor<dims x f32>`, and returns its name.
     pub fn arg(&mut self, dims: &[usize]) -> String {
         let name = format!("%arg{}", self.args.len());
         self.args.push((name.clone(), ty(dims)));
@@ -44,6 +46,7 @@ impl Func {
         name
     }
 
+    /// A constant of shape `dims` with every element `x`; returns its name.
     pub fn splat(&mut self, x: f32, dims: &[usize]) -> String {
         self.op(format!(
             "stablehlo.constant dense<{}> : {}",
@@ -52,6 +55,8 @@ impl Func {
         ))
     }
 
+    /// The elementwise `stablehlo.<op>` (e.g. `add`, `multiply`) of `a` and `b`, both of shape
+    /// `dims`; returns the result's name.
     pub fn binary(&mut self, op: &str, a: &str, b: &str, dims: &[usize]) -> String {
         self.op(format!("stablehlo.{op} {a}, {b} : {}", ty(dims)))
     }
@@ -106,6 +111,7 @@ impl Func {
         ))
     }
 
+    /// `v` reshaped from `from` to `to` (same number of elements, row-major order kept).
     pub fn reshape(&mut self, v: &str, from: &[usize], to: &[usize]) -> String {
         self.op(format!(
             "stablehlo.reshape {v} : ({}) -> {}",

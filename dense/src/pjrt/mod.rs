@@ -3,7 +3,7 @@
 //! text into executables and runs them on its devices.
 //!
 //! - [`ffi`]: the hand-written `repr(C)` declarations of the C API subset.
-//! - [`runtime`]: safe wrappers: [`Plugin`], [`Client`], [`Executable`], [`DeviceBuffer`].
+//! - `runtime`: safe wrappers: [`Plugin`], [`Client`], [`Executable`], [`DeviceBuffer`].
 //! - `hlo`: StableHLO text for each dense op; `backend`: [`PjrtBackend`], the
 //!   [`DenseBackend`](crate::DenseBackend) that runs them.
 

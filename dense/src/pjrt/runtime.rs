@@ -14,18 +14,39 @@ use thiserror::Error;
 
 use super::ffi::{self, index};
 
+/// What went wrong with a PJRT plugin: loading it, its API version, or one of its calls
+/// (with the plugin's own message).
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum PjrtError {
+    /// [`Plugin::load`] could not load the file: it is missing, `dlopen` failed, it has no
+    /// `GetPjrtApi` symbol, or its API table is shorter than the bindings need.
     #[error("PJRT plugin {}: {message}", path.display())]
-    Load { path: PathBuf, message: String },
+    Load {
+        /// The plugin file.
+        path: PathBuf,
+        /// Why (the `dlerror` text, or what was wrong with the file).
+        message: String,
+    },
+    /// [`Plugin::load`] found a C API version the bindings do not take: a major other than
+    /// [`ffi::API_MAJOR`], or a minor above [`ffi::API_MINOR`].
     #[error("PJRT plugin {} has C API {major}.{minor}; Ember's bindings are {}.{} and take plugins of API {}.x up to .{}, the versions they were checked against", path.display(), ffi::API_MAJOR, ffi::API_MINOR, ffi::API_MAJOR, ffi::API_MINOR)]
     Version {
+        /// The plugin file.
         path: PathBuf,
+        /// The plugin's C API major version.
         major: i32,
+        /// The plugin's C API minor version.
         minor: i32,
     },
+    /// A C API function returned an error, or the plugin does not implement it, or Ember
+    /// refused the arguments before calling (e.g. a host buffer of the wrong length).
     #[error("PJRT {call}: {message}")]
-    Call { call: &'static str, message: String },
+    Call {
+        /// The C API function, e.g. `"PJRT_Client_Compile"`.
+        call: &'static str,
+        /// The plugin's error message (or Ember's, for refused arguments).
+        message: String,
+    },
 }
 
 /// Where the fetch script puts the CPU plugin, unless `EMBER_PJRT_PLUGIN` says otherwise:
@@ -187,6 +208,7 @@ impl Plugin {
         Ok(Arc::new(plugin))
     }
 
+    /// The file the plugin was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -265,7 +287,9 @@ impl Plugin {
 /// One addressable device.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceInfo {
+    /// The device's id (`PJRT_DeviceDescription_Id`).
     pub id: i32,
+    /// The device kind as the plugin names it (`PJRT_DeviceDescription_Kind`).
     pub kind: String,
 }
 
@@ -309,6 +333,8 @@ unsafe impl Send for Client {}
 unsafe impl Sync for Client {}
 
 impl Client {
+    /// Creates a client of `plugin` with default options and lists its addressable devices;
+    /// fails when there are none.
     pub fn new(plugin: Arc<Plugin>) -> Result<Self, PjrtError> {
         let mut a = ffi::ClientCreateArgs::default();
         plugin.call(index::CLIENT_CREATE, "PJRT_Client_Create", &mut a)?;
@@ -340,10 +366,12 @@ impl Client {
         Ok(client)
     }
 
+    /// The plugin this client belongs to.
     pub fn plugin(&self) -> &Arc<Plugin> {
         &self.handle.plugin
     }
 
+    /// The platform's name (`PJRT_Client_PlatformName`, e.g. `cpu`).
     pub fn platform_name(&self) -> Result<String, PjrtError> {
         let mut a = ffi::ClientPlatformNameArgs::default();
         a.client = self.handle.raw;
@@ -355,6 +383,8 @@ impl Client {
         Ok(c_str(a.platform_name, a.platform_name_size))
     }
 
+    /// The platform's version text (`PJRT_Client_PlatformVersion`); part of the disk cache's
+    /// key, since it changes the compiled code.
     pub fn platform_version(&self) -> Result<String, PjrtError> {
         let mut a = ffi::ClientPlatformVersionArgs::default();
         a.client = self.handle.raw;
@@ -366,6 +396,8 @@ impl Client {
         Ok(c_str(a.platform_version, a.platform_version_size))
     }
 
+    /// Id and kind of every addressable device, in the plugin's order. Buffers and
+    /// executions use the first one.
     pub fn devices(&self) -> Result<Vec<DeviceInfo>, PjrtError> {
         self.devices
             .iter()
@@ -518,6 +550,7 @@ impl Executable {
         Ok(InnerExecutable(g.executable, &self.plugin.plugin))
     }
 
+    /// Number of outputs of the program (its result tuple, flattened).
     pub fn num_outputs(&self) -> usize {
         self.num_outputs
     }
@@ -610,6 +643,7 @@ unsafe impl Send for DeviceBuffer {}
 unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
+    /// The array's shape; empty for a scalar.
     pub fn dims(&self) -> Result<Vec<usize>, PjrtError> {
         let mut a = ffi::BufferDimensionsArgs::default();
         a.buffer = self.raw;

@@ -78,6 +78,10 @@ pub fn latest(
 
 /// The prefix of DLRM's table tensors (TorchRec's `EmbeddingBagCollection` in `sparse_arch`).
 pub const TABLE_PREFIX: &str = "sparse_arch.embedding_bag_collection.embedding_bags.";
+/// The prefix of optimizer-state tensors: a table's state is named
+/// `optimizer.<table name without .weight>.<state>` (FBGEMM's `momentum1`,
+/// `momentum2`), a dense parameter's `optimizer.<parameter>.<state>`
+/// (torch's `sum`, `exp_avg`, `exp_avg_sq`).
 pub const OPTIMIZER_PREFIX: &str = "optimizer.";
 
 const META_CONFIG: &str = "ember.config";
@@ -98,12 +102,15 @@ pub struct TrainState {
     pub steps: u64,
     /// The batch size and shuffling seed the position counts in.
     pub batch_size: u64,
+    /// The seed the row groups were shuffled with (`None`: not shuffled).
     pub shuffle_seed: Option<u64>,
     /// How the batches were made, which a resumed run must repeat.
     #[serde(default)]
     pub drop_last: bool,
+    /// How raw dense values became model inputs (`None`: not recorded).
     #[serde(default)]
     pub dense_transform: Option<ember_dataloader::DenseTransform>,
+    /// How raw ids became table rows (`None`: not recorded).
     #[serde(default)]
     pub id_transform: Option<ember_dataloader::IdTransform>,
     /// `Dataset::fingerprint` of the training data (0: not recorded).
@@ -381,6 +388,49 @@ fn write_file(
 }
 
 /// A checkpoint (one file, or a set of files with an index), mapped and checked.
+///
+/// [`Checkpoint::open`] reads the architecture and checks every tensor's
+/// presence, dtype and shape up front; models are then built from it with
+/// the saved weights ([`inference_model`](Checkpoint::inference_model),
+/// [`model`](Checkpoint::model), [`model_on_rank`](Checkpoint::model_on_rank)).
+///
+/// # Example
+///
+/// Save a small DLRM, open the file and serve it:
+///
+/// ```
+/// use ember_dense::{DenseOptimizerConfig, NativeBackend};
+/// use ember_models::{Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType,
+///     SyntheticConfig, SyntheticData};
+/// use ember_sparse::TableOptimizer;
+///
+/// let config = DlrmConfig {
+///     tables: DlrmConfig::criteo_tables(&[100, 200], 8),
+///     bottom_mlp: vec![4, 8],
+///     top_mlp: vec![8, 1],
+///     interaction: InteractionType::Dot,
+/// };
+/// let mut model = Dlrm::new(config.clone(), TableOptimizer::rowwise_adagrad(0.05),
+///     DenseOptimizerConfig::sgd(0.1), 7)?;
+/// let data = SyntheticData::new(SyntheticConfig::for_model(&config, DataGeneration::Learnable, 3, 7))?;
+/// let be = NativeBackend::new(1);
+/// model.train_step(&be, &data.batch(0, 32))?;
+///
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join(ember_models::checkpoint::CHECKPOINT_FILE);
+/// ember_models::checkpoint::save(&mut model, &path, None)?;
+///
+/// let ckpt = Checkpoint::open(&path)?;
+/// assert_eq!(ckpt.config(), &config);
+/// let mut served = ckpt.inference_model()?;
+/// let batch = data.batch(1, 16);
+/// let want = model.predict(&be, &batch)?.to_vec();
+/// assert_eq!(served.predict(&be, &batch)?, &want[..]);
+///
+/// drop(ckpt); // unmaps the file
+/// dir.close()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Checkpoint {
     path: PathBuf,
     source: Source,
@@ -477,9 +527,12 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
+    /// The file it was read from (for a set: its index).
     pub fn path(&self) -> &Path {
         &self.path
     }
+    /// The architecture: from the metadata, or inferred from the TorchRec
+    /// names and shapes.
     pub fn config(&self) -> &DlrmConfig {
         &self.config
     }
@@ -487,9 +540,11 @@ impl Checkpoint {
     pub fn table_optimizer(&self) -> Option<TableOptimizer> {
         self.table_optimizer
     }
+    /// The dense optimizer it was trained with (`None` for a TorchRec file).
     pub fn dense_optimizer(&self) -> Option<DenseOptimizerConfig> {
         self.dense_optimizer
     }
+    /// Where training stood when it was written (`None` when not recorded).
     pub fn train_state(&self) -> Option<&TrainState> {
         self.train_state.as_ref()
     }

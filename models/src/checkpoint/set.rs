@@ -29,6 +29,7 @@ use super::{
 };
 use crate::{Dlrm, ModelError};
 
+/// The index of a set in its directory, written last (the commit point).
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -1,0 +1,232 @@
+//! `backward_update`: occurrences sorted by id, duplicates merged into
+//! segments, and the parallel scatter with the optimizer fused in.
+//!
+//! Backward: per table, the (id, sample, feature) triples of the batch are
+//! sorted by id, so equal ids form one segment; a segment's gradient is summed
+//! once and applied once, which is exactly the update of the summed gradient.
+//! Segments are disjoint rows, so they are updated in parallel.
+
+use rayon::prelude::*;
+
+use super::{add_scaled_row, EmbeddingBagCollection, EmbeddingTable, FeatureSlot, SharedMut};
+use crate::optimizer::{update_row, StepFactors};
+use crate::simd::multiversion;
+use crate::storage::prefetch;
+use crate::{KeyedJaggedTensor, PoolingType, SparseError, TableOptimizer};
+
+/// Backward segments per parallel task.
+const SEGMENTS_PER_TASK: usize = 512;
+/// Distance, in distinct ids, at which the backward prefetches rows and state.
+const UPDATE_PREFETCH_DISTANCE: usize = 8;
+
+#[derive(Debug, Default)]
+pub(super) struct BackwardScratch {
+    entries: Vec<Entry>,
+    segment_starts: Vec<usize>,
+}
+
+/// One occurrence of an id in a batch: where its gradient comes from.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    id: u64,
+    sample: u32,
+    column: u32,
+    scale: f32,
+}
+
+impl EmbeddingBagCollection {
+    /// Backward pass of [`forward`](Self::forward) for the same input, with
+    /// the optimizer applied inside the scatter. `grad` is the gradient of the
+    /// loss with respect to the pooled output, `[batch, width]` row-major.
+    ///
+    /// Equal ids in a batch get one update with their summed gradient (mean
+    /// pooling and per-id weights scale each occurrence). Every id is checked
+    /// before any row changes, so an error leaves the tables and
+    /// [`step`](Self::step) as they were. With [`TableOptimizer::None`] it
+    /// only checks the keys and the gradient's shape.
+    pub fn backward_update(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        grad: &[f32],
+    ) -> Result<(), SparseError> {
+        let keys = self.resolve_keys(kjt)?;
+        let batch = kjt.stride();
+        let width = self.width;
+        if grad.len() != batch * width {
+            return Err(SparseError::GradShape {
+                rows: grad.len() / width.max(1),
+                cols: width,
+                expected_rows: batch,
+                expected_cols: width,
+            });
+        }
+        if matches!(self.optimizer, TableOptimizer::None) {
+            return Ok(());
+        }
+        // Every id is checked before any table changes, so an error leaves
+        // the tables and the step count as they were.
+        let slots = &self.slots;
+        self.tables
+            .par_iter_mut()
+            .enumerate()
+            .try_for_each(|(t, table)| {
+                let features = slots.iter().zip(&keys).filter(|(slot, _)| slot.table == t);
+                table.collect_entries(features, kjt)
+            })?;
+        self.step += 1;
+        let optimizer = self.optimizer;
+        let factors = StepFactors::at(&optimizer, self.step);
+        self.tables
+            .par_iter_mut()
+            .for_each(|table| table.apply_segments(&optimizer, factors, grad, width));
+        Ok(())
+    }
+}
+
+impl EmbeddingTable {
+    /// Gathers every occurrence of this table's ids in the batch, sorted by
+    /// (id, sample, column) so segments and their summation order are fixed.
+    fn collect_entries<'a>(
+        &mut self,
+        features: impl Iterator<Item = (&'a FeatureSlot, &'a usize)>,
+        kjt: &KeyedJaggedTensor,
+    ) -> Result<(), SparseError> {
+        let rows = self.num_embeddings() as u64;
+        let mean = self.config.pooling == PoolingType::Mean;
+        let entries = &mut self.scratch.entries;
+        entries.clear();
+        let batch = kjt.stride();
+        for (slot, &k) in features {
+            let offsets = &kjt.offsets()[k * batch..=(k + 1) * batch];
+            for sample in 0..batch {
+                let (start, end) = (offsets[sample], offsets[sample + 1]);
+                let bag_scale = if mean && end > start {
+                    1.0 / (end - start) as f32
+                } else {
+                    1.0
+                };
+                for p in start..end {
+                    let id = kjt.values()[p];
+                    if id < 0 || id as u64 >= rows {
+                        return Err(self.id_error(&slot.name, sample, id));
+                    }
+                    let weight = kjt.weights().map_or(1.0, |w| w[p]);
+                    entries.push(Entry {
+                        id: id as u64,
+                        sample: sample as u32,
+                        column: slot.column as u32,
+                        scale: weight * bag_scale,
+                    });
+                }
+            }
+        }
+        entries.sort_unstable_by_key(|e| (e.id, e.sample, e.column));
+        let starts = &mut self.scratch.segment_starts;
+        starts.clear();
+        for (i, e) in entries.iter().enumerate() {
+            if i == 0 || entries[i - 1].id != e.id {
+                starts.push(i);
+            }
+        }
+        starts.push(entries.len());
+        Ok(())
+    }
+
+    /// Sums each segment's gradient and applies the optimizer to its row.
+    fn apply_segments(
+        &mut self,
+        optimizer: &TableOptimizer,
+        factors: StepFactors,
+        grad: &[f32],
+        width: usize,
+    ) {
+        // The unsafe row writes below rely on these sizes.
+        let rows = self.config.num_embeddings;
+        assert_eq!(self.weights.len(), rows * self.config.embedding_dim);
+        assert_eq!(
+            self.state.as_slice().len(),
+            rows * self.state.floats_per_row()
+        );
+        let job = UpdateJob {
+            optimizer,
+            factors,
+            entries: &self.scratch.entries,
+            starts: &self.scratch.segment_starts,
+            grad,
+            width,
+            dim: self.config.embedding_dim,
+            per_row: self.state.floats_per_row(),
+            weights: SharedMut(self.weights.as_mut_slice().as_mut_ptr()),
+            state: SharedMut(self.state.base_ptr()),
+        };
+        let segments = job.starts.len() - 1;
+        (0..segments.div_ceil(SEGMENTS_PER_TASK))
+            .into_par_iter()
+            .for_each(|task| {
+                let first = task * SEGMENTS_PER_TASK;
+                let mut summed = vec![0.0f32; job.dim];
+                update_task(
+                    &job,
+                    first,
+                    (first + SEGMENTS_PER_TASK).min(segments),
+                    &mut summed,
+                );
+            });
+    }
+}
+
+/// What every backward task of one table reads.
+struct UpdateJob<'a> {
+    optimizer: &'a TableOptimizer,
+    factors: StepFactors,
+    entries: &'a [Entry],
+    starts: &'a [usize],
+    grad: &'a [f32],
+    width: usize,
+    dim: usize,
+    per_row: usize,
+    weights: SharedMut,
+    state: SharedMut,
+}
+
+multiversion!(fn update_task(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut [f32]) -> () = update_task_body);
+
+/// Segments `first..last`: sum each one's gradient, update its row.
+#[inline(always)]
+fn update_task_body(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut [f32]) {
+    let (dim, per_row) = (job.dim, job.per_row);
+    for seg in first..last {
+        // Rows, their state and their gradient rows are all random reads:
+        // start them a few segments ahead.
+        if let Some(&ahead) = job.starts.get(seg + UPDATE_PREFETCH_DISTANCE) {
+            if let Some(e) = job.entries.get(ahead) {
+                let id = e.id as usize;
+                prefetch(job.weights.0.wrapping_add(id * dim), dim * 4);
+                prefetch(job.state.0.wrapping_add(id * per_row), per_row * 4);
+                let at = e.sample as usize * job.width + e.column as usize;
+                prefetch(job.grad.as_ptr().wrapping_add(at), dim * 4);
+            }
+        }
+        let occurrences = &job.entries[job.starts[seg]..job.starts[seg + 1]];
+        summed.fill(0.0);
+        for e in occurrences {
+            let at = e.sample as usize * job.width + e.column as usize;
+            add_scaled_row(summed, e.scale, &job.grad[at..at + dim]);
+        }
+        let id = occurrences[0].id as usize;
+        // SAFETY: ids are bounds-checked in collect_entries and each segment
+        // holds a distinct id, so every task writes rows (and state rows) no
+        // other task touches.
+        let (row, row_state) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(job.weights.at(id * dim), dim),
+                if per_row == 0 {
+                    &mut [][..]
+                } else {
+                    std::slice::from_raw_parts_mut(job.state.at(id * per_row), per_row)
+                },
+            )
+        };
+        update_row(job.optimizer, job.factors, row, summed, row_state);
+    }
+}

@@ -1,0 +1,108 @@
+//! Initial rows: tables drawn chunk by independently seeded chunk, and
+//! `initial_rows`, which draws only the chunks a shard holds, bit for bit alike.
+
+use rayon::prelude::*;
+
+use super::backward::BackwardScratch;
+use super::EmbeddingTable;
+use crate::optimizer::OptimizerState;
+use crate::storage::AlignedBuffer;
+use crate::{EmbeddingBagConfig, SparseError, TableOptimizer};
+
+/// Rows initialised per independently seeded chunk (keeps init reproducible
+/// whatever the thread count).
+const INIT_CHUNK_ROWS: usize = 4096;
+
+/// Part of a table's initial weights, exactly as
+/// [`EmbeddingBagCollection::new`](super::EmbeddingBagCollection::new)
+/// with `seed` initialises the table at position `index`: every global row
+/// in `rows` that `local` maps to a local row `l` has its columns `cols`
+/// written to `out[l * cols.len()..]`. Only the chunks holding `rows` are
+/// drawn, so a shard is initialised without the rest of its table in memory.
+pub fn initial_rows(
+    config: &EmbeddingBagConfig,
+    seed: u64,
+    index: u64,
+    rows: std::ops::Range<usize>,
+    local: impl Fn(usize) -> Option<usize> + Sync,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let (lo, hi) = config.init_range();
+    let dim = config.embedding_dim;
+    let lc = cols.len();
+    let end = rows.end.min(config.num_embeddings);
+    let chunks: Vec<usize> =
+        (rows.start / INIT_CHUNK_ROWS..end.div_ceil(INIT_CHUNK_ROWS)).collect();
+    // Chunks are drawn in parallel, in groups of about 64 MiB of draws, and
+    // their wanted rows copied out in order.
+    let group = ((64 << 20) / (INIT_CHUNK_ROWS * dim.max(1) * 4)).max(1);
+    for group in chunks.chunks(group) {
+        let drawn: Vec<(Vec<usize>, Vec<f32>)> = group
+            .par_iter()
+            .map(|&chunk| {
+                let first = chunk * INIT_CHUNK_ROWS;
+                let n = INIT_CHUNK_ROWS.min(config.num_embeddings - first);
+                let mut values = vec![0f32; n * dim];
+                draw_chunk((lo, hi), [seed, index, chunk as u64], &mut values);
+                // The wanted rows' columns, packed, and where they go.
+                let (mut locals, mut kept) = (Vec::new(), Vec::new());
+                for r in first.max(rows.start)..(first + n).min(end) {
+                    if let Some(l) = local(r) {
+                        locals.push(l);
+                        kept.extend_from_slice(&values[(r - first) * dim..][cols.clone()]);
+                    }
+                }
+                (locals, kept)
+            })
+            .collect();
+        for (locals, kept) in drawn {
+            for (l, row) in locals.into_iter().zip(kept.chunks_exact(lc.max(1))) {
+                out[l * lc..(l + 1) * lc].copy_from_slice(row);
+            }
+        }
+    }
+}
+
+/// The initial values of one chunk of `INIT_CHUNK_ROWS` rows (`seed`, table
+/// index, chunk index): the one draw both [`new_table`] and [`initial_rows`]
+/// make, so they agree bit for bit.
+fn draw_chunk((lo, hi): (f32, f32), key: [u64; 3], out: &mut [f32]) {
+    let mut rng = crate::rng::Rng::new(crate::rng::mix(&key));
+    for x in out {
+        *x = lo + (hi - lo) * rng.next_f32();
+    }
+}
+
+/// A table initialised from `seed` (zeros without one).
+pub(super) fn new_table(
+    config: EmbeddingBagConfig,
+    optimizer: &TableOptimizer,
+    seed: Option<u64>,
+    index: u64,
+) -> Result<EmbeddingTable, SparseError> {
+    let (lo, hi) = config.init_range();
+    let dim = config.embedding_dim;
+    // validate() checked that this product fits.
+    let len = config.num_embeddings * dim;
+    let alloc_error = |bytes| SparseError::Allocation {
+        table: config.name.clone(),
+        bytes,
+    };
+    let weights = AlignedBuffer::new(len, |w| {
+        let Some(seed) = seed else { return };
+        w.par_chunks_mut(INIT_CHUNK_ROWS * dim)
+            .enumerate()
+            .for_each(|(chunk, rows)| draw_chunk((lo, hi), [seed, index, chunk as u64], rows))
+    })
+    .ok_or_else(|| alloc_error(len * 4))?;
+    let state = OptimizerState::new(optimizer, config.num_embeddings, dim).ok_or_else(|| {
+        alloc_error(optimizer.state_floats_per_row(dim) * config.num_embeddings * 4)
+    })?;
+    Ok(EmbeddingTable {
+        config,
+        weights,
+        state,
+        scratch: BackwardScratch::default(),
+    })
+}

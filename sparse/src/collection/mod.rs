@@ -1,0 +1,340 @@
+//! `EmbeddingBagCollection`: tables, the pooled forward lookup and the backward
+//! scatter with the optimizer fused in. This file holds the table and collection
+//! types, their construction and accessors, and the helpers the kernels share.
+
+use crate::optimizer::OptimizerState;
+use crate::storage::AlignedBuffer;
+use crate::{EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError, TableOptimizer};
+
+mod backward;
+mod forward;
+mod init;
+
+use backward::BackwardScratch;
+pub use init::initial_rows;
+use init::new_table;
+
+/// One table: its rows, its optimizer state and scratch for the backward pass.
+#[derive(Debug)]
+pub struct EmbeddingTable {
+    config: EmbeddingBagConfig,
+    weights: AlignedBuffer,
+    state: OptimizerState,
+    scratch: BackwardScratch,
+}
+
+impl EmbeddingTable {
+    /// The configuration the table was built from.
+    pub fn config(&self) -> &EmbeddingBagConfig {
+        &self.config
+    }
+    /// The table's name (`config().name`).
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+    /// Number of rows.
+    pub fn num_embeddings(&self) -> usize {
+        self.config.num_embeddings
+    }
+    /// Floats per row (`config().embedding_dim`).
+    pub fn dim(&self) -> usize {
+        self.config.embedding_dim
+    }
+    /// All rows, row-major `[num_embeddings, dim]`.
+    pub fn weights(&self) -> &[f32] {
+        self.weights.as_slice()
+    }
+    /// All rows, mutable, row-major `[num_embeddings, dim]` (to load a
+    /// checkpoint or a shard's rows).
+    pub fn weights_mut(&mut self) -> &mut [f32] {
+        self.weights.as_mut_slice()
+    }
+    /// Row `id`: `dim` floats.
+    ///
+    /// # Panics
+    /// When `id >= num_embeddings()`.
+    pub fn row(&self, id: usize) -> &[f32] {
+        let d = self.dim();
+        &self.weights()[id * d..(id + 1) * d]
+    }
+    /// Optimizer state, row-major `[num_embeddings, state floats per row]`
+    /// (row-wise Adagrad: 1; Adagrad: dim; Adam: `[m | v]`, 2 x dim).
+    pub fn optimizer_state(&self) -> &[f32] {
+        self.state.as_slice()
+    }
+    /// Optimizer state, mutable; laid out as
+    /// [`optimizer_state`](Self::optimizer_state).
+    pub fn optimizer_state_mut(&mut self) -> &mut [f32] {
+        self.state.as_mut_slice()
+    }
+    /// The error for `id`, found in `feature`'s bag of `sample`.
+    fn id_error(&self, feature: &str, sample: usize, id: i64) -> SparseError {
+        SparseError::IdOutOfRange {
+            table: self.config.name.clone(),
+            feature: feature.to_string(),
+            sample,
+            id,
+            rows: self.num_embeddings(),
+        }
+    }
+
+    /// Bytes of weights plus optimizer state.
+    pub fn bytes(&self) -> usize {
+        (self.weights.len() + self.state.as_slice().len()) * std::mem::size_of::<f32>()
+    }
+}
+
+/// Where a feature's pooled vector goes.
+#[derive(Clone, Debug)]
+struct FeatureSlot {
+    name: String,
+    table: usize,
+    column: usize,
+}
+
+/// A set of embedding tables looked up by named features, producing one
+/// pooled vector per (sample, feature), like TorchRec's `EmbeddingBagCollection`
+/// with a fused optimizer (FBGEMM TBE).
+///
+/// The output of [`forward`](Self::forward) is a [`KeyedTensor`] of
+/// `[batch, width]`, one column block per feature in
+/// [`feature_names`](Self::feature_names) order; `width` is the sum of the
+/// features' dims. [`backward_update`](Self::backward_update) takes the
+/// gradient in that layout and applies the optimizer to the rows it touches.
+///
+/// ```rust
+/// use ember_sparse::{
+///     EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, SparseError, TableOptimizer,
+/// };
+///
+/// // One table of 10 rows x 4 floats, shared by two features.
+/// let configs = vec![EmbeddingBagConfig::new("items", 10, 4, &["item", "last_item"])];
+/// let mut ebc = EmbeddingBagCollection::new(configs, TableOptimizer::sgd(0.1), 42)?;
+/// assert_eq!(ebc.feature_names(), ["item", "last_item"]);
+/// assert_eq!(ebc.feature_dims(), [4, 4]);
+///
+/// // Batch of 2: "item" bags [1, 2] and [3]; "last_item" bags [3] and [].
+/// let kjt = KeyedJaggedTensor::from_lengths(
+///     vec!["item".into(), "last_item".into()],
+///     vec![1, 2, 3, 3],
+///     &[2, 1, 1, 0],
+///     None,
+/// )?;
+/// let pooled = ebc.forward(&kjt)?;
+/// assert_eq!((pooled.batch(), pooled.width()), (2, 8)); // [batch, 4 + 4]
+///
+/// // Sum pooling: sample 0's "item" vector is row 1 + row 2; an empty bag gives zeros.
+/// let table = ebc.table("items").unwrap();
+/// let sum: Vec<f32> = table.row(1).iter().zip(table.row(2)).map(|(a, b)| a + b).collect();
+/// assert_eq!(pooled.get(0, 0), sum.as_slice());
+/// assert_eq!(pooled.get(1, 1), [0.0; 4]);
+///
+/// // Backward with fused SGD: `grad` is d(loss)/d(pooled), [batch, width] row-major.
+/// let before = ebc.table("items").unwrap().row(3).to_vec();
+/// let grad = vec![1.0f32; 2 * 8];
+/// ebc.backward_update(&kjt, &grad)?;
+/// assert_eq!(ebc.step(), 1);
+/// // Row 3 is in two bags, so its summed gradient is 2 per element: w -= 0.1 * 2.
+/// let after = ebc.table("items").unwrap().row(3);
+/// for (b, a) in before.iter().zip(after) {
+///     assert!((b - 0.2 - a).abs() < 1e-6);
+/// }
+///
+/// // A gradient of the wrong shape, or an id past the table, is an error.
+/// assert!(matches!(
+///     ebc.backward_update(&kjt, &[0.0; 3]),
+///     Err(SparseError::GradShape { .. })
+/// ));
+/// let bad = KeyedJaggedTensor::from_lengths(
+///     vec!["item".into(), "last_item".into()],
+///     vec![10],
+///     &[1, 0, 0, 0],
+///     None,
+/// )?;
+/// assert!(matches!(ebc.forward(&bad), Err(SparseError::IdOutOfRange { id: 10, .. })));
+/// # Ok::<(), SparseError>(())
+/// ```
+#[derive(Debug)]
+pub struct EmbeddingBagCollection {
+    tables: Vec<EmbeddingTable>,
+    slots: Vec<FeatureSlot>,
+    /// Sum of the features' dims: the width of an output row.
+    width: usize,
+    optimizer: TableOptimizer,
+    step: u64,
+}
+
+impl EmbeddingBagCollection {
+    /// Creates and initialises the tables (uniform in each table's
+    /// `init_range`, reproducible from `seed` whatever the thread count), and
+    /// allocates the optimizer's state.
+    ///
+    /// Output features follow the configs' order, then each config's
+    /// `feature_names`. Fails when the optimizer or a config is invalid
+    /// ([`SparseError::InvalidOptimizer`], [`SparseError::InvalidConfig`]), a
+    /// feature is served by two tables ([`SparseError::FeatureServedTwice`]),
+    /// or a table cannot be allocated ([`SparseError::Allocation`]).
+    pub fn new(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        seed: u64,
+    ) -> Result<Self, SparseError> {
+        Self::build(configs, optimizer, Some(seed))
+    }
+
+    /// Tables of zeros, for a caller that fills them (the shards of a rank).
+    pub fn zeroed(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+    ) -> Result<Self, SparseError> {
+        Self::build(configs, optimizer, None)
+    }
+
+    fn build(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        seed: Option<u64>,
+    ) -> Result<Self, SparseError> {
+        optimizer
+            .validate()
+            .map_err(SparseError::InvalidOptimizer)?;
+        let mut slots: Vec<FeatureSlot> = Vec::new();
+        let mut column = 0;
+        for (t, config) in configs.iter().enumerate() {
+            config.validate()?;
+            if configs[..t].iter().any(|c| c.name == config.name) {
+                return Err(SparseError::InvalidConfig {
+                    table: config.name.clone(),
+                    reason: "two tables have this name".into(),
+                });
+            }
+            for feature in &config.feature_names {
+                if config
+                    .feature_names
+                    .iter()
+                    .filter(|f| *f == feature)
+                    .count()
+                    > 1
+                {
+                    return Err(SparseError::InvalidConfig {
+                        table: config.name.clone(),
+                        reason: format!("feature '{feature}' is listed twice"),
+                    });
+                }
+                if let Some(other) = slots.iter().find(|s| &s.name == feature) {
+                    return Err(SparseError::FeatureServedTwice {
+                        feature: feature.clone(),
+                        first: configs[other.table].name.clone(),
+                        second: config.name.clone(),
+                    });
+                }
+                slots.push(FeatureSlot {
+                    name: feature.clone(),
+                    table: t,
+                    column,
+                });
+                column += config.embedding_dim;
+            }
+        }
+        let tables = configs
+            .into_iter()
+            .enumerate()
+            .map(|(t, config)| new_table(config, &optimizer, seed, t as u64))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            tables,
+            slots,
+            width: column,
+            optimizer,
+            step: 0,
+        })
+    }
+
+    /// The tables, in config order.
+    pub fn tables(&self) -> &[EmbeddingTable] {
+        &self.tables
+    }
+    /// The tables, mutable (to load weights or optimizer state).
+    pub fn tables_mut(&mut self) -> &mut [EmbeddingTable] {
+        &mut self.tables
+    }
+    /// The table called `name`, if any.
+    pub fn table(&self, name: &str) -> Option<&EmbeddingTable> {
+        self.tables.iter().find(|t| t.name() == name)
+    }
+    /// The optimizer fused into [`backward_update`](Self::backward_update).
+    pub fn optimizer(&self) -> &TableOptimizer {
+        &self.optimizer
+    }
+    /// Number of backward updates applied so far (Adam's bias-correction step).
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+    /// Sets the step count, e.g. when resuming from a checkpoint, so Adam's
+    /// bias correction carries on where it stopped.
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+    /// Output feature names, in output order (tables' order, then each table's features).
+    pub fn feature_names(&self) -> Vec<String> {
+        self.slots.iter().map(|s| s.name.clone()).collect()
+    }
+    /// Width of each feature's pooled vector, in output order.
+    pub fn feature_dims(&self) -> Vec<usize> {
+        self.slots
+            .iter()
+            .map(|s| self.tables[s.table].dim())
+            .collect()
+    }
+    /// Bytes of all weights plus optimizer state.
+    pub fn bytes(&self) -> usize {
+        self.tables.iter().map(|t| t.bytes()).sum()
+    }
+
+    /// An output tensor of the right keys and widths for `batch` samples.
+    pub fn new_output(&self, batch: usize) -> KeyedTensor {
+        KeyedTensor::zeros(self.feature_names(), self.feature_dims(), batch)
+    }
+
+    /// For each output slot, the index of its key in `kjt`; every key of `kjt`
+    /// must be served by some table.
+    fn resolve_keys(&self, kjt: &KeyedJaggedTensor) -> Result<Vec<usize>, SparseError> {
+        if let Some(unknown) = kjt
+            .keys()
+            .iter()
+            .find(|k| !self.slots.iter().any(|s| &s.name == *k))
+        {
+            return Err(SparseError::UnknownFeature(unknown.clone()));
+        }
+        self.slots
+            .iter()
+            .map(|s| {
+                kjt.key_index(&s.name)
+                    .ok_or_else(|| SparseError::MissingFeature(s.name.clone()))
+            })
+            .collect()
+    }
+}
+
+/// A raw pointer shared across the tasks of one pass, each of which writes a
+/// disjoint part of the buffer (rows of a table; blocks of the output).
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: see apply_segments and gather_feature: tasks write disjoint parts.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// # Safety
+    /// `offset` must lie inside the buffer the pointer came from.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        self.0.add(offset)
+    }
+}
+
+#[inline(always)]
+fn add_scaled_row(out: &mut [f32], scale: f32, row: &[f32]) {
+    for (o, r) in out.iter_mut().zip(row) {
+        *o += scale * r;
+    }
+}

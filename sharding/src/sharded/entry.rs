@@ -1,0 +1,386 @@
+//! The entry points: `ShardedEmbeddingBagCollection`'s constructors, accessors,
+//! forward and backward, and the input checks and sample blocks they use.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use ember_sparse::{
+    EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError,
+    TableOptimizer,
+};
+
+use super::layout::local_name;
+use super::source::{LocalShard, ShardSource};
+use super::stages::{device_backward, device_forward, on_devices, StageTimes};
+use super::{Exec, ShardedEmbeddingBagCollection, ShardingStats};
+use crate::collective::{Collective, InProcess};
+use crate::plan::{ShardingPlan, ShardingType};
+use crate::ShardingError;
+
+impl ShardedEmbeddingBagCollection {
+    /// Splits `ebc` (weights, optimizer state and step) by `plan`, every
+    /// device a thread of this process.
+    pub fn from_collection(
+        ebc: &EmbeddingBagCollection,
+        plan: ShardingPlan,
+    ) -> Result<Self, ShardingError> {
+        let n = plan.num_devices;
+        let (configs, optimizer) = layout_of(ebc);
+        let exec = Exec::Threads(InProcess::group(n));
+        Self::build(configs, optimizer, ebc.step(), ebc, plan, exec)
+    }
+
+    /// The shards of device `comm.rank()` only, filled from `source`: this
+    /// process is that rank of a world of `plan.num_devices` processes, each
+    /// making the same call. Only this rank's shards are ever in memory.
+    pub fn on_rank(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        step: u64,
+        source: &dyn ShardSource,
+        plan: ShardingPlan,
+        comm: Arc<dyn Collective>,
+    ) -> Result<Self, ShardingError> {
+        if comm.world_size() != plan.num_devices {
+            return Err(ShardingError::Plan(format!(
+                "the plan has {} devices for {} ranks: each rank runs one device",
+                plan.num_devices,
+                comm.world_size()
+            )));
+        }
+        Self::build(configs, optimizer, step, source, plan, Exec::Rank(comm))
+    }
+
+    /// The shards of device `comm.rank()` only: this process is that rank of
+    /// a world of `plan.num_devices` processes, each making the same call.
+    pub fn from_collection_on_rank(
+        ebc: &EmbeddingBagCollection,
+        plan: ShardingPlan,
+        comm: Arc<dyn Collective>,
+    ) -> Result<Self, ShardingError> {
+        let (configs, optimizer) = layout_of(ebc);
+        Self::on_rank(configs, optimizer, ebc.step(), ebc, plan, comm)
+    }
+
+    /// The shards this process holds and saves: every shard of its devices
+    /// but the data-parallel replicas of devices other than 0 (device 0's
+    /// replica stands for the table).
+    pub fn local_shards(&self) -> Vec<LocalShard<'_>> {
+        let mut out = Vec::new();
+        for c in &self.configs {
+            let p = self.plan.table(&c.name).expect("validated");
+            for (k, shard) in p.shards.iter().enumerate() {
+                let dp_replica = p.sharding == ShardingType::DataParallel && shard.device != 0;
+                let Some(d) = self.device_index(shard.device) else {
+                    continue;
+                };
+                if dp_replica {
+                    continue;
+                }
+                let table = (self.devices[d].ebc.as_ref())
+                    .and_then(|e| e.table(&local_name(&c.name, k)))
+                    .expect("every shard has a local table");
+                out.push(LocalShard {
+                    table: &c.name,
+                    index: k,
+                    shard,
+                    data: table,
+                });
+            }
+        }
+        out
+    }
+
+    /// The global index of `devices[0]`.
+    fn local_offset_device(&self) -> usize {
+        match &self.exec {
+            Exec::Threads(_) => 0,
+            Exec::Rank(comm) => comm.rank(),
+        }
+    }
+
+    /// Index in `devices` of global device `device`, when this process runs it.
+    pub(super) fn device_index(&self, device: usize) -> Option<usize> {
+        (device.checked_sub(self.local_offset_device())).filter(|&i| i < self.devices.len())
+    }
+
+    /// The (validated) plan the collection is split by.
+    pub fn plan(&self) -> &ShardingPlan {
+        &self.plan
+    }
+    /// The optimizer fused into the backward on every shard.
+    pub fn optimizer(&self) -> &TableOptimizer {
+        &self.optimizer
+    }
+    /// The optimizer's step count: the source collection's at creation, plus
+    /// one per [`backward_update`](Self::backward_update) that updated.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+    /// Counters per device; on a rank, only its own device's are filled.
+    pub fn stats(&self) -> ShardingStats {
+        let mut s = self.stats.clone();
+        match &self.exec {
+            Exec::Threads(comms) => {
+                s.bytes_sent = (comms.iter().zip(&self.bytes_before))
+                    .map(|(c, before)| c.bytes_sent() + before)
+                    .collect();
+            }
+            Exec::Rank(comm) => s.bytes_sent[comm.rank()] = comm.bytes_sent(),
+        }
+        s
+    }
+    /// The plan's device count (all devices, also on a rank).
+    pub fn num_devices(&self) -> usize {
+        self.plan.num_devices
+    }
+    /// Bytes of weights and optimizer state on each device (on a rank, 0
+    /// for the other ranks' devices).
+    pub fn device_bytes(&self) -> Vec<usize> {
+        (0..self.plan.num_devices)
+            .map(|d| {
+                self.device_index(d)
+                    .and_then(|i| self.devices[i].ebc.as_ref())
+                    .map_or(0, |e| e.bytes())
+            })
+            .collect()
+    }
+    /// Bytes of weights and optimizer state on this process's devices, the
+    /// sum of [`device_bytes`](Self::device_bytes) (data-parallel replicas
+    /// counted once per device).
+    pub fn bytes(&self) -> usize {
+        self.device_bytes().iter().sum()
+    }
+    /// The output's features, in output order (tables in order, each
+    /// table's features in order), as the unsharded collection's.
+    pub fn feature_names(&self) -> Vec<String> {
+        self.layout
+            .slots
+            .iter()
+            .map(|s| s.feature.clone())
+            .collect()
+    }
+    /// Width of each output feature (its table's `embedding_dim`), in the
+    /// order of [`feature_names`](Self::feature_names).
+    pub fn feature_dims(&self) -> Vec<usize> {
+        self.layout
+            .slots
+            .iter()
+            .map(|s| self.configs[s.table].embedding_dim)
+            .collect()
+    }
+    /// A zeroed output of `batch` samples with this collection's features,
+    /// for [`forward_into`](Self::forward_into).
+    pub fn new_output(&self, batch: usize) -> KeyedTensor {
+        KeyedTensor::zeros(self.feature_names(), self.feature_dims(), batch)
+    }
+
+    /// Fresh channels after a failed exchange, so no stale message reaches
+    /// the next one; the bytes counted so far are kept.
+    /// (A rank's failed exchange ends the job instead.)
+    fn reset_comms(&mut self) {
+        if let Exec::Threads(comms) = &mut self.exec {
+            for (before, c) in self.bytes_before.iter_mut().zip(comms.iter()) {
+                *before += c.bytes_sent();
+            }
+            *comms = InProcess::group(self.plan.num_devices);
+        }
+    }
+
+    /// Every device's samples, in global positions: blocks of this batch,
+    /// or of the ranks' batches in rank order (their sizes exchanged).
+    fn owners(&self, b: usize) -> Result<Vec<Range<usize>>, ShardingError> {
+        match &self.exec {
+            Exec::Threads(_) => Ok(blocks_exact(b, self.plan.num_devices)),
+            Exec::Rank(comm) => {
+                let mut start = 0;
+                Ok((comm.all_gather_u64(b as u64)?.into_iter())
+                    .map(|n| {
+                        start += n as usize;
+                        start - n as usize..start
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    /// Where this process's input starts among the global samples.
+    fn local_offset(&self, owners: &[Range<usize>]) -> usize {
+        owners[self.local_offset_device()].start
+    }
+
+    /// For each slot, its key's index in `kjt`, after checking every id.
+    fn check_input(&self, kjt: &KeyedJaggedTensor) -> Result<Vec<usize>, SparseError> {
+        if let Some(k) = kjt
+            .keys()
+            .iter()
+            .find(|k| !self.layout.slots.iter().any(|s| &s.feature == *k))
+        {
+            return Err(SparseError::UnknownFeature(k.clone()));
+        }
+        let keys = (self.layout.slots.iter())
+            .map(|s| {
+                kjt.key_index(&s.feature)
+                    .ok_or_else(|| SparseError::MissingFeature(s.feature.clone()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let b = kjt.stride();
+        for (slot, &k) in self.layout.slots.iter().zip(&keys) {
+            let c = &self.configs[slot.table];
+            let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
+            for sample in 0..b {
+                for &id in &kjt.values()[offsets[sample]..offsets[sample + 1]] {
+                    if id < 0 || id as usize >= c.num_embeddings {
+                        return Err(SparseError::IdOutOfRange {
+                            table: c.name.clone(),
+                            feature: slot.feature.clone(),
+                            sample,
+                            id,
+                            rows: c.num_embeddings,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Pooled lookup of every feature, the whole batch's output in `out`.
+    pub fn forward_into(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        out: &mut KeyedTensor,
+    ) -> Result<(), ShardingError> {
+        self.last_forward = None;
+        let keys = self.check_input(kjt)?;
+        let b = kjt.stride();
+        if out.batch() != b || out.width() != self.layout.width {
+            *out = self.new_output(b);
+        }
+        let owners = self.owners(b)?;
+        let offset = self.local_offset(&owners);
+        let ctx = self.layout.context(kjt, &keys, &owners, offset);
+        let results = match &self.exec {
+            Exec::Threads(comms) => {
+                let mut chunks = Vec::with_capacity(owners.len());
+                let mut rest = out.values_mut();
+                for o in &owners {
+                    let (mine, tail) = rest.split_at_mut(o.len() * self.layout.width);
+                    chunks.push(mine);
+                    rest = tail;
+                }
+                on_devices(&mut self.devices, comms, chunks, |dev, comm, chunk| {
+                    device_forward(&ctx, dev, comm, chunk)
+                })
+            }
+            Exec::Rank(comm) => vec![device_forward(
+                &ctx,
+                &mut self.devices[0],
+                comm.as_ref(),
+                out.values_mut(),
+            )],
+        };
+        if results.iter().any(Result::is_err) {
+            // Messages of the aborted exchange must not reach the next one.
+            self.reset_comms();
+        }
+        let mut worst = StageTimes::default();
+        let first = self.local_offset_device();
+        for (d, r) in results.into_iter().enumerate() {
+            let (times, lookups) = r?;
+            self.stats.lookups[first + d] += lookups;
+            for i in 0..3 {
+                worst.0[i] = worst.0[i].max(times.0[i]);
+            }
+        }
+        self.stats.input_dist += worst.0[0];
+        self.stats.lookup += worst.0[1];
+        self.stats.output_dist += worst.0[2];
+        self.last_forward = Some((b, kjt.values().len()));
+        self.owners = owners;
+        Ok(())
+    }
+
+    /// [`forward_into`](Self::forward_into) a new output.
+    pub fn forward(&mut self, kjt: &KeyedJaggedTensor) -> Result<KeyedTensor, ShardingError> {
+        let mut out = self.new_output(kjt.stride());
+        self.forward_into(kjt, &mut out)?;
+        Ok(out)
+    }
+
+    /// Backward of the last [`forward_into`](Self::forward_into) for the same
+    /// input: gradients routed to the owners, the optimizer fused there.
+    pub fn backward_update(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        grad: &[f32],
+    ) -> Result<(), ShardingError> {
+        let keys = self.check_input(kjt)?;
+        let b = kjt.stride();
+        // Devices reuse the bags of the forward: the backward must be of that batch.
+        if self.last_forward != Some((b, kjt.values().len())) {
+            return Err(ShardingError::Collective(format!(
+                "backward of a batch of {b} samples and {} ids, but the last forward was {}",
+                kjt.values().len(),
+                self.last_forward.map_or("none".into(), |(fb, fi)| format!(
+                    "{fb} samples and {fi} ids"
+                ))
+            )));
+        }
+        if grad.len() != b * self.layout.width {
+            return Err(SparseError::GradShape {
+                rows: grad.len() / self.layout.width.max(1),
+                cols: self.layout.width,
+                expected_rows: b,
+                expected_cols: self.layout.width,
+            }
+            .into());
+        }
+        if matches!(self.optimizer, TableOptimizer::None) {
+            return Ok(());
+        }
+        let owners = std::mem::take(&mut self.owners);
+        let offset = self.local_offset(&owners);
+        let ctx = self.layout.context(kjt, &keys, &owners, offset);
+        let results = match &self.exec {
+            Exec::Threads(comms) => {
+                let n = owners.len();
+                on_devices(&mut self.devices, comms, vec![(); n], |dev, comm, ()| {
+                    device_backward(&ctx, dev, comm, grad)
+                })
+            }
+            Exec::Rank(comm) => vec![device_backward(
+                &ctx,
+                &mut self.devices[0],
+                comm.as_ref(),
+                grad,
+            )],
+        };
+        self.owners = owners;
+        if results.iter().any(Result::is_err) {
+            self.reset_comms();
+        }
+        let mut worst = StageTimes::default();
+        for r in results {
+            let t = r?;
+            for i in 0..2 {
+                worst.0[i] = worst.0[i].max(t.0[i]);
+            }
+        }
+        self.stats.grad_dist += worst.0[0];
+        self.stats.update += worst.0[1];
+        self.stats.steps += 1;
+        self.step += 1;
+        Ok(())
+    }
+}
+
+/// `blocks`, but always `n` ranges (empty ones when the batch is smaller).
+fn blocks_exact(b: usize, n: usize) -> Vec<Range<usize>> {
+    (0..n).map(|d| crate::plan::block(b, n, d)).collect()
+}
+
+fn layout_of(ebc: &EmbeddingBagCollection) -> (Vec<EmbeddingBagConfig>, TableOptimizer) {
+    let configs = ebc.tables().iter().map(|t| t.config().clone()).collect();
+    (configs, *ebc.optimizer())
+}

@@ -1,0 +1,102 @@
+//! Gather-back: every shard's rows and optimizer state copied back into the
+//! unsharded collection (`to_collection`), across ranks when on a rank.
+
+use ember_sparse::{EmbeddingBagCollection, EmbeddingTable, TableOptimizer};
+
+use super::codec::wire_err;
+use super::layout::local_name;
+use super::source::state_map;
+use super::{Exec, ShardedEmbeddingBagCollection};
+use crate::plan::ShardingType;
+use crate::wire::{Reader, Writer};
+use crate::ShardingError;
+
+impl ShardedEmbeddingBagCollection {
+    /// The unsharded collection: every shard's rows and state gathered back
+    /// (data-parallel tables from device 0's replica). On a rank, every rank
+    /// must call this together: the shards travel to every rank.
+    pub fn to_collection(&self) -> Result<EmbeddingBagCollection, ShardingError> {
+        // Zeroed, not initialised: the shards below cover every row and state float.
+        let mut ebc = EmbeddingBagCollection::zeroed(self.configs.clone(), self.optimizer)?;
+        // (table, shard index, shard) of every shard that is gathered.
+        let wanted: Vec<(usize, usize, &crate::plan::Shard)> = (self.configs.iter().enumerate())
+            .flat_map(|(t, c)| {
+                let p = self.plan.table(&c.name).expect("validated");
+                let dp = p.sharding == ShardingType::DataParallel;
+                (p.shards.iter().enumerate())
+                    .filter(move |(_, s)| !dp || s.device == 0)
+                    .map(move |(k, s)| (t, k, s))
+            })
+            .collect();
+        let local = |t: usize, k: usize, device: usize| {
+            let d = self.device_index(device).expect("a shard of this process");
+            (self.devices[d].ebc.as_ref())
+                .and_then(|e| e.table(&local_name(&self.configs[t].name, k)))
+                .expect("every shard has a local table")
+        };
+        match &self.exec {
+            Exec::Threads(_) => {
+                for &(t, k, shard) in &wanted {
+                    let l = local(t, k, shard.device);
+                    let rows = (l.weights(), l.optimizer_state(), l.num_embeddings());
+                    copy_rows_back(rows, &mut ebc.tables_mut()[t], shard, &self.optimizer);
+                }
+            }
+            Exec::Rank(comm) => {
+                let me = comm.rank();
+                let mut w = Writer::new();
+                for &(t, k, _) in wanted.iter().filter(|(_, _, s)| s.device == me) {
+                    let l = local(t, k, me);
+                    w.put(l.weights());
+                    w.put(l.optimizer_state());
+                }
+                let parts = comm.all_gather(w.0)?;
+                let mut readers: Vec<Reader> = parts.iter().map(|p| Reader::new(p)).collect();
+                for &(t, k, shard) in &wanted {
+                    let r = &mut readers[shard.device];
+                    let weights: Vec<f32> = r.get().map_err(wire_err)?;
+                    let state: Vec<f32> = r.get().map_err(wire_err)?;
+                    let rows = shard.rows.count(self.configs[t].num_embeddings);
+                    if weights.len() != rows * shard.column_range().len() {
+                        return Err(wire_err(format!(
+                            "rank {}: shard {k} of table '{}' has {} values",
+                            shard.device,
+                            self.configs[t].name,
+                            weights.len()
+                        )));
+                    }
+                    copy_rows_back(
+                        (&weights, &state, rows),
+                        &mut ebc.tables_mut()[t],
+                        shard,
+                        &self.optimizer,
+                    );
+                }
+            }
+        }
+        ebc.set_step(self.step);
+        Ok(ebc)
+    }
+}
+
+/// Copies a shard's rows and optimizer state (`(weights, state, rows)` of
+/// its local table) back into the global table.
+fn copy_rows_back(
+    (weights, state, num_rows): (&[f32], &[f32], usize),
+    global: &mut EmbeddingTable,
+    shard: &crate::plan::Shard,
+    opt: &TableOptimizer,
+) {
+    let (rows, cols) = (shard.rows, shard.column_range());
+    let (dim, lc) = (global.dim(), cols.len());
+    let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
+    let map = state_map(opt, dim, cols.clone());
+    for lr in 0..num_rows {
+        let gr = rows.global(lr);
+        global.weights_mut()[gr * dim + cols.start..gr * dim + cols.end]
+            .copy_from_slice(&weights[lr * lc..(lr + 1) * lc]);
+        for &(l, g) in &map {
+            global.optimizer_state_mut()[gr * gs + g] = state[lr * ls + l];
+        }
+    }
+}

@@ -194,8 +194,8 @@ impl Model for DeepFm {
             .map_err(|e| ModelError::Config(format!("{}: {e}", dir.display())))?;
         let path = dir.join(CHECKPOINT_FILE);
         let mut state = StateDict::new();
-        state.add_params("deep.", self.deep.params());
         state.add_dense_optimizer("deep.", &self.optimizer, self.deep.params());
+        state.add_module("deep.", &self.deep);
         state.add_collection("tables.", &self.tables);
         state.save(&path, train)?;
         Ok(path)

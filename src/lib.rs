@@ -47,7 +47,7 @@ pub mod prelude {
     pub use ember_dataloader::{Dataset, Loader, LoaderConfig};
     pub use ember_dense::{
         Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, Linear, Mlp,
-        NativeBackend, Param, Tensor,
+        Module, NativeBackend, Param, Sequential, Tensor,
     };
     pub use ember_models::checkpoint::{StateDict, StateFile};
     pub use ember_models::{

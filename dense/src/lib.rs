@@ -30,6 +30,7 @@ pub use layers::interaction::DotInteraction;
 pub use layers::linear::Linear;
 pub use layers::loss::BceWithLogits;
 pub use layers::mlp::Mlp;
+pub use layers::module::{Module, ParamView, Sequential};
 pub use native::NativeBackend;
 pub use optim::{DenseOptimizer, DenseOptimizerConfig};
 pub use param::{HasParams, Param};

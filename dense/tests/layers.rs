@@ -178,3 +178,53 @@ fn matmul_shape_mismatch_panics_with_shapes() {
 fn interaction_output_dim_is_torchrec_kaggle() {
     assert_eq!(DotInteraction::<f32>::new(26, 16).output_dim(), 367);
 }
+
+/// `Sequential` chains its modules exactly as calling them by hand does,
+/// and every module's read-only views agree with its parameters.
+#[test]
+fn sequential_matches_modules_called_by_hand_and_views_match_params() {
+    use ember_dense::{HasParams, LowRankCrossNet, Module, Sequential};
+    let be = NativeBackend::new(1);
+    let x = Tensor::from_vec(4, 6, (0..24).map(|i| (i as f64 * 0.37).sin()).collect()).unwrap();
+    let dy = Tensor::from_vec(4, 1, vec![0.5, -1.0, 0.25, 2.0]).unwrap();
+    let mut seq = Sequential::<f64>::new()
+        .push("cross.", LowRankCrossNet::new(6, 2, 3, 5))
+        .push("top.", Mlp::new(&[6, 5, 1], Activation::None, 6));
+    let (mut cross, mut top) = (
+        LowRankCrossNet::<f64>::new(6, 2, 3, 5),
+        Mlp::<f64>::new(&[6, 5, 1], Activation::None, 6),
+    );
+    let y = seq.forward(&be, &x).data().to_vec();
+    let dx = seq.backward(&be, &dy).data().to_vec();
+    let h = cross.forward(&be, &x).clone();
+    assert_eq!(top.forward(&be, &h).data(), &y[..]);
+    let dh = top.backward(&be, &dy, true).unwrap().clone();
+    assert_eq!(cross.backward(&be, &dh).data(), &dx[..]);
+    let by_hand: Vec<(String, Vec<f64>)> = (cross
+        .params()
+        .into_iter()
+        .map(|p| (format!("cross.{}", p.name), p.grad.to_vec())))
+    .chain(
+        top.params()
+            .into_iter()
+            .map(|p| (format!("top.{}", p.name), p.grad.to_vec())),
+    )
+    .collect();
+    let chained: Vec<(String, Vec<f64>)> = seq
+        .params()
+        .into_iter()
+        .map(|p| (p.name, p.grad.to_vec()))
+        .collect();
+    assert_eq!(chained, by_hand);
+    let views: Vec<(String, Vec<usize>, Vec<f64>)> = seq
+        .param_views()
+        .into_iter()
+        .map(|v| (v.name, v.shape, v.value.to_vec()))
+        .collect();
+    let params: Vec<(String, Vec<usize>, Vec<f64>)> = seq
+        .params()
+        .into_iter()
+        .map(|p| (p.name, p.shape, p.value.to_vec()))
+        .collect();
+    assert_eq!(views, params);
+}

@@ -221,3 +221,45 @@ impl<T: Real> HasParams<T> for LowRankCrossNet<T> {
         out
     }
 }
+
+impl<T: Real> crate::Module<T> for LowRankCrossNet<T> {
+    fn forward(&mut self, be: &dyn DenseBackend<T>, x: &Tensor<T>) -> &Tensor<T> {
+        LowRankCrossNet::forward(self, be, x)
+    }
+
+    fn backward(&mut self, be: &dyn DenseBackend<T>, dy: &Tensor<T>) -> &Tensor<T> {
+        LowRankCrossNet::backward(self, be, dy)
+    }
+
+    fn output(&self) -> &Tensor<T> {
+        &self.xs[self.num_layers()]
+    }
+
+    fn input_grad(&self) -> &Tensor<T> {
+        &self.dx0
+    }
+
+    fn param_views(&self) -> Vec<crate::ParamView<'_, T>> {
+        fn tensor<T: Real>(name: String, t: &Tensor<T>) -> crate::ParamView<'_, T> {
+            crate::ParamView {
+                name,
+                shape: vec![t.rows(), t.cols()],
+                value: t.data(),
+            }
+        }
+        let mut out: Vec<_> = (self.w_kernels.iter().enumerate())
+            .map(|(l, w)| tensor(format!("W_kernels.{l}"), w))
+            .collect();
+        out.extend(
+            (self.v_kernels.iter().enumerate()).map(|(l, v)| tensor(format!("V_kernels.{l}"), v)),
+        );
+        out.extend(
+            (self.bias.iter().enumerate()).map(|(l, b)| crate::ParamView {
+                name: format!("bias.{l}"),
+                shape: vec![b.len()],
+                value: b.as_slice(),
+            }),
+        );
+        out
+    }
+}

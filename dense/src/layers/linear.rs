@@ -110,3 +110,22 @@ impl<T: Real> HasParams<T> for Linear<T> {
         ]
     }
 }
+
+impl<T: Real> Linear<T> {
+    /// `weight` `[out, in]` and `bias` `[out]`, read-only, as [`HasParams::params`] names them.
+    pub fn param_views(&self) -> Vec<crate::ParamView<'_, T>> {
+        let view = |name: &str, shape: Vec<usize>, value| crate::ParamView {
+            name: name.into(),
+            shape,
+            value,
+        };
+        vec![
+            view(
+                "weight",
+                vec![self.weight.rows(), self.weight.cols()],
+                self.weight.data(),
+            ),
+            view("bias", vec![self.bias.len()], &self.bias),
+        ]
+    }
+}

@@ -172,3 +172,32 @@ impl<T: Real> HasParams<T> for Mlp<T> {
             .collect()
     }
 }
+
+impl<T: Real> crate::Module<T> for Mlp<T> {
+    fn forward(&mut self, be: &dyn DenseBackend<T>, x: &Tensor<T>) -> &Tensor<T> {
+        Mlp::forward(self, be, x)
+    }
+
+    fn backward(&mut self, be: &dyn DenseBackend<T>, dy: &Tensor<T>) -> &Tensor<T> {
+        Mlp::backward(self, be, dy, true).expect("asked for the input gradient")
+    }
+
+    fn output(&self) -> &Tensor<T> {
+        Mlp::output(self)
+    }
+
+    fn input_grad(&self) -> &Tensor<T> {
+        &self.dx
+    }
+
+    fn param_views(&self) -> Vec<crate::ParamView<'_, T>> {
+        (self.layers.iter().enumerate())
+            .flat_map(|(i, l)| {
+                let prefix = format!("_mlp.{i}._linear.");
+                l.param_views()
+                    .into_iter()
+                    .map(move |p| p.with_prefix(&prefix))
+            })
+            .collect()
+    }
+}

@@ -6,3 +6,4 @@ pub mod interaction;
 pub mod linear;
 pub mod loss;
 pub mod mlp;
+pub mod module;

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use ember_dense::{DenseOptimizer, DenseOptimizerConfig, Param};
+use ember_dense::{DenseOptimizer, DenseOptimizerConfig, Module, Param};
 use ember_sparse::{EmbeddingBagCollection, TableOptimizer};
 use memmap2::Mmap;
 use safetensors::SafeTensors;
@@ -86,6 +86,19 @@ impl<'a> StateDict<'a> {
     pub fn add_params(&mut self, prefix: &str, params: Vec<Param<'_, f32>>) -> &mut Self {
         for p in params {
             self.push(format!("{prefix}{}", p.name), &p.shape, p.value.to_vec());
+        }
+        self
+    }
+
+    /// Adds a module's parameters (borrowed, not copied) under `prefix` +
+    /// their names, in their shapes.
+    pub fn add_module<M: Module<f32> + ?Sized>(
+        &mut self,
+        prefix: &str,
+        module: &'a M,
+    ) -> &mut Self {
+        for p in module.param_views() {
+            self.push(format!("{prefix}{}", p.name), &p.shape, p.value);
         }
         self
     }

@@ -172,9 +172,7 @@ impl InProcess {
 }
 
 fn lost(rank: usize, peer: usize) -> ShardingError {
-    ShardingError::Collective(format!(
-        "rank {rank}: rank {peer} stopped before the exchange"
-    ))
+    ShardingError::PeerStopped { rank, peer }
 }
 
 impl Collective for InProcess {
@@ -206,11 +204,11 @@ impl Collective for InProcess {
         (self.from.iter().enumerate())
             .map(|(i, rx)| match rx.recv_timeout(PEER_TIMEOUT) {
                 Ok(m) => Ok(m),
-                Err(RecvTimeoutError::Timeout) => Err(ShardingError::Collective(format!(
-                    "rank {}: rank {i} sent nothing for {} s",
-                    self.rank,
-                    PEER_TIMEOUT.as_secs()
-                ))),
+                Err(RecvTimeoutError::Timeout) => Err(ShardingError::PeerTimeout {
+                    rank: self.rank,
+                    peers: vec![i],
+                    seconds: PEER_TIMEOUT.as_secs_f64(),
+                }),
                 Err(RecvTimeoutError::Disconnected) => Err(lost(self.rank, i)),
             })
             .collect()
@@ -266,5 +264,25 @@ mod tests {
             assert_eq!(b, vec![1, 1]);
             assert_eq!(all, vec![vec![0], vec![1], vec![2]]);
         }
+    }
+
+    #[test]
+    fn a_stopped_peer_is_a_typed_error_naming_both_ranks() {
+        let mut group = InProcess::group(3);
+        drop(group.remove(2));
+        let err = group[0].all_to_all_v(vec![Vec::new(); 3]).unwrap_err();
+        assert_eq!(err, ShardingError::PeerStopped { rank: 0, peer: 2 });
+        assert!(err.to_string().contains("rank 0: rank 2 stopped"), "{err}");
+        let timeout = ShardingError::PeerTimeout {
+            rank: 0,
+            peers: vec![1, 3],
+            seconds: 2.0,
+        };
+        assert!(
+            timeout
+                .to_string()
+                .contains("rank 1, 3 did not exchange for 2 s"),
+            "{timeout}"
+        );
     }
 }

@@ -16,9 +16,27 @@ pub enum ShardingError {
     /// The tables do not fit the devices (lists what is missing).
     #[error("the tables do not fit: {0}")]
     Capacity(String),
-    /// Sharded execution failed: a peer stopped or sent nothing within the
-    /// timeout, a message was malformed, a device thread panicked, or a
-    /// backward did not match the last forward's batch.
+    /// A peer's channel closed before an exchange: that rank (or device
+    /// thread) stopped.
+    #[error("collective: rank {rank}: rank {peer} stopped before the exchange")]
+    PeerStopped {
+        /// The rank that noticed.
+        rank: usize,
+        /// The rank that stopped.
+        peer: usize,
+    },
+    /// Peers sent nothing within the timeout: stopped or hung.
+    #[error("collective: rank {rank}: rank {} did not exchange for {seconds} s (stopped or hung)", names(.peers))]
+    PeerTimeout {
+        /// The rank that gave up.
+        rank: usize,
+        /// The ranks it was still waiting for, in order.
+        peers: Vec<usize>,
+        /// How long it waited.
+        seconds: f64,
+    },
+    /// Sharded execution failed otherwise: a message was malformed, a device
+    /// thread panicked, or a backward did not match the last forward's batch.
     #[error("collective: {0}")]
     Collective(String),
     /// Reading a shard's rows from where they are kept (a checkpoint) failed.
@@ -34,4 +52,10 @@ pub enum ShardingError {
     /// feature, an id out of range, a gradient of the wrong shape).
     #[error(transparent)]
     Sparse(#[from] ember_sparse::SparseError),
+}
+
+/// `1, 3`: ranks as a message lists them.
+fn names(ranks: &[usize]) -> String {
+    let names: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+    names.join(", ")
 }

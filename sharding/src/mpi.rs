@@ -178,12 +178,11 @@ impl Collective for MpiCollective {
                 for s in sending {
                     std::mem::forget(s.request);
                 }
-                let names: Vec<String> = silent.iter().map(|r| r.to_string()).collect();
-                return Err(ShardingError::Collective(format!(
-                    "rank {me}: rank {} did not exchange for {} s (stopped or hung)",
-                    names.join(", "),
-                    timeout.as_secs_f64()
-                )));
+                return Err(ShardingError::PeerTimeout {
+                    rank: me,
+                    peers: silent,
+                    seconds: timeout.as_secs_f64(),
+                });
             }
             // Spin briefly, then sleep: ranks may share cores with the ones
             // still computing.

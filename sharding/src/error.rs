@@ -14,8 +14,16 @@ pub enum ShardingError {
     #[error("invalid plan: {0}")]
     Plan(String),
     /// The tables do not fit the devices (lists what is missing).
-    #[error("the tables do not fit: {0}")]
-    Capacity(String),
+    #[error("the tables do not fit: {}", capacity_text(.unplaced, *.tables, .devices))]
+    Capacity {
+        /// Tables that found no room, with the fewest bytes each needs on one device.
+        unplaced: Vec<(String, u64)>,
+        /// Tables planned in all.
+        tables: usize,
+        /// Per device: bytes free, and bytes missing for an even share of
+        /// what found no room.
+        devices: Vec<(u64, u64)>,
+    },
     /// A peer's channel closed before an exchange: that rank (or device
     /// thread) stopped.
     #[error("collective: rank {rank}: rank {peer} stopped before the exchange")]
@@ -58,4 +66,32 @@ pub enum ShardingError {
 fn names(ranks: &[usize]) -> String {
     let names: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
     names.join(", ")
+}
+
+/// The capacity error's text: which tables found no room and what each
+/// device lacks, in MiB.
+fn capacity_text(unplaced: &[(String, u64)], tables: usize, devices: &[(u64, u64)]) -> String {
+    let tables_text: Vec<String> = (unplaced.iter())
+        .map(|(name, s)| {
+            format!(
+                "'{name}' needs at least {} MiB on one device",
+                s.div_ceil(1 << 20)
+            )
+        })
+        .collect();
+    let missing: Vec<String> = (devices.iter().enumerate())
+        .map(|(d, (free, missing))| {
+            format!(
+                "device {d}: {} MiB free, {} MiB missing",
+                free >> 20,
+                missing.div_ceil(1 << 20)
+            )
+        })
+        .collect();
+    format!(
+        "{} of {tables} tables cannot be placed: {}; {}",
+        unplaced.len(),
+        tables_text.join(", "),
+        missing.join("; ")
+    )
 }

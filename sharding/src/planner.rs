@@ -270,7 +270,7 @@ struct Greedy {
 /// // 1 MiB each.
 /// let tables = [EmbeddingBagConfig::new("huge", 1_000_000, 64, &["f"])];
 /// let err = plan(&tables, &Topology::uniform(2, 1 << 20), &options).unwrap_err();
-/// assert!(matches!(err, ShardingError::Capacity(_)));
+/// assert!(matches!(&err, ShardingError::Capacity { unplaced, .. } if unplaced[0].0 == "huge"));
 /// assert!(err.to_string().contains("'huge' needs at least"));
 ///
 /// // With room, every device's load is estimated.
@@ -304,33 +304,18 @@ pub fn plan(
     let n = topo.num_devices();
     if !unplaced.is_empty() {
         let need: u64 = unplaced.iter().map(|(_, s)| *s).sum();
-        let tables_text: Vec<String> = unplaced
-            .iter()
-            .map(|(name, s)| {
-                format!(
-                    "'{name}' needs at least {} MiB on one device",
-                    s.div_ceil(1 << 20)
-                )
-            })
-            .collect();
-        let missing: Vec<String> = (0..n)
+        let share = need.div_ceil(n as u64);
+        let devices = (0..n)
             .map(|d| {
                 let free = topo.devices[d].memory_bytes.saturating_sub(used[d].0);
-                let share = need.div_ceil(n as u64);
-                format!(
-                    "device {d}: {} MiB free, {} MiB missing",
-                    free >> 20,
-                    share.saturating_sub(free).div_ceil(1 << 20)
-                )
+                (free, share.saturating_sub(free))
             })
             .collect();
-        return Err(ShardingError::Capacity(format!(
-            "{} of {} tables cannot be placed: {}; {}",
-            unplaced.len(),
-            tables.len(),
-            tables_text.join(", "),
-            missing.join("; ")
-        )));
+        return Err(ShardingError::Capacity {
+            unplaced,
+            tables: tables.len(),
+            devices,
+        });
     }
     let plan = ShardingPlan {
         num_devices: n,

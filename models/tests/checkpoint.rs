@@ -230,6 +230,55 @@ fn bad_tensors_are_named() {
 }
 
 #[test]
+fn bytes_in_memory_read_as_the_file_does() {
+    let be = NativeBackend::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(InteractionType::Dcn { layers: 2, rank: 3 }, 3);
+    let data = data(&cfg);
+    let (table_opt, dense_opt) = (TableOptimizer::adam(0.01), DenseOptimizerConfig::adam(0.01));
+    let mut model = Dlrm::new(cfg.clone(), table_opt, dense_opt, 11).unwrap();
+    for i in 0..3 {
+        model.train_step(&be, &data.batch(i, 16)).unwrap();
+    }
+    let path = dir.path().join("model.safetensors");
+    let state = TrainState {
+        steps: 3,
+        batch_size: 16,
+        ..Default::default()
+    };
+    save(&mut model, &path, Some(&state)).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+
+    let file = Checkpoint::open(&path).unwrap();
+    let memory = Checkpoint::from_bytes(bytes.clone(), "in-memory model").unwrap();
+    assert_eq!(memory.path(), Path::new("in-memory model"));
+    assert_eq!(memory.config(), file.config());
+    assert_eq!(memory.train_state(), Some(&state));
+    assert_eq!(memory.table_optimizer(), file.table_optimizer());
+    let test = data.batch(60, 32);
+    let bits = |ckpt: &Checkpoint| -> Vec<u32> {
+        let mut m = ckpt.inference_model().unwrap();
+        let logits = m.predict(&be, &test).unwrap().to_vec();
+        logits.iter().map(|x| x.to_bits()).collect()
+    };
+    assert_eq!(bits(&memory), bits(&file));
+    // Resuming from memory continues exactly as from the file.
+    let mut a = file.model(table_opt, dense_opt).unwrap();
+    let mut b = memory.model(table_opt, dense_opt).unwrap();
+    assert_eq!(weights(&mut a), weights(&mut b));
+
+    for garbage in [
+        b"not a safetensors file".to_vec(),
+        bytes[..bytes.len() / 2].to_vec(),
+    ] {
+        let e = Checkpoint::from_bytes(garbage, "upload-42")
+            .err()
+            .expect("must fail");
+        assert!(e.to_string().contains("upload-42"), "{e}");
+    }
+}
+
+#[test]
 fn checkpoints_move_between_plans_and_device_counts() {
     use ember_sharding::plan::{ShardingType, TablePlan};
     use ember_sharding::ShardingPlan;

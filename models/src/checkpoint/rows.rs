@@ -1,6 +1,6 @@
-//! A rank's shards read straight from a checkpoint (one file or a set): each
-//! rank reads the rows and columns of its own shards and nothing else is
-//! kept, so a model too large for one process resumes on many.
+//! A rank's shards read straight from a checkpoint (one file, a set or bytes
+//! in memory): each rank reads the rows and columns of its own shards and
+//! nothing else is kept, so a model too large for one process resumes on many.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use ember_dense::DenseOptimizerConfig;
 use ember_sharding::{Collective, RowSplit, Shard, ShardSource, ShardingError, ShardingPlan};
 use ember_sparse::{EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
 
-use super::{file_view, table_weight_name, Checkpoint, Source, OPTIMIZER_PREFIX, TABLE_PREFIX};
+use super::{table_weight_name, Checkpoint, OPTIMIZER_PREFIX, TABLE_PREFIX};
 use crate::{Dlrm, ModelError};
 
 impl Checkpoint {
@@ -37,87 +37,14 @@ impl Checkpoint {
 
     /// Rows `rows` and columns `cols` of the named tensor of `shape`
     /// (`[rows, cols]`, or `[rows]` read as one column), in local row order.
-    pub(super) fn rows_of(
+    fn rows_of(
         &self,
         name: &str,
         shape: &[usize],
         rows: RowSplit,
         cols: Range<usize>,
     ) -> Result<Vec<f32>, ModelError> {
-        let fail = |message: String| ModelError::Checkpoint {
-            path: self.path.clone(),
-            tensor: Some(name.to_string()),
-            message,
-        };
-        let (total, width) = (shape[0], shape.get(1).copied().unwrap_or(1));
-        let (lr, lc) = (rows.count(total), cols.len());
-        let mut out = vec![0f32; lr * lc];
-        // A whole tensor in one mapped file.
-        let whole = match &self.source {
-            Source::File(mmap) => Some(mmap),
-            Source::Set { index, files, .. } => index.weight_map.get(name).map(|f| &files[f]),
-        };
-        if let Some(mmap) = whole {
-            return file_view(mmap, name, Some(shape), |bytes| {
-                for l in 0..lr {
-                    let g = rows.global(l);
-                    for (c, o) in cols.clone().zip(&mut out[l * lc..(l + 1) * lc]) {
-                        *o = f32_at(bytes, g * width + c);
-                    }
-                }
-                out
-            })
-            .map(|(v, _)| v)
-            .map_err(fail);
-        }
-        let Source::Set { index, files, .. } = &self.source else {
-            unreachable!("a single file holds every tensor whole");
-        };
-        let pieces = index
-            .pieces
-            .get(name)
-            .ok_or_else(|| fail("missing".into()))?;
-        let mut covered = 0;
-        for p in pieces {
-            let pc = match shape.len() {
-                1 => 0..1,
-                _ => p.columns[0]..p.columns[1],
-            };
-            if pc.end > width {
-                return Err(fail(format!(
-                    "{}: a piece of columns {:?} of {shape:?}",
-                    p.file, p.columns
-                )));
-            }
-            let (from, to) = (cols.start.max(pc.start), cols.end.min(pc.end));
-            let plr = p.rows.count(total);
-            let want: Vec<usize> = match shape.len() {
-                1 => vec![plr],
-                _ => vec![plr, pc.len()],
-            };
-            let (n, _) = file_view(&files[&p.file], &p.tensor, Some(&want), |bytes| {
-                let mut n = 0;
-                for lp in 0..plr {
-                    let Some(l) = rows.local(p.rows.global(lp)) else {
-                        continue;
-                    };
-                    for c in from..to {
-                        out[l * lc + c - cols.start] = f32_at(bytes, lp * pc.len() + c - pc.start);
-                        n += 1;
-                    }
-                }
-                n
-            })
-            .map_err(|m| fail(format!("{}: {m}", p.file)))?;
-            covered += n;
-        }
-        if covered != lr * lc {
-            return Err(fail(format!(
-                "the pieces cover {covered} of the {} values of this shard",
-                lr * lc
-            )));
-        }
-        Ok(out)
+        self.store.rows_of(name, shape, rows, cols)
     }
 
     /// Fills `local` with rows `split` and columns `cols` of the saved table
@@ -163,15 +90,6 @@ impl Checkpoint {
         local.optimizer_state_mut().copy_from_slice(&state);
         Ok(())
     }
-}
-
-fn f32_at(bytes: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([
-        bytes[4 * i],
-        bytes[4 * i + 1],
-        bytes[4 * i + 2],
-        bytes[4 * i + 3],
-    ])
 }
 
 /// A checkpoint's rows as the source of a rank's shards.

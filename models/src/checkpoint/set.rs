@@ -23,10 +23,9 @@ use std::path::{Path, PathBuf};
 use ember_sharding::RowSplit;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    dense_tensors, fail_at, metadata, table_base_name, table_tensors, write_file, TablePart,
-    TrainState,
-};
+use super::names::table_base_name;
+use super::write::{dense_tensors, fail_at, metadata, table_tensors, write_file, TablePart};
+use super::TrainState;
 use crate::{Dlrm, ModelError};
 
 /// The index of a set in its directory, written last (the commit point).

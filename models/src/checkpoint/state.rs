@@ -22,10 +22,10 @@ use ember_sparse::{EmbeddingBagCollection, TableOptimizer};
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 
-use super::{
-    f32s, fail_at, file_view, json, map, meta_value, table_tensors, write_file, F32Tensor,
-    TablePart, TrainState, META_TRAIN_STATE, OPTIMIZER_PREFIX,
-};
+use super::read::meta_value;
+use super::store::{f32s, file_view, map};
+use super::write::{fail_at, json, table_tensors, write_file, F32Tensor, TablePart};
+use super::{TrainState, META_TRAIN_STATE, OPTIMIZER_PREFIX};
 use crate::ModelError;
 
 /// A model's state on its way to a file: named f32 tensors (borrowed where

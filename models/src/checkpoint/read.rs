@@ -1,0 +1,292 @@
+//! Reading checkpoints: [`Checkpoint`] opens one file, a set or in-memory
+//! bytes through a [`TensorStore`], checks it and builds models from it.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ember_dense::{DenseOptimizerConfig, HasParams};
+use ember_sharding::RowSplit;
+use ember_sparse::TableOptimizer;
+
+use super::names::{dense_shapes, infer_config, table_weight_name};
+use super::store::{f32s, InMemory, MappedFile, SetStore, TensorStore};
+use super::{
+    TrainState, INDEX_FILE, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS, META_SPARSE_STEP,
+    META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
+};
+use crate::{Dlrm, DlrmConfig, ModelError};
+
+/// A checkpoint (one file, or a set of files with an index), mapped and checked.
+///
+/// [`Checkpoint::open`] reads the architecture and checks every tensor's
+/// presence, dtype and shape up front; models are then built from it with
+/// the saved weights ([`inference_model`](Checkpoint::inference_model),
+/// [`model`](Checkpoint::model), [`model_on_rank`](Checkpoint::model_on_rank)).
+///
+/// # Example
+///
+/// Save a small DLRM, open the file and serve it:
+///
+/// ```
+/// use ember_dense::{DenseOptimizerConfig, NativeBackend};
+/// use ember_models::{Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType,
+///     SyntheticConfig, SyntheticData};
+/// use ember_sparse::TableOptimizer;
+///
+/// let config = DlrmConfig {
+///     tables: DlrmConfig::criteo_tables(&[100, 200], 8),
+///     bottom_mlp: vec![4, 8],
+///     top_mlp: vec![8, 1],
+///     interaction: InteractionType::Dot,
+/// };
+/// let mut model = Dlrm::new(config.clone(), TableOptimizer::rowwise_adagrad(0.05),
+///     DenseOptimizerConfig::sgd(0.1), 7)?;
+/// let data = SyntheticData::new(SyntheticConfig::for_model(&config, DataGeneration::Learnable, 3, 7))?;
+/// let be = NativeBackend::new(1);
+/// model.train_step(&be, &data.batch(0, 32))?;
+///
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join(ember_models::checkpoint::CHECKPOINT_FILE);
+/// ember_models::checkpoint::save(&mut model, &path, None)?;
+///
+/// let ckpt = Checkpoint::open(&path)?;
+/// assert_eq!(ckpt.config(), &config);
+/// let mut served = ckpt.inference_model()?;
+/// let batch = data.batch(1, 16);
+/// let want = model.predict(&be, &batch)?.to_vec();
+/// assert_eq!(served.predict(&be, &batch)?, &want[..]);
+///
+/// drop(ckpt); // unmaps the file
+/// dir.close()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Checkpoint {
+    /// Where the tensors are.
+    pub(super) store: Box<dyn TensorStore>,
+    pub(super) config: DlrmConfig,
+    pub(super) table_optimizer: Option<TableOptimizer>,
+    pub(super) dense_optimizer: Option<DenseOptimizerConfig>,
+    pub(super) sparse_step: u64,
+    pub(super) dense_steps: u64,
+    pub(super) train_state: Option<TrainState>,
+}
+
+impl Checkpoint {
+    /// Maps `path` (a safetensors file; or a set's index, or a directory
+    /// holding one), reads the architecture (from the metadata, or inferred
+    /// from TorchRec names) and checks every tensor it needs: present, f32,
+    /// and of the right shape.
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let index_path = match path.is_dir() {
+            true => Some(path.join(INDEX_FILE)),
+            false => (path.to_string_lossy().ends_with(".index.json")).then(|| path.to_path_buf()),
+        };
+        let store: Box<dyn TensorStore> = match index_path {
+            Some(index_path) => Box::new(SetStore::open(&index_path)?),
+            None => Box::new(MappedFile::open(path)?),
+        };
+        Self::from_store(store, path)
+    }
+
+    /// [`Checkpoint::open`] for a single file's bytes already in memory
+    /// (fetched from object storage, embedded in a binary): the same
+    /// checks and the same models, with `name` in errors in place of a
+    /// path, and [`path`](Checkpoint::path) returning it.
+    ///
+    /// ```
+    /// # use ember_models::Checkpoint;
+    /// let error = Checkpoint::from_bytes(b"not safetensors".to_vec(), "upload").err().unwrap();
+    /// assert!(error.to_string().contains("upload"));
+    /// ```
+    pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<Self, ModelError> {
+        let name = Path::new(name);
+        Self::from_store(Box::new(InMemory::new(bytes, name)?), name)
+    }
+
+    /// Reads the architecture and checks every tensor it needs; `opened` is
+    /// what the caller named (a set's directory, say), for errors before
+    /// the tensors are looked at.
+    fn from_store(store: Box<dyn TensorStore>, opened: &Path) -> Result<Self, ModelError> {
+        let fail = |message: String| ModelError::Checkpoint {
+            path: opened.to_path_buf(),
+            tensor: None,
+            message,
+        };
+        let (meta, path) = (store.metadata(), store.path());
+        let config: DlrmConfig = match (meta_value(meta, META_CONFIG, path)?, store.shapes()) {
+            (Some(c), _) => c,
+            (None, Some(shapes)) => infer_config(shapes).map_err(fail)?,
+            // A set's index lists no shapes.
+            (None, None) => return Err(fail(format!("the index has no '{META_CONFIG}'"))),
+        };
+        config.validate().map_err(|e| fail(e.to_string()))?;
+        let checkpoint = Self {
+            config,
+            table_optimizer: meta_value(meta, META_TABLE_OPTIMIZER, path)?,
+            dense_optimizer: meta_value(meta, META_DENSE_OPTIMIZER, path)?,
+            sparse_step: meta_value(meta, META_SPARSE_STEP, path)?.unwrap_or(0),
+            dense_steps: meta_value(meta, META_DENSE_STEPS, path)?.unwrap_or(0),
+            train_state: meta_value(meta, META_TRAIN_STATE, path)?,
+            store,
+        };
+        for (name, shape) in checkpoint.expected_tensors() {
+            checkpoint.check(&name, &shape)?;
+        }
+        Ok(checkpoint)
+    }
+
+    /// The file it was read from (for a set: its index).
+    pub fn path(&self) -> &Path {
+        self.store.path()
+    }
+    /// The architecture: from the metadata, or inferred from the TorchRec
+    /// names and shapes.
+    pub fn config(&self) -> &DlrmConfig {
+        &self.config
+    }
+    /// The table optimizer it was trained with (`None` for a TorchRec file).
+    pub fn table_optimizer(&self) -> Option<TableOptimizer> {
+        self.table_optimizer
+    }
+    /// The dense optimizer it was trained with (`None` for a TorchRec file).
+    pub fn dense_optimizer(&self) -> Option<DenseOptimizerConfig> {
+        self.dense_optimizer
+    }
+    /// Where training stood when it was written (`None` when not recorded).
+    pub fn train_state(&self) -> Option<&TrainState> {
+        self.train_state.as_ref()
+    }
+
+    fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let mut names: Vec<_> = (self.config.tables.iter())
+            .map(|t| {
+                (
+                    table_weight_name(&t.name),
+                    vec![t.num_embeddings, t.embedding_dim],
+                )
+            })
+            .collect();
+        names.extend(dense_shapes(&self.config));
+        names
+    }
+
+    /// Checks the named tensor's presence, dtype and shape without reading
+    /// its data (for a split tensor: each piece's, and that they add up).
+    fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
+        self.store.check(name, shape)
+    }
+
+    /// The named tensor as f32 values, checked for dtype and shape.
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        self.view(name, shape, f32s)
+    }
+
+    /// `read` applied to the named tensor's bytes, after the checks (a
+    /// tensor split over a set's files is put together first).
+    fn view<R>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, ModelError> {
+        let (mut read, mut out) = (Some(read), None);
+        self.store.view(name, shape, &mut |bytes| {
+            out = read.take().map(|read| read(bytes))
+        })?;
+        Ok(out.expect("a store applies the reader once when it succeeds"))
+    }
+
+    /// A model for inference: the saved weights, no optimizer.
+    pub fn inference_model(&self) -> Result<Dlrm, ModelError> {
+        self.model(TableOptimizer::None, DenseOptimizerConfig::sgd(0.0))
+    }
+
+    /// The model with the saved weights and the given optimizers; the saved
+    /// optimizer state and step counts are restored where the saved
+    /// optimizer is of the same kind (so training resumes exactly).
+    pub fn model(
+        &self,
+        table_optimizer: TableOptimizer,
+        dense_optimizer: DenseOptimizerConfig,
+    ) -> Result<Dlrm, ModelError> {
+        let mut model = Dlrm::new(self.config.clone(), table_optimizer, dense_optimizer, 0)?;
+        let same_table_opt = self.same_table_optimizer(&table_optimizer);
+        let ebc = model
+            .sparse_arch_mut()
+            .local_mut()
+            .expect("a new model holds its tables in one collection");
+        for table in ebc.tables_mut() {
+            let config = table.config().clone();
+            let all = (RowSplit::All, 0..config.embedding_dim);
+            self.read_table(&config, all, (table_optimizer, same_table_opt), table)?;
+        }
+        if same_table_opt {
+            ebc.set_step(self.sparse_step);
+        }
+        self.restore_dense(&mut model, dense_optimizer)?;
+        Ok(model)
+    }
+
+    /// The saved table optimizer is of `table_optimizer`'s kind, so its
+    /// state and step count carry over.
+    pub(super) fn same_table_optimizer(&self, table_optimizer: &TableOptimizer) -> bool {
+        self.table_optimizer
+            .is_some_and(|o| same_kind(&o, table_optimizer))
+    }
+
+    /// The dense parameters, and the dense optimizer's state when it is of
+    /// the saved kind.
+    pub(super) fn restore_dense(
+        &self,
+        model: &mut Dlrm,
+        dense_optimizer: DenseOptimizerConfig,
+    ) -> Result<(), ModelError> {
+        let shapes = dense_shapes(&self.config);
+        for p in model.dense_arch_mut().params() {
+            let w = self.tensor(&p.name, &shapes[&p.name])?;
+            p.value.copy_from_slice(&w);
+        }
+        let same_dense_opt = self.dense_optimizer.is_some_and(|o| {
+            std::mem::discriminant(&o) == std::mem::discriminant(&dense_optimizer)
+        });
+        if same_dense_opt && self.dense_steps > 0 {
+            let (m_name, v_name) = match dense_optimizer {
+                DenseOptimizerConfig::Adam { .. } => (Some("exp_avg"), Some("exp_avg_sq")),
+                DenseOptimizerConfig::Adagrad { .. } => (None, Some("sum")),
+                DenseOptimizerConfig::Sgd { .. } => (None, None),
+            };
+            let mut state = Vec::new();
+            for p in model.dense_arch_mut().params() {
+                let shape = &shapes[&p.name];
+                let load = |s: Option<&str>| match s {
+                    Some(s) => self.tensor(&format!("{OPTIMIZER_PREFIX}{}.{s}", p.name), shape),
+                    None => Ok(Vec::new()),
+                };
+                state.push((p.name.clone(), p.value.len(), load(m_name)?, load(v_name)?));
+            }
+            model
+                .dense_optimizer_mut()
+                .set_state(self.dense_steps, state);
+        }
+        Ok(())
+    }
+}
+
+/// A JSON value of the metadata, if present.
+pub(super) fn meta_value<T: serde::de::DeserializeOwned>(
+    meta: &HashMap<String, String>,
+    key: &str,
+    path: &Path,
+) -> Result<Option<T>, ModelError> {
+    (meta.get(key).map(|s| serde_json::from_str(s)))
+        .transpose()
+        .map_err(|e| ModelError::Checkpoint {
+            path: path.to_path_buf(),
+            tensor: None,
+            message: format!("metadata '{key}': {e}"),
+        })
+}
+
+fn same_kind(a: &TableOptimizer, b: &TableOptimizer) -> bool {
+    std::mem::discriminant(a) == std::mem::discriminant(b)
+}

@@ -1,0 +1,355 @@
+//! Where a checkpoint's tensors are: the [`TensorStore`] trait and its
+//! implementations, one mapped file, a set of mapped files with its index,
+//! and safetensors bytes in memory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use ember_sharding::RowSplit;
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+
+use super::set::{self, Index};
+use super::write::{f32_bytes, fail_at};
+use crate::ModelError;
+
+/// A checkpoint's tensors, read by name: each read checks the tensor's
+/// presence, dtype (F32) and shape first. Errors name the tensor and the
+/// file at fault.
+pub(crate) trait TensorStore: Send + Sync {
+    /// What errors name for the checkpoint as a whole: the file, a set's
+    /// index, or the name in-memory bytes were given.
+    fn path(&self) -> &Path;
+
+    /// The checkpoint's metadata (for a set: the index's).
+    fn metadata(&self) -> &HashMap<String, String>;
+
+    /// The name and shape of every tensor, where one header lists them all
+    /// (one file or its bytes; `None` for a set).
+    fn shapes(&self) -> Option<&BTreeMap<String, Vec<usize>>>;
+
+    /// `read` applied once to the named tensor's bytes after the checks (a
+    /// tensor split into pieces is put together first); not called on an
+    /// error.
+    fn view(
+        &self,
+        name: &str,
+        shape: &[usize],
+        read: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), ModelError>;
+
+    /// Checks the named tensor's presence, dtype and shape without reading
+    /// its data (for a split tensor: each piece's, and that they add up).
+    fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
+        self.view(name, shape, &mut |_| ())
+    }
+
+    /// Rows `rows` and columns `cols` of the named tensor of `shape`
+    /// (`[rows, cols]`, or `[rows]` read as one column), in local row order.
+    fn rows_of(
+        &self,
+        name: &str,
+        shape: &[usize],
+        rows: RowSplit,
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut out = Vec::new();
+        self.view(name, shape, &mut |bytes| {
+            out = select(bytes, shape, rows, cols.clone())
+        })?;
+        Ok(out)
+    }
+}
+
+/// One safetensors file's bytes: mapped ([`MappedFile`]) or in memory
+/// ([`InMemory`]).
+pub(crate) struct OneFile<B> {
+    path: PathBuf,
+    bytes: B,
+    metadata: HashMap<String, String>,
+    shapes: BTreeMap<String, Vec<usize>>,
+}
+
+/// One safetensors file, memory-mapped.
+pub(crate) type MappedFile = OneFile<Mmap>;
+
+/// A safetensors file's bytes in memory, named by `path` in errors.
+pub(crate) type InMemory = OneFile<Vec<u8>>;
+
+impl MappedFile {
+    /// Maps `path` and reads its header.
+    pub(crate) fn open(path: &Path) -> Result<Self, ModelError> {
+        OneFile::new(map(path)?, path)
+    }
+}
+
+impl<B: AsRef<[u8]>> OneFile<B> {
+    /// `bytes` (named `path` in errors), their header read and checked.
+    pub(crate) fn new(bytes: B, path: &Path) -> Result<Self, ModelError> {
+        let (_, header) = SafeTensors::read_metadata(bytes.as_ref())
+            .map_err(|e| fail_at(path, format!("not a safetensors file: {e}")))?;
+        let metadata = header.metadata().clone().unwrap_or_default();
+        let shapes = (header.tensors().into_iter())
+            .map(|(name, info)| (name, info.shape.clone()))
+            .collect();
+        Ok(Self {
+            path: path.to_path_buf(),
+            bytes,
+            metadata,
+            shapes,
+        })
+    }
+}
+
+impl<B: AsRef<[u8]> + Send + Sync> TensorStore for OneFile<B> {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn metadata(&self) -> &HashMap<String, String> {
+        &self.metadata
+    }
+
+    fn shapes(&self) -> Option<&BTreeMap<String, Vec<usize>>> {
+        Some(&self.shapes)
+    }
+
+    fn view(
+        &self,
+        name: &str,
+        shape: &[usize],
+        read: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), ModelError> {
+        file_view(self.bytes.as_ref(), name, Some(shape), read)
+            .map(|_| ())
+            .map_err(|message| fail_on(&self.path, name, message))
+    }
+}
+
+/// A set: its index and the files it names (by name, in `dir`), mapped.
+pub(crate) struct SetStore {
+    /// The index's path.
+    path: PathBuf,
+    dir: PathBuf,
+    index: Index,
+    files: HashMap<String, Mmap>,
+}
+
+impl SetStore {
+    /// Reads the index at `index_path` and maps every file it names.
+    pub(crate) fn open(index_path: &Path) -> Result<Self, ModelError> {
+        let index = set::read_index(index_path)?;
+        let dir = index_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let mut files = HashMap::new();
+        let names =
+            (index.weight_map.values()).chain(index.pieces.values().flatten().map(|p| &p.file));
+        for name in names {
+            if !files.contains_key(name) {
+                files.insert(name.clone(), map(&dir.join(name))?);
+            }
+        }
+        Ok(Self {
+            path: index_path.to_path_buf(),
+            dir,
+            index,
+            files,
+        })
+    }
+}
+
+impl TensorStore for SetStore {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn metadata(&self) -> &HashMap<String, String> {
+        &self.index.metadata
+    }
+
+    fn shapes(&self) -> Option<&BTreeMap<String, Vec<usize>>> {
+        None
+    }
+
+    fn view(
+        &self,
+        name: &str,
+        shape: &[usize],
+        read: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), ModelError> {
+        if let Some(file) = self.index.weight_map.get(name) {
+            return file_view(&self.files[file], name, Some(shape), read)
+                .map(|_| ())
+                .map_err(|m| fail_on(&self.dir.join(file), name, m));
+        }
+        let cols = shape.get(1).copied().unwrap_or(1);
+        let values = self.rows_of(name, shape, RowSplit::All, 0..cols)?;
+        read(f32_bytes(&values));
+        Ok(())
+    }
+
+    fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
+        let Some(pieces) = self.index.pieces.get(name) else {
+            return self.view(name, shape, &mut |_| ());
+        };
+        let fail = |message: String| fail_on(&self.path, name, message);
+        let (rows, cols) = (shape[0], shape.get(1).copied().unwrap_or(1));
+        let mut values = 0;
+        for p in pieces {
+            let want: Vec<usize> = match shape.len() {
+                1 => vec![p.rows.count(rows)],
+                _ => vec![
+                    p.rows.count(rows),
+                    p.columns[1].saturating_sub(p.columns[0]),
+                ],
+            };
+            file_view(&self.files[&p.file], &p.tensor, Some(&want), |_| ())
+                .map_err(|m| fail(format!("{}: {m}", p.file)))?;
+            values += want.iter().product::<usize>();
+        }
+        if values != rows * cols {
+            return Err(fail(format!(
+                "the pieces hold {values} of {} values",
+                rows * cols
+            )));
+        }
+        Ok(())
+    }
+
+    fn rows_of(
+        &self,
+        name: &str,
+        shape: &[usize],
+        rows: RowSplit,
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let fail = |message: String| fail_on(&self.path, name, message);
+        // A whole tensor in one mapped file.
+        if let Some(file) = self.index.weight_map.get(name) {
+            return file_view(&self.files[file], name, Some(shape), |bytes| {
+                select(bytes, shape, rows, cols)
+            })
+            .map(|(v, _)| v)
+            .map_err(fail);
+        }
+        let (total, width) = (shape[0], shape.get(1).copied().unwrap_or(1));
+        let (lr, lc) = (rows.count(total), cols.len());
+        let mut out = vec![0f32; lr * lc];
+        let pieces = (self.index.pieces)
+            .get(name)
+            .ok_or_else(|| fail("missing".into()))?;
+        let mut covered = 0;
+        for p in pieces {
+            let pc = match shape.len() {
+                1 => 0..1,
+                _ => p.columns[0]..p.columns[1],
+            };
+            if pc.end > width {
+                return Err(fail(format!(
+                    "{}: a piece of columns {:?} of {shape:?}",
+                    p.file, p.columns
+                )));
+            }
+            let (from, to) = (cols.start.max(pc.start), cols.end.min(pc.end));
+            let plr = p.rows.count(total);
+            let want: Vec<usize> = match shape.len() {
+                1 => vec![plr],
+                _ => vec![plr, pc.len()],
+            };
+            let (n, _) = file_view(&self.files[&p.file], &p.tensor, Some(&want), |bytes| {
+                let mut n = 0;
+                for lp in 0..plr {
+                    let Some(l) = rows.local(p.rows.global(lp)) else {
+                        continue;
+                    };
+                    for c in from..to {
+                        out[l * lc + c - cols.start] = f32_at(bytes, lp * pc.len() + c - pc.start);
+                        n += 1;
+                    }
+                }
+                n
+            })
+            .map_err(|m| fail(format!("{}: {m}", p.file)))?;
+            covered += n;
+        }
+        if covered != lr * lc {
+            return Err(fail(format!(
+                "the pieces cover {covered} of the {} values of this shard",
+                lr * lc
+            )));
+        }
+        Ok(out)
+    }
+}
+
+/// A checkpoint error about tensor `name` of the file at `path`.
+fn fail_on(path: &Path, name: &str, message: String) -> ModelError {
+    ModelError::Checkpoint {
+        path: path.to_path_buf(),
+        tensor: Some(name.to_string()),
+        message,
+    }
+}
+
+/// Maps the file at `path` read-only.
+pub(super) fn map(path: &Path) -> Result<Mmap, ModelError> {
+    let file = File::open(path).map_err(|e| fail_at(path, e.to_string()))?;
+    // SAFETY: the map is read-only; a file changed under a running
+    // process is outside what a checkpoint reader can defend against.
+    unsafe { Mmap::map(&file) }.map_err(|e| fail_at(path, e.to_string()))
+}
+
+/// `read` applied to a tensor of one file's bytes, after checking its dtype
+/// and (when given) its shape; with no shape to check, the tensor's shape
+/// comes back with the result.
+pub(super) fn file_view<R>(
+    bytes: &[u8],
+    name: &str,
+    shape: Option<&[usize]>,
+    read: impl FnOnce(&[u8]) -> R,
+) -> Result<(R, Vec<usize>), String> {
+    let tensors = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
+    let view: TensorView = tensors.tensor(name).map_err(|_| "missing".to_string())?;
+    if view.dtype() != Dtype::F32 {
+        return Err(format!("dtype {:?}, expected F32", view.dtype()));
+    }
+    if let Some(shape) = shape {
+        if view.shape() != shape {
+            return Err(format!("shape {:?}, expected {shape:?}", view.shape()));
+        }
+    }
+    Ok((read(view.data()), view.shape().to_vec()))
+}
+
+/// Rows `rows` and columns `cols` of a whole tensor's bytes of `shape`
+/// (`[rows, cols]`, or `[rows]` read as one column), in local row order.
+fn select(bytes: &[u8], shape: &[usize], rows: RowSplit, cols: Range<usize>) -> Vec<f32> {
+    let (total, width) = (shape[0], shape.get(1).copied().unwrap_or(1));
+    let (lr, lc) = (rows.count(total), cols.len());
+    let mut out = vec![0f32; lr * lc];
+    for l in 0..lr {
+        let g = rows.global(l);
+        for (c, o) in cols.clone().zip(&mut out[l * lc..(l + 1) * lc]) {
+            *o = f32_at(bytes, g * width + c);
+        }
+    }
+    out
+}
+
+/// Little-endian f32 values.
+pub(super) fn f32s(bytes: &[u8]) -> Vec<f32> {
+    (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn f32_at(bytes: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([
+        bytes[4 * i],
+        bytes[4 * i + 1],
+        bytes[4 * i + 2],
+        bytes[4 * i + 3],
+    ])
+}

@@ -1,0 +1,248 @@
+//! Writing checkpoints: DLRM's tensors and metadata, gathered (borrowed
+//! where they can be) and written to one safetensors file atomically.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+
+use ember_dense::{DenseOptimizerConfig, HasParams};
+use ember_sparse::TableOptimizer;
+use safetensors::tensor::{Dtype, View};
+use serde::Serialize;
+
+use super::names::{dense_shapes, table_base_name};
+use super::{
+    TrainState, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS, META_SPARSE_STEP,
+    META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
+};
+use crate::{Dlrm, ModelError};
+
+/// An f32 tensor to write, borrowed where it can be.
+pub(super) struct F32Tensor<'a> {
+    pub(super) shape: Vec<usize>,
+    pub(super) data: Cow<'a, [f32]>,
+}
+
+impl View for F32Tensor<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(f32_bytes(&self.data))
+    }
+    fn data_len(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// The bytes of `x` in safetensors' (little-endian) layout.
+pub(super) fn f32_bytes(x: &[f32]) -> &[u8] {
+    #[cfg(not(target_endian = "little"))]
+    compile_error!("checkpoints are written by reinterpreting f32 memory as little-endian");
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the
+    // length covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+pub(super) fn json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("plain data serialises")
+}
+
+/// Writes `model` (weights and optimizer state) to `path` atomically:
+/// a temporary file in the same directory, fsynced, then renamed.
+pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result<(), ModelError> {
+    let meta = metadata(model, train);
+    let mut tensors = dense_tensors(model).map_err(|m| fail_at(path, m))?;
+    let table_opt = model.sparse_arch().optimizer();
+    let unsharded = model.sparse_arch().unsharded()?;
+    for table in unsharded.tables() {
+        let part = TablePart {
+            weights: table.weights(),
+            state: table.optimizer_state(),
+            rows: table.num_embeddings(),
+            dim: table.dim(),
+        };
+        table_tensors(
+            &table_base_name(table.name()),
+            &part,
+            &table_opt,
+            &mut tensors,
+        );
+    }
+    write_file(tensors, meta, path)
+}
+
+/// A checkpoint error at `path`, about no tensor in particular.
+pub(crate) fn fail_at(path: &Path, message: String) -> ModelError {
+    ModelError::Checkpoint {
+        path: path.to_path_buf(),
+        tensor: None,
+        message,
+    }
+}
+
+/// The metadata every checkpoint carries: architecture, optimizers, steps
+/// and the training position.
+pub(super) fn metadata(model: &Dlrm, train: Option<&TrainState>) -> HashMap<String, String> {
+    let mut meta = HashMap::from([
+        ("format".to_string(), "pt".to_string()),
+        (META_CONFIG.into(), json(model.config())),
+        (
+            META_TABLE_OPTIMIZER.into(),
+            json(&model.sparse_arch().optimizer()),
+        ),
+        (
+            META_DENSE_OPTIMIZER.into(),
+            json(&model.dense_optimizer().config()),
+        ),
+        (
+            META_SPARSE_STEP.into(),
+            model.sparse_arch().step().to_string(),
+        ),
+        (
+            META_DENSE_STEPS.into(),
+            model.dense_optimizer().steps().to_string(),
+        ),
+    ]);
+    if let Some(t) = train {
+        meta.insert(META_TRAIN_STATE.into(), json(t));
+    }
+    meta
+}
+
+/// The dense parameters and their optimizer state (copied: they are small).
+pub(super) fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, F32Tensor<'static>)>, String> {
+    let shapes = dense_shapes(model.config());
+    let mut tensors = Vec::new();
+    let dense_state: Vec<(String, usize, Vec<f32>, Vec<f32>)> = (model.dense_optimizer().state())
+        .map(|(n, len, m, v)| (n.to_string(), len, m.to_vec(), v.to_vec()))
+        .collect();
+    let dense_opt = model.dense_optimizer().config();
+    let params: Vec<(String, Vec<f32>)> = (model.dense_arch_mut().params().into_iter())
+        .map(|p| (p.name, p.value.to_vec()))
+        .collect();
+    for (name, value) in params {
+        let shape = shapes
+            .get(&name)
+            .ok_or_else(|| format!("no shape known for parameter {name}"))?
+            .clone();
+        tensors.push((
+            name,
+            F32Tensor {
+                shape,
+                data: Cow::Owned(value),
+            },
+        ));
+    }
+    for (name, _, m, v) in dense_state {
+        let shape = shapes.get(&name).cloned().unwrap_or_default();
+        let (m_name, v_name) = match dense_opt {
+            DenseOptimizerConfig::Adam { .. } => ("exp_avg", "exp_avg_sq"),
+            _ => ("", "sum"),
+        };
+        for (state, data) in [(m_name, m), (v_name, v)] {
+            if !data.is_empty() {
+                let data = Cow::Owned(data);
+                let shape = shape.clone();
+                tensors.push((
+                    format!("{OPTIMIZER_PREFIX}{name}.{state}"),
+                    F32Tensor { shape, data },
+                ));
+            }
+        }
+    }
+    Ok(tensors)
+}
+
+/// A table, or the rows and columns of it one shard holds: `rows` x `dim`
+/// weights and the optimizer state in the collection's layout.
+pub(super) struct TablePart<'a> {
+    pub(super) weights: &'a [f32],
+    pub(super) state: &'a [f32],
+    pub(super) rows: usize,
+    pub(super) dim: usize,
+}
+
+/// The weight and optimizer-state tensors of `part`, under `base` (the
+/// table's TorchRec name, without `.weight`).
+pub(super) fn table_tensors<'a>(
+    base: &str,
+    part: &TablePart<'a>,
+    table_opt: &TableOptimizer,
+    tensors: &mut Vec<(String, F32Tensor<'a>)>,
+) {
+    let (rows, dim, state) = (part.rows, part.dim, part.state);
+    tensors.push((
+        format!("{base}.weight"),
+        F32Tensor {
+            shape: vec![rows, dim],
+            data: Cow::Borrowed(part.weights),
+        },
+    ));
+    let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{base}.{s}");
+    match table_opt {
+        TableOptimizer::None | TableOptimizer::Sgd { .. } => {}
+        TableOptimizer::RowWiseAdagrad { .. } => tensors.push((
+            opt_name("momentum1"),
+            F32Tensor {
+                shape: vec![rows],
+                data: Cow::Borrowed(state),
+            },
+        )),
+        TableOptimizer::Adagrad { .. } => tensors.push((
+            opt_name("momentum1"),
+            F32Tensor {
+                shape: vec![rows, dim],
+                data: Cow::Borrowed(state),
+            },
+        )),
+        TableOptimizer::Adam { .. } => {
+            // Kept as [m | v] per row; saved as two tensors.
+            let half = |k: usize| -> Vec<f32> {
+                state
+                    .chunks_exact(2 * dim.max(1))
+                    .flat_map(|r| &r[k * dim..(k + 1) * dim])
+                    .copied()
+                    .collect()
+            };
+            for (k, s) in ["momentum1", "momentum2"].iter().enumerate() {
+                tensors.push((
+                    opt_name(s),
+                    F32Tensor {
+                        shape: vec![rows, dim],
+                        data: Cow::Owned(half(k)),
+                    },
+                ));
+            }
+        }
+    }
+}
+
+/// Writes a safetensors file atomically (temporary file, fsync, rename).
+pub(super) fn write_file(
+    tensors: Vec<(String, F32Tensor<'_>)>,
+    meta: HashMap<String, String>,
+    path: &Path,
+) -> Result<(), ModelError> {
+    let fail = |m: String| fail_at(path, m);
+    let name = path
+        .file_name()
+        .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let temp = path.with_file_name(format!(".{name}.tmp"));
+    let result = (|| {
+        safetensors::serialize_to_file(tensors, Some(meta), &temp)
+            .map_err(|e| fail(e.to_string()))?;
+        File::open(&temp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| fail(e.to_string()))?;
+        ember_dataloader::writer::commit(&temp, path).map_err(|e| fail(e.to_string()))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use ember::dense::BceWithLogits;
-use ember::models::checkpoint::{StateDict, StateFile, CHECKPOINT_FILE};
+use ember::models::checkpoint::{StateDict, StateFile};
 use ember::prelude::*;
 
 const FIELDS: usize = 8;
@@ -190,15 +190,11 @@ impl Model for DeepFm {
         dir: &Path,
         train: Option<&TrainState>,
     ) -> Result<PathBuf, ModelError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| ModelError::Config(format!("{}: {e}", dir.display())))?;
-        let path = dir.join(CHECKPOINT_FILE);
         let mut state = StateDict::new();
         state.add_dense_optimizer("deep.", &self.optimizer, self.deep.params());
         state.add_module("deep.", &self.deep);
         state.add_collection("tables.", &self.tables);
-        state.save(&path, train)?;
-        Ok(path)
+        state.save_in(dir, train)
     }
 
     fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {
@@ -323,7 +319,7 @@ mod tests {
         // The checkpoint at the epoch's end restores the same predictions.
         let mut model = DeepFm::new(9).unwrap();
         let state = model
-            .load_checkpoint(&dir.join(CHECKPOINT_FILE))
+            .load_checkpoint(&dir.join(ember::models::checkpoint::CHECKPOINT_FILE))
             .unwrap()
             .unwrap();
         assert_eq!((state.epoch, state.steps), (1, 60));

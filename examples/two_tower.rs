@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use ember::dense::{BceWithLogits, DotInteraction};
-use ember::models::checkpoint::{StateDict, StateFile, CHECKPOINT_FILE};
+use ember::models::checkpoint::{StateDict, StateFile};
 use ember::prelude::*;
 use ember::sparse::rng::{mix, Rng};
 
@@ -230,16 +230,12 @@ impl Model for TwoTower {
         dir: &Path,
         train: Option<&TrainState>,
     ) -> Result<PathBuf, ModelError> {
-        let path = dir.join(CHECKPOINT_FILE);
-        std::fs::create_dir_all(dir)
-            .map_err(|e| ModelError::Config(format!("{}: {e}", dir.display())))?;
         let mut state = StateDict::new();
         state.add_params("", tower_params(&mut self.user_mlp, &mut self.item_mlp));
         let params = tower_params(&mut self.user_mlp, &mut self.item_mlp);
         state.add_dense_optimizer("", &self.optimizer, params);
         state.add_collection("tables.", &self.tables);
-        state.save(&path, train)?;
-        Ok(path)
+        state.save_in(dir, train)
     }
 
     fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {

@@ -25,12 +25,8 @@ pub struct ModeArgs {
     /// dense step recorded and run fused) or compiled (the whole dense step
     /// as one executable; parameters stay on the device). defer-fuse and
     /// compiled need `--dense-backend pjrt`.
-    #[arg(long, default_value_t = ExecMode::Strict, value_parser = parse_mode)]
+    #[arg(long, default_value_t = ExecMode::Strict)]
     pub mode: ExecMode,
-}
-
-fn parse_mode(s: &str) -> Result<ExecMode, String> {
-    s.parse()
 }
 
 #[derive(Args, Clone, Debug)]

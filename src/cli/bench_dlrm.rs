@@ -353,39 +353,35 @@ fn synthetic_data(
     resolved: &ResolvedDlrm,
     launch: &Launch,
 ) -> anyhow::Result<(SyntheticBatches, InMemory)> {
-    let data = || {
-        SyntheticData::new(SyntheticConfig {
-            fixed_indices: resolved.fixed_indices,
-            ..SyntheticConfig::for_model(
-                &resolved.config,
-                match args.data_generation {
-                    DataKind::Random => DataGeneration::Random,
-                    DataKind::Learnable => DataGeneration::Learnable,
-                },
-                resolved.indices_per_lookup,
-                args.seed,
-            )
-        })
-    };
-    let batches = |first, batches| -> anyhow::Result<SyntheticBatches> {
-        Ok(SyntheticBatches {
-            data: data()?,
-            first,
-            batches,
-            size: args.mini_batch_size,
-            rank: launch.rank(),
-            world_size: launch.world_size(),
-        })
+    let data = SyntheticData::new(SyntheticConfig {
+        fixed_indices: resolved.fixed_indices,
+        ..SyntheticConfig::for_model(
+            &resolved.config,
+            match args.data_generation {
+                DataKind::Random => DataGeneration::Random,
+                DataKind::Learnable => DataGeneration::Learnable,
+            },
+            resolved.indices_per_lookup,
+            args.seed,
+        )
+    })?;
+    let batches = |first, batches| SyntheticBatches {
+        data: data.clone(),
+        first,
+        batches,
+        size: args.mini_batch_size,
+        rank: launch.rank(),
+        world_size: launch.world_size(),
     };
     // Made once, so each evaluation sees the same batches.
     let test = match args.test_freq {
         0 => Vec::new(),
         _ => {
-            let test = batches(TEST_BATCH_BASE, args.test_num_batches)?;
+            let test = batches(TEST_BATCH_BASE, args.test_num_batches);
             test.epoch(0, 0).collect::<Result<_, _>>()?
         }
     };
-    Ok((batches(0, args.num_batches)?, InMemory(test)))
+    Ok((batches(0, args.num_batches), InMemory(test)))
 }
 
 /// With sharded tables: where they ran and what moved (on ranks, every

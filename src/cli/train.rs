@@ -19,7 +19,7 @@ use super::sharding::{planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::Progress;
 
-pub use ember_models::checkpoint::CHECKPOINT_FILE;
+use ember_models::checkpoint::CHECKPOINT_FILE;
 
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {

@@ -25,7 +25,7 @@ use safetensors::SafeTensors;
 use super::read::meta_value;
 use super::store::{f32s, file_view, map};
 use super::write::{fail_at, json, table_tensors, write_file, F32Tensor, TablePart};
-use super::{TrainState, META_TRAIN_STATE, OPTIMIZER_PREFIX};
+use super::{TrainState, CHECKPOINT_FILE, META_TRAIN_STATE, OPTIMIZER_PREFIX};
 use crate::ModelError;
 
 /// A model's state on its way to a file: named f32 tensors (borrowed where
@@ -144,6 +144,16 @@ impl<'a> StateDict<'a> {
             table_tensors(name, &part, ebc.optimizer(), &mut self.tensors);
         }
         self.metadata(table_step_key(prefix), ebc.step().to_string())
+    }
+
+    /// Writes the state into `dir` (made if missing) as its one-process
+    /// checkpoint file, [`CHECKPOINT_FILE`]; returns the file's path. What a
+    /// [`Model::save_checkpoint`](crate::Model::save_checkpoint) of a user's model does.
+    pub fn save_in(self, dir: &Path, train: Option<&TrainState>) -> Result<PathBuf, ModelError> {
+        std::fs::create_dir_all(dir).map_err(|e| fail_at(dir, e.to_string()))?;
+        let path = dir.join(CHECKPOINT_FILE);
+        self.save(&path, train)?;
+        Ok(path)
     }
 
     /// Writes the state (and the training position, when given) to `path`

@@ -14,7 +14,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
-use crate::transform::{DenseTransform, IdTransform};
+use crate::spec::DatasetSpec;
 use crate::DataError;
 
 /// One opened Parquet file.
@@ -174,28 +174,23 @@ impl Dataset {
     }
 }
 
-/// Which columns to decode and how.
+/// Which columns to decode and how: a checked [`DatasetSpec`].
 #[derive(Clone, Debug)]
 pub struct DecodeSpec {
-    /// The label column (int8, 0 or 1).
-    pub label: String,
-    /// The integer columns (int32) read as dense features, in this order.
-    pub dense: Vec<String>,
-    /// Categorical columns with the row count their ids are reduced to.
-    pub sparse: Vec<(String, u64)>,
-    /// Applied to every dense value.
-    pub dense_transform: DenseTransform,
-    /// Reduces each raw id to a row of its table.
-    pub id_transform: IdTransform,
+    spec: DatasetSpec,
+    /// The rows of each sparse column's table, in column order.
+    rows: Vec<u64>,
 }
 
-/// The ids of one categorical column over a chunk's rows.
+/// The ids of one sparse column over a chunk's rows.
 #[derive(Clone, Debug, Default)]
 pub struct FeatureChunk {
     /// `rows + 1` offsets into `values`.
     pub offsets: Vec<u32>,
     /// The transformed ids of every row, row after row; missing values add none.
     pub values: Vec<i64>,
+    /// One weight per id when the column is weighted, else empty.
+    pub weights: Vec<f32>,
 }
 
 /// One decoded row group, transformed.
@@ -207,18 +202,101 @@ pub struct Chunk {
     pub dense: Vec<f32>,
     /// One label per row, 0.0 or 1.0.
     pub labels: Vec<f32>,
-    /// One per [`DecodeSpec::sparse`] column, in that order.
+    /// One per sparse column of the spec, in that order.
     pub features: Vec<FeatureChunk>,
 }
 
+/// The column types the spec's roles accept, as the errors name them.
+const LABEL_TYPES: &str = "Int8, Int16, Int32, Int64, Boolean, Float32 or Float64 (0 or 1)";
+const DENSE_TYPES: &str = "Int32, Int64, Float32 or Float64";
+const ID_TYPES: &str = "Int64 or List(Int64)";
+
+fn is_label_type(t: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        t,
+        Int8 | Int16 | Int32 | Int64 | Boolean | Float32 | Float64
+    )
+}
+
+fn is_dense_type(t: &DataType) -> bool {
+    use DataType::*;
+    matches!(t, Int32 | Int64 | Float32 | Float64)
+}
+
+fn is_id_column(t: &DataType) -> bool {
+    match t {
+        DataType::Int64 => true,
+        DataType::List(item) => *item.data_type() == DataType::Int64,
+        _ => false,
+    }
+}
+
+fn is_float(t: &DataType) -> bool {
+    matches!(t, DataType::Float32 | DataType::Float64)
+}
+
+/// The weights a column of ids of type `ids` takes: floats of its shape.
+fn weights_fit(ids: &DataType, weights: &DataType) -> bool {
+    match (ids, weights) {
+        (DataType::List(_), DataType::List(w)) => is_float(w.data_type()),
+        (DataType::Int64, w) => is_float(w),
+        _ => false,
+    }
+}
+
+/// Every value of a numeric column as f32 (`None`: null).
+fn numeric_f32(col: &dyn Array) -> Option<Vec<Option<f32>>> {
+    use arrow_array::types::*;
+    macro_rules! prim {
+        ($t:ty) => {
+            col.as_primitive_opt::<$t>()
+                .map(|a| a.iter().map(|x| x.map(|x| x as f32)).collect())
+        };
+    }
+    match col.data_type() {
+        DataType::Int8 => prim!(Int8Type),
+        DataType::Int16 => prim!(Int16Type),
+        DataType::Int32 => prim!(Int32Type),
+        DataType::Int64 => prim!(Int64Type),
+        DataType::Float32 => prim!(Float32Type),
+        DataType::Float64 => prim!(Float64Type),
+        DataType::Boolean => Some(
+            col.as_boolean_opt()?
+                .iter()
+                .map(|x| x.map(|b| b as u8 as f32))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 impl DecodeSpec {
-    /// Checks that every file has every column, with the right type.
+    /// A checked `spec`.
+    pub fn new(spec: DatasetSpec) -> Result<Self, DataError> {
+        spec.validate()?;
+        let rows = (spec.sparse.iter())
+            .map(|c| {
+                spec.rows_of(c.key())
+                    .expect("validated: every feature has a table")
+            })
+            .collect();
+        Ok(Self { spec, rows })
+    }
+
+    /// The spec it decodes.
+    pub fn spec(&self) -> &DatasetSpec {
+        &self.spec
+    }
+
+    /// Checks that every file has every column, with a type its role takes.
     pub fn check(&self, dataset: &Dataset) -> Result<(), DataError> {
+        let s = &self.spec;
         for f in dataset.files() {
             let expect = |column: &str, ok: &dyn Fn(&DataType) -> bool, want: &str| {
                 let t = f.column_type(column)?;
                 if ok(t) {
-                    Ok(())
+                    Ok(t)
                 } else {
                     Err(DataError::column(
                         &f.path,
@@ -227,12 +305,19 @@ impl DecodeSpec {
                     ))
                 }
             };
-            expect(&self.label, &|t| *t == DataType::Int8, "Int8")?;
-            for c in &self.dense {
-                expect(c, &|t| *t == DataType::Int32, "Int32")?;
+            expect(&s.label, &is_label_type, LABEL_TYPES)?;
+            for c in &s.dense {
+                expect(&c.column, &is_dense_type, DENSE_TYPES)?;
             }
-            for (c, _) in &self.sparse {
-                expect(c, &is_id_column, "Int64 or List(Int64)")?;
+            for c in &s.sparse {
+                let ids = expect(&c.column, &is_id_column, ID_TYPES)?;
+                if let Some(w) = &c.weights {
+                    let want = match ids {
+                        DataType::Int64 => "Float32 or Float64, as its ids are one per row",
+                        _ => "List(Float32) or List(Float64), of its ids' lengths",
+                    };
+                    expect(w, &|t| weights_fit(ids, t), want)?;
+                }
             }
         }
         Ok(())
@@ -247,9 +332,11 @@ impl DecodeSpec {
         };
         let file = File::open(&f.path).map_err(DataError::io(&f.path))?;
         let schema = f.metadata.schema();
-        let roots = std::iter::once(&self.label)
-            .chain(&self.dense)
-            .chain(self.sparse.iter().map(|(c, _)| c))
+        let s = &self.spec;
+        let roots = std::iter::once(&s.label)
+            .chain(s.dense.iter().map(|c| &c.column))
+            .chain(s.sparse.iter().map(|c| &c.column))
+            .chain(s.sparse.iter().filter_map(|c| c.weights.as_ref()))
             .filter_map(|c| schema.index_of(c).ok());
         let mask = ProjectionMask::roots(f.metadata.parquet_schema(), roots);
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, f.metadata.clone())
@@ -259,7 +346,7 @@ impl DecodeSpec {
             .build()
             .map_err(at)?;
         let mut chunk = Chunk {
-            features: vec![FeatureChunk::default(); self.sparse.len()],
+            features: vec![FeatureChunk::default(); s.sparse.len()],
             ..Chunk::default()
         };
         for feature in &mut chunk.features {
@@ -267,7 +354,7 @@ impl DecodeSpec {
         }
         for batch in reader {
             let batch = batch.map_err(|e| at(parquet::errors::ParquetError::from(e)))?;
-            self.append(&f.path, &batch, &mut chunk)?;
+            self.append(&f.path, &batch, chunk.rows, &mut chunk)?;
         }
         if chunk.rows != unit.rows {
             return Err(DataError::Parquet {
@@ -281,67 +368,134 @@ impl DecodeSpec {
         Ok(chunk)
     }
 
-    fn append(&self, path: &Path, batch: &RecordBatch, chunk: &mut Chunk) -> Result<(), DataError> {
+    /// Appends `batch`, whose first row is row `first` of the row group.
+    fn append(
+        &self,
+        path: &Path,
+        batch: &RecordBatch,
+        first: usize,
+        chunk: &mut Chunk,
+    ) -> Result<(), DataError> {
+        let s = &self.spec;
         let column = |name: &str| {
             batch
                 .column_by_name(name)
                 .ok_or_else(|| DataError::column(path, name, "missing from the file".into()))
         };
+        let wrong = |name: &str, col: &dyn Array, want: &str| {
+            DataError::column(
+                path,
+                name,
+                format!("has type {}, expected {want}", col.data_type()),
+            )
+        };
         let n = batch.num_rows();
-        let labels = column(&self.label)?;
-        let labels = labels
+        let labels = column(&s.label)?;
+        // Criteo's int8 label, the common case, without the generic path.
+        if let Some(l) = labels
             .as_primitive_opt::<Int8Type>()
-            .ok_or_else(|| DataError::column(path, &self.label, "is not Int8".into()))?;
-        if labels.null_count() > 0 {
-            let row = (0..n).find(|&r| labels.is_null(r)).unwrap_or(0);
-            return Err(DataError::column(
-                path,
-                &self.label,
-                format!("row {} of the row group has no label", row),
-            ));
-        }
-        if let Some(r) = labels.values().iter().position(|&y| y != 0 && y != 1) {
-            return Err(DataError::column(
-                path,
-                &self.label,
-                format!(
-                    "row {r} of the row group has label {}, not 0 or 1",
-                    labels.value(r)
-                ),
-            ));
-        }
-        chunk
-            .labels
-            .extend(labels.values().iter().map(|&y| y as f32));
-
-        let nd = self.dense.len();
-        let base = chunk.dense.len();
-        chunk.dense.resize(base + n * nd, 0.0);
-        for (j, name) in self.dense.iter().enumerate() {
-            let col = column(name)?;
-            let col = col
-                .as_primitive_opt::<Int32Type>()
-                .ok_or_else(|| DataError::column(path, name, "is not Int32".into()))?;
-            let out = &mut chunk.dense[base..];
-            if col.null_count() == 0 {
-                for (r, &x) in col.values().iter().enumerate() {
-                    out[r * nd + j] = self.dense_transform.apply(Some(x));
-                }
-            } else {
-                for (r, x) in col.iter().enumerate() {
-                    out[r * nd + j] = self.dense_transform.apply(x);
+            .filter(|l| l.null_count() == 0)
+        {
+            if let Some(r) = l.values().iter().position(|&y| y != 0 && y != 1) {
+                return Err(DataError::column(
+                    path,
+                    &s.label,
+                    format!(
+                        "row {} of the row group has label {}, not 0 or 1",
+                        first + r,
+                        l.value(r)
+                    ),
+                ));
+            }
+            chunk.labels.extend(l.values().iter().map(|&y| y as f32));
+        } else {
+            let values =
+                numeric_f32(labels.as_ref()).ok_or_else(|| wrong(&s.label, labels, LABEL_TYPES))?;
+            for (r, y) in values.into_iter().enumerate() {
+                match y {
+                    Some(y) if y == 0.0 || y == 1.0 => chunk.labels.push(y),
+                    Some(y) => {
+                        return Err(DataError::column(
+                            path,
+                            &s.label,
+                            format!(
+                                "row {} of the row group has label {y}, not 0 or 1",
+                                first + r
+                            ),
+                        ))
+                    }
+                    None => {
+                        return Err(DataError::column(
+                            path,
+                            &s.label,
+                            format!("row {} of the row group has no label", first + r),
+                        ))
+                    }
                 }
             }
         }
 
-        for ((name, rows), out) in self.sparse.iter().zip(&mut chunk.features) {
+        let nd = s.dense.len();
+        let base = chunk.dense.len();
+        chunk.dense.resize(base + n * nd, 0.0);
+        for (j, c) in s.dense.iter().enumerate() {
+            let col = column(&c.column)?;
+            let transform = s.transform_of(j);
+            let out = &mut chunk.dense[base..];
+            // Criteo's int32 columns without nulls, the common case, directly.
+            match col.as_primitive_opt::<Int32Type>() {
+                Some(ints) if ints.null_count() == 0 => {
+                    for (r, &x) in ints.values().iter().enumerate() {
+                        out[r * nd + j] = transform.apply(Some(x));
+                    }
+                }
+                _ => {
+                    let values = numeric_f32(col.as_ref())
+                        .filter(|_| is_dense_type(col.data_type()))
+                        .ok_or_else(|| wrong(&c.column, col, DENSE_TYPES))?;
+                    for (r, x) in values.into_iter().enumerate() {
+                        let y = transform.apply_f32(x);
+                        if !y.is_finite() {
+                            return Err(DataError::column(
+                                path,
+                                &c.column,
+                                format!(
+                                    "row {} of the row group is {} ({y} after the transform)",
+                                    first + r,
+                                    x.unwrap_or(0.0)
+                                ),
+                            ));
+                        }
+                        out[r * nd + j] = y;
+                    }
+                }
+            }
+        }
+
+        for ((c, &rows), out) in s.sparse.iter().zip(&self.rows).zip(&mut chunk.features) {
+            let name = &c.column;
             let col = column(name)?;
-            let t = self.id_transform;
+            let weights = match &c.weights {
+                Some(w) => Some((w, column(w)?)),
+                None => None,
+            };
+            let t = s.id_transform;
             let mut last = *out.offsets.last().unwrap_or(&0);
             if let Some(ids) = col.as_primitive_opt::<Int64Type>() {
-                for id in ids.iter() {
+                let w = match &weights {
+                    Some((wname, w)) => Some(
+                        numeric_f32(w.as_ref())
+                            .filter(|_| is_float(w.data_type()))
+                            .ok_or_else(|| wrong(wname, w, "Float32 or Float64"))?,
+                    ),
+                    None => None,
+                };
+                for (r, id) in ids.iter().enumerate() {
                     if let Some(id) = id {
-                        out.values.push(t.apply(id, *rows));
+                        out.values.push(t.apply(id, rows));
+                        if let (Some(w), Some((wname, _))) = (&w, &weights) {
+                            out.weights.push(weight(path, wname, w[r], first + r)?);
+                        }
                         last += 1;
                     }
                     out.offsets.push(last);
@@ -357,12 +511,48 @@ impl DecodeSpec {
                             "is a list of something other than Int64".into(),
                         )
                     })?;
+                let w = match &weights {
+                    Some((wname, w)) => {
+                        let lw = w
+                            .as_list_opt::<i32>()
+                            .ok_or_else(|| wrong(wname, w, "List(Float32) or List(Float64)"))?;
+                        let values = numeric_f32(lw.values().as_ref())
+                            .filter(|_| is_float(lw.values().data_type()))
+                            .ok_or_else(|| wrong(wname, w, "List(Float32) or List(Float64)"))?;
+                        Some((*wname, lw.clone(), values))
+                    }
+                    None => None,
+                };
                 let offsets = lists.value_offsets();
                 for r in 0..n {
+                    let (start, end) = (offsets[r] as usize, offsets[r + 1] as usize);
+                    if let Some((wname, lw, _)) = &w {
+                        let got = if lw.is_valid(r) {
+                            lw.value_length(r) as usize
+                        } else {
+                            0
+                        };
+                        let want = if lists.is_valid(r) { end - start } else { 0 };
+                        if got != want {
+                            return Err(DataError::column(
+                                path,
+                                wname,
+                                format!(
+                                    "row {} of the row group has {got} weights for {want} ids of '{name}'",
+                                    first + r
+                                ),
+                            ));
+                        }
+                    }
                     if lists.is_valid(r) {
-                        for k in offsets[r] as usize..offsets[r + 1] as usize {
+                        let w_at = w.as_ref().map(|(_, lw, _)| lw.value_offsets()[r] as usize);
+                        for k in start..end {
                             if ids.is_valid(k) {
-                                out.values.push(t.apply(ids.value(k), *rows));
+                                out.values.push(t.apply(ids.value(k), rows));
+                                if let (Some((wname, _, values)), Some(at)) = (&w, w_at) {
+                                    let v = values[at + (k - start)];
+                                    out.weights.push(weight(path, wname, v, first + r)?);
+                                }
                                 last += 1;
                             }
                         }
@@ -370,14 +560,7 @@ impl DecodeSpec {
                     out.offsets.push(last);
                 }
             } else {
-                return Err(DataError::column(
-                    path,
-                    name,
-                    format!(
-                        "has type {}, expected Int64 or List(Int64)",
-                        col.data_type()
-                    ),
-                ));
+                return Err(wrong(name, col, ID_TYPES));
             }
         }
         chunk.rows += n;
@@ -385,10 +568,19 @@ impl DecodeSpec {
     }
 }
 
-fn is_id_column(t: &DataType) -> bool {
-    match t {
-        DataType::Int64 => true,
-        DataType::List(item) => *item.data_type() == DataType::Int64,
-        _ => false,
+/// A weight read from the data: present and finite, or an error naming the row.
+fn weight(path: &Path, column: &str, w: Option<f32>, row: usize) -> Result<f32, DataError> {
+    match w {
+        Some(w) if w.is_finite() => Ok(w),
+        Some(w) => Err(DataError::column(
+            path,
+            column,
+            format!("row {row} of the row group has weight {w}"),
+        )),
+        None => Err(DataError::column(
+            path,
+            column,
+            format!("row {row} of the row group has a null weight for an id"),
+        )),
     }
 }

@@ -37,6 +37,14 @@ pub enum DataError {
         /// What is wrong with it.
         message: String,
     },
+    /// A dataset spec that cannot be read or does not hold together.
+    #[error("{}: {message}", path.display())]
+    Spec {
+        /// The spec's JSON file.
+        path: PathBuf,
+        /// What is wrong (serde's line and column, or the inconsistency).
+        message: String,
+    },
     /// A malformed input line under `--strict`.
     #[error("{}:{line}: {reason}", path.display())]
     Malformed {

@@ -1,10 +1,11 @@
-//! ember-dataloader: Criteo click logs into Parquet, and Parquet back out as
-//! training batches.
+//! ember-dataloader: Criteo click logs into Parquet, and Parquet datasets of
+//! any schema back out as training batches.
 //!
 //! - [`criteo`]: parsing one line of a Criteo display-advertising TSV.
 //! - [`schema`]: the Parquet schema Ember writes and reads.
 //! - [`writer`]: row-group builders and an atomic, file-splitting Parquet sink.
 //! - [`ingest`]: the streaming `ember ingest criteo` pass.
+//! - [`spec`]: the dataset spec: which columns make a batch, and their tables.
 //! - [`transform`]: the named dense and categorical transforms.
 //! - [`dataset`]: a validated set of Parquet files and row-group decoding.
 //! - [`loader`]: the pipelined, shuffled, rank-sharded batch iterator.
@@ -17,10 +18,12 @@ mod error;
 pub mod ingest;
 pub mod loader;
 pub mod schema;
+pub mod spec;
 pub mod transform;
 pub mod writer;
 
 pub use dataset::Dataset;
 pub use error::DataError;
-pub use loader::{Batch, Loader, LoaderConfig, SparseColumn};
+pub use loader::{Batch, Loader, LoaderConfig};
+pub use spec::{DatasetSpec, DenseColumn, SparseColumn};
 pub use transform::{DenseTransform, IdTransform};

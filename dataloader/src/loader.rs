@@ -5,11 +5,13 @@
 //!   │                          world_size-th one from `rank` kept
 //!   ├─ unit 0, T, 2T.. ─► decode thread 0 ─► bounded queue 0 ─┐
 //!   ├─ unit 1, T+1 ..  ─► decode thread 1 ─► bounded queue 1 ─┼─► batches, in unit order
-//!   └─ ...                                                    ┘   (taken round-robin)
+//!   └─ ...                                                    ┘   (taken round-robin
+//!                                                                 by the assembler thread)
 //! ```
 //! Decoding (Parquet, then the transforms) runs on `threads` threads ahead
-//! of the consumer, at most `prefetch` row groups each; the consumer only
-//! copies rows into batches. Taking the queues round-robin keeps the order
+//! of the consumer, at most `prefetch` row groups each; one more thread cuts
+//! them into finished batches (KeyedJaggedTensor, dense rows, labels), at
+//! most `prefetch` ahead, so the consumer only takes them. Taking the queues round-robin keeps the order
 //! of batches a pure function of (data, seed, epoch), whatever the timing,
 //! so a resumed run sees the same batches as one that never stopped.
 
@@ -23,41 +25,22 @@ use ember_sparse::rng::{mix, Rng};
 use ember_sparse::KeyedJaggedTensor;
 use serde::{Deserialize, Serialize};
 
+use ember_sparse::EmbeddingBagConfig;
+
 use crate::dataset::{Chunk, DecodeSpec, Unit};
-use crate::schema::{int_column, LABEL, NUM_INT};
-use crate::transform::{DenseTransform, IdTransform};
+use crate::spec::DatasetSpec;
 use crate::{DataError, Dataset};
 
-/// A categorical column read as the sparse feature `key` of a table with
-/// `num_embeddings` rows.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SparseColumn {
-    /// The Parquet column it is read from (int64 or `list<int64>`).
-    pub column: String,
-    /// The feature's key in [`Batch::sparse`].
-    pub key: String,
-    /// Rows of the feature's table: every id is reduced into
-    /// `0..num_embeddings` by [`LoaderConfig::id_transform`]. At least 1.
-    pub num_embeddings: u64,
-}
-
-/// What a [`Loader`] reads and how. [`LoaderConfig::criteo`] gives the
-/// Criteo schema's columns with the defaults; change fields from there.
+/// What a [`Loader`] reads and how: a [`DatasetSpec`] and the batching
+/// around it. [`LoaderConfig::criteo`] gives the Criteo schema's columns
+/// with the defaults; change fields from there.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LoaderConfig {
     /// Rows per batch (at least 1); an epoch's last batch may be shorter
     /// unless `drop_last`.
     pub batch_size: usize,
-    /// The label column (int8, 0 or 1, never null).
-    pub label_column: String,
-    /// Integer columns (int32) read as dense features, in this order.
-    pub dense_columns: Vec<String>,
-    /// Categorical columns read as sparse features, in this order.
-    pub sparse_columns: Vec<SparseColumn>,
-    /// Raw integer → dense input.
-    pub dense_transform: DenseTransform,
-    /// Raw id → table row.
-    pub id_transform: IdTransform,
+    /// The columns and the tables their features look up.
+    pub spec: DatasetSpec,
     /// Shuffle the row groups of every epoch with this seed (`None`: file order).
     pub shuffle_seed: Option<u64>,
     /// Drop an epoch's last batch when it is short.
@@ -67,30 +50,20 @@ pub struct LoaderConfig {
     pub rank: usize,
     /// Number of processes sharing the data (at least 1; `rank` is below it).
     pub world_size: usize,
-    /// Decoding threads.
+    /// Decoding threads (batches are assembled on one more).
     pub threads: usize,
-    /// Decoded row groups queued ahead, per thread.
+    /// Decoded row groups queued ahead, per thread, and finished batches
+    /// queued ahead of the consumer.
     pub prefetch: usize,
 }
 
 impl LoaderConfig {
-    /// The Criteo schema's columns: `label`, `int_0..int_12`, and for each
-    /// `(feature, rows)` the column of the same name (`cat_i`).
-    pub fn criteo(batch_size: usize, features: &[(String, usize)]) -> Self {
+    /// Batches of `batch_size` rows of `spec`, in file order, one
+    /// decoding thread, nothing dropped.
+    pub fn new(batch_size: usize, spec: DatasetSpec) -> Self {
         Self {
             batch_size,
-            label_column: LABEL.into(),
-            dense_columns: (0..NUM_INT).map(int_column).collect(),
-            sparse_columns: features
-                .iter()
-                .map(|(key, rows)| SparseColumn {
-                    column: key.clone(),
-                    key: key.clone(),
-                    num_embeddings: *rows as u64,
-                })
-                .collect(),
-            dense_transform: DenseTransform::default(),
-            id_transform: IdTransform::default(),
+            spec,
             shuffle_seed: None,
             drop_last: false,
             rank: 0,
@@ -98,6 +71,11 @@ impl LoaderConfig {
             threads: 1,
             prefetch: 2,
         }
+    }
+
+    /// The Criteo schema's columns ([`DatasetSpec::criteo`]) for `tables`.
+    pub fn criteo(batch_size: usize, tables: &[EmbeddingBagConfig]) -> Self {
+        Self::new(batch_size, DatasetSpec::criteo(tables))
     }
 
     fn validate(&self) -> Result<(), DataError> {
@@ -114,10 +92,7 @@ impl LoaderConfig {
         if self.threads == 0 || self.prefetch == 0 {
             return fail("loader threads and prefetch depth must be at least 1".into());
         }
-        if let Some(c) = self.sparse_columns.iter().find(|c| c.num_embeddings == 0) {
-            return fail(format!("feature '{}' has a table of 0 rows", c.key));
-        }
-        Ok(())
+        self.spec.validate()
     }
 }
 
@@ -129,7 +104,7 @@ pub struct Batch {
     /// Dense features per row (the width of `dense`).
     pub num_dense: usize,
     /// The ids, one key per [`SparseColumn`] (its `key`), one bag per row;
-    /// a missing value is an empty bag.
+    /// a missing value is an empty bag. Weighted when the spec has weights.
     pub sparse: KeyedJaggedTensor,
     /// One label per row, 0.0 or 1.0.
     pub labels: Vec<f32>,
@@ -146,6 +121,7 @@ impl Batch {
     pub fn bytes(&self) -> usize {
         4 * (self.dense.len() + self.labels.len())
             + 8 * self.sparse.values().len()
+            + 4 * self.sparse.weights().map_or(0, |w| w.len())
             + 4 * self.sparse.keys().len() * self.size()
     }
 }
@@ -157,6 +133,7 @@ impl Batch {
 /// use ember_dataloader::schema::{cat_column, NUM_CAT, NUM_INT};
 /// use ember_dataloader::writer::{Bag, CriteoBatchBuilder, ParquetSink, SinkOptions};
 /// use ember_dataloader::{Loader, LoaderConfig};
+/// use ember_sparse::EmbeddingBagConfig;
 ///
 /// // Ten rows in row groups of four, written with the crate's own writer.
 /// let dir = tempfile::tempdir()?;
@@ -176,8 +153,10 @@ impl Batch {
 /// sink.finish()?;
 ///
 /// // Every categorical column as a feature with a table of 1000 rows.
-/// let features: Vec<(String, usize)> = (0..NUM_CAT).map(|i| (cat_column(i), 1000)).collect();
-/// let loader = Loader::open(&[dir.path().to_path_buf()], LoaderConfig::criteo(4, &features))?;
+/// let tables: Vec<EmbeddingBagConfig> = (0..NUM_CAT)
+///     .map(|i| EmbeddingBagConfig::new(&format!("t_cat_{i}"), 1000, 16, &[&cat_column(i)]))
+///     .collect();
+/// let loader = Loader::open(&[dir.path().to_path_buf()], LoaderConfig::criteo(4, &tables))?;
 /// assert_eq!(loader.dataset().num_rows(), 10);
 /// assert_eq!(loader.batches_per_epoch(0), 3);
 ///
@@ -201,15 +180,7 @@ impl Loader {
     /// Checks every file for the configured columns and types.
     pub fn new(dataset: Dataset, config: LoaderConfig) -> Result<Self, DataError> {
         config.validate()?;
-        let spec = DecodeSpec {
-            label: config.label_column.clone(),
-            dense: config.dense_columns.clone(),
-            sparse: (config.sparse_columns.iter())
-                .map(|c| (c.column.clone(), c.num_embeddings))
-                .collect(),
-            dense_transform: config.dense_transform,
-            id_transform: config.id_transform,
-        };
+        let spec = DecodeSpec::new(config.spec.clone())?;
         spec.check(&dataset)?;
         Ok(Self {
             dataset: Arc::new(dataset),
@@ -301,26 +272,67 @@ impl Loader {
             }));
             receivers.push(rx);
         }
-        Batches {
+        let spec = self.spec.spec();
+        let mut assembler = Assembler {
             receivers,
             workers,
             num_units: units.len(),
             next_unit: 0,
             pending: VecDeque::new(),
             first_skip: skip_rows as usize,
-            keys: (self.config.sparse_columns.iter())
-                .map(|c| c.key.clone())
-                .collect(),
-            num_dense: self.config.dense_columns.len(),
+            keys: spec.sparse.iter().map(|c| c.key().to_string()).collect(),
+            weighted: spec.weighted(),
+            num_dense: spec.num_dense(),
             batch_size: self.config.batch_size,
             drop_last: self.config.drop_last,
-            failed: false,
+        };
+        // Batches are finished here, off the consumer's thread: it only
+        // takes them from the queue.
+        let (tx, rx) = bounded(self.config.prefetch);
+        let thread = std::thread::spawn(move || {
+            while let Some(batch) = assembler.next() {
+                let failed = batch.is_err();
+                if tx.send(batch).is_err() || failed {
+                    break;
+                }
+            }
+            assembler.stop();
+        });
+        Batches {
+            rx: Some(rx),
+            thread: Some(thread),
         }
     }
 }
 
-/// The batches of one epoch; dropping it stops the decoding threads.
+/// The batches of one epoch, assembled on their own thread from the
+/// decoding threads' row groups; dropping it stops every thread.
 pub struct Batches {
+    rx: Option<Receiver<Result<Batch, DataError>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Iterator for Batches {
+    type Item = Result<Batch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        // The assembler ends the queue after the last batch or the first error.
+        self.rx.as_ref()?.recv().ok()
+    }
+}
+
+impl Drop for Batches {
+    fn drop(&mut self) {
+        // Closing the queue makes the assembler stop at its next send.
+        self.rx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Cuts the decoded row groups, taken round-robin, into batches.
+struct Assembler {
     receivers: Vec<Receiver<Result<Chunk, DataError>>>,
     workers: Vec<JoinHandle<()>>,
     num_units: usize,
@@ -330,13 +342,13 @@ pub struct Batches {
     /// Rows to skip in the first chunk (a resumed epoch).
     first_skip: usize,
     keys: Vec<String>,
+    weighted: bool,
     num_dense: usize,
     batch_size: usize,
     drop_last: bool,
-    failed: bool,
 }
 
-impl Batches {
+impl Assembler {
     /// Pulls decoded chunks until `want` rows are pending or the epoch ends.
     fn fill(&mut self, want: usize) -> Result<usize, DataError> {
         let mut have: usize = self.pending.iter().map(|(c, at)| c.rows - at).sum();
@@ -379,14 +391,21 @@ impl Batches {
         }
         let mut lengths = Vec::with_capacity(self.keys.len() * n);
         let mut values = Vec::new();
+        let mut weights = Vec::new();
         for f in 0..self.keys.len() {
             for (i, rows) in &pieces {
                 let feature = &self.pending[*i].0.features[f];
                 let offsets = &feature.offsets[rows.start..=rows.end];
                 lengths.extend(offsets.windows(2).map(|w| (w[1] - w[0]) as i64));
-                values.extend_from_slice(
-                    &feature.values[offsets[0] as usize..offsets[offsets.len() - 1] as usize],
-                );
+                let ids = offsets[0] as usize..offsets[offsets.len() - 1] as usize;
+                values.extend_from_slice(&feature.values[ids.clone()]);
+                if self.weighted {
+                    match feature.weights.is_empty() {
+                        // An unweighted feature of a weighted batch: weight 1.
+                        true => weights.resize(values.len(), 1.0),
+                        false => weights.extend_from_slice(&feature.weights[ids]),
+                    }
+                }
             }
         }
         // Advance past the rows taken.
@@ -397,7 +416,8 @@ impl Batches {
                 self.pending.remove(*i);
             }
         }
-        let sparse = KeyedJaggedTensor::from_lengths(self.keys.clone(), values, &lengths, None)?;
+        let weights = self.weighted.then_some(weights);
+        let sparse = KeyedJaggedTensor::from_lengths(self.keys.clone(), values, &lengths, weights)?;
         Ok(Batch {
             dense,
             num_dense: nd,
@@ -405,21 +425,11 @@ impl Batches {
             labels,
         })
     }
-}
 
-impl Iterator for Batches {
-    type Item = Result<Batch, DataError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
+    fn next(&mut self) -> Option<Result<Batch, DataError>> {
         let have = match self.fill(self.batch_size) {
             Ok(have) => have,
-            Err(e) => {
-                self.failed = true;
-                return Some(Err(e));
-            }
+            Err(e) => return Some(Err(e)),
         };
         let n = have.min(self.batch_size);
         if n == 0 || (self.drop_last && n < self.batch_size) {
@@ -427,11 +437,10 @@ impl Iterator for Batches {
         }
         Some(self.assemble(n))
     }
-}
 
-impl Drop for Batches {
-    fn drop(&mut self) {
-        // Closing the queues makes every thread stop at its next send.
+    /// Closes the decoding queues (each thread stops at its next send) and
+    /// waits for the threads.
+    fn stop(&mut self) {
         self.receivers.clear();
         for w in self.workers.drain(..) {
             let _ = w.join();

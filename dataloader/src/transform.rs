@@ -14,16 +14,26 @@ pub enum DenseTransform {
     /// Criteo's integers are at least -2; anything lower is clamped to -2 so
     /// the log stays finite.
     LogPlus3,
+    /// The value as it is (a float column, already normalised), missing as 0.
+    Identity,
 }
 
 impl DenseTransform {
     /// The model input for raw value `x` (`None`: missing).
     #[inline]
     pub fn apply(self, x: Option<i32>) -> f32 {
-        let x = x.unwrap_or(0) as f32;
+        self.apply_f32(x.map(|x| x as f32))
+    }
+
+    /// The model input for raw value `x` of any numeric column, as f32
+    /// (`None`: missing).
+    #[inline]
+    pub fn apply_f32(self, x: Option<f32>) -> f32 {
+        let x = x.unwrap_or(0.0);
         match self {
             DenseTransform::Log1p => x.max(0.0).ln_1p(),
             DenseTransform::LogPlus3 => (x.max(-2.0) + 3.0).ln(),
+            DenseTransform::Identity => x,
         }
     }
 }
@@ -52,7 +62,7 @@ impl IdTransform {
     }
 }
 
-/// Parses the names above (`log1p`, `log-plus3`; `modulo`, `hash`), as the
+/// Parses the names above (`log1p`, `log-plus3`, `identity`; `modulo`, `hash`), as the
 /// command line takes them.
 macro_rules! named {
     ($t:ty, $($name:literal => $v:expr),+) => {
@@ -67,7 +77,7 @@ macro_rules! named {
         }
     };
 }
-named!(DenseTransform, "log1p" => DenseTransform::Log1p, "log-plus3" => DenseTransform::LogPlus3);
+named!(DenseTransform, "log1p" => DenseTransform::Log1p, "log-plus3" => DenseTransform::LogPlus3, "identity" => DenseTransform::Identity);
 named!(IdTransform, "modulo" => IdTransform::Modulo, "hash" => IdTransform::Hash);
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use ember_dataloader::ingest::{ingest_criteo, IngestOptions};
 use ember_dataloader::schema::{NUM_CAT, NUM_INT};
 use ember_dataloader::writer::{Bag, Codec, CriteoBatchBuilder, ParquetSink, SinkOptions};
 use ember_dataloader::{DataError, Loader, LoaderConfig};
+use ember_sparse::EmbeddingBagConfig;
 
 /// Good line `i`: label i%2, int_j = i*10+j except int_1 missing on odd
 /// rows, cat_j = hex(i*1000+j) except cat_2 missing on rows divisible by 3.
@@ -65,8 +66,10 @@ fn options(row_group_size: usize, rows_per_file: Option<u64>) -> IngestOptions {
 }
 
 fn loader_config(batch: usize, rows: usize) -> LoaderConfig {
-    let features: Vec<(String, usize)> = (0..NUM_CAT).map(|i| (format!("cat_{i}"), rows)).collect();
-    LoaderConfig::criteo(batch, &features)
+    let tables: Vec<EmbeddingBagConfig> = (0..NUM_CAT)
+        .map(|i| EmbeddingBagConfig::new(&format!("t_cat_{i}"), rows, 4, &[&format!("cat_{i}")]))
+        .collect();
+    LoaderConfig::criteo(batch, &tables)
 }
 
 #[test]
@@ -294,20 +297,19 @@ fn bad_files_and_columns_are_named() {
     };
 
     let mut missing = loader_config(4, 10);
-    missing.sparse_columns[3].column = "cat_99".into();
+    missing.spec.sparse[3].column = "cat_99".into();
+    missing.spec.sparse[3].feature = Some("cat_3".into());
     let e = open(missing);
     assert!(
         e.contains("mh-00000.parquet") && e.contains("cat_99") && e.contains("missing"),
         "{e}"
     );
 
-    let wrong = LoaderConfig {
-        label_column: "int_0".into(),
-        ..loader_config(4, 10)
-    };
+    let mut wrong = loader_config(4, 10);
+    wrong.spec.label = "cat_0".into();
     let e = open(wrong);
     assert!(
-        e.contains("int_0") && e.contains("Int32") && e.contains("Int8"),
+        e.contains("cat_0") && e.contains("List") && e.contains("Int8"),
         "{e}"
     );
 

@@ -4,6 +4,7 @@
 //! (ranks are processes).
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 
 /// How long a rank waits for a peer's message before giving up: a peer that
 /// failed stops the others in bounded time instead of hanging them.
@@ -35,6 +36,14 @@ pub trait Collective: Send + Sync {
     /// Sets that wait: longer around phases where ranks wait for each other
     /// for good reason (building or loading shards, writing a checkpoint).
     fn set_timeout(&self, _: std::time::Duration) {}
+
+    /// A second collective over the same ranks whose messages never mix
+    /// with this one's, for exchanges run from another thread at the same
+    /// time (the input dist of the next batch). Every rank opens its
+    /// channels in the same order. `None`: the backend has none.
+    fn channel(&self) -> Option<Arc<dyn Collective>> {
+        None
+    }
 
     /// Element-wise sum over ranks, the same bits on every rank. A
     /// reduce-scatter then an all-gather, as a ring all-reduce moves data

@@ -7,8 +7,8 @@
 //! after the timeout with an error naming the ranks it is missing, and the
 //! caller then aborts the whole job (`MPI_Abort`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
@@ -19,8 +19,9 @@ use mpi::Threading;
 use crate::collective::Collective;
 use crate::ShardingError;
 
-/// Every exchange uses one tag: all ranks call the collectives in the same
-/// order, and MPI keeps messages between two ranks in order.
+/// Every exchange of a channel uses its tag: all ranks call its
+/// collectives in the same order, and MPI keeps messages between two ranks
+/// in order. The world's collective has this one; channels the next ones.
 const TAG: i32 = 7;
 
 /// An MPI world: keep it alive for as long as MPI is used; dropping it
@@ -63,25 +64,32 @@ impl MpiWorld {
     /// The collective over all ranks, with `timeout` per exchange.
     pub fn collective(&self, timeout: Duration) -> MpiCollective {
         MpiCollective {
-            world: Mutex::new(self.universe.world()),
+            world: Arc::new(Mutex::new(self.universe.world())),
+            tag: TAG,
+            next_tag: Arc::new(AtomicI32::new(TAG + 1)),
             rank: self.rank(),
             size: self.size(),
             timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
-            bytes_sent: AtomicU64::new(0),
+            bytes_sent: Arc::new(AtomicU64::new(0)),
         }
     }
 }
 
 /// The [`Collective`] over an MPI world, made by [`MpiWorld::collective`]:
-/// exchanges are serialized by a lock and give up after the timeout (set
-/// there, changed with [`Collective::set_timeout`]) with an error naming the
-/// silent ranks.
+/// MPI calls are serialized by a lock (taken per call, so the exchanges of
+/// two channels on two threads interleave), and an exchange gives up after
+/// the timeout (set there, changed with [`Collective::set_timeout`]) with an
+/// error naming the silent ranks.
 pub struct MpiCollective {
-    world: Mutex<SimpleCommunicator>,
+    world: Arc<Mutex<SimpleCommunicator>>,
+    /// This channel's tag, and the next free one (shared by all channels).
+    tag: i32,
+    next_tag: Arc<AtomicI32>,
     rank: usize,
     size: usize,
     timeout_ms: AtomicU64,
-    bytes_sent: AtomicU64,
+    /// Shared by the channels: a rank's bytes are all its channels'.
+    bytes_sent: Arc<AtomicU64>,
 }
 
 // SAFETY: the communicator is a handle; every use goes through the mutex, and
@@ -113,7 +121,7 @@ impl Collective for MpiCollective {
                 send.len()
             )));
         }
-        let world = self.world.lock().expect("the MPI lock");
+        let lock = || self.world.lock().unwrap_or_else(|e| e.into_inner());
         let timeout = Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed));
         let deadline = Instant::now() + timeout;
         let mut received: Vec<Option<Vec<u8>>> = vec![None; n];
@@ -129,10 +137,10 @@ impl Collective for MpiCollective {
             let buffer_ptr: *mut [u8] = buffer;
             // SAFETY: the buffer is leaked, so it outlives the request; it is
             // freed only after the request completes (below).
-            let request = world.process_at_rank(peer as i32).immediate_send_with_tag(
+            let request = lock().process_at_rank(peer as i32).immediate_send_with_tag(
                 StaticScope,
                 unsafe { &*buffer_ptr },
-                TAG,
+                self.tag,
             );
             sending.push(Sending {
                 peer,
@@ -143,10 +151,11 @@ impl Collective for MpiCollective {
         let mut waiting: Vec<usize> = (0..n).filter(|&r| r != me).collect();
         let mut polls = 0u32;
         while !waiting.is_empty() || !sending.is_empty() {
+            let world = lock();
             waiting.retain(|&src| {
                 match world
                     .process_at_rank(src as i32)
-                    .immediate_matched_probe_with_tag(TAG)
+                    .immediate_matched_probe_with_tag(self.tag)
                 {
                     Some(probed) => {
                         received[src] = Some(probed.matched_receive_vec::<u8>().0);
@@ -165,6 +174,7 @@ impl Collective for MpiCollective {
                     Err(request) => Some(Sending { request, ..s }),
                 })
                 .collect();
+            drop(world);
             if waiting.is_empty() && sending.is_empty() {
                 break;
             }
@@ -212,5 +222,18 @@ impl Collective for MpiCollective {
     fn set_timeout(&self, timeout: Duration) {
         self.timeout_ms
             .store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn channel(&self) -> Option<Arc<dyn Collective>> {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        Some(Arc::new(MpiCollective {
+            world: self.world.clone(),
+            tag,
+            next_tag: self.next_tag.clone(),
+            rank: self.rank,
+            size: self.size,
+            timeout_ms: AtomicU64::new(self.timeout_ms.load(Ordering::Relaxed)),
+            bytes_sent: self.bytes_sent.clone(),
+        }))
     }
 }

@@ -189,6 +189,48 @@ proptest! {
     }
 
     #[test]
+    fn routed_ahead_equals_inline(c in case()) {
+        // The input dist of batch k+1 runs on another thread while batch k
+        // computes, as the trainer's pipeline runs it: the same bits.
+        let cfgs = configs(&c);
+        let opt = optimizer(c.optimizer);
+        let source = EmbeddingBagCollection::new(cfgs.clone(), opt, c.seed).unwrap();
+        let p = plan_of(TYPES[c.kind], &cfgs, c.devices, &opt);
+        let mut inline = ShardedEmbeddingBagCollection::from_collection(&source, p.clone()).unwrap();
+        let mut ahead = ShardedEmbeddingBagCollection::from_collection(&source, p).unwrap();
+        let router = ahead.input_router().expect("threads always route ahead");
+        let mut rng = Rng::new(c.seed ^ 2);
+        let batches: Vec<KeyedJaggedTensor> = (0..3).map(|_| batch(&c, &cfgs, &mut rng)).collect();
+        let mut routed = Some(router.route(&batches[0]).unwrap());
+        for (k, kjt) in batches.iter().enumerate() {
+            let want = inline.forward(kjt).unwrap();
+            let grad: Vec<f32> = (0..want.values().len()).map(|_| rng.next_f32() - 0.5).collect();
+            inline.backward_update(kjt, &grad).unwrap();
+            let mut got = ahead.new_output(kjt.stride());
+            let this = routed.take().unwrap();
+            std::thread::scope(|s| {
+                let next = batches.get(k + 1).map(|b| s.spawn(|| router.route(b).unwrap()));
+                ahead.forward_routed(kjt, this, &mut got).unwrap();
+                ahead.backward_update(kjt, &grad).unwrap();
+                routed = next.map(|h| h.join().unwrap());
+            });
+            prop_assert_eq!(got.values(), want.values());
+        }
+        let (a, b) = (ahead.to_collection().unwrap(), inline.to_collection().unwrap());
+        for (x, y) in a.tables().iter().zip(b.tables()) {
+            prop_assert_eq!(x.weights(), y.weights());
+            prop_assert_eq!(x.optimizer_state(), y.optimizer_state());
+        }
+        prop_assert_eq!(ahead.stats().bytes_sent, inline.stats().bytes_sent);
+        // A routed input is for its own batch only.
+        let other = router.route(&batches[0]).unwrap();
+        let mut out = ahead.new_output(batches[1].stride());
+        if batches[0].values() != batches[1].values() || batches[0].offsets() != batches[1].offsets() {
+            prop_assert!(ahead.forward_routed(&batches[1], other, &mut out).is_err());
+        }
+    }
+
+    #[test]
     fn ranks_equal_threads(c in case()) {
         // Each rank (a thread here, as a process under MPI) holds its own
         // device and its block of the batch.

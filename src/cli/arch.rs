@@ -5,6 +5,7 @@
 use anyhow::bail;
 use clap::{Args, ValueEnum};
 
+use ember_dataloader::DatasetSpec;
 use ember_dense::DenseOptimizerConfig;
 use ember_models::{DlrmConfig, InteractionType};
 use ember_sparse::TableOptimizer;
@@ -69,6 +70,24 @@ pub struct ArchArgs {
 impl ArchArgs {
     /// The architecture, and the preset's default ids per bag (and whether fixed).
     pub fn resolve(&self) -> anyhow::Result<(DlrmConfig, usize, bool)> {
+        self.resolve_for(None)
+    }
+
+    /// The embedding dim and the rows of each table the flags give.
+    pub fn table_shape(&self) -> anyhow::Result<(usize, Vec<usize>)> {
+        let (config, _, _) = self.resolve_for(None)?;
+        let rows = config.tables.iter().map(|t| t.num_embeddings).collect();
+        Ok((config.embedding_dim(), rows))
+    }
+
+    /// The architecture for `spec`'s data (its tables; the bottom MLP's
+    /// input is its dense columns), or for Criteo's when `None`. Without
+    /// `--arch-mlp-bot`, a spec's bottom MLP is the preset's with the
+    /// dataset's dense width in and the tables' dim out.
+    pub fn resolve_for(
+        &self,
+        spec: Option<&DatasetSpec>,
+    ) -> anyhow::Result<(DlrmConfig, usize, bool)> {
         let (dim, rows, bot, top, op, lookups, fixed, cap) = match self.preset {
             None => (
                 2,
@@ -113,10 +132,28 @@ impl ArchArgs {
             anyhow::ensure!(cap > 0, "--max-ind-range must be at least 1");
             rows.iter_mut().for_each(|r| *r = (*r).min(cap));
         }
-        let bottom_mlp = parse_sizes(
+        let mut bottom_mlp = parse_sizes(
             "--arch-mlp-bot",
             self.arch_mlp_bot.as_deref().unwrap_or(bot),
         )?;
+        let tables = match spec {
+            None => DlrmConfig::criteo_tables(&rows, dim),
+            Some(spec) => {
+                let dense = spec.num_dense();
+                if self.arch_mlp_bot.is_none() {
+                    bottom_mlp[0] = dense;
+                    if let Some(t) = spec.tables.first() {
+                        *bottom_mlp.last_mut().expect("parsed sizes") = t.embedding_dim;
+                    }
+                }
+                anyhow::ensure!(
+                    bottom_mlp[0] == dense,
+                    "--arch-mlp-bot takes {} dense inputs, the dataset has {dense} dense columns",
+                    bottom_mlp[0]
+                );
+                spec.tables.clone()
+            }
+        };
         let top_mlp = parse_sizes(
             "--arch-mlp-top",
             self.arch_mlp_top.as_deref().unwrap_or(top),
@@ -129,7 +166,7 @@ impl ArchArgs {
             },
         };
         let config = DlrmConfig {
-            tables: DlrmConfig::criteo_tables(&rows, dim),
+            tables,
             bottom_mlp,
             top_mlp,
             interaction,
@@ -201,7 +238,32 @@ pub struct TableArgs {
 impl TableArgs {
     /// `(feature, rows)` of every table: `cat_i` for table `t_cat_i`.
     pub fn feature_rows(&self) -> anyhow::Result<Vec<(String, usize)>> {
-        let arch = ArchArgs {
+        Ok(self
+            .tables()?
+            .iter()
+            .map(|t| (t.feature_names[0].clone(), t.num_embeddings))
+            .collect())
+    }
+
+    /// The Criteo tables `t_cat_i` of the flags' sizes.
+    pub fn tables(&self) -> anyhow::Result<Vec<ember_sparse::EmbeddingBagConfig>> {
+        let tables = self.arch().resolve()?.0.tables;
+        anyhow::ensure!(
+            tables.len() == ember_dataloader::schema::NUM_CAT,
+            "the Criteo schema has {} categorical columns; --arch-embedding-size gives {} tables",
+            ember_dataloader::schema::NUM_CAT,
+            tables.len()
+        );
+        Ok(tables)
+    }
+
+    /// The rows of each table the flags give (any number of tables).
+    pub fn rows(&self) -> anyhow::Result<Vec<usize>> {
+        Ok(self.arch().table_shape()?.1)
+    }
+
+    fn arch(&self) -> ArchArgs {
+        ArchArgs {
             preset: Some(self.preset),
             arch_sparse_feature_size: None,
             arch_embedding_size: self.arch_embedding_size.clone(),
@@ -211,14 +273,6 @@ impl TableArgs {
             dcn_num_layers: None,
             dcn_low_rank_dim: None,
             max_ind_range: self.max_ind_range,
-        };
-        let rows = arch.resolve()?.0.feature_rows();
-        anyhow::ensure!(
-            rows.len() == ember_dataloader::schema::NUM_CAT,
-            "the Criteo schema has {} categorical columns; --arch-embedding-size gives {} tables",
-            ember_dataloader::schema::NUM_CAT,
-            rows.len()
-        );
-        Ok(rows)
+        }
     }
 }

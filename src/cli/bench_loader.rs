@@ -58,13 +58,16 @@ impl std::fmt::Display for LoaderReport {
 }
 
 pub fn run(args: &LoaderBenchArgs) -> anyhow::Result<LoaderReport> {
-    let features = args.tables.feature_rows()?;
-    let loader = args.loader.open(
-        &args.data,
-        &features,
-        ember_dataloader::schema::NUM_INT,
-        args.mini_batch_size,
-    )?;
+    let shape = || Ok((1, args.tables.rows()?));
+    let spec = match args.loader.spec(&shape)? {
+        Some(spec) => spec,
+        None => {
+            let tables = args.tables.tables()?;
+            args.loader
+                .spec_for(&tables, ember_dataloader::schema::NUM_INT, &args.data[0])?
+        }
+    };
+    let loader = args.loader.open(&args.data, spec, args.mini_batch_size)?;
     let total: u64 = (0..args.epochs).map(|e| loader.batches_per_epoch(e)).sum();
     let progress = Progress::new(total, "loader", args.json);
     let (mut rows, mut ids, mut bytes, mut batches) = (0u64, 0u64, 0u64, 0u64);

@@ -1,60 +1,174 @@
-//! Loader flags shared by `train`, `eval`, `predict` and `bench loader`.
+//! Loader flags shared by `train`, `eval`, `predict` and `bench loader`:
+//! which columns make a batch (a dataset spec, the simple-case flags, or
+//! Criteo's), their transforms, and the decoding threads.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use clap::Args;
 
-use ember_dataloader::schema::NUM_INT;
-use ember_dataloader::{DenseTransform, IdTransform, Loader, LoaderConfig};
+use ember_dataloader::{DatasetSpec, DenseTransform, IdTransform, Loader, LoaderConfig};
+use ember_sparse::EmbeddingBagConfig;
 
 #[derive(Args, Clone, Debug)]
 pub struct LoaderArgs {
-    /// Dense transform: log1p (dlrm_s_pytorch) or log-plus3 (TorchRec's Parquet path).
-    #[arg(long, default_value = "log1p")]
-    pub dense_transform: DenseTransform,
-    /// Categorical transform: modulo (TorchRec, MLPerf) or hash.
-    #[arg(long, default_value = "modulo")]
-    pub id_transform: IdTransform,
-    /// Parquet decoding threads.
+    /// The dataset's columns and tables as a JSON dataset spec (README,
+    /// "Any Parquet schema"); without it, Criteo's columns.
+    #[arg(long, conflicts_with_all = ["label_column", "dense_columns", "sparse_columns"])]
+    pub dataset_spec: Option<PathBuf>,
+    /// The simple case without a spec file: the label column...
+    #[arg(long, requires = "sparse_columns")]
+    pub label_column: Option<String>,
+    /// ...the dense columns, comma-separated (the default transform)...
+    #[arg(long, requires = "sparse_columns", value_delimiter = ',')]
+    pub dense_columns: Vec<String>,
+    /// ...and the sparse columns, comma-separated, each its own table
+    /// `t_<column>` (rows from --arch-embedding-size, dim from
+    /// --arch-sparse-feature-size).
+    #[arg(long, requires = "label_column", value_delimiter = ',')]
+    pub sparse_columns: Vec<String>,
+    /// Dense transform of columns that name none: log1p (dlrm_s_pytorch),
+    /// log-plus3 (TorchRec's Parquet path) or identity [default: the spec's, log1p].
+    #[arg(long)]
+    pub dense_transform: Option<DenseTransform>,
+    /// Categorical transform: modulo (TorchRec, MLPerf) or hash [default: the spec's, modulo].
+    #[arg(long)]
+    pub id_transform: Option<IdTransform>,
+    /// Parquet decoding threads (batches are assembled on one more).
     #[arg(long, default_value_t = 1)]
     pub loader_threads: usize,
-    /// Decoded row groups queued ahead, per decoding thread.
+    /// Decoded row groups queued ahead, per decoding thread, and finished
+    /// batches queued ahead of the step.
     #[arg(long, default_value_t = 2)]
     pub prefetch: usize,
 }
 
 impl LoaderArgs {
-    /// A loader of the Criteo columns the model's features name, in input
-    /// order (no shuffle, nothing dropped).
+    /// The dataset spec the flags name, if any (`shape` gives the simple
+    /// case's table dim and rows). `None`: Criteo's columns.
+    pub fn spec(
+        &self,
+        shape: &dyn Fn() -> anyhow::Result<(usize, Vec<usize>)>,
+    ) -> anyhow::Result<Option<DatasetSpec>> {
+        let mut spec = match (&self.dataset_spec, &self.label_column) {
+            (Some(path), _) => DatasetSpec::from_file(path)?,
+            (None, Some(label)) => {
+                let (dim, rows) = shape()?;
+                let n = self.sparse_columns.len();
+                let rows = match rows.len() {
+                    1 => vec![rows[0]; n],
+                    m if m == n => rows,
+                    m => anyhow::bail!(
+                        "--sparse-columns names {n} columns; --arch-embedding-size gives {m} table sizes (give one, or one per column)"
+                    ),
+                };
+                let sparse: Vec<(String, usize)> =
+                    self.sparse_columns.iter().cloned().zip(rows).collect();
+                let spec = DatasetSpec::simple(label, &self.dense_columns, &sparse, dim);
+                spec.validate()?;
+                spec
+            }
+            (None, None) => return Ok(None),
+        };
+        self.override_transforms(&mut spec);
+        Ok(Some(spec))
+    }
+
+    fn override_transforms(&self, spec: &mut DatasetSpec) {
+        if let Some(t) = self.dense_transform {
+            spec.dense_transform = t;
+        }
+        if let Some(t) = self.id_transform {
+            spec.id_transform = t;
+        }
+    }
+
+    /// The spec for a model with `tables` and `num_dense` inputs (a
+    /// checkpoint's, at `source`): the flags' spec, which must name the same
+    /// tables, or Criteo's columns.
+    pub fn spec_for(
+        &self,
+        tables: &[EmbeddingBagConfig],
+        num_dense: usize,
+        source: &Path,
+    ) -> anyhow::Result<DatasetSpec> {
+        let shape = || {
+            let dim = tables.first().map_or(1, |t| t.embedding_dim);
+            Ok((dim, tables.iter().map(|t| t.num_embeddings).collect()))
+        };
+        let spec = match self.spec(&shape)? {
+            Some(spec) => {
+                check_tables(&spec, tables).with_context(|| {
+                    format!("the dataset spec does not fit {}", source.display())
+                })?;
+                spec
+            }
+            None => self.criteo(tables),
+        };
+        anyhow::ensure!(
+            spec.num_dense() == num_dense,
+            "the model in {} takes {num_dense} dense features; the dataset has {} dense columns",
+            source.display(),
+            spec.num_dense()
+        );
+        Ok(spec)
+    }
+
+    /// Criteo's columns for `tables`, with the transform flags.
+    pub fn criteo(&self, tables: &[EmbeddingBagConfig]) -> DatasetSpec {
+        let mut spec = DatasetSpec::criteo(tables);
+        self.override_transforms(&mut spec);
+        spec
+    }
+
+    /// A loader of `spec`'s columns in input order (no shuffle, nothing
+    /// dropped).
     pub fn open(
         &self,
         data: &[PathBuf],
-        features: &[(String, usize)],
-        num_dense: usize,
+        spec: DatasetSpec,
         batch_size: usize,
     ) -> anyhow::Result<Loader> {
-        Ok(Loader::open(
-            data,
-            self.config(features, num_dense, batch_size)?,
-        )?)
+        Ok(Loader::open(data, self.config(spec, batch_size))?)
     }
 
-    pub fn config(
-        &self,
-        features: &[(String, usize)],
-        num_dense: usize,
-        batch_size: usize,
-    ) -> anyhow::Result<LoaderConfig> {
-        anyhow::ensure!(
-            num_dense == NUM_INT,
-            "the model takes {num_dense} dense features; the Criteo schema has {NUM_INT}"
-        );
-        Ok(LoaderConfig {
-            dense_transform: self.dense_transform,
-            id_transform: self.id_transform,
+    pub fn config(&self, spec: DatasetSpec, batch_size: usize) -> LoaderConfig {
+        LoaderConfig {
             threads: self.loader_threads,
             prefetch: self.prefetch,
-            ..LoaderConfig::criteo(batch_size, features)
-        })
+            ..LoaderConfig::new(batch_size, spec)
+        }
     }
+}
+
+/// Checks that `spec` names exactly the model's tables (name, rows, dim,
+/// features, pooling).
+fn check_tables(spec: &DatasetSpec, tables: &[EmbeddingBagConfig]) -> anyhow::Result<()> {
+    for t in tables {
+        let Some(s) = spec.tables.iter().find(|s| s.name == t.name) else {
+            anyhow::bail!("the model has table '{}', the spec has not", t.name);
+        };
+        let shape = |c: &EmbeddingBagConfig| {
+            (
+                c.num_embeddings,
+                c.embedding_dim,
+                c.feature_names.clone(),
+                c.pooling,
+            )
+        };
+        anyhow::ensure!(
+            shape(s) == shape(t),
+            "table '{}': the model has {} rows of dim {} for {:?} ({:?} pooling), the spec {} rows of dim {} for {:?} ({:?})",
+            t.name, t.num_embeddings, t.embedding_dim, t.feature_names, t.pooling,
+            s.num_embeddings, s.embedding_dim, s.feature_names, s.pooling
+        );
+    }
+    if let Some(s) = spec
+        .tables
+        .iter()
+        .find(|s| !tables.iter().any(|t| t.name == s.name))
+    {
+        anyhow::bail!("the spec has table '{}', the model has not", s.name);
+    }
+    Ok(())
 }

@@ -43,12 +43,10 @@ impl ServeArgs {
         );
         let model = Checkpoint::open(&self.checkpoint)?.inference_model()?;
         let config = model.config();
-        let loader = self.loader.open(
-            &self.data,
-            &config.feature_rows(),
-            config.num_dense(),
-            self.mini_batch_size,
-        )?;
+        let spec = self
+            .loader
+            .spec_for(&config.tables, config.num_dense(), &self.checkpoint)?;
+        let loader = self.loader.open(&self.data, spec, self.mini_batch_size)?;
         Ok((model, loader))
     }
 }

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Serialize;
 
-use ember_dataloader::{Dataset, Loader};
+use ember_dataloader::{Dataset, DatasetSpec, Loader};
 use ember_models::{
-    Checkpoint, Dlrm, DlrmConfig, Metrics, TrainData, TrainEvent, TrainState, TrainSummary,
-    Trainer, TrainerConfig,
+    Checkpoint, Dlrm, Metrics, TrainData, TrainEvent, TrainState, TrainSummary, Trainer,
+    TrainerConfig,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
@@ -217,13 +217,13 @@ impl TrainArgs {
     }
 
     /// The position of a fresh run: how its batches are made.
-    fn fresh_state(&self, dataset: &Dataset) -> TrainState {
+    fn fresh_state(&self, dataset: &Dataset, spec: &DatasetSpec) -> TrainState {
         TrainState {
             batch_size: self.mini_batch_size as u64,
             shuffle_seed: (!self.no_shuffle).then_some(self.seed),
             drop_last: self.drop_last,
-            dense_transform: Some(self.loader.dense_transform),
-            id_transform: Some(self.loader.id_transform),
+            dense_transform: Some(spec.dense_transform),
+            id_transform: Some(spec.id_transform),
             data_fingerprint: dataset.fingerprint(),
             ..TrainState::default()
         }
@@ -243,11 +243,10 @@ impl TrainArgs {
     fn loaders(
         &self,
         launch: &Launch,
-        config: &DlrmConfig,
+        spec: &DatasetSpec,
         dataset: Dataset,
         state: &TrainState,
     ) -> anyhow::Result<(Loader, Option<Loader>)> {
-        let features = config.feature_rows();
         let batch_size = self.batch_size(state);
         // On ranks, the batch is global: each rank reads its own row groups
         // in batches of its share.
@@ -260,24 +259,21 @@ impl TrainArgs {
         let config_for = |c: &mut ember_dataloader::LoaderConfig| {
             (c.rank, c.world_size) = (launch.rank(), world);
         };
-        let mut train = self
-            .loader
-            .config(&features, config.num_dense(), rank_batch)?;
+        let mut spec = spec.clone();
+        if let Some(t) = state.dense_transform {
+            spec.dense_transform = t;
+        }
+        if let Some(t) = state.id_transform {
+            spec.id_transform = t;
+        }
+        let mut train = self.loader.config(spec.clone(), rank_batch);
         config_for(&mut train);
         train.shuffle_seed = state.shuffle_seed;
         train.drop_last = state.drop_last;
-        if let Some(t) = state.dense_transform {
-            train.dense_transform = t;
-        }
-        if let Some(t) = state.id_transform {
-            train.id_transform = t;
-        }
         let eval = match self.eval_data.is_empty() {
             true => None,
             false => {
-                let mut c = self
-                    .loader
-                    .config(&features, config.num_dense(), rank_batch)?;
+                let mut c = self.loader.config(spec, rank_batch);
                 config_for(&mut c);
                 Some(Loader::open(&self.eval_data, c)?)
             }
@@ -312,12 +308,16 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let resume = resume_from(args, launch, &progress)?;
     let dataset = Dataset::open(&args.data)?;
     // The run goes on with the architecture and optimizers it was trained with.
-    let (config, optimizers, state) = match &resume {
+    let (config, spec, optimizers, state) = match &resume {
         Some(ckpt) => {
+            let config = ckpt.config().clone();
+            let spec = args
+                .loader
+                .spec_for(&config.tables, config.num_dense(), ckpt.path())?;
             let state = ckpt
                 .train_state()
                 .cloned()
-                .unwrap_or(args.fresh_state(&dataset));
+                .unwrap_or(args.fresh_state(&dataset, &spec));
             progress.line(&format!(
                 "resuming from {} at epoch {}, batch {} (step {})",
                 ckpt.path().display(),
@@ -331,15 +331,15 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
                 ckpt.dense_optimizer()
                     .unwrap_or(args.optim.dense_optimizer()),
             );
-            (ckpt.config().clone(), optimizers, state)
+            (config, spec, optimizers, state)
         }
         None => {
             let optimizers = (args.optim.table_optimizer(), args.optim.dense_optimizer());
-            (
-                args.arch.resolve()?.0,
-                optimizers,
-                args.fresh_state(&dataset),
-            )
+            let spec = args.loader.spec(&|| args.arch.table_shape())?;
+            let config = args.arch.resolve_for(spec.as_ref())?.0;
+            let spec = spec.unwrap_or_else(|| args.loader.criteo(&config.tables));
+            let state = args.fresh_state(&dataset, &spec);
+            (config, spec, optimizers, state)
         }
     };
     let options = planner_options(optimizers.0, args.mini_batch_size, 1.0);
@@ -360,7 +360,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     // The model holds the weights now: let go of the old file's mapping
     // before saves replace it.
     drop(resume);
-    let (train, eval) = args.loaders(launch, &config, dataset, &state)?;
+    let (train, eval) = args.loaders(launch, &spec, dataset, &state)?;
     let trainer = Trainer::new(args.trainer_config()?, args.backend.build(args.mode.mode)?);
     progress.line(&format!(
         "ember train: {} rows in {} files, {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads",

@@ -10,6 +10,7 @@ use ember_sparse::{
 };
 
 use super::layout::local_name;
+use super::route::{check_input, route_on, Comms, RoutedInput};
 use super::source::{LocalShard, ShardSource};
 use super::stages::{device_backward, device_forward, on_devices, StageTimes};
 use super::{Exec, ShardedEmbeddingBagCollection, ShardingStats};
@@ -92,7 +93,7 @@ impl ShardedEmbeddingBagCollection {
     }
 
     /// The global index of `devices[0]`.
-    fn local_offset_device(&self) -> usize {
+    pub(super) fn local_offset_device(&self) -> usize {
         match &self.exec {
             Exec::Threads(_) => 0,
             Exec::Rank(comm) => comm.rank(),
@@ -122,8 +123,8 @@ impl ShardedEmbeddingBagCollection {
         let mut s = self.stats.clone();
         match &self.exec {
             Exec::Threads(comms) => {
-                s.bytes_sent = (comms.iter().zip(&self.bytes_before))
-                    .map(|(c, before)| c.bytes_sent() + before)
+                s.bytes_sent = (comms.iter().zip(&self.bytes_before).zip(&self.routed_bytes))
+                    .map(|((c, before), routed)| c.bytes_sent() + before + routed)
                     .collect();
             }
             Exec::Rank(comm) => s.bytes_sent[comm.rank()] = comm.bytes_sent(),
@@ -187,77 +188,65 @@ impl ShardedEmbeddingBagCollection {
         }
     }
 
-    /// Every device's samples, in global positions: blocks of this batch,
-    /// or of the ranks' batches in rank order (their sizes exchanged).
-    fn owners(&self, b: usize) -> Result<Vec<Range<usize>>, ShardingError> {
-        match &self.exec {
-            Exec::Threads(_) => Ok(blocks_exact(b, self.plan.num_devices)),
-            Exec::Rank(comm) => {
-                let mut start = 0;
-                Ok((comm.all_gather_u64(b as u64)?.into_iter())
-                    .map(|n| {
-                        start += n as usize;
-                        start - n as usize..start
-                    })
-                    .collect())
-            }
-        }
-    }
-
     /// Where this process's input starts among the global samples.
     fn local_offset(&self, owners: &[Range<usize>]) -> usize {
         owners[self.local_offset_device()].start
     }
 
-    /// For each slot, its key's index in `kjt`, after checking every id.
-    fn check_input(&self, kjt: &KeyedJaggedTensor) -> Result<Vec<usize>, SparseError> {
-        if let Some(k) = kjt
-            .keys()
-            .iter()
-            .find(|k| !self.layout.slots.iter().any(|s| &s.feature == *k))
-        {
-            return Err(SparseError::UnknownFeature(k.clone()));
-        }
-        let keys = (self.layout.slots.iter())
-            .map(|s| {
-                kjt.key_index(&s.feature)
-                    .ok_or_else(|| SparseError::MissingFeature(s.feature.clone()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let b = kjt.stride();
-        for (slot, &k) in self.layout.slots.iter().zip(&keys) {
-            let c = &self.configs[slot.table];
-            let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
-            for sample in 0..b {
-                for &id in &kjt.values()[offsets[sample]..offsets[sample + 1]] {
-                    if id < 0 || id as usize >= c.num_embeddings {
-                        return Err(SparseError::IdOutOfRange {
-                            table: c.name.clone(),
-                            feature: slot.feature.clone(),
-                            sample,
-                            id,
-                            rows: c.num_embeddings,
-                        });
-                    }
-                }
-            }
-        }
-        Ok(keys)
-    }
-
-    /// Pooled lookup of every feature, the whole batch's output in `out`.
+    /// Pooled lookup of every feature, the whole batch's output in `out`:
+    /// the input dist, then [`forward_routed`](Self::forward_routed).
     pub fn forward_into(
         &mut self,
         kjt: &KeyedJaggedTensor,
         out: &mut KeyedTensor,
     ) -> Result<(), ShardingError> {
         self.last_forward = None;
-        let keys = self.check_input(kjt)?;
+        let comms = match &self.exec {
+            Exec::Threads(c) => Comms::Threads(c),
+            Exec::Rank(c) => Comms::Rank(c.as_ref()),
+        };
+        let first = self.local_offset_device();
+        let routed = route_on(&self.layout, &self.configs, &self.locals, first, comms, kjt);
+        match routed {
+            Ok(routed) => self.forward_routed(kjt, routed, out),
+            Err(e) => {
+                // Messages of the aborted exchange must not reach the next one.
+                self.reset_comms();
+                Err(e)
+            }
+        }
+    }
+
+    /// The lookup and output dist of `kjt`, whose input dist `routed` ran
+    /// already (by an [`InputRouter`](super::InputRouter) of this collection).
+    /// The same bits as [`forward_into`](Self::forward_into).
+    pub fn forward_routed(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        routed: RoutedInput,
+        out: &mut KeyedTensor,
+    ) -> Result<(), ShardingError> {
+        self.last_forward = None;
+        if !routed.is_of(kjt) || routed.devices.len() != self.devices.len() {
+            return Err(ShardingError::Collective(
+                "forward of a batch other than the one its input dist was routed from".into(),
+            ));
+        }
+        let keys = check_input(&self.layout, &self.configs, kjt)?;
         let b = kjt.stride();
         if out.batch() != b || out.width() != self.layout.width {
             *out = self.new_output(b);
         }
-        let owners = self.owners(b)?;
+        let RoutedInput {
+            owners,
+            devices: inputs,
+            time,
+            bytes,
+            ..
+        } = routed;
+        for (total, b) in self.routed_bytes.iter_mut().zip(bytes) {
+            *total += b;
+        }
         let offset = self.local_offset(&owners);
         let ctx = self.layout.context(kjt, &keys, &owners, offset);
         let results = match &self.exec {
@@ -266,19 +255,31 @@ impl ShardedEmbeddingBagCollection {
                 let mut rest = out.values_mut();
                 for o in &owners {
                     let (mine, tail) = rest.split_at_mut(o.len() * self.layout.width);
-                    chunks.push(mine);
+                    chunks.push((mine, None));
                     rest = tail;
                 }
-                on_devices(&mut self.devices, comms, chunks, |dev, comm, chunk| {
-                    device_forward(&ctx, dev, comm, chunk)
-                })
+                for (c, input) in chunks.iter_mut().zip(inputs) {
+                    c.1 = Some(input);
+                }
+                on_devices(
+                    &mut self.devices,
+                    comms,
+                    chunks,
+                    |dev, comm, (chunk, input)| {
+                        device_forward(&ctx, dev, comm, chunk, input.expect("one input per device"))
+                    },
+                )
             }
-            Exec::Rank(comm) => vec![device_forward(
-                &ctx,
-                &mut self.devices[0],
-                comm.as_ref(),
-                out.values_mut(),
-            )],
+            Exec::Rank(comm) => {
+                let input = inputs.into_iter().next().expect("one input per device");
+                vec![device_forward(
+                    &ctx,
+                    &mut self.devices[0],
+                    comm.as_ref(),
+                    out.values_mut(),
+                    input,
+                )]
+            }
         };
         if results.iter().any(Result::is_err) {
             // Messages of the aborted exchange must not reach the next one.
@@ -289,11 +290,11 @@ impl ShardedEmbeddingBagCollection {
         for (d, r) in results.into_iter().enumerate() {
             let (times, lookups) = r?;
             self.stats.lookups[first + d] += lookups;
-            for i in 0..3 {
+            for i in 1..3 {
                 worst.0[i] = worst.0[i].max(times.0[i]);
             }
         }
-        self.stats.input_dist += worst.0[0];
+        self.stats.input_dist += time;
         self.stats.lookup += worst.0[1];
         self.stats.output_dist += worst.0[2];
         self.last_forward = Some((b, kjt.values().len()));
@@ -315,7 +316,7 @@ impl ShardedEmbeddingBagCollection {
         kjt: &KeyedJaggedTensor,
         grad: &[f32],
     ) -> Result<(), ShardingError> {
-        let keys = self.check_input(kjt)?;
+        let keys = check_input(&self.layout, &self.configs, kjt)?;
         let b = kjt.stride();
         // Devices reuse the bags of the forward: the backward must be of that batch.
         if self.last_forward != Some((b, kjt.values().len())) {
@@ -373,11 +374,6 @@ impl ShardedEmbeddingBagCollection {
         self.step += 1;
         Ok(())
     }
-}
-
-/// `blocks`, but always `n` ranges (empty ones when the batch is smaller).
-fn blocks_exact(b: usize, n: usize) -> Vec<Range<usize>> {
-    (0..n).map(|d| crate::plan::block(b, n, d)).collect()
 }
 
 fn layout_of(ebc: &EmbeddingBagCollection) -> (Vec<EmbeddingBagConfig>, TableOptimizer) {

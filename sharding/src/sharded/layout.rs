@@ -11,6 +11,7 @@ use ember_sparse::{
 };
 
 use super::codec::Bags;
+use super::route::DeviceRoutes;
 use super::source::ShardSource;
 use super::stages::Device;
 use super::{Exec, ShardedEmbeddingBagCollection, ShardingStats};
@@ -199,14 +200,23 @@ impl ShardedEmbeddingBagCollection {
                     .map_err(|e| ShardingError::Collective(format!("a device thread pool: {e}")))?,
             ),
         };
+        let locals = (devices.iter())
+            .map(|d| DeviceRoutes {
+                routes: d.routes.clone(),
+                keys: d.keys.clone(),
+                has_tables: d.ebc.is_some(),
+            })
+            .collect();
         Ok(Self {
             configs,
             plan,
             optimizer,
-            layout,
+            layout: Arc::new(layout),
             devices,
+            locals,
             exec,
             bytes_before: vec![0; n],
+            routed_bytes: vec![0; n],
             last_forward: None,
             owners: Vec::new(),
             step,

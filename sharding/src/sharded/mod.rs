@@ -24,6 +24,7 @@ mod codec;
 mod entry;
 mod gather;
 mod layout;
+mod route;
 mod source;
 mod stages;
 
@@ -37,9 +38,11 @@ use serde::Serialize;
 use crate::collective::{Collective, InProcess};
 use crate::plan::ShardingPlan;
 
+pub use route::{InputRouter, RoutedInput};
 pub use source::{InitialRows, LocalShard, ShardSource};
 
 use layout::Layout;
+use route::DeviceRoutes;
 use stages::Device;
 
 /// Counters of the sharded execution, summed over calls (stage times are
@@ -70,14 +73,20 @@ pub struct ShardedEmbeddingBagCollection {
     configs: Vec<EmbeddingBagConfig>,
     plan: ShardingPlan,
     optimizer: TableOptimizer,
-    layout: Layout,
+    /// Shared with the collection's input routers.
+    layout: Arc<Layout>,
     /// The devices this process runs (all, or its rank's one).
     devices: Vec<Device>,
+    /// What each of them routes in the input dist.
+    locals: Vec<DeviceRoutes>,
     exec: Exec,
     step: u64,
     stats: ShardingStats,
     /// Bytes sent through collectives replaced after a failed exchange.
     bytes_before: Vec<u64>,
+    /// Bytes routers sent for this collection's forwards (threads only: a
+    /// rank's router channel counts with the world's collective).
+    routed_bytes: Vec<u64>,
     /// Batch size and id count of the last forward: a backward must match it.
     last_forward: Option<(usize, usize)>,
     /// Every device's samples in the last forward (global positions).

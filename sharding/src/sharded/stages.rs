@@ -53,43 +53,67 @@ pub(super) fn on_devices<R: Send, X: Send>(
     })
 }
 
-pub(super) fn device_forward(
+/// A device's part of a batch after the input dist: the bags it received
+/// for each of its routes from each device, and its shards' input built
+/// from them.
+pub(super) struct DeviceInput {
+    pub(super) received: Vec<Vec<Bags>>,
+    pub(super) kjt: Option<KeyedJaggedTensor>,
+}
+
+/// The input dist of device `comm.rank()`, which looks up `routes` (global
+/// indices) as the local features `keys`: its samples' ids go to their
+/// routes' devices, and it receives the bags of its own routes.
+pub(super) fn device_input_dist(
     ctx: &Context,
-    dev: &mut Device,
+    routes: &[usize],
+    keys: &[String],
+    has_tables: bool,
     comm: &dyn Collective,
-    out: &mut [f32],
-) -> Result<(StageTimes, u64), ShardingError> {
+) -> Result<DeviceInput, ShardingError> {
     let me = comm.rank();
     let n = comm.world_size();
     let mine = ctx.owners[me].clone();
-    let mut times = StageTimes::default();
-
-    // Input dist.
-    let t = Instant::now();
     let mut msgs: Vec<Writer> = (0..n).map(|_| Writer::new()).collect();
     for (r, route) in ctx.routes.iter().enumerate() {
         if ctx.forward_sends(r, me) {
             encode_bags(ctx, route, mine.clone(), &mut msgs[route.device], true);
         }
     }
-    let received = comm.all_to_all_v(msgs.into_iter().map(|w| w.0).collect())?;
-    for (src, msg) in received.iter().enumerate() {
+    let messages = comm.all_to_all_v(msgs.into_iter().map(|w| w.0).collect())?;
+    let mut received = vec![vec![Bags::default(); n]; routes.len()];
+    for (src, msg) in messages.iter().enumerate() {
         let mut reader = Reader::new(msg);
-        for (i, &r) in dev.routes.iter().enumerate() {
-            dev.received[i][src] = if ctx.forward_sends(r, src) {
-                decode_bags(&mut reader)?
-            } else {
-                Bags::default()
-            };
+        for (i, &r) in routes.iter().enumerate() {
+            if ctx.forward_sends(r, src) {
+                received[i][src] = decode_bags(&mut reader)?;
+            }
         }
     }
-    times.0[0] = t.elapsed();
+    let kjt = match has_tables {
+        true => Some(local_kjt(&received, keys, ctx.owners, ctx.weighted)?),
+        false => None,
+    };
+    Ok(DeviceInput { received, kjt })
+}
+
+/// The lookup and output dist of one device, from its routed input.
+pub(super) fn device_forward(
+    ctx: &Context,
+    dev: &mut Device,
+    comm: &dyn Collective,
+    out: &mut [f32],
+    input: DeviceInput,
+) -> Result<(StageTimes, u64), ShardingError> {
+    let me = comm.rank();
+    let n = comm.world_size();
+    let mut times = StageTimes::default();
+    dev.received = input.received;
 
     // Lookup.
     let t = Instant::now();
     let mut lookups = 0;
-    if let Some(ebc) = &mut dev.ebc {
-        let kjt = local_kjt(&dev.received, &dev.keys, ctx.owners, ctx.weighted)?;
+    if let (Some(ebc), Some(kjt)) = (&mut dev.ebc, input.kjt) {
         lookups = kjt.values().len() as u64;
         ctx.pool
             .install(|| ebc.forward_into(&kjt, &mut dev.pooled))?;

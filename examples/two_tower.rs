@@ -100,7 +100,7 @@ impl TrainData for PairData {
         &self,
         epoch: u64,
         skip: u64,
-    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_> {
         Box::new((skip..self.batches).map(move |i| {
             let mut rng = Rng::new(mix(&[self.seed, epoch, i]));
             let pairs_: Vec<(u64, u64)> = (0..self.size)

@@ -43,7 +43,7 @@ pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
 pub use dlrm::{DenseArch, Dlrm, DlrmConfig, InteractionType, PhaseTimes, StepOutput};
 pub use error::ModelError;
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
-pub use model::{DataParallel, Model};
+pub use model::{DataParallel, InputDist, Model, Routed};
 pub use sparse_arch::SparseArch;
 pub use train::{evaluate, evaluate_data, Evaluation};
 pub use trainer::{

@@ -51,6 +51,31 @@ pub trait Model {
         mode: ExecMode,
     ) -> Result<StepOutput, ModelError>;
 
+    /// The part of a step that reads no model state and so can run ahead,
+    /// on another thread, while the previous batch steps: a sharded model's
+    /// input dist (routing and deduplicating the batch's ids). The
+    /// [`Trainer`](crate::Trainer) runs it on its pipeline thread, in batch
+    /// order, and hands the result to [`Model::train_step_routed`]. `None`
+    /// (the default): nothing runs ahead. On a world every rank calls this
+    /// together.
+    fn input_dist(&self) -> Option<Arc<dyn InputDist>> {
+        None
+    }
+
+    /// [`Model::train_step`] on a batch whose input dist already ran
+    /// (`routed`, from this model's [`Model::input_dist`] on this batch).
+    /// The same bits as `train_step`. The default ignores `routed`.
+    fn train_step_routed(
+        &mut self,
+        backend: &Backend,
+        batch: &Batch,
+        routed: Routed,
+        mode: ExecMode,
+    ) -> Result<StepOutput, ModelError> {
+        let _ = routed;
+        self.train_step(backend, batch, mode)
+    }
+
     /// The logits of `batch`, one per sample (no update).
     fn predict(
         &mut self,
@@ -83,6 +108,16 @@ pub trait Model {
     /// training position it held. A resumed run is then bitwise the run that
     /// never stopped.
     fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError>;
+}
+
+/// What a model's [`InputDist`] made of a batch, for its
+/// [`Model::train_step_routed`] (each model knows its own type).
+pub type Routed = Box<dyn std::any::Any + Send>;
+
+/// A model's input dist, run ahead of its step ([`Model::input_dist`]).
+pub trait InputDist: Send + Sync {
+    /// The input dist of `batch`. Called in the order the batches step.
+    fn run(&self, batch: &Batch) -> Result<Routed, ModelError>;
 }
 
 /// Data parallelism over the ranks of a world: every rank steps on its own

@@ -3,7 +3,7 @@
 
 use std::ops::Deref;
 
-use ember_sharding::{ShardedEmbeddingBagCollection, ShardingPlan};
+use ember_sharding::{InputRouter, RoutedInput, ShardedEmbeddingBagCollection, ShardingPlan};
 use ember_sparse::{EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor, TableOptimizer};
 
 use crate::ModelError;
@@ -52,6 +52,28 @@ impl SparseArch {
             SparseArch::Local(e) => Ok(e.forward_into(kjt, out)?),
             SparseArch::Sharded(s) => Ok(s.forward_into(kjt, out)?),
         }
+    }
+
+    /// [`forward_into`](Self::forward_into) of a sharded batch whose input
+    /// dist `routed` ran ahead (by [`input_router`](Self::input_router)).
+    pub fn forward_routed(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        routed: RoutedInput,
+        out: &mut KeyedTensor,
+    ) -> Result<(), ModelError> {
+        match self {
+            SparseArch::Local(_) => Err(ModelError::Config(
+                "a routed input for tables that are not sharded".into(),
+            )),
+            SparseArch::Sharded(s) => Ok(s.forward_routed(kjt, routed, out)?),
+        }
+    }
+
+    /// A router of the input dist, to run it ahead on another thread
+    /// (`None` when local, or on ranks whose collective has no second channel).
+    pub fn input_router(&self) -> Option<InputRouter> {
+        self.sharded()?.input_router()
     }
 
     /// Backward of the last [`forward_into`](Self::forward_into) on the same

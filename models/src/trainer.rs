@@ -13,14 +13,16 @@ use ember_sharding::Collective;
 use thiserror::Error;
 
 use crate::{
-    evaluate_data, Backend, Batch, ExecMode, Metrics, Model, ModelError, PhaseTimes, SyntheticData,
-    TrainState,
+    evaluate_data, Backend, Batch, ExecMode, InputDist, Metrics, Model, ModelError, PhaseTimes,
+    Routed, SyntheticData, TrainState,
 };
 
 /// A source of batches, epoch by epoch. Batch `k` of an epoch must be the
 /// same whenever it is asked for: that is what makes a resumed run equal
-/// the run that never stopped.
-pub trait TrainData {
+/// the run that never stopped. The [`Trainer`] takes an epoch's batches on
+/// its pipeline thread, so the data is shared (`Sync`) and the epoch's
+/// iterator moves there (`Send`).
+pub trait TrainData: Sync {
     /// Batches in epoch `epoch` (on a rank of a world: this rank's).
     fn batches_per_epoch(&self, epoch: u64) -> u64;
 
@@ -29,7 +31,7 @@ pub trait TrainData {
         &self,
         epoch: u64,
         skip: u64,
-    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_>;
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_>;
 
     /// Identifies the data, so that a resumed run can refuse other data
     /// (0: unknown, never refused).
@@ -47,7 +49,7 @@ impl TrainData for ember_dataloader::Loader {
         &self,
         epoch: u64,
         skip: u64,
-    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_> {
         let batches = ember_dataloader::Loader::epoch(self, epoch, skip);
         Box::new(batches.map(|b| Batch::from_loader(b?)))
     }
@@ -66,7 +68,11 @@ impl TrainData for InMemory {
         self.0.len() as u64
     }
 
-    fn epoch(&self, _: u64, skip: u64) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
+    fn epoch(
+        &self,
+        _: u64,
+        skip: u64,
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_> {
         Box::new(self.0.iter().skip(skip as usize).cloned().map(Ok))
     }
 }
@@ -99,7 +105,7 @@ impl TrainData for SyntheticBatches {
         &self,
         epoch: u64,
         skip: u64,
-    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + '_> {
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_> {
         let base = self.first + epoch * self.batches;
         let (r, w) = (self.rank, self.world_size.max(1));
         Box::new((skip..self.batches).map(move |i| {
@@ -133,6 +139,11 @@ pub struct TrainerConfig {
     pub log_every: u64,
     /// How long ranks wait for each other in checkpoints.
     pub setup_timeout: Duration,
+    /// Take batches, and run the model's [`input_dist`](Model::input_dist),
+    /// on a pipeline thread one batch ahead of the step (TorchRec's
+    /// TrainPipelineSparseDist). `false`: everything in turn on the calling
+    /// thread. The same bits either way.
+    pub pipeline: bool,
 }
 
 impl Default for TrainerConfig {
@@ -147,6 +158,7 @@ impl Default for TrainerConfig {
             checkpoint_every: 0,
             log_every: 100,
             setup_timeout: SETUP_TIMEOUT,
+            pipeline: true,
         }
     }
 }
@@ -198,8 +210,14 @@ pub enum TrainEvent {
         samples: usize,
         /// See `samples`.
         ids: usize,
-        /// Time spent waiting for the batch.
+        /// Time the step waited for its batch (on the pipeline: for the
+        /// pipeline thread to have it taken and routed).
         data_wait: Duration,
+        /// Time the batch's input dist took, ahead of the step on the
+        /// pipeline thread (0 when it ran inside the step).
+        input_dist: Duration,
+        /// Time of the step itself: forward, backward, both optimizers.
+        compute: Duration,
     },
     /// Every `log_every` batches: the mean loss and wall time per step since
     /// the last log.
@@ -242,8 +260,13 @@ pub struct TrainSummary {
     pub samples: u64,
     /// Training time, evaluations and checkpoints excluded (data waits included).
     pub train_seconds: f64,
-    /// Time spent waiting for batches.
+    /// Time the steps waited for their batches.
     pub data_wait_seconds: f64,
+    /// Time of the input dists run ahead on the pipeline thread, overlapped
+    /// with the steps.
+    pub input_dist_seconds: f64,
+    /// Time of the steps themselves.
+    pub compute_seconds: f64,
     /// The first and the last step's loss of this run (NaN: no step).
     pub loss_first: f64,
     /// See `loss_first`.
@@ -322,11 +345,50 @@ pub struct Trainer {
     backend: Backend,
 }
 
+/// A batch ready for its step: taken, and its input dist run if the model
+/// has one.
+struct Ready {
+    batch: Batch,
+    routed: Option<Routed>,
+    input_dist: Duration,
+}
+
+impl Ready {
+    fn of(batch: Batch, dist: Option<&dyn InputDist>) -> Result<Self, ModelError> {
+        let Some(dist) = dist else {
+            return Ok(Self {
+                batch,
+                routed: None,
+                input_dist: Duration::ZERO,
+            });
+        };
+        let t = Instant::now();
+        let routed = Some(dist.run(&batch)?);
+        Ok(Self {
+            batch,
+            routed,
+            input_dist: t.elapsed(),
+        })
+    }
+}
+
+/// What the steps of an epoch change and report to.
+struct EpochRun<'a, M: ?Sized> {
+    model: &'a mut M,
+    run: &'a mut Run,
+    world: Option<&'a Arc<dyn Collective>>,
+    world_size: usize,
+    eval: Option<(&'a dyn TrainData, u64)>,
+    on_event: &'a mut dyn FnMut(&TrainEvent),
+}
+
 /// A run's counters while it goes.
 struct Run {
     state: TrainState,
     excluded: Duration,
     data_wait: Duration,
+    input_dist: Duration,
+    compute: Duration,
     samples: u64,
     loss: (f64, f64),
     /// Wall seconds, loss sum and steps since the last log.
@@ -435,6 +497,8 @@ impl Trainer {
             state,
             excluded: Duration::ZERO,
             data_wait: Duration::ZERO,
+            input_dist: Duration::ZERO,
+            compute: Duration::ZERO,
             samples: 0,
             loss: (f64::NAN, f64::NAN),
             window: (0.0, 0.0, 0),
@@ -448,33 +512,45 @@ impl Trainer {
         let eval = eval.map(|d| (d, eval_batches));
         while run.state.epoch < c.epochs {
             let epoch = run.state.epoch;
-            let mut batches = train.epoch(epoch, run.state.batches_in_epoch);
-            while run.state.steps < max_steps
-                && run.state.batches_in_epoch < per_epoch[epoch as usize]
-            {
-                let t = Instant::now();
-                let Some(batch) = batches.next() else { break };
-                let batch = batch?;
-                let data_wait = t.elapsed();
-                self.step(model, &batch, &mut run, world_size, data_wait, t, on_event)?;
-                if c.eval_every > 0 && run.state.steps.is_multiple_of(c.eval_every) {
-                    self.evaluate(model, eval, &mut run, on_event)?;
-                }
-                // At an epoch's last batch the epoch's own checkpoint follows.
-                let ends_epoch = run.state.batches_in_epoch == per_epoch[epoch as usize];
-                if c.checkpoint_every > 0
-                    && run.state.steps.is_multiple_of(c.checkpoint_every)
-                    && !ends_epoch
-                {
-                    self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
-                }
+            let skip = run.state.batches_in_epoch;
+            // Exactly the steps this epoch runs: on a world, every rank's
+            // pipeline routes the same batches.
+            let steps = (per_epoch[epoch as usize].saturating_sub(skip))
+                .min(max_steps.saturating_sub(run.state.steps));
+            let mut ctx = EpochRun {
+                model: &mut *model,
+                run: &mut run,
+                world: world.as_ref(),
+                world_size,
+                eval,
+                on_event: &mut *on_event,
+            };
+            if c.pipeline {
+                let dist = ctx.model.input_dist();
+                std::thread::scope(|scope| {
+                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                    scope.spawn(move || {
+                        for batch in train.epoch(epoch, skip).take(steps as usize) {
+                            let ready = batch.and_then(|batch| Ready::of(batch, dist.as_deref()));
+                            let failed = ready.is_err();
+                            // A closed queue: the step failed and stopped taking.
+                            if tx.send(ready).is_err() || failed {
+                                return;
+                            }
+                        }
+                    });
+                    self.run_epoch(&mut ctx, &per_epoch, rx.into_iter())
+                })?;
+            } else {
+                let batches = train.epoch(epoch, skip).take(steps as usize);
+                let ready = batches.map(|b| b.and_then(|batch| Ready::of(batch, None)));
+                self.run_epoch(&mut ctx, &per_epoch, ready)?;
             }
             if run.state.steps >= max_steps
                 && run.state.batches_in_epoch < per_epoch[epoch as usize]
             {
                 break;
             }
-            drop(batches);
             run.state.epoch += 1;
             run.state.batches_in_epoch = 0;
             if c.eval_at_epoch_end && run.evaluated_at != Some(run.state.steps) {
@@ -494,6 +570,8 @@ impl Trainer {
             samples: run.samples,
             train_seconds,
             data_wait_seconds: run.data_wait.as_secs_f64(),
+            input_dist_seconds: run.input_dist.as_secs_f64(),
+            compute_seconds: run.compute.as_secs_f64(),
             loss_first: run.loss.0,
             loss_last: run.loss.1,
             eval: run.eval,
@@ -531,21 +609,56 @@ impl Trainer {
         Ok(per_epoch)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The steps of one epoch, on batches as they come ready.
+    fn run_epoch<M: Model + ?Sized>(
+        &self,
+        ctx: &mut EpochRun<'_, M>,
+        per_epoch: &[u64],
+        mut batches: impl Iterator<Item = Result<Ready, ModelError>>,
+    ) -> Result<(), TrainError> {
+        let c = &self.config;
+        loop {
+            let t = Instant::now();
+            let Some(ready) = batches.next() else { break };
+            let ready = ready?;
+            let data_wait = t.elapsed();
+            let epoch = ctx.run.state.epoch;
+            self.step(ctx, ready, data_wait, t)?;
+            let steps = ctx.run.state.steps;
+            if c.eval_every > 0 && steps.is_multiple_of(c.eval_every) {
+                self.evaluate(ctx.model, ctx.eval, ctx.run, ctx.on_event)?;
+            }
+            // At an epoch's last batch the epoch's own checkpoint follows.
+            let ends_epoch = ctx.run.state.batches_in_epoch == per_epoch[epoch as usize];
+            if c.checkpoint_every > 0 && steps.is_multiple_of(c.checkpoint_every) && !ends_epoch {
+                self.checkpoint(ctx.model, ctx.world, ctx.run, ctx.on_event)?;
+            }
+        }
+        Ok(())
+    }
+
     fn step<M: Model + ?Sized>(
         &self,
-        model: &mut M,
-        batch: &Batch,
-        run: &mut Run,
-        world_size: usize,
+        ctx: &mut EpochRun<'_, M>,
+        ready: Ready,
         data_wait: Duration,
         started: Instant,
-        on_event: &mut dyn FnMut(&TrainEvent),
     ) -> Result<(), TrainError> {
+        let (run, on_event, world_size) = (&mut *ctx.run, &mut *ctx.on_event, ctx.world_size);
         let state = &mut run.state;
         run.data_wait += data_wait;
+        run.input_dist += ready.input_dist;
         on_event(&TrainEvent::BeforeStep { steps: state.steps });
-        let out = model.train_step(&self.backend, batch, self.config.mode)?;
+        let t = Instant::now();
+        let (batch, mode) = (&ready.batch, self.config.mode);
+        let out = match ready.routed {
+            Some(routed) => ctx
+                .model
+                .train_step_routed(&self.backend, batch, routed, mode)?,
+            None => ctx.model.train_step(&self.backend, batch, mode)?,
+        };
+        let compute = t.elapsed();
+        run.compute += compute;
         if !out.loss.is_finite() {
             return Err(TrainError::NonFiniteLoss {
                 step: state.steps,
@@ -569,6 +682,8 @@ impl Trainer {
             samples: batch.size(),
             ids: batch.sparse.values().len(),
             data_wait,
+            input_dist: ready.input_dist,
+            compute,
         });
         let w = &mut run.window;
         *w = (w.0 + started.elapsed().as_secs_f64(), w.1 + loss, w.2 + 1);

@@ -33,6 +33,7 @@ pub use error::ShardingError;
 pub use plan::{RowSplit, Shard, ShardingPlan, ShardingType, TablePlan};
 pub use planner::{plan, stats, PlanStats, PlannerOptions};
 pub use sharded::{
-    InitialRows, LocalShard, ShardSource, ShardedEmbeddingBagCollection, ShardingStats,
+    InitialRows, InputRouter, LocalShard, RoutedInput, ShardSource, ShardedEmbeddingBagCollection,
+    ShardingStats,
 };
 pub use topology::Topology;

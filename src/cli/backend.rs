@@ -17,7 +17,7 @@ pub enum BackendKind {
     Pjrt,
 }
 
-/// `--mode`, for the commands that train.
+/// `--mode` and `--no-pipeline`, for the commands that train.
 #[derive(Args, Clone, Debug)]
 pub struct ModeArgs {
     /// How the dense step runs: strict (op by op), debug (every step
@@ -27,6 +27,11 @@ pub struct ModeArgs {
     /// compiled need `--dense-backend pjrt`.
     #[arg(long, default_value_t = ExecMode::Strict)]
     pub mode: ExecMode,
+    /// Take each batch and run its input dist on the training thread, in
+    /// turn with the step, instead of one batch ahead on a pipeline thread
+    /// (the same results; for measuring the overlap).
+    #[arg(long)]
+    pub no_pipeline: bool,
 }
 
 #[derive(Args, Clone, Debug)]

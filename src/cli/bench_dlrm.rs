@@ -292,6 +292,7 @@ fn run_in_pool(
             checkpoint_dir: args.save.clone(),
             log_every: u64::MAX,
             setup_timeout: setup_timeout()?,
+            pipeline: !args.mode.no_pipeline,
             ..TrainerConfig::default()
         },
         args.backend.build(args.mode.mode)?,

@@ -213,6 +213,7 @@ impl TrainArgs {
             checkpoint_every: self.checkpoint_every,
             log_every: self.print_freq,
             setup_timeout: setup_timeout()?,
+            pipeline: !self.mode.no_pipeline,
         })
     }
 

@@ -13,14 +13,17 @@ use ember_dense::{
     BceWithLogits, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, Tensor,
 };
 use ember_sharding::{
-    Collective, InitialRows, ShardSource, ShardedEmbeddingBagCollection, ShardingPlan,
+    Collective, InitialRows, InputRouter, RoutedInput, ShardSource, ShardedEmbeddingBagCollection,
+    ShardingPlan,
 };
 use ember_sparse::{EmbeddingBagCollection, KeyedTensor, TableOptimizer};
 use serde::Serialize;
 
 use crate::model::DataParallel;
 use crate::sparse_arch::SparseArch;
-use crate::{Backend, Batch, CompiledDenseStep, ExecMode, Model, ModelError, TrainState};
+use crate::{
+    Backend, Batch, CompiledDenseStep, ExecMode, InputDist, Model, ModelError, Routed, TrainState,
+};
 
 pub use config::{DlrmConfig, InteractionType};
 pub use dense_arch::DenseArch;
@@ -89,6 +92,18 @@ pub struct Dlrm {
     /// The compiled mode's step, made at its first step (and again when
     /// the batch size changes); while it runs, the device holds the truth.
     compiled: Option<CompiledDenseStep>,
+    /// The input dist of the batch the running step looks up, when it ran
+    /// ahead ([`Model::train_step_routed`]).
+    routed: Option<RoutedInput>,
+}
+
+/// [`Model::input_dist`] of a sharded [`Dlrm`]: its tables' input router.
+struct DlrmInputDist(InputRouter);
+
+impl InputDist for DlrmInputDist {
+    fn run(&self, batch: &Batch) -> Result<Routed, ModelError> {
+        Ok(Box::new(self.0.route(&batch.sparse)?))
+    }
 }
 
 impl Dlrm {
@@ -172,6 +187,7 @@ impl Dlrm {
             loss: BceWithLogits::new(),
             world: None,
             compiled: None,
+            routed: None,
         })
     }
 
@@ -242,10 +258,15 @@ impl Dlrm {
         Ok(())
     }
 
-    /// Pooled lookup, then the pooled rows as a dense `[batch, F * D]` tensor.
+    /// Pooled lookup (of the input dist that ran ahead, if any), then the
+    /// pooled rows as a dense `[batch, F * D]` tensor.
     fn lookup(&mut self, batch: &Batch) -> Result<(), ModelError> {
-        self.sparse_arch
-            .forward_into(&batch.sparse, &mut self.pooled)?;
+        match self.routed.take() {
+            Some(routed) => {
+                (self.sparse_arch).forward_routed(&batch.sparse, routed, &mut self.pooled)?
+            }
+            None => (self.sparse_arch).forward_into(&batch.sparse, &mut self.pooled)?,
+        }
         self.pooled_dense.resize(batch.size(), self.pooled.width());
         self.pooled_dense
             .data_mut()
@@ -501,6 +522,28 @@ impl Model for Dlrm {
             (ExecMode::DeferFuse, _) => self.train_step_fused(backend.dense(), batch),
             _ => Dlrm::train_step(self, backend.dense(), batch),
         }
+    }
+
+    fn input_dist(&self) -> Option<Arc<dyn InputDist>> {
+        let router = self.sparse_arch.input_router()?;
+        Some(Arc::new(DlrmInputDist(router)))
+    }
+
+    fn train_step_routed(
+        &mut self,
+        backend: &Backend,
+        batch: &Batch,
+        routed: Routed,
+        mode: ExecMode,
+    ) -> Result<StepOutput, ModelError> {
+        let routed = routed.downcast::<RoutedInput>().map_err(|_| {
+            ModelError::Config("a routed input of another model's input dist".into())
+        })?;
+        self.routed = Some(*routed);
+        let out = Model::train_step(self, backend, batch, mode);
+        // Never left for another batch, whether the step ran or failed.
+        self.routed = None;
+        out
     }
 
     fn predict(

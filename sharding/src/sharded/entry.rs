@@ -227,9 +227,9 @@ impl ShardedEmbeddingBagCollection {
         out: &mut KeyedTensor,
     ) -> Result<(), ShardingError> {
         self.last_forward = None;
-        if !routed.is_of(kjt) || routed.devices.len() != self.devices.len() {
+        if !routed.is_of(kjt, &self.layout) || routed.devices.len() != self.devices.len() {
             return Err(ShardingError::Collective(
-                "forward of a batch other than the one its input dist was routed from".into(),
+                "forward of a batch other than the one its input dist was routed from, or routed for another collection".into(),
             ));
         }
         let keys = check_input(&self.layout, &self.configs, kjt)?;

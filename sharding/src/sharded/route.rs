@@ -26,6 +26,9 @@ pub struct RoutedInput {
     stride: usize,
     ids: usize,
     fingerprint: u64,
+    /// The layout it was routed by (its address): a collection takes only
+    /// its own routers' inputs.
+    layout: usize,
     pub(super) owners: Vec<Range<usize>>,
     pub(super) devices: Vec<DeviceInput>,
     /// The slowest device's time.
@@ -40,10 +43,11 @@ impl RoutedInput {
         self.time
     }
 
-    /// Whether it was routed from `kjt`.
-    pub(super) fn is_of(&self, kjt: &KeyedJaggedTensor) -> bool {
-        (self.stride, self.ids, self.fingerprint)
-            == (kjt.stride(), kjt.values().len(), fingerprint(kjt))
+    /// Whether it was routed from `kjt` by `layout`.
+    pub(super) fn is_of(&self, kjt: &KeyedJaggedTensor, layout: &Arc<Layout>) -> bool {
+        self.layout == Arc::as_ptr(layout) as usize
+            && (self.stride, self.ids, self.fingerprint)
+                == (kjt.stride(), kjt.values().len(), fingerprint(kjt))
     }
 }
 
@@ -130,7 +134,7 @@ pub(super) fn check_input(
 /// The input dist of `kjt` for the devices `locals` (the first of them
 /// global device `first`), over `comms`.
 pub(super) fn route_on(
-    layout: &Layout,
+    layout: &Arc<Layout>,
     configs: &[EmbeddingBagConfig],
     locals: &[DeviceRoutes],
     first: usize,
@@ -170,6 +174,7 @@ pub(super) fn route_on(
         stride: kjt.stride(),
         ids: kjt.values().len(),
         fingerprint: fingerprint(kjt),
+        layout: Arc::as_ptr(layout) as usize,
         owners,
         bytes: vec![0; devices.len()],
         devices,

@@ -36,6 +36,18 @@ pub enum InteractionOp {
     Dcn,
 }
 
+/// What a preset (or none) fills in.
+struct PresetDefaults {
+    dim: usize,
+    rows: Vec<usize>,
+    bot: &'static str,
+    top: &'static str,
+    op: InteractionOp,
+    lookups: usize,
+    fixed: bool,
+    cap: Option<usize>,
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct ArchArgs {
     /// Fill the architecture from a known shape; explicit flags still win.
@@ -73,21 +85,26 @@ impl ArchArgs {
         self.resolve_for(None)
     }
 
-    /// The embedding dim and the rows of each table the flags give.
+    /// The embedding dim and the rows of each table the flags give (the
+    /// preset's where they give none, capped by `--max-ind-range`).
     pub fn table_shape(&self) -> anyhow::Result<(usize, Vec<usize>)> {
-        let (config, _, _) = self.resolve_for(None)?;
-        let rows = config.tables.iter().map(|t| t.num_embeddings).collect();
-        Ok((config.embedding_dim(), rows))
+        let p = self.preset_defaults();
+        let dim = self.arch_sparse_feature_size.unwrap_or(p.dim);
+        let mut rows = match &self.arch_embedding_size {
+            Some(s) => parse_sizes("--arch-embedding-size", s)?,
+            None => p.rows,
+        };
+        if let Some(i) = rows.iter().position(|&r| r == 0) {
+            bail!("--arch-embedding-size: table {i} has 0 rows");
+        }
+        if let Some(cap) = self.max_ind_range.or(p.cap) {
+            anyhow::ensure!(cap > 0, "--max-ind-range must be at least 1");
+            rows.iter_mut().for_each(|r| *r = (*r).min(cap));
+        }
+        Ok((dim, rows))
     }
 
-    /// The architecture for `spec`'s data (its tables; the bottom MLP's
-    /// input is its dense columns), or for Criteo's when `None`. Without
-    /// `--arch-mlp-bot`, a spec's bottom MLP is the preset's with the
-    /// dataset's dense width in and the tables' dim out.
-    pub fn resolve_for(
-        &self,
-        spec: Option<&DatasetSpec>,
-    ) -> anyhow::Result<(DlrmConfig, usize, bool)> {
+    fn preset_defaults(&self) -> PresetDefaults {
         let (dim, rows, bot, top, op, lookups, fixed, cap) = match self.preset {
             None => (
                 2,
@@ -120,18 +137,29 @@ impl ArchArgs {
                 Some(MLPERF_DEFAULT_MAX_IND_RANGE),
             ),
         };
-        let dim = self.arch_sparse_feature_size.unwrap_or(dim);
-        let mut rows = match &self.arch_embedding_size {
-            Some(s) => parse_sizes("--arch-embedding-size", s)?,
-            None => rows,
-        };
-        if let Some(i) = rows.iter().position(|&r| r == 0) {
-            bail!("--arch-embedding-size: table {i} has 0 rows");
+        PresetDefaults {
+            dim,
+            rows,
+            bot,
+            top,
+            op,
+            lookups,
+            fixed,
+            cap,
         }
-        if let Some(cap) = self.max_ind_range.or(cap) {
-            anyhow::ensure!(cap > 0, "--max-ind-range must be at least 1");
-            rows.iter_mut().for_each(|r| *r = (*r).min(cap));
-        }
+    }
+
+    /// The architecture for `spec`'s data (its tables; the bottom MLP's
+    /// input is its dense columns), or for Criteo's when `None`. Without
+    /// `--arch-mlp-bot`, a spec's bottom MLP is the preset's with the
+    /// dataset's dense width in and the tables' dim out.
+    pub fn resolve_for(
+        &self,
+        spec: Option<&DatasetSpec>,
+    ) -> anyhow::Result<(DlrmConfig, usize, bool)> {
+        let p = self.preset_defaults();
+        let (bot, top, op, lookups, fixed) = (p.bot, p.top, p.op, p.lookups, p.fixed);
+        let (dim, rows) = self.table_shape()?;
         let mut bottom_mlp = parse_sizes(
             "--arch-mlp-bot",
             self.arch_mlp_bot.as_deref().unwrap_or(bot),

@@ -115,8 +115,12 @@ pub struct TrainReport {
     /// Training time, evaluation and checkpoints excluded (loader waits included).
     pub train_seconds: f64,
     pub samples_per_s: f64,
-    /// Time the training loop waited for the loader.
+    /// Time the steps waited for the loader (through the pipeline).
     pub loader_wait_seconds: f64,
+    /// Time of the sharded input dists run ahead on the pipeline thread.
+    pub input_dist_seconds: f64,
+    /// Time of the steps themselves.
+    pub compute_seconds: f64,
     pub loss_first: f64,
     pub loss_last: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -168,12 +172,14 @@ impl std::fmt::Display for TrainReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} steps, {} samples in {:.1} s: {:.0} samples/s (loader waits {:.2} s); loss {:.6} -> {:.6}",
+            "{} steps, {} samples in {:.1} s: {:.0} samples/s (steps {:.2} s, loader waits {:.2} s, input dist ahead {:.2} s); loss {:.6} -> {:.6}",
             self.steps,
             self.samples,
             self.train_seconds,
             self.samples_per_s,
+            self.compute_seconds,
             self.loader_wait_seconds,
+            self.input_dist_seconds,
             self.loss_first,
             self.loss_last
         )?;
@@ -452,6 +458,8 @@ impl TrainReport {
             train_seconds: s.train_seconds,
             samples_per_s: s.samples as f64 / s.train_seconds.max(1e-9),
             loader_wait_seconds: s.data_wait_seconds,
+            input_dist_seconds: s.input_dist_seconds,
+            compute_seconds: s.compute_seconds,
             loss_first: s.loss_first,
             loss_last: s.loss_last,
             eval: s.eval.map(MetricsReport::from),

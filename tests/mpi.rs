@@ -188,6 +188,58 @@ fn ranks_train_like_one_process_with_as_many_devices() {
     }
 }
 
+#[test]
+fn the_pipeline_on_ranks_gives_the_bits_of_the_order_in_turn() {
+    // Each rank routes the next batch on its own MPI channel while this
+    // one computes; in turn (--no-pipeline) it routes inside the step.
+    let dir = tempfile::tempdir().unwrap();
+    for (np, kind) in [(2, "row-wise"), (4, "table-row-wise"), (2, "data-parallel")] {
+        let mut last = Vec::new();
+        for pipeline in [true, false] {
+            let what = format!("{kind} on {np}, pipeline {pipeline}");
+            let save = dir.path().join(format!("{kind}-{np}-{pipeline}"));
+            let mut args = vec![
+                "bench",
+                "dlrm",
+                "--arch-embedding-size",
+                "300-40-700-90",
+                "--arch-sparse-feature-size",
+                "8",
+                "--arch-mlp-bot",
+                "13-16-8",
+                "--arch-mlp-top",
+                "16-1",
+                "--mini-batch-size",
+                "64",
+                "--num-batches",
+                "6",
+                "--devices-per-host",
+                "2",
+                "--threads",
+                "1",
+                "--optimizer",
+                "adagrad",
+                "--sharding",
+                kind,
+                "--json",
+                "--save",
+                save.to_str().unwrap(),
+            ];
+            if !pipeline {
+                args.push("--no-pipeline");
+            }
+            let out = json(&what, mpirun(np, &args, &[]));
+            last.push((out["loss_first"].clone(), out["loss_last"].clone(), save));
+        }
+        assert_eq!(
+            (&last[0].0, &last[0].1),
+            (&last[1].0, &last[1].1),
+            "{kind} on {np}: losses"
+        );
+        same_model(&format!("{kind} on {np}"), &last[0].2, &last[1].2, 0.0);
+    }
+}
+
 /// Training flags of the failure test: small tables, checkpoints every 5 steps.
 fn train_args<'a>(data: &'a str, ckpt: &'a str, steps: &'a str) -> Vec<&'a str> {
     vec![

@@ -403,3 +403,145 @@ fn data_errors_name_the_file_and_column() {
         "{err}"
     );
 }
+
+/// Whether `python3` has pyarrow; `EMBER_REQUIRE_PYARROW=1` (set by
+/// `scripts/test`) makes its absence a failure rather than a skip.
+fn have_pyarrow() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok && std::env::var_os("EMBER_REQUIRE_PYARROW").is_some() {
+        panic!("EMBER_REQUIRE_PYARROW is set but python3 cannot import pyarrow");
+    }
+    if !ok {
+        eprintln!("skipped: python3 has no pyarrow (pip install pyarrow)");
+    }
+    ok
+}
+
+#[test]
+fn a_dataset_of_another_schema_trains_evaluates_and_predicts() {
+    // A click log written by pyarrow: a boolean label, float and int dense
+    // columns with nulls, a weighted list<int64> history sharing its table
+    // with an item id, a user id (examples/data/clicks.spec.json).
+    if !have_pyarrow() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("clicks");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let made = Command::new("python3")
+        .arg(format!("{root}/scripts/make_clicks.py"))
+        .args([
+            s(&data),
+            "--rows",
+            "16000",
+            "--files",
+            "2",
+            "--row-group-size",
+            "1000",
+        ])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let spec = format!("{root}/examples/data/clicks.spec.json");
+    let (train, test) = (
+        data.join("clicks-00000.parquet"),
+        data.join("clicks-00001.parquet"),
+    );
+    let ckpt = dir.path().join("ckpt");
+    let mut args = vec![
+        "train",
+        "--data",
+        s(&train),
+        "--eval-data",
+        s(&test),
+        "--dataset-spec",
+        &spec,
+        "--mini-batch-size",
+        "200",
+        "--epochs",
+        "3",
+        "--learning-rate",
+        "0.05",
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--json",
+    ];
+    let trained = json(&args);
+    let auc = trained["eval"]["auc"].as_f64().unwrap();
+    // The labels follow a hidden model of these very columns.
+    assert!(auc > 0.62, "auc {auc}");
+    assert_eq!(trained["eval"]["rows"], 8000);
+    let model = s(&ckpt.join("model.safetensors")).to_string();
+    let evaluated = json(&[
+        "eval",
+        "--checkpoint",
+        &model,
+        "--data",
+        s(&test),
+        "--dataset-spec",
+        &spec,
+        "--json",
+    ]);
+    assert_eq!(evaluated["auc"], trained["eval"]["auc"]);
+    let out = dir.path().join("predictions.parquet");
+    ember(&[
+        "predict",
+        "--checkpoint",
+        &model,
+        "--data",
+        s(&test),
+        "--dataset-spec",
+        &spec,
+        "--output",
+        s(&out),
+    ]);
+    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&out).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut rows = 0;
+    for batch in reader {
+        let batch = batch.unwrap();
+        let p = batch
+            .column_by_name("probability")
+            .unwrap()
+            .as_primitive::<Float32Type>();
+        assert!(p.values().iter().all(|&p| p > 0.0 && p < 1.0));
+        rows += batch.num_rows();
+    }
+    assert_eq!(rows, 8000);
+    // The shared table sharded row-wise over 2 devices learns as well.
+    args.retain(|a| *a != "--checkpoint-dir" && *a != s(&ckpt));
+    args.extend(["--devices", "2", "--sharding", "row-wise"]);
+    let sharded = json(&args);
+    let sharded_auc = sharded["eval"]["auc"].as_f64().unwrap();
+    assert!((sharded_auc - auc).abs() < 1e-3, "{sharded_auc} vs {auc}");
+    // A spec that does not fit the checkpoint names the table.
+    let other = dir.path().join("other.json");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(
+        &other,
+        text.replace("\"num_embeddings\": 1000", "\"num_embeddings\": 999"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "eval",
+            "--checkpoint",
+            &model,
+            "--data",
+            s(&test),
+            "--dataset-spec",
+            s(&other),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("t_user") && err.contains("999"),
+        "{err}"
+    );
+}

@@ -64,7 +64,7 @@ impl MpiWorld {
     /// The collective over all ranks, with `timeout` per exchange.
     pub fn collective(&self, timeout: Duration) -> MpiCollective {
         MpiCollective {
-            world: Arc::new(Mutex::new(self.universe.world())),
+            world: Arc::new(Mutex::new(World(self.universe.world()))),
             tag: TAG,
             next_tag: Arc::new(AtomicI32::new(TAG + 1)),
             rank: self.rank(),
@@ -81,7 +81,7 @@ impl MpiWorld {
 /// the timeout (set there, changed with [`Collective::set_timeout`]) with an
 /// error naming the silent ranks.
 pub struct MpiCollective {
-    world: Arc<Mutex<SimpleCommunicator>>,
+    world: Arc<Mutex<World>>,
     /// This channel's tag, and the next free one (shared by all channels).
     tag: i32,
     next_tag: Arc<AtomicI32>,
@@ -92,10 +92,13 @@ pub struct MpiCollective {
     bytes_sent: Arc<AtomicU64>,
 }
 
+/// The world's communicator, used only under its lock.
+struct World(SimpleCommunicator);
+
 // SAFETY: the communicator is a handle; every use goes through the mutex, and
 // MPI was initialized for serialized calls from any thread.
-unsafe impl Send for MpiCollective {}
-unsafe impl Sync for MpiCollective {}
+unsafe impl Send for World {}
+unsafe impl Sync for World {}
 
 /// A send in flight; its buffer is leaked to MPI until the send completes.
 struct Sending {
@@ -137,11 +140,10 @@ impl Collective for MpiCollective {
             let buffer_ptr: *mut [u8] = buffer;
             // SAFETY: the buffer is leaked, so it outlives the request; it is
             // freed only after the request completes (below).
-            let request = lock().process_at_rank(peer as i32).immediate_send_with_tag(
-                StaticScope,
-                unsafe { &*buffer_ptr },
-                self.tag,
-            );
+            let request = lock()
+                .0
+                .process_at_rank(peer as i32)
+                .immediate_send_with_tag(StaticScope, unsafe { &*buffer_ptr }, self.tag);
             sending.push(Sending {
                 peer,
                 request,
@@ -154,6 +156,7 @@ impl Collective for MpiCollective {
             let world = lock();
             waiting.retain(|&src| {
                 match world
+                    .0
                     .process_at_rank(src as i32)
                     .immediate_matched_probe_with_tag(self.tag)
                 {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arrow_array::builder::{Float32Builder, Int64Builder, ListBuilder};
 use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch};
 use ember_dataloader::{DatasetSpec, Loader, LoaderConfig};
+use ember_sparse::{EmbeddingBagCollection, TableOptimizer};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 
@@ -136,6 +137,38 @@ fn a_spec_reads_its_columns_exactly() {
         row += n;
     }
     assert_eq!(row, rows);
+}
+
+#[test]
+fn weights_from_the_data_reach_the_kernels() {
+    // The loader's batch through the spec's own tables: the history's
+    // sum-pooled rows are weighted by its weight column.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clicks.parquet");
+    write(&path, columns(12), 12);
+    let spec = spec();
+    let loader = Loader::open(&[path], LoaderConfig::new(12, spec.clone())).unwrap();
+    let b = loader.epoch(0, 0).next().unwrap().unwrap();
+    let mut ebc =
+        EmbeddingBagCollection::new(spec.tables.clone(), TableOptimizer::None, 3).unwrap();
+    let pooled = ebc.forward(&b.sparse).unwrap();
+    let table = &ebc.tables()[0];
+    let dim = 4;
+    let k = pooled.keys().iter().position(|k| k == "history").unwrap();
+    for s in 0..b.size() {
+        let h = history(s).unwrap_or_default();
+        let mut want = vec![0f32; dim];
+        for (id, w) in &h {
+            let row = &table.weights()[(id % 100) as usize * dim..][..dim];
+            for (x, r) in want.iter_mut().zip(row) {
+                *x += w * r;
+            }
+        }
+        let got = pooled.get(s, k);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-6, "row {s}: {got:?} vs {want:?}");
+        }
+    }
 }
 
 #[test]

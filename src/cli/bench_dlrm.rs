@@ -132,8 +132,15 @@ pub struct DlrmReport {
     pub threads: usize,
     pub mini_batch_size: usize,
     pub num_batches: u64,
-    /// Samples per second over the timed steps (all but the first, a warm-up).
+    /// Samples per second over the timed steps (all but the first, a warm-up):
+    /// the steps' own time, what the step's critical path allows.
     pub samples_per_s: f64,
+    /// Samples per second of wall time over every step, waits for batches
+    /// included (the Trainer's `train_seconds`).
+    pub wall_samples_per_s: f64,
+    /// The input dist run ahead on the pipeline thread, per step (sharded
+    /// and pipelined only; in turn, it is inside the step's sparse forward).
+    pub input_dist_ahead_ms: f64,
     pub ids_per_s: f64,
     pub step_ms_median: f64,
     pub phase_ms: PhaseMs,
@@ -323,9 +330,9 @@ fn run_in_pool(
         }
         e => t.step(args, &progress, e),
     };
-    trainer.fit(
+    let summary = trainer.fit(
         &mut model,
-        &train,
+        train.as_ref(),
         test,
         TrainState::default(),
         &mut on_event,
@@ -341,19 +348,35 @@ fn run_in_pool(
         sharding,
         setup_s,
     );
+    let steps = summary.steps.max(1) as f64;
     Ok(DlrmReport {
         world_size: launch.world_size(),
+        wall_samples_per_s: summary.samples as f64 / summary.train_seconds.max(1e-9),
+        input_dist_ahead_ms: summary.input_dist_seconds * 1e3 / steps,
         ..report
     })
 }
 
-/// The training batches and (on a rank, its block of) the test batches,
-/// numbered apart from each other.
+/// Training batches made before the clock, when they fit in this many
+/// bytes; more are made as the steps take them (on the pipeline thread,
+/// where making them shares the cores with the steps).
+const IN_MEMORY_BYTES: usize = 2 << 30;
+
+/// Bytes a batch holds: dense features and labels (f32), ids (i64), one
+/// offset per bag (usize) and weights (f32).
+fn batch_bytes(b: &ember_models::Batch) -> usize {
+    4 * (b.dense.data().len() + b.labels.len())
+        + 8 * (b.sparse.values().len() + b.sparse.offsets().len())
+        + 4 * b.sparse.weights().map_or(0, |w| w.len())
+}
+
+/// The training batches (in memory when they fit [`IN_MEMORY_BYTES`]) and
+/// (on a rank, its block of) the test batches, numbered apart from each other.
 fn synthetic_data(
     args: &DlrmArgs,
     resolved: &ResolvedDlrm,
     launch: &Launch,
-) -> anyhow::Result<(SyntheticBatches, InMemory)> {
+) -> anyhow::Result<(Box<dyn TrainData>, InMemory)> {
     let data = SyntheticData::new(SyntheticConfig {
         fixed_indices: resolved.fixed_indices,
         ..SyntheticConfig::for_model(
@@ -382,7 +405,16 @@ fn synthetic_data(
             test.epoch(0, 0).collect::<Result<_, _>>()?
         }
     };
-    Ok((batches(0, args.num_batches), InMemory(test)))
+    let train = batches(0, args.num_batches);
+    let first = train.epoch(0, 0).next().transpose()?;
+    let bytes = first.as_ref().map_or(0, batch_bytes);
+    let train: Box<dyn TrainData> = match bytes.saturating_mul(args.num_batches as usize) {
+        b if b <= IN_MEMORY_BYTES => {
+            Box::new(InMemory(train.epoch(0, 0).collect::<Result<_, _>>()?))
+        }
+        _ => Box::new(train),
+    };
+    Ok((train, InMemory(test)))
 }
 
 /// With sharded tables: where they ran and what moved (on ranks, every
@@ -462,6 +494,9 @@ impl DlrmReport {
             mini_batch_size: size,
             num_batches: args.num_batches,
             samples_per_s: rate(t.step_s.len() as f64 * size as f64),
+            // Set from the Trainer's summary.
+            wall_samples_per_s: f64::NAN,
+            input_dist_ahead_ms: 0.0,
             ids_per_s: rate(t.ids as f64),
             step_ms_median: median(&mut t.step_s) * 1e3,
             phase_ms: PhaseMs {

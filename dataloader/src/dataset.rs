@@ -442,11 +442,16 @@ impl DecodeSpec {
             let col = column(&c.column)?;
             let transform = s.transform_of(j);
             let out = &mut chunk.dense[base..];
-            // Criteo's int32 columns without nulls, the common case, directly.
+            // Criteo's int32 columns, the common case, directly.
             match col.as_primitive_opt::<Int32Type>() {
                 Some(ints) if ints.null_count() == 0 => {
                     for (r, &x) in ints.values().iter().enumerate() {
-                        out[r * nd + j] = transform.apply(Some(x));
+                        out[r * nd + j] = transform.apply_int(Some(x));
+                    }
+                }
+                Some(ints) => {
+                    for (r, x) in ints.iter().enumerate() {
+                        out[r * nd + j] = transform.apply_int(x);
                     }
                 }
                 _ => {
@@ -480,6 +485,7 @@ impl DecodeSpec {
                 None => None,
             };
             let t = s.id_transform;
+            out.offsets.reserve(n);
             let mut last = *out.offsets.last().unwrap_or(&0);
             if let Some(ids) = col.as_primitive_opt::<Int64Type>() {
                 let w = match &weights {
@@ -490,6 +496,14 @@ impl DecodeSpec {
                     ),
                     None => None,
                 };
+                out.values.reserve(n);
+                if ids.null_count() == 0 && w.is_none() {
+                    // One id a row, the common case, without the null checks.
+                    out.values
+                        .extend(ids.values().iter().map(|&id| t.apply(id, rows)));
+                    out.offsets.extend((1..=n as u32).map(|k| last + k));
+                    continue;
+                }
                 for (r, id) in ids.iter().enumerate() {
                     if let Some(id) = id {
                         out.values.push(t.apply(id, rows));

@@ -252,6 +252,7 @@ impl Loader {
             let mine: Vec<Unit> = units.iter().skip(w).step_by(threads).copied().collect();
             let (dataset, spec) = (self.dataset.clone(), self.spec.clone());
             workers.push(std::thread::spawn(move || {
+                yield_to_the_step();
                 for unit in mine {
                     // A panic inside the Parquet reader becomes an error naming the file.
                     let chunk = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -290,6 +291,7 @@ impl Loader {
         // takes them from the queue.
         let (tx, rx) = bounded(self.config.prefetch);
         let thread = std::thread::spawn(move || {
+            yield_to_the_step();
             while let Some(batch) = assembler.next() {
                 let failed = batch.is_err();
                 if tx.send(batch).is_err() || failed {
@@ -302,6 +304,19 @@ impl Loader {
             rx: Some(rx),
             thread: Some(thread),
         }
+    }
+}
+
+/// Moves the calling thread to Linux's idle scheduling class, so the
+/// loader's threads run in the cycles the training step leaves idle rather
+/// than take cores from it; the queued batches absorb their waits.
+fn yield_to_the_step() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: sched_setscheduler with pid 0 changes only the calling
+    // thread's policy; a failure leaves it as it was.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
     }
 }
 

@@ -103,7 +103,7 @@ pub struct Batch {
     pub dense: Vec<f32>,
     /// Dense features per row (the width of `dense`).
     pub num_dense: usize,
-    /// The ids, one key per [`SparseColumn`] (its `key`), one bag per row;
+    /// The ids, one key per [`SparseColumn`](crate::SparseColumn) (its `key()`), one bag per row;
     /// a missing value is an empty bag. Weighted when the spec has weights.
     pub sparse: KeyedJaggedTensor,
     /// One label per row, 0.0 or 1.0.

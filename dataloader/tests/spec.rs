@@ -149,8 +149,7 @@ fn weights_from_the_data_reach_the_kernels() {
     let spec = spec();
     let loader = Loader::open(&[path], LoaderConfig::new(12, spec.clone())).unwrap();
     let b = loader.epoch(0, 0).next().unwrap().unwrap();
-    let mut ebc =
-        EmbeddingBagCollection::new(spec.tables.clone(), TableOptimizer::None, 3).unwrap();
+    let ebc = EmbeddingBagCollection::new(spec.tables.clone(), TableOptimizer::None, 3).unwrap();
     let pooled = ebc.forward(&b.sparse).unwrap();
     let table = &ebc.tables()[0];
     let dim = 4;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ember_sparse::{EmbeddingBagConfig, KeyedJaggedTensor, SparseError};
 
 use super::layout::Layout;
-use super::stages::{device_input_dist, DeviceInput};
+use super::stages::{device_input_dist, on_threads, DeviceInput};
 use super::ShardedEmbeddingBagCollection;
 use crate::collective::{Collective, InProcess};
 use crate::ShardingError;
@@ -149,18 +149,7 @@ pub(super) fn route_on(
         device_input_dist(&ctx, &d.routes, &d.keys, d.has_tables, comm).map(|r| (r, t.elapsed()))
     };
     let results: Vec<Result<(DeviceInput, Duration), ShardingError>> = match comms {
-        Comms::Threads(c) => std::thread::scope(|scope| {
-            let handles: Vec<_> = (locals.iter().zip(c))
-                .map(|(d, comm)| scope.spawn(move || timed(d, comm)))
-                .collect();
-            (handles.into_iter())
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ShardingError::Collective("a device thread panicked".into()))
-                    })
-                })
-                .collect()
-        }),
+        Comms::Threads(c) => on_threads(locals.iter().zip(c).collect(), |(d, comm)| timed(d, comm)),
         Comms::Rank(comm) => vec![timed(&locals[0], comm)],
     };
     let mut devices = Vec::with_capacity(results.len());

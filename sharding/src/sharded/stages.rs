@@ -30,18 +30,16 @@ pub(super) struct Device {
 #[derive(Clone, Copy, Default)]
 pub(super) struct StageTimes(pub(super) [Duration; 3]);
 
-/// Runs `body` once per device, each on its own plain thread (a device
+/// Runs `body` once per item, each on its own plain thread (a device
 /// blocks on its peers, so devices must all run at once).
-pub(super) fn on_devices<R: Send, X: Send>(
-    devices: &mut [Device],
-    comms: &[InProcess],
-    extra: Vec<X>,
-    body: impl Fn(&mut Device, &dyn Collective, X) -> Result<R, ShardingError> + Sync,
+pub(super) fn on_threads<T: Send, R: Send>(
+    items: Vec<T>,
+    body: impl Fn(T) -> Result<R, ShardingError> + Sync,
 ) -> Vec<Result<R, ShardingError>> {
     std::thread::scope(|scope| {
         let body = &body;
-        let handles: Vec<_> = (devices.iter_mut().zip(comms).zip(extra))
-            .map(|((dev, comm), x)| scope.spawn(move || body(dev, comm, x)))
+        let handles: Vec<_> = (items.into_iter())
+            .map(|x| scope.spawn(move || body(x)))
             .collect();
         (handles.into_iter())
             .map(|h| {
@@ -51,6 +49,17 @@ pub(super) fn on_devices<R: Send, X: Send>(
             })
             .collect()
     })
+}
+
+/// [`on_threads`] over the devices, each with its endpoint and its `extra`.
+pub(super) fn on_devices<R: Send, X: Send>(
+    devices: &mut [Device],
+    comms: &[InProcess],
+    extra: Vec<X>,
+    body: impl Fn(&mut Device, &dyn Collective, X) -> Result<R, ShardingError> + Sync,
+) -> Vec<Result<R, ShardingError>> {
+    let items = devices.iter_mut().zip(comms).zip(extra).collect();
+    on_threads(items, |((dev, comm), x)| body(dev, comm, x))
 }
 
 /// A device's part of a batch after the input dist: the bags it received

@@ -105,10 +105,9 @@ fn same_model(what: &str, a: &Path, b: &Path, tol: f32) {
     }
 }
 
-#[test]
-fn ranks_train_like_one_process_with_as_many_devices() {
-    let dir = tempfile::tempdir().unwrap();
-    let base = [
+/// `bench dlrm` on a small model for `batches` batches of 64, one thread.
+fn bench_args(batches: &str) -> Vec<&str> {
+    vec![
         "bench",
         "dlrm",
         "--arch-embedding-size",
@@ -122,13 +121,19 @@ fn ranks_train_like_one_process_with_as_many_devices() {
         "--mini-batch-size",
         "64",
         "--num-batches",
-        "4",
+        batches,
         "--devices-per-host",
         "2",
         "--threads",
         "1",
         "--json",
-    ];
+    ]
+}
+
+#[test]
+fn ranks_train_like_one_process_with_as_many_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = bench_args("4");
     // The dense gradients are summed in another order over ranks than over
     // one batch, so the runs differ by rounding: with SGD within 1e-6; an
     // adaptive optimizer divides by the gradients' size and amplifies it
@@ -198,33 +203,15 @@ fn the_pipeline_on_ranks_gives_the_bits_of_the_order_in_turn() {
         for pipeline in [true, false] {
             let what = format!("{kind} on {np}, pipeline {pipeline}");
             let save = dir.path().join(format!("{kind}-{np}-{pipeline}"));
-            let mut args = vec![
-                "bench",
-                "dlrm",
-                "--arch-embedding-size",
-                "300-40-700-90",
-                "--arch-sparse-feature-size",
-                "8",
-                "--arch-mlp-bot",
-                "13-16-8",
-                "--arch-mlp-top",
-                "16-1",
-                "--mini-batch-size",
-                "64",
-                "--num-batches",
-                "6",
-                "--devices-per-host",
-                "2",
-                "--threads",
-                "1",
+            let mut args = bench_args("6");
+            args.extend([
                 "--optimizer",
                 "adagrad",
                 "--sharding",
                 kind,
-                "--json",
                 "--save",
                 save.to_str().unwrap(),
-            ];
+            ]);
             if !pipeline {
                 args.push("--no-pipeline");
             }

@@ -309,27 +309,30 @@ fn train_eval_predict_and_resume() {
         "--json",
     ]);
     assert_eq!(p["rows"], 2000);
-    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&out).unwrap())
+    let (logits, probs) = predictions(&out);
+    assert_eq!(logits.len(), 2000);
+    for (z, p) in logits.iter().zip(&probs) {
+        assert!((1.0 / (1.0 + (-z).exp()) - p).abs() < 1e-6);
+    }
+}
+
+/// The `logit` and `probability` columns of a predictions file.
+fn predictions(path: &Path) -> (Vec<f32>, Vec<f32>) {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap())
         .unwrap()
         .build()
         .unwrap();
-    let mut n = 0;
+    let (mut logits, mut probs) = (Vec::new(), Vec::new());
     for batch in reader {
         let batch = batch.unwrap();
-        let logit = batch
-            .column_by_name("logit")
-            .unwrap()
-            .as_primitive::<Float32Type>();
-        let prob = batch
-            .column_by_name("probability")
-            .unwrap()
-            .as_primitive::<Float32Type>();
-        for (z, p) in logit.values().iter().zip(prob.values()) {
-            assert!((1.0 / (1.0 + (-z).exp()) - p).abs() < 1e-6);
-        }
-        n += batch.num_rows();
+        let column = |name| {
+            let c = batch.column_by_name(name).unwrap();
+            c.as_primitive::<Float32Type>().values().to_vec()
+        };
+        logits.extend(column("logit"));
+        probs.extend(column("probability"));
     }
-    assert_eq!(n, 2000);
+    (logits, probs)
 }
 
 #[test]
@@ -498,21 +501,9 @@ fn a_dataset_of_another_schema_trains_evaluates_and_predicts() {
         "--output",
         s(&out),
     ]);
-    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&out).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
-    let mut rows = 0;
-    for batch in reader {
-        let batch = batch.unwrap();
-        let p = batch
-            .column_by_name("probability")
-            .unwrap()
-            .as_primitive::<Float32Type>();
-        assert!(p.values().iter().all(|&p| p > 0.0 && p < 1.0));
-        rows += batch.num_rows();
-    }
-    assert_eq!(rows, 8000);
+    let (_, probs) = predictions(&out);
+    assert!(probs.iter().all(|&p| p > 0.0 && p < 1.0));
+    assert_eq!(probs.len(), 8000);
     // The shared table sharded row-wise over 2 devices learns as well.
     args.retain(|a| *a != "--checkpoint-dir" && *a != s(&ckpt));
     args.extend(["--devices", "2", "--sharding", "row-wise"]);

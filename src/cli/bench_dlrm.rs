@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use ember_models::{
     Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, InMemory, Metrics, PhaseTimes,
-    SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent, TrainState, Trainer,
-    TrainerConfig,
+    SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent, TrainState,
+    TrainSummary, Trainer, TrainerConfig,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
@@ -212,6 +212,8 @@ struct Timings {
     /// Seconds and loss summed since the last progress line, and steps.
     window: (f64, f64, u64),
     metrics: Option<Metrics>,
+    /// The Trainer's summary of the run.
+    summary: TrainSummary,
 }
 
 impl Timings {
@@ -330,7 +332,7 @@ fn run_in_pool(
         }
         e => t.step(args, &progress, e),
     };
-    let summary = trainer.fit(
+    t.summary = trainer.fit(
         &mut model,
         train.as_ref(),
         test,
@@ -348,11 +350,8 @@ fn run_in_pool(
         sharding,
         setup_s,
     );
-    let steps = summary.steps.max(1) as f64;
     Ok(DlrmReport {
         world_size: launch.world_size(),
-        wall_samples_per_s: summary.samples as f64 / summary.train_seconds.max(1e-9),
-        input_dist_ahead_ms: summary.input_dist_seconds * 1e3 / steps,
         ..report
     })
 }
@@ -494,9 +493,8 @@ impl DlrmReport {
             mini_batch_size: size,
             num_batches: args.num_batches,
             samples_per_s: rate(t.step_s.len() as f64 * size as f64),
-            // Set from the Trainer's summary.
-            wall_samples_per_s: f64::NAN,
-            input_dist_ahead_ms: 0.0,
+            wall_samples_per_s: t.summary.samples as f64 / t.summary.train_seconds.max(1e-9),
+            input_dist_ahead_ms: t.summary.input_dist_seconds * 1e3 / t.summary.steps.max(1) as f64,
             ids_per_s: rate(t.ids as f64),
             step_ms_median: median(&mut t.step_s) * 1e3,
             phase_ms: PhaseMs {

@@ -35,18 +35,6 @@ impl Checkpoint {
         Ok(model)
     }
 
-    /// Rows `rows` and columns `cols` of the named tensor of `shape`
-    /// (`[rows, cols]`, or `[rows]` read as one column), in local row order.
-    fn rows_of(
-        &self,
-        name: &str,
-        shape: &[usize],
-        rows: RowSplit,
-        cols: Range<usize>,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.store.rows_of(name, shape, rows, cols)
-    }
-
     /// Fills `local` with rows `split` and columns `cols` of the saved table
     /// `config`, and with their optimizer state (of `optimizer`'s kind) when
     /// `restore`.
@@ -58,7 +46,7 @@ impl Checkpoint {
         local: &mut EmbeddingTable,
     ) -> Result<(), ModelError> {
         let (rows, dim) = (config.num_embeddings, config.embedding_dim);
-        let w = self.rows_of(
+        let w = self.store.rows_of(
             &table_weight_name(&config.name),
             &[rows, dim],
             split,
@@ -70,7 +58,7 @@ impl Checkpoint {
         }
         let name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
         let read = |s: &str, shape: &[usize], cols: Range<usize>| {
-            self.rows_of(&name(s), shape, split, cols)
+            self.store.rows_of(&name(s), shape, split, cols)
         };
         let state = match optimizer {
             TableOptimizer::None | TableOptimizer::Sgd { .. } => return Ok(()),

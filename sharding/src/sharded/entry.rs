@@ -10,7 +10,7 @@ use ember_sparse::{
 };
 
 use super::layout::local_name;
-use super::route::{check_input, route_on, Comms, RoutedInput};
+use super::route::{check_input, key_indices, route_on, Comms, DeviceRoutes, RoutedInput};
 use super::source::{LocalShard, ShardSource};
 use super::stages::{device_backward, device_forward, on_devices, StageTimes};
 use super::{Exec, ShardedEmbeddingBagCollection, ShardingStats};
@@ -206,9 +206,10 @@ impl ShardedEmbeddingBagCollection {
             Exec::Rank(c) => Comms::Rank(c.as_ref()),
         };
         let first = self.local_offset_device();
-        let routed = route_on(&self.layout, &self.configs, &self.locals, first, comms, kjt);
+        let locals: Vec<&DeviceRoutes> = self.devices.iter().map(|d| &d.routing).collect();
+        let routed = route_on(&self.layout, &self.configs, &locals, first, comms, kjt);
         match routed {
-            Ok(routed) => self.forward_routed(kjt, routed, out),
+            Ok(routed) => self.forward_with(kjt, routed, out),
             Err(e) => {
                 // Messages of the aborted exchange must not reach the next one.
                 self.reset_comms();
@@ -232,7 +233,18 @@ impl ShardedEmbeddingBagCollection {
                 "forward of a batch other than the one its input dist was routed from, or routed for another collection".into(),
             ));
         }
-        let keys = check_input(&self.layout, &self.configs, kjt)?;
+        self.forward_with(kjt, routed, out)
+    }
+
+    /// The lookup and output dist of `kjt` from `routed`, its own input dist
+    /// (whose ids were checked there).
+    fn forward_with(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        routed: RoutedInput,
+        out: &mut KeyedTensor,
+    ) -> Result<(), ShardingError> {
+        let keys = key_indices(&self.layout, kjt)?;
         let b = kjt.stride();
         if out.batch() != b || out.width() != self.layout.width {
             *out = self.new_output(b);

@@ -179,10 +179,13 @@ impl ShardedEmbeddingBagCollection {
                 |e| e.new_output(0),
             );
             devices.push(Device {
-                ebc: ebc_local,
                 received: vec![vec![Bags::default(); n]; my_routes.len()],
-                routes: my_routes,
-                keys,
+                routing: DeviceRoutes {
+                    routes: my_routes,
+                    keys,
+                    has_tables: ebc_local.is_some(),
+                },
+                ebc: ebc_local,
                 pooled,
                 local_grad: Vec::new(),
                 kjt: None,
@@ -200,20 +203,12 @@ impl ShardedEmbeddingBagCollection {
                     .map_err(|e| ShardingError::Collective(format!("a device thread pool: {e}")))?,
             ),
         };
-        let locals = (devices.iter())
-            .map(|d| DeviceRoutes {
-                routes: d.routes.clone(),
-                keys: d.keys.clone(),
-                has_tables: d.ebc.is_some(),
-            })
-            .collect();
         Ok(Self {
             configs,
             plan,
             optimizer,
             layout: Arc::new(layout),
             devices,
-            locals,
             exec,
             bytes_before: vec![0; n],
             routed_bytes: vec![0; n],

@@ -42,7 +42,6 @@ pub use route::{InputRouter, RoutedInput};
 pub use source::{InitialRows, LocalShard, ShardSource};
 
 use layout::Layout;
-use route::DeviceRoutes;
 use stages::Device;
 
 /// Counters of the sharded execution, summed over calls (stage times are
@@ -77,8 +76,6 @@ pub struct ShardedEmbeddingBagCollection {
     layout: Arc<Layout>,
     /// The devices this process runs (all, or its rank's one).
     devices: Vec<Device>,
-    /// What each of them routes in the input dist.
-    locals: Vec<DeviceRoutes>,
     exec: Exec,
     step: u64,
     stats: ShardingStats,

@@ -94,22 +94,29 @@ pub(super) fn owners(comms: &Comms, b: usize) -> Result<Vec<Range<usize>>, Shard
     }
 }
 
-/// For each slot of `layout`, its key's index in `kjt`, after checking
-/// every id against its table.
-pub(super) fn check_input(
+/// For each slot of `layout`, its key's index in `kjt`.
+pub(super) fn key_indices(
     layout: &Layout,
-    configs: &[EmbeddingBagConfig],
     kjt: &KeyedJaggedTensor,
 ) -> Result<Vec<usize>, SparseError> {
     if let Some(k) = (kjt.keys().iter()).find(|k| !layout.slots.iter().any(|s| &s.feature == *k)) {
         return Err(SparseError::UnknownFeature(k.clone()));
     }
-    let keys = (layout.slots.iter())
+    (layout.slots.iter())
         .map(|s| {
             kjt.key_index(&s.feature)
                 .ok_or_else(|| SparseError::MissingFeature(s.feature.clone()))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect()
+}
+
+/// [`key_indices`], after checking every id against its table.
+pub(super) fn check_input(
+    layout: &Layout,
+    configs: &[EmbeddingBagConfig],
+    kjt: &KeyedJaggedTensor,
+) -> Result<Vec<usize>, SparseError> {
+    let keys = key_indices(layout, kjt)?;
     let b = kjt.stride();
     for (slot, &k) in layout.slots.iter().zip(&keys) {
         let c = &configs[slot.table];
@@ -136,7 +143,7 @@ pub(super) fn check_input(
 pub(super) fn route_on(
     layout: &Arc<Layout>,
     configs: &[EmbeddingBagConfig],
-    locals: &[DeviceRoutes],
+    locals: &[&DeviceRoutes],
     first: usize,
     comms: Comms,
     kjt: &KeyedJaggedTensor,
@@ -150,7 +157,7 @@ pub(super) fn route_on(
     };
     let results: Vec<Result<(DeviceInput, Duration), ShardingError>> = match comms {
         Comms::Threads(c) => on_threads(locals.iter().zip(c).collect(), |(d, comm)| timed(d, comm)),
-        Comms::Rank(comm) => vec![timed(&locals[0], comm)],
+        Comms::Rank(comm) => vec![timed(locals[0], comm)],
     };
     let mut devices = Vec::with_capacity(results.len());
     let mut time = Duration::ZERO;
@@ -162,7 +169,8 @@ pub(super) fn route_on(
     Ok(RoutedInput {
         stride: kjt.stride(),
         ids: kjt.values().len(),
-        fingerprint: fingerprint(kjt),
+        // Set by a router, whose input a forward must check is this batch's.
+        fingerprint: 0,
         layout: Arc::as_ptr(layout) as usize,
         owners,
         bytes: vec![0; devices.len()],
@@ -195,15 +203,12 @@ impl InputRouter {
     /// The input dist of `kjt`: ids checked, routed to their devices,
     /// deduplicated there and made each device's input.
     pub fn route(&self, kjt: &KeyedJaggedTensor) -> Result<RoutedInput, ShardingError> {
+        let locals: Vec<&DeviceRoutes> = self.locals.iter().collect();
         let run = |comms| {
-            route_on(
-                &self.layout,
-                &self.configs,
-                &self.locals,
-                self.first,
-                comms,
-                kjt,
-            )
+            let mut routed =
+                route_on(&self.layout, &self.configs, &locals, self.first, comms, kjt)?;
+            routed.fingerprint = fingerprint(kjt);
+            Ok::<_, ShardingError>(routed)
         };
         match &self.comms {
             RouterComms::Threads(group) => {
@@ -244,7 +249,7 @@ impl ShardedEmbeddingBagCollection {
         Some(InputRouter {
             layout: self.layout.clone(),
             configs: self.configs.clone(),
-            locals: self.locals.clone(),
+            locals: self.devices.iter().map(|d| d.routing.clone()).collect(),
             first: self.local_offset_device(),
             comms,
         })

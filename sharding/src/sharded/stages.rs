@@ -7,6 +7,7 @@ use ember_sparse::{EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor};
 
 use super::codec::{decode_bags, encode_bags, local_kjt, wire_err, Bags};
 use super::layout::Context;
+use super::route::DeviceRoutes;
 use crate::collective::{Collective, InProcess};
 use crate::wire::{Reader, Writer};
 use crate::ShardingError;
@@ -15,8 +16,9 @@ pub(super) struct Device {
     /// This device's shards, `None` when it holds none.
     pub(super) ebc: Option<EmbeddingBagCollection>,
     /// Global indices of the routes on this device, in local output order.
-    pub(super) routes: Vec<usize>,
-    pub(super) keys: Vec<String>,
+    /// What it looks up: global routes, their local keys (shared with its
+    /// input routers).
+    pub(super) routing: DeviceRoutes,
     /// `received[i][src]`: route i's bags from device src (kept for the backward).
     pub(super) received: Vec<Vec<Bags>>,
     /// The forward's input to `ebc`, built from `received`, reused by the
@@ -134,7 +136,7 @@ pub(super) fn device_forward(
     let t = Instant::now();
     let mut msgs: Vec<Writer> = (0..n).map(|_| Writer::new()).collect();
     for (src, w) in msgs.iter_mut().enumerate() {
-        for (i, &r) in dev.routes.iter().enumerate() {
+        for (i, &r) in dev.routing.routes.iter().enumerate() {
             if ctx.forward_sends(r, src) {
                 let rows = ctx.owners[src].clone();
                 let total = rows.len() * dev.pooled.length_per_key()[i];
@@ -206,7 +208,7 @@ pub(super) fn device_backward(
     let mut more_bags = false;
     for (src, msg) in received.iter().enumerate() {
         let mut reader = Reader::new(msg);
-        for (i, &r) in dev.routes.iter().enumerate() {
+        for (i, &r) in dev.routing.routes.iter().enumerate() {
             let part: Vec<f32> = reader.get().map_err(wire_err)?;
             let cols = ctx.routes[r].columns.len();
             let at = dev.pooled.offset_per_key()[i];
@@ -227,7 +229,7 @@ pub(super) fn device_backward(
         if more_bags || dev.kjt.is_none() {
             dev.kjt = Some(local_kjt(
                 &dev.received,
-                &dev.keys,
+                &dev.routing.keys,
                 ctx.owners,
                 ctx.weighted,
             )?);

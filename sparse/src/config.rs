@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::SparseError;
+use crate::{DataType, SparseError};
 
 /// How the rows of a bag are combined.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +40,10 @@ pub struct EmbeddingBagConfig {
     /// +sqrt(1/num_embeddings) when absent.
     #[serde(default)]
     pub weight_init_max: Option<f32>,
+    /// The rows' data type (TorchRec's `data_type`; `"fp32"` when absent).
+    /// `fp16` and `bf16` tables train; the quantized types are for inference.
+    #[serde(default)]
+    pub data_type: DataType,
 }
 
 impl EmbeddingBagConfig {
@@ -56,7 +60,22 @@ impl EmbeddingBagConfig {
             pooling: PoolingType::Sum,
             weight_init_min: None,
             weight_init_max: None,
+            data_type: DataType::Fp32,
         }
+    }
+
+    /// The same config with rows of `data_type` instead.
+    pub fn with_data_type(mut self, data_type: DataType) -> Self {
+        self.data_type = data_type;
+        self
+    }
+
+    /// Bytes of the table's rows in its data type (without optimizer
+    /// state), if that fits in a `usize`.
+    pub fn row_bytes(&self) -> Option<usize> {
+        self.data_type
+            .row_bytes(self.embedding_dim)?
+            .checked_mul(self.num_embeddings)
     }
 
     /// The same config with `pooling` instead.
@@ -88,13 +107,16 @@ impl EmbeddingBagConfig {
         if self.embedding_dim == 0 {
             return fail("embedding_dim must be at least 1");
         }
+        // The backward's scratch and a fp32 view of the rows need the
+        // fp32 size to be addressable too.
         let too_big = self
             .num_embeddings
             .checked_mul(self.embedding_dim)
             .and_then(|n| n.checked_mul(std::mem::size_of::<f32>()))
-            .is_none_or(|bytes| bytes > isize::MAX as usize);
+            .zip(self.row_bytes())
+            .is_none_or(|(floats, rows)| floats.max(rows) > isize::MAX as usize);
         if too_big {
-            return fail("num_embeddings x embedding_dim floats do not fit in memory");
+            return fail("num_embeddings x embedding_dim values do not fit in memory");
         }
         if self.feature_names.is_empty() {
             return fail("no feature looks this table up (feature_names is empty)");

@@ -10,16 +10,19 @@
 
 mod collection;
 mod config;
+mod dtype;
 mod error;
 mod jagged;
 mod optimizer;
 pub mod rng;
 pub mod roofline;
+mod rows;
 mod simd;
 pub mod storage;
 
-pub use collection::{initial_rows, EmbeddingBagCollection, EmbeddingTable};
+pub use collection::{initial_rows, EmbeddingBagCollection, EmbeddingTable, TablePart};
 pub use config::{EmbeddingBagConfig, PoolingType};
+pub use dtype::{DataType, MX_GROUP};
 pub use error::SparseError;
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};
 pub use optimizer::TableOptimizer;

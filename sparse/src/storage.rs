@@ -1,5 +1,5 @@
-//! Row storage for embedding tables: one contiguous, 64-byte aligned
-//! allocation per table. Large tables are 2 MiB aligned and advised to use
+//! Memory for embedding tables: one contiguous, 64-byte aligned
+//! allocation per table (rows in the table's data type, or optimizer state). Large tables are 2 MiB aligned and advised to use
 //! transparent huge pages *before* they are first touched, because random row
 //! gathers over gigabytes are bound by TLB misses on 4 KiB pages (about 1.4x
 //! on 512-byte rows on this machine, 3x on 64-byte rows).
@@ -10,87 +10,90 @@ use std::ptr::NonNull;
 use rayon::prelude::*;
 
 const HUGE_PAGE: usize = 2 << 20;
-/// Floats zeroed per parallel task (4 MiB).
-const ZERO_CHUNK: usize = 1 << 20;
+/// Bytes zeroed per parallel task (4 MiB).
+const ZERO_CHUNK: usize = 4 << 20;
 
-/// A fixed-size, uninitialised-at-birth `f32` buffer. `new` fills it.
-pub struct AlignedBuffer {
-    ptr: NonNull<f32>,
+/// A fixed-size buffer of plain values (`f32` by default; `u8` for rows of
+/// other data types), zeroed at birth, then filled by `new`'s caller.
+pub struct AlignedBuffer<T: bytemuck::Pod = f32> {
+    ptr: NonNull<T>,
     len: usize,
     layout: Layout,
 }
 
-// SAFETY: AlignedBuffer owns its allocation exclusively, like Vec<f32>.
-unsafe impl Send for AlignedBuffer {}
-unsafe impl Sync for AlignedBuffer {}
+// SAFETY: AlignedBuffer owns its allocation exclusively, like Vec<T>.
+unsafe impl<T: bytemuck::Pod + Send> Send for AlignedBuffer<T> {}
+unsafe impl<T: bytemuck::Pod + Sync> Sync for AlignedBuffer<T> {}
 
-impl AlignedBuffer {
-    /// Allocates `len` floats, advises huge pages when large, then lets `fill`
-    /// write every element (in parallel if it likes) before anyone reads.
-    /// Returns `None` when the allocation fails.
-    pub fn new(len: usize, fill: impl FnOnce(&mut [f32])) -> Option<Self> {
-        let bytes = len.max(1).checked_mul(std::mem::size_of::<f32>())?;
+impl<T: bytemuck::Pod> AlignedBuffer<T> {
+    /// Allocates `len` values, advises huge pages when large, zeroes them,
+    /// then lets `fill` write them (in parallel if it likes) before anyone
+    /// reads. Returns `None` when the allocation fails.
+    pub fn new(len: usize, fill: impl FnOnce(&mut [T])) -> Option<Self> {
+        let bytes = len.max(1).checked_mul(std::mem::size_of::<T>())?;
         let align = if bytes >= HUGE_PAGE { HUGE_PAGE } else { 64 };
         let layout = Layout::from_size_align(bytes, align).ok()?;
         // SAFETY: layout has non-zero size.
-        let raw = unsafe { alloc(layout) } as *mut f32;
+        let raw = unsafe { alloc(layout) } as *mut T;
         let ptr = NonNull::new(raw)?;
         if bytes >= HUGE_PAGE {
             advise_huge_pages(raw as *mut u8, bytes);
         }
         // Zero in parallel (first touch of every page, after the huge-page
-        // advice, so pages come back huge) before any slice exists.
+        // advice, so pages come back huge) before any slice exists. Zero
+        // bytes are a valid T (Pod).
         let base = raw as usize;
-        (0..len.div_ceil(ZERO_CHUNK))
+        let in_use = len * std::mem::size_of::<T>();
+        (0..in_use.div_ceil(ZERO_CHUNK))
             .into_par_iter()
             .for_each(|chunk| {
                 let start = chunk * ZERO_CHUNK;
-                let count = ZERO_CHUNK.min(len - start);
-                // SAFETY: each chunk is a disjoint part of our allocation of `len` floats.
-                unsafe { std::ptr::write_bytes((base as *mut f32).add(start), 0, count) };
+                let count = ZERO_CHUNK.min(in_use - start);
+                // SAFETY: each chunk is a disjoint byte range of our allocation.
+                unsafe { std::ptr::write_bytes((base as *mut u8).add(start), 0, count) };
             });
-        // SAFETY: allocated for `len` floats, all zeroed above.
+        // SAFETY: allocated for `len` values, all zeroed above.
         let slice = unsafe { std::slice::from_raw_parts_mut(raw, len) };
         fill(slice);
         Some(Self { ptr, len, layout })
     }
 
-    /// The `len` floats.
-    pub fn as_slice(&self) -> &[f32] {
+    /// The `len` values.
+    pub fn as_slice(&self) -> &[T] {
         // SAFETY: initialised in `new`, len elements.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The `len` floats, mutable.
-    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+    /// The `len` values, mutable.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
         // SAFETY: initialised in `new`, len elements, uniquely borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
-    /// Address of the first float (64-byte aligned, 2 MiB for large buffers).
-    pub fn as_ptr(&self) -> *const f32 {
+    /// Address of the first value (64-byte aligned, 2 MiB for large buffers).
+    pub fn as_ptr(&self) -> *const T {
         self.ptr.as_ptr()
     }
 
-    /// Number of floats.
+    /// Number of values.
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether the buffer holds no floats.
+    /// Whether the buffer holds no values.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 }
 
-impl Drop for AlignedBuffer {
+impl<T: bytemuck::Pod> Drop for AlignedBuffer<T> {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { dealloc(self.ptr.as_ptr() as *mut u8, self.layout) }
     }
 }
 
-impl Clone for AlignedBuffer {
+impl<T: bytemuck::Pod> Clone for AlignedBuffer<T> {
     fn clone(&self) -> Self {
         let src = self.as_slice();
         // An allocation failure on clone is as fatal as for Vec::clone.
@@ -98,9 +101,14 @@ impl Clone for AlignedBuffer {
     }
 }
 
-impl std::fmt::Debug for AlignedBuffer {
+impl<T: bytemuck::Pod> std::fmt::Debug for AlignedBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AlignedBuffer({} floats)", self.len)
+        write!(
+            f,
+            "AlignedBuffer({} x {})",
+            self.len,
+            std::any::type_name::<T>()
+        )
     }
 }
 
@@ -119,7 +127,7 @@ fn advise_huge_pages(_ptr: *mut u8, _bytes: usize) {}
 /// Hints the CPU to start loading `bytes` bytes at `ptr` into cache.
 /// The pointer may be anything: prefetches never fault.
 #[inline(always)]
-pub fn prefetch(ptr: *const f32, bytes: usize) {
+pub fn prefetch<T>(ptr: *const T, bytes: usize) {
     prefetch_every(ptr, bytes, 64)
 }
 
@@ -128,7 +136,7 @@ pub fn prefetch(ptr: *const f32, bytes: usize) {
 /// instructions and miss-buffer slots, which pays off with several ids per
 /// bag (measured: -15% time at 20 ids, +5% at 1-2 ids, 512-byte rows).
 #[inline(always)]
-pub fn prefetch_every(ptr: *const f32, bytes: usize, step: usize) {
+pub fn prefetch_every<T>(ptr: *const T, bytes: usize, step: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};

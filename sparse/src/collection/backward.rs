@@ -10,9 +10,10 @@ use rayon::prelude::*;
 
 use super::{add_scaled_row, EmbeddingBagCollection, EmbeddingTable, FeatureSlot, SharedMut};
 use crate::optimizer::{update_row, StepFactors};
+use crate::rows::{decode_with, TrainFormat};
 use crate::simd::multiversion;
 use crate::storage::prefetch;
-use crate::{KeyedJaggedTensor, PoolingType, SparseError, TableOptimizer};
+use crate::{DataType, KeyedJaggedTensor, PoolingType, SparseError, TableOptimizer};
 
 /// Backward segments per parallel task.
 const SEGMENTS_PER_TASK: usize = 512;
@@ -76,9 +77,13 @@ impl EmbeddingBagCollection {
         self.step += 1;
         let optimizer = self.optimizer;
         let factors = StepFactors::at(&optimizer, self.step);
+        let rounding = RoundingStep {
+            seed: self.rounding_seed,
+            step: self.step,
+        };
         self.tables
             .par_iter_mut()
-            .for_each(|table| table.apply_segments(&optimizer, factors, grad, width));
+            .for_each(|table| table.apply_segments(&optimizer, factors, rounding, grad, width));
         Ok(())
     }
 }
@@ -137,16 +142,19 @@ impl EmbeddingTable {
         &mut self,
         optimizer: &TableOptimizer,
         factors: StepFactors,
+        rounding: RoundingStep,
         grad: &[f32],
         width: usize,
     ) {
         // The unsafe row writes below rely on these sizes.
         let rows = self.config.num_embeddings;
-        assert_eq!(self.weights.len(), rows * self.config.embedding_dim);
+        let stride = self.rows.stride();
+        assert_eq!(self.rows.bytes().len(), rows * stride);
         assert_eq!(
             self.state.as_slice().len(),
             rows * self.state.floats_per_row()
         );
+        let dtype = self.rows.dtype();
         let job = UpdateJob {
             optimizer,
             factors,
@@ -156,23 +164,36 @@ impl EmbeddingTable {
             width,
             dim: self.config.embedding_dim,
             per_row: self.state.floats_per_row(),
-            weights: SharedMut(self.weights.as_mut_slice().as_mut_ptr()),
+            stride,
+            rows: SharedMut(self.rows.bytes_mut().as_mut_ptr()),
             state: SharedMut(self.state.base_ptr()),
+            rounding,
+            part: self.part,
         };
         let segments = job.starts.len() - 1;
         (0..segments.div_ceil(SEGMENTS_PER_TASK))
             .into_par_iter()
             .for_each(|task| {
                 let first = task * SEGMENTS_PER_TASK;
-                let mut summed = vec![0.0f32; job.dim];
-                update_task(
-                    &job,
-                    first,
-                    (first + SEGMENTS_PER_TASK).min(segments),
-                    &mut summed,
-                );
+                let last = (first + SEGMENTS_PER_TASK).min(segments);
+                // The summed gradient, then (for rows not in fp32) the row itself.
+                let mut scratch = vec![0.0f32; 2 * job.dim];
+                match dtype {
+                    DataType::Fp32 => update_fp32(&job, first, last, &mut scratch),
+                    DataType::Fp16 => update_fp16(&job, first, last, &mut scratch),
+                    DataType::Bf16 => update_bf16(&job, first, last, &mut scratch),
+                    // The collection refuses an optimizer for quantized tables.
+                    _ => unreachable!("{dtype} tables take no optimizer"),
+                }
             });
     }
+}
+
+/// What the stochastic rounding of one backward draws from.
+#[derive(Clone, Copy)]
+struct RoundingStep {
+    seed: u64,
+    step: u64,
 }
 
 /// What every backward task of one table reads.
@@ -185,23 +206,38 @@ struct UpdateJob<'a> {
     width: usize,
     dim: usize,
     per_row: usize,
-    weights: SharedMut,
+    /// Bytes per row.
+    stride: usize,
+    rows: SharedMut<u8>,
     state: SharedMut,
+    rounding: RoundingStep,
+    part: super::TablePart,
 }
 
-multiversion!(fn update_task(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut [f32]) -> () = update_task_body);
+multiversion!(fn update_fp32(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_task_body::<crate::rows::Fp32>);
+multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_task_body::<crate::rows::Fp16>);
+multiversion!(fn update_bf16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_task_body::<crate::rows::Bf16>);
 
-/// Segments `first..last`: sum each one's gradient, update its row.
+/// Segments `first..last`: sum each one's gradient, update its row. A fp32
+/// row is updated where it lies; a fp16/bf16 row is read as fp32, updated,
+/// and written back stochastically rounded, drawing by the row's and each
+/// column's global position (see [`TablePart`](super::TablePart)).
 #[inline(always)]
-fn update_task_body(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut [f32]) {
-    let (dim, per_row) = (job.dim, job.per_row);
+fn update_task_body<F: TrainFormat>(
+    job: &UpdateJob<'_>,
+    first: usize,
+    last: usize,
+    scratch: &mut [f32],
+) {
+    let (dim, per_row, stride) = (job.dim, job.per_row, job.stride);
+    let (summed, decoded) = scratch.split_at_mut(dim);
     for seg in first..last {
         // Rows, their state and their gradient rows are all random reads:
         // start them a few segments ahead.
         if let Some(&ahead) = job.starts.get(seg + UPDATE_PREFETCH_DISTANCE) {
             if let Some(e) = job.entries.get(ahead) {
                 let id = e.id as usize;
-                prefetch(job.weights.0.wrapping_add(id * dim), dim * 4);
+                prefetch(job.rows.0.wrapping_add(id * stride), stride);
                 prefetch(job.state.0.wrapping_add(id * per_row), per_row * 4);
                 let at = e.sample as usize * job.width + e.column as usize;
                 prefetch(job.grad.as_ptr().wrapping_add(at), dim * 4);
@@ -217,9 +253,9 @@ fn update_task_body(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut
         // SAFETY: ids are bounds-checked in collect_entries and each segment
         // holds a distinct id, so every task writes rows (and state rows) no
         // other task touches.
-        let (row, row_state) = unsafe {
+        let (bytes, row_state) = unsafe {
             (
-                std::slice::from_raw_parts_mut(job.weights.at(id * dim), dim),
+                std::slice::from_raw_parts_mut(job.rows.at(id * stride), stride),
                 if per_row == 0 {
                     &mut [][..]
                 } else {
@@ -227,6 +263,19 @@ fn update_task_body(job: &UpdateJob<'_>, first: usize, last: usize, summed: &mut
                 },
             )
         };
-        update_row(job.optimizer, job.factors, row, summed, row_state);
+        if F::IN_PLACE {
+            // fp32: the bytes are the row's floats (64-byte aligned table, 4-byte rows).
+            let row: &mut [f32] = bytemuck::cast_slice_mut(bytes);
+            update_row(job.optimizer, job.factors, row, summed, row_state);
+        } else {
+            decode_with::<F>(bytes, decoded);
+            update_row(job.optimizer, job.factors, decoded, summed, row_state);
+            let part = job.part;
+            let global_row = part.first_row + id as u64 * part.row_step;
+            let key =
+                crate::rng::mix(&[job.rounding.seed, part.table, job.rounding.step, global_row]);
+            // SAFETY: as above, this task alone owns the row's bytes.
+            unsafe { F::store(bytes.as_mut_ptr(), decoded, key, part.first_column) };
+        }
     }
 }

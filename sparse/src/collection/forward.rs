@@ -10,7 +10,8 @@
 
 use rayon::prelude::*;
 
-use super::{add_scaled_row, EmbeddingBagCollection, EmbeddingTable, FeatureSlot, SharedMut};
+use super::{EmbeddingBagCollection, EmbeddingTable, FeatureSlot, SharedMut};
+use crate::rows::{with_format, RowFormat};
 use crate::simd::multiversion;
 use crate::storage::prefetch_every;
 use crate::{KeyedJaggedTensor, KeyedTensor, PoolingType, SparseError};
@@ -103,16 +104,16 @@ impl EmbeddingBagCollection {
     }
 }
 
-/// Calls `pool::<D>(args)` with the dim as a compile-time `D` where a
-/// fixed-dim kernel exists (16, 32, 64, 128), else `pool::<0>(args)`.
+/// Calls `pool::<D, F>(args)` with the dim as a compile-time `D` where a
+/// fixed-dim kernel exists (16, 32, 64, 128), else `pool::<0, F>(args)`.
 macro_rules! with_fixed_dim {
-    ($dim:expr, $pool:ident($($arg:expr),* $(,)?)) => {
+    ($dim:expr, $pool:ident::<$f:ty>($($arg:expr),* $(,)?)) => {
         match $dim {
-            16 => $pool::<16>($($arg),*),
-            32 => $pool::<32>($($arg),*),
-            64 => $pool::<64>($($arg),*),
-            128 => $pool::<128>($($arg),*),
-            _ => $pool::<0>($($arg),*),
+            16 => $pool::<16, $f>($($arg),*),
+            32 => $pool::<32, $f>($($arg),*),
+            64 => $pool::<64, $f>($($arg),*),
+            128 => $pool::<128, $f>($($arg),*),
+            _ => $pool::<0, $f>($($arg),*),
         }
     };
 }
@@ -134,7 +135,7 @@ struct ForwardJob<'a> {
 thread_local! {
     /// Row addresses of a forward task's block (see `pool_block`), kept per
     /// thread so the forward allocates nothing once warm.
-    static BLOCK_ROWS: std::cell::RefCell<Vec<*const f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static BLOCK_ROWS: std::cell::RefCell<Vec<*const u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Forward task: pools every feature for samples
@@ -146,14 +147,14 @@ fn pool_block(
     job: &ForwardJob<'_>,
     first: usize,
     samples: usize,
-    rows: &mut Vec<*const f32>,
+    rows: &mut Vec<*const u8>,
 ) -> Result<(), SparseError> {
     rows.clear();
     let values = job.kjt.values();
     for (i, slot) in job.slots.iter().enumerate() {
         let table = &job.tables[slot.table];
-        let (num_rows, dim) = (table.num_embeddings() as u64, table.dim());
-        let base = table.weights().as_ptr();
+        let (num_rows, stride) = (table.num_embeddings() as u64, table.rows.stride());
+        let base = table.rows.row_ptr(0);
         // A feature's bags for consecutive samples are contiguous in `values`.
         let (start, end) = (job.bag(i, first).0, job.bag(i, first + samples - 1).1);
         for (p, &id) in (start..end).zip(&values[start..end]) {
@@ -161,46 +162,60 @@ fn pool_block(
                 return Err(table.id_error(&slot.name, job.sample_of(i, first, samples, p), id));
             }
             // In bounds: the id was checked just above.
-            rows.push(base.wrapping_add(id as usize * dim));
+            rows.push(base.wrapping_add(id as usize * stride));
         }
     }
     gather_block(job, first, samples, rows);
     Ok(())
 }
 
-multiversion!(fn gather_block(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const f32]) -> () = gather_block_body);
+multiversion!(fn gather_block(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const u8]) -> () = gather_block_body);
 
 /// The gather of [`pool_block`]: `rows` holds the block's rows in the order
 /// they are pooled, and the row `PREFETCH_DISTANCE` entries ahead is
 /// prefetched, across bags and features.
 #[inline(always)]
-fn gather_block_body(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const f32]) {
+fn gather_block_body(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const u8]) {
     let mut next = 0;
     for i in 0..job.slots.len() {
-        let dim = job.tables[job.slots[i].table].dim();
-        with_fixed_dim!(
-            dim,
-            gather_feature(job, i, first..first + samples, rows, &mut next)
+        let table = &job.tables[job.slots[i].table];
+        with_format!(
+            table.data_type(),
+            gather_format(job, i, first..first + samples, rows, &mut next)
         );
     }
 }
 
-/// Pools feature `i` for `samples` from `rows[*next..]`, advancing `next`.
+/// [`gather_feature`] for rows of format `F`, at the feature's dim.
+#[inline(always)]
+fn gather_format<F: RowFormat>(
+    job: &ForwardJob<'_>,
+    i: usize,
+    samples: std::ops::Range<usize>,
+    rows: &[*const u8],
+    next: &mut usize,
+) {
+    let dim = job.tables[job.slots[i].table].dim();
+    with_fixed_dim!(dim, gather_feature::<F>(job, i, samples, rows, next));
+}
+
+/// Pools feature `i` for `samples` from `rows[*next..]`, advancing `next`;
+/// rows are in format `F`, decoded value by value as they are summed.
 ///
 /// `D > 0` is the dim known at compile time: the sum then lives in registers
 /// (8 AVX-512 registers for D = 128) and `out` is written once, as FBGEMM's
 /// JIT kernels do. `D = 0` handles any dim, summing in `out` itself.
 #[inline(always)]
-fn gather_feature<const D: usize>(
+fn gather_feature<const D: usize, F: RowFormat>(
     job: &ForwardJob<'_>,
     i: usize,
     samples: std::ops::Range<usize>,
-    rows: &[*const f32],
+    rows: &[*const u8],
     next: &mut usize,
 ) {
     let slot = &job.slots[i];
     let table = &job.tables[slot.table];
-    let dim = table.dim();
+    let (dim, stride) = (table.dim(), table.rows.stride());
     let weights = job.kjt.weights();
     for s in samples {
         let (start, end) = job.bag(i, s);
@@ -213,14 +228,14 @@ fn gather_feature<const D: usize>(
             // Ahead may lie in the next feature's table, of another dim: the
             // hint then covers a little more or less of that row, harmlessly.
             if let Some(&ahead) = rows.get(*next + PREFETCH_DISTANCE) {
-                prefetch_every(ahead, dim * 4, job.prefetch_step);
+                prefetch_every(ahead, stride, job.prefetch_step);
             }
-            // SAFETY: pool_block resolved this entry from a checked id of
-            // this table: a whole row of `dim` floats.
-            let row = unsafe { std::slice::from_raw_parts(rows[*next], dim) };
+            let row = rows[*next];
             *next += 1;
             let w = weights.map_or(1.0, |w| w[p]);
-            accumulate(&mut acc, out, row, w, p == start);
+            // SAFETY: pool_block resolved this entry from a checked id of
+            // this table: a whole row of `dim` columns in format F.
+            unsafe { accumulate::<D, F>(&mut acc, out, row, w, p == start) };
         }
         finish_bag(table, &acc, end - start, out);
     }
@@ -246,24 +261,32 @@ impl ForwardJob<'_> {
 
 /// Adds `w * row` to a bag's running sum: in `acc` when the dim is a
 /// compile-time `D > 0`, else in `out` (whose first row initialises it).
+///
+/// # Safety
+/// `row` is a whole row of `out.len()` (= `D` when `D > 0`) columns in format `F`.
 #[inline(always)]
-fn accumulate<const D: usize>(
+unsafe fn accumulate<const D: usize, F: RowFormat>(
     acc: &mut [f32; D],
     out: &mut [f32],
-    row: &[f32],
+    row: *const u8,
     w: f32,
     first: bool,
 ) {
+    let dim = out.len();
+    let h = F::header(row, dim);
     if D > 0 {
-        let row: &[f32; D] = row.try_into().expect("D is the table's dim");
-        for d in 0..D {
-            acc[d] += w * row[d];
+        for (d, a) in acc.iter_mut().enumerate() {
+            *a += w * F::value(row, h, D, d);
         }
     } else if first {
         // The first row initialises the sum: no zero-fill pass.
-        out.iter_mut().zip(row).for_each(|(o, r)| *o = w * r);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = w * F::value(row, h, dim, d);
+        }
     } else {
-        add_scaled_row(out, w, row);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o += w * F::value(row, h, dim, d);
+        }
     }
 }
 

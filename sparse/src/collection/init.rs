@@ -4,9 +4,9 @@
 use rayon::prelude::*;
 
 use super::backward::BackwardScratch;
-use super::EmbeddingTable;
+use super::{EmbeddingTable, TablePart};
 use crate::optimizer::OptimizerState;
-use crate::storage::AlignedBuffer;
+use crate::rows::TableRows;
 use crate::{EmbeddingBagConfig, SparseError, TableOptimizer};
 
 /// Rows initialised per independently seeded chunk (keeps init reproducible
@@ -17,8 +17,9 @@ const INIT_CHUNK_ROWS: usize = 4096;
 /// [`EmbeddingBagCollection::new`](super::EmbeddingBagCollection::new)
 /// with `seed` initialises the table at position `index`: every global row
 /// in `rows` that `local` maps to a local row `l` has its columns `cols`
-/// written to `out[l * cols.len()..]`. Only the chunks holding `rows` are
-/// drawn, so a shard is initialised without the rest of its table in memory.
+/// written to local row `l` of `out` (rounded to its data type as the whole
+/// table's rows are). Only the chunks holding `rows` are drawn, so a shard
+/// is initialised without the rest of its table in memory.
 pub fn initial_rows(
     config: &EmbeddingBagConfig,
     seed: u64,
@@ -26,7 +27,7 @@ pub fn initial_rows(
     rows: std::ops::Range<usize>,
     local: impl Fn(usize) -> Option<usize> + Sync,
     cols: std::ops::Range<usize>,
-    out: &mut [f32],
+    out: &mut EmbeddingTable,
 ) {
     let (lo, hi) = config.init_range();
     let dim = config.embedding_dim;
@@ -58,7 +59,7 @@ pub fn initial_rows(
             .collect();
         for (locals, kept) in drawn {
             for (l, row) in locals.into_iter().zip(kept.chunks_exact(lc.max(1))) {
-                out[l * lc..(l + 1) * lc].copy_from_slice(row);
+                out.write_row(l, row);
             }
         }
     }
@@ -83,26 +84,27 @@ pub(super) fn new_table(
 ) -> Result<EmbeddingTable, SparseError> {
     let (lo, hi) = config.init_range();
     let dim = config.embedding_dim;
-    // validate() checked that this product fits.
-    let len = config.num_embeddings * dim;
     let alloc_error = |bytes| SparseError::Allocation {
         table: config.name.clone(),
         bytes,
     };
-    let weights = AlignedBuffer::new(len, |w| {
-        let Some(seed) = seed else { return };
-        w.par_chunks_mut(INIT_CHUNK_ROWS * dim)
-            .enumerate()
-            .for_each(|(chunk, rows)| draw_chunk((lo, hi), [seed, index, chunk as u64], rows))
-    })
-    .ok_or_else(|| alloc_error(len * 4))?;
+    // validate() checked that the size fits.
+    let bytes = config.row_bytes().unwrap_or(usize::MAX);
+    let mut rows = TableRows::new(config.data_type, config.num_embeddings, dim)
+        .ok_or_else(|| alloc_error(bytes))?;
+    if let Some(seed) = seed {
+        rows.fill(INIT_CHUNK_ROWS, |chunk, values| {
+            draw_chunk((lo, hi), [seed, index, chunk as u64], values)
+        });
+    }
     let state = OptimizerState::new(optimizer, config.num_embeddings, dim).ok_or_else(|| {
         alloc_error(optimizer.state_floats_per_row(dim) * config.num_embeddings * 4)
     })?;
     Ok(EmbeddingTable {
         config,
-        weights,
+        rows,
         state,
+        part: TablePart::whole(index),
         scratch: BackwardScratch::default(),
     })
 }

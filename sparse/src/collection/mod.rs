@@ -3,8 +3,10 @@
 //! types, their construction and accessors, and the helpers the kernels share.
 
 use crate::optimizer::OptimizerState;
-use crate::storage::AlignedBuffer;
-use crate::{EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError, TableOptimizer};
+use crate::rows::TableRows;
+use crate::{
+    DataType, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError, TableOptimizer,
+};
 
 mod backward;
 mod forward;
@@ -14,13 +16,43 @@ use backward::BackwardScratch;
 pub use init::initial_rows;
 use init::new_table;
 
-/// One table: its rows, its optimizer state and scratch for the backward pass.
+/// One table: its rows (in its data type), its optimizer state and scratch
+/// for the backward pass.
 #[derive(Debug)]
 pub struct EmbeddingTable {
     config: EmbeddingBagConfig,
-    weights: AlignedBuffer,
+    rows: TableRows,
     state: OptimizerState,
+    part: TablePart,
     scratch: BackwardScratch,
+}
+
+/// Where a table's rows sit in the whole table they are part of: a shard's
+/// local row `l` is global row `first_row + l * row_step`, its column `c`
+/// global column `first_column + c`. Stochastic rounding draws by global
+/// position, so a sharded table rounds exactly as the unsharded one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TablePart {
+    /// The whole table's position among its collection's tables.
+    pub table: u64,
+    /// Global row of local row 0.
+    pub first_row: u64,
+    /// Global rows between consecutive local rows.
+    pub row_step: u64,
+    /// Global column of local column 0.
+    pub first_column: u64,
+}
+
+impl TablePart {
+    /// A whole table at position `table`.
+    pub fn whole(table: u64) -> Self {
+        Self {
+            table,
+            first_row: 0,
+            row_step: 1,
+            first_column: 0,
+        }
+    }
 }
 
 impl EmbeddingTable {
@@ -36,26 +68,78 @@ impl EmbeddingTable {
     pub fn num_embeddings(&self) -> usize {
         self.config.num_embeddings
     }
-    /// Floats per row (`config().embedding_dim`).
+    /// Columns per row (`config().embedding_dim`).
     pub fn dim(&self) -> usize {
         self.config.embedding_dim
     }
-    /// All rows, row-major `[num_embeddings, dim]`.
-    pub fn weights(&self) -> &[f32] {
-        self.weights.as_slice()
+    /// The rows' data type (`config().data_type`).
+    pub fn data_type(&self) -> DataType {
+        self.rows.dtype()
     }
-    /// All rows, mutable, row-major `[num_embeddings, dim]` (to load a
-    /// checkpoint or a shard's rows).
-    pub fn weights_mut(&mut self) -> &mut [f32] {
-        self.weights.as_mut_slice()
-    }
-    /// Row `id`: `dim` floats.
+    /// All rows of a fp32 table, row-major `[num_embeddings, dim]`.
     ///
     /// # Panics
-    /// When `id >= num_embeddings()`.
+    /// When the table is not fp32: read any table with
+    /// [`read_row`](Self::read_row) or [`row_bytes`](Self::row_bytes).
+    pub fn weights(&self) -> &[f32] {
+        self.rows
+            .as_f32()
+            .expect("weights(): the table is not fp32")
+    }
+    /// All rows of a fp32 table, mutable (to load a checkpoint or a shard's rows).
+    ///
+    /// # Panics
+    /// When the table is not fp32 (see [`write_row`](Self::write_row)).
+    pub fn weights_mut(&mut self) -> &mut [f32] {
+        self.rows
+            .as_f32_mut()
+            .expect("weights_mut(): the table is not fp32")
+    }
+    /// Row `id` of a fp32 table: `dim` floats.
+    ///
+    /// # Panics
+    /// When `id >= num_embeddings()` or the table is not fp32.
     pub fn row(&self, id: usize) -> &[f32] {
         let d = self.dim();
         &self.weights()[id * d..(id + 1) * d]
+    }
+    /// Row `id`'s values as fp32, in any data type: exactly the values the
+    /// forward pools.
+    ///
+    /// # Panics
+    /// When `id >= num_embeddings()` or `out.len() != dim()`.
+    pub fn read_row(&self, id: usize, out: &mut [f32]) {
+        self.rows.read_row(id, out)
+    }
+    /// Sets row `id` to `values`, rounded to the nearest value of the data
+    /// type (quantized, for the quantized types).
+    ///
+    /// # Panics
+    /// When `id >= num_embeddings()` or `values.len() != dim()`.
+    pub fn write_row(&mut self, id: usize, values: &[f32]) {
+        self.rows.write_row(id, values)
+    }
+    /// Bytes per row: [`DataType::row_bytes`] of the dim.
+    pub fn bytes_per_row(&self) -> usize {
+        self.rows.stride()
+    }
+    /// The rows as stored, row-major, [`DataType::row_bytes`] each (the
+    /// layouts are documented there); native byte order.
+    pub fn row_bytes(&self) -> &[u8] {
+        self.rows.bytes()
+    }
+    /// The rows as stored, mutable (to load them in their own type).
+    pub fn row_bytes_mut(&mut self) -> &mut [u8] {
+        self.rows.bytes_mut()
+    }
+    /// Where this table's rows sit in the table they are part of.
+    pub fn part(&self) -> TablePart {
+        self.part
+    }
+    /// Places this table's rows in a larger table (a shard's), so that
+    /// stochastic rounding draws as the whole table would.
+    pub fn set_part(&mut self, part: TablePart) {
+        self.part = part;
     }
     /// Optimizer state, row-major `[num_embeddings, state floats per row]`
     /// (row-wise Adagrad: 1; Adagrad: dim; Adam: `[m | v]`, 2 x dim).
@@ -78,9 +162,9 @@ impl EmbeddingTable {
         }
     }
 
-    /// Bytes of weights plus optimizer state.
+    /// Bytes of rows plus optimizer state.
     pub fn bytes(&self) -> usize {
-        (self.weights.len() + self.state.as_slice().len()) * std::mem::size_of::<f32>()
+        self.rows.bytes().len() + std::mem::size_of_val(self.state.as_slice())
     }
 }
 
@@ -162,6 +246,8 @@ pub struct EmbeddingBagCollection {
     width: usize,
     optimizer: TableOptimizer,
     step: u64,
+    /// Seeds the stochastic rounding of fp16/bf16 rows.
+    rounding_seed: u64,
 }
 
 impl EmbeddingBagCollection {
@@ -173,13 +259,20 @@ impl EmbeddingBagCollection {
     /// `feature_names`. Fails when the optimizer or a config is invalid
     /// ([`SparseError::InvalidOptimizer`], [`SparseError::InvalidConfig`]), a
     /// feature is served by two tables ([`SparseError::FeatureServedTwice`]),
-    /// or a table cannot be allocated ([`SparseError::Allocation`]).
+    /// a quantized table is given an optimizer ([`SparseError::InvalidConfig`]:
+    /// those are for inference, with [`TableOptimizer::None`]), or a table
+    /// cannot be allocated ([`SparseError::Allocation`]).
+    ///
+    /// fp16 and bf16 rows are updated with stochastic rounding seeded by
+    /// `seed` too (see [`set_rounding_seed`](Self::set_rounding_seed)).
     pub fn new(
         configs: Vec<EmbeddingBagConfig>,
         optimizer: TableOptimizer,
         seed: u64,
     ) -> Result<Self, SparseError> {
-        Self::build(configs, optimizer, Some(seed))
+        let mut collection = Self::build(configs, optimizer, Some(seed))?;
+        collection.rounding_seed = seed;
+        Ok(collection)
     }
 
     /// Tables of zeros, for a caller that fills them (the shards of a rank).
@@ -202,6 +295,16 @@ impl EmbeddingBagCollection {
         let mut column = 0;
         for (t, config) in configs.iter().enumerate() {
             config.validate()?;
+            if !config.data_type.is_trainable() && !matches!(optimizer, TableOptimizer::None) {
+                return Err(SparseError::InvalidConfig {
+                    table: config.name.clone(),
+                    reason: format!(
+                        "{} tables are for inference: build them with no optimizer \
+                         (TableOptimizer::None), or train in fp32, fp16 or bf16",
+                        config.data_type
+                    ),
+                });
+            }
             if configs[..t].iter().any(|c| c.name == config.name) {
                 return Err(SparseError::InvalidConfig {
                     table: config.name.clone(),
@@ -247,6 +350,7 @@ impl EmbeddingBagCollection {
             width: column,
             optimizer,
             step: 0,
+            rounding_seed: 0,
         })
     }
 
@@ -274,6 +378,17 @@ impl EmbeddingBagCollection {
     /// bias correction carries on where it stopped.
     pub fn set_step(&mut self, step: u64) {
         self.step = step;
+    }
+    /// The seed of the stochastic rounding of fp16/bf16 rows: `new`'s seed,
+    /// 0 for [`zeroed`](Self::zeroed) tables.
+    pub fn rounding_seed(&self) -> u64 {
+        self.rounding_seed
+    }
+    /// Sets the seed of the stochastic rounding. An update's rounding draws
+    /// depend only on this seed, the step, and each value's place in its
+    /// whole table ([`TablePart`]), so runs repeat bit for bit.
+    pub fn set_rounding_seed(&mut self, seed: u64) {
+        self.rounding_seed = seed;
     }
     /// Output feature names, in output order (tables' order, then each table's features).
     pub fn feature_names(&self) -> Vec<String> {
@@ -318,16 +433,21 @@ impl EmbeddingBagCollection {
 
 /// A raw pointer shared across the tasks of one pass, each of which writes a
 /// disjoint part of the buffer (rows of a table; blocks of the output).
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
+struct SharedMut<T = f32>(*mut T);
 // SAFETY: see apply_segments and gather_feature: tasks write disjoint parts.
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
 
-impl SharedMut {
+impl<T> SharedMut<T> {
     /// # Safety
     /// `offset` must lie inside the buffer the pointer came from.
-    unsafe fn at(self, offset: usize) -> *mut f32 {
+    unsafe fn at(self, offset: usize) -> *mut T {
         self.0.add(offset)
     }
 }

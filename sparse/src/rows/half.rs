@@ -1,0 +1,218 @@
+//! fp16 and bf16 values: widening to fp32 in the kernels, and narrowing
+//! from fp32 to the nearest value (initial rows, loaded checkpoints) or by
+//! stochastic rounding (updated rows, as FBGEMM's `stochastic_rounding`).
+//!
+//! Stochastic rounding picks one of the two neighbours of `x` with the
+//! probability that makes the expectation `x`: small updates to a row then
+//! add up on average instead of being rounded away, which is what lets a
+//! half-precision table train like an fp32 one.
+
+use crate::rng::splitmix;
+
+const F16_SHIFTED_EXP: u32 = 0x7c00 << 13;
+/// The largest finite fp16, 65504.
+const F16_MAX: f32 = 65504.0;
+
+/// fp16 bits to fp32, exactly. Branch-free (selects only), so a row's
+/// conversion vectorises (F. Giesen's method).
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let shifted = (h & 0x7fff) << 13;
+    let exp = shifted & F16_SHIFTED_EXP;
+    let normal = shifted + ((127 - 15) << 23);
+    let inf_nan = normal + ((128 - 16) << 23);
+    // A subnormal's bits, read with exponent 2^-14, less the implicit one.
+    let magic = f32::from_bits(113 << 23);
+    let subnormal = (f32::from_bits(normal + (1 << 23)) - magic).to_bits();
+    let bits = if exp == F16_SHIFTED_EXP {
+        inf_nan
+    } else if exp == 0 {
+        subnormal
+    } else {
+        normal
+    };
+    f32::from_bits(bits | (h & 0x8000) << 16)
+}
+
+/// bf16 bits to fp32, exactly (the top half of the fp32's bits).
+#[inline(always)]
+pub(crate) fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// The nearest fp16 (ties to even; beyond the range, infinity).
+pub(crate) fn f32_to_f16(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+/// The nearest bf16 (ties to even).
+pub(crate) fn f32_to_bf16(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+/// `x` stochastically rounded to fp16 with the 32 random bits `r`: one of
+/// the two fp16 values around `x`, the upper with probability
+/// `(|x| - lower) / (upper - lower)`, so that the expectation is `x`.
+/// Values past fp16's range saturate to ±65504; NaN stays NaN.
+#[inline(always)]
+pub(crate) fn f32_to_f16_stochastic(x: f32, r: u32) -> u16 {
+    if x.is_nan() {
+        return f32_to_f16(x);
+    }
+    let a = x.abs().min(F16_MAX);
+    // The spacing of fp16 values at a: 2^(e - 10), subnormals 2^-24.
+    let e = ((a.to_bits() >> 23) as i32 - 127).max(-14);
+    let ulp = f32::from_bits(((e - 10 + 127) as u32) << 23);
+    // All exact: a / ulp is below 2^11, and a - lower loses nothing.
+    let lower = (a / ulp).floor() * ulp;
+    let frac = (a - lower) / ulp;
+    // 24 random bits, u uniform on the multiples of 2^-24 in [0, 1); frac
+    // has at most 24 bits past the point, so 1 - frac is exact and
+    // P(u >= 1 - frac) is frac. Bits of zero round toward zero, as for bf16.
+    let u = (r >> 8) as f32 * (1.0 / (1u32 << 24) as f32);
+    let rounded = if u >= 1.0 - frac { lower + ulp } else { lower };
+    f32_to_f16(rounded.copysign(x))
+}
+
+/// `x` stochastically rounded to bf16 with the random bits `r`: adding 16
+/// random bits below the kept half, then truncating, rounds up with
+/// probability equal to the dropped fraction (FBGEMM's method). Values that
+/// would round past the largest finite bf16 stay there; NaN stays NaN.
+#[inline(always)]
+pub(crate) fn f32_to_bf16_stochastic(x: f32, r: u32) -> u16 {
+    if !x.is_finite() {
+        return f32_to_bf16(x);
+    }
+    let bits = x.to_bits();
+    let rounded = (bits + (r >> 16)) >> 16;
+    // A carry into an all-ones exponent would make infinity: keep the largest finite.
+    if rounded & 0x7f80 == 0x7f80 {
+        (bits >> 16) as u16
+    } else {
+        rounded as u16
+    }
+}
+
+/// Random bits for column `column` of the row keyed `row_key`: a hash, so
+/// every element's draw depends only on where it is, not on thread timing.
+#[inline(always)]
+pub(crate) fn rounding_bits(row_key: u64, column: u64) -> u32 {
+    (splitmix(row_key ^ column.wrapping_mul(0xD6E8_FEB8_6659_FD93)) >> 32) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn f16_widening_is_exact_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} != {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn bf16_widening_is_exact_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = half::bf16::from_bits(h).to_f32();
+            let got = bf16_to_f32(h);
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()));
+        }
+    }
+
+    /// The two neighbours of `x` in the narrow type, by its widening.
+    fn neighbours(x: f32, nearest: fn(f32) -> u16, widen: fn(u16) -> f32) -> (f32, f32) {
+        let n = nearest(x);
+        let v = widen(n);
+        let step = |b: u16, up: bool| {
+            // Magnitude steps on sign-magnitude bits.
+            let toward_bigger = up == (widen(b) >= 0.0);
+            if toward_bigger {
+                b + 1
+            } else if b & 0x7fff == 0 {
+                (b ^ 0x8000) + 1
+            } else {
+                b - 1
+            }
+        };
+        if v == x {
+            (v, v)
+        } else if v < x {
+            (v, widen(step(n, true)))
+        } else {
+            (widen(step(n, false)), v)
+        }
+    }
+
+    proptest! {
+        /// Every stochastic result is one of x's two neighbours, and which
+        /// one follows the bits: all-zero bits round toward zero.
+        #[test]
+        fn stochastic_rounding_lands_on_a_neighbour(x in -60000.0f32..60000.0, scale in -30i32..1, r: u32) {
+            let x = x * 2f32.powi(scale);
+            for (round, nearest, widen) in [
+                (f32_to_f16_stochastic as fn(f32, u32) -> u16, f32_to_f16 as fn(f32) -> u16, f16_to_f32 as fn(u16) -> f32),
+                (f32_to_bf16_stochastic, f32_to_bf16, bf16_to_f32),
+            ] {
+                let (lo, hi) = neighbours(x, nearest, widen);
+                let got = widen(round(x, r));
+                prop_assert!(got == lo || got == hi, "{x}: {got} not in [{lo}, {hi}]");
+                let toward_zero = widen(round(x, 0));
+                prop_assert_eq!(toward_zero.abs(), lo.abs().min(hi.abs()));
+            }
+        }
+    }
+
+    /// The mean of many stochastic roundings of x is x (to the sampling
+    /// error), where nearest rounding is off by a fixed amount.
+    #[test]
+    fn stochastic_rounding_is_unbiased() {
+        for (x, round, widen) in [
+            (
+                1.0f32 + 0.3 * 2f32.powi(-10),
+                f32_to_f16_stochastic as fn(f32, u32) -> u16,
+                f16_to_f32 as fn(u16) -> f32,
+            ),
+            (-3.0e-6, f32_to_f16_stochastic, f16_to_f32),
+            (
+                1.0 + 0.3 * 2f32.powi(-7),
+                f32_to_bf16_stochastic,
+                bf16_to_f32,
+            ),
+            (-7.7e-3, f32_to_bf16_stochastic, bf16_to_f32),
+        ] {
+            let n = 200_000u64;
+            let mean = (0..n)
+                .map(|i| widen(round(x, rounding_bits(7, i))) as f64)
+                .sum::<f64>()
+                / n as f64;
+            let (lo, hi) = (widen(round(x, 0)) as f64, widen(round(x, u32::MAX)) as f64);
+            // Binomial sampling error of the mean: (hi - lo) / (2 sqrt n) at most.
+            let sigma = (hi - lo).abs() / (2.0 * (n as f64).sqrt());
+            assert!(
+                (mean - x as f64).abs() < 5.0 * sigma,
+                "{x}: mean {mean}, sigma {sigma}"
+            );
+        }
+    }
+
+    #[test]
+    fn stochastic_rounding_keeps_specials_and_saturates() {
+        assert!(f16_to_f32(f32_to_f16_stochastic(f32::NAN, 1)).is_nan());
+        assert_eq!(f16_to_f32(f32_to_f16_stochastic(1e9, u32::MAX)), 65504.0);
+        assert_eq!(f16_to_f32(f32_to_f16_stochastic(-1e9, 0)), -65504.0);
+        assert_eq!(
+            bf16_to_f32(f32_to_bf16_stochastic(f32::MAX, u32::MAX)),
+            half::bf16::MAX.to_f32()
+        );
+        assert_eq!(f16_to_f32(f32_to_f16_stochastic(0.0, u32::MAX)), 0.0);
+        assert_eq!(f16_to_f32(f32_to_f16_stochastic(0.5, u32::MAX)), 0.5);
+    }
+}

@@ -1,0 +1,339 @@
+//! A table's rows in its data type ([`TableRows`]), and how the kernels read
+//! and write them ([`RowFormat`], one per [`DataType`]).
+//!
+//! Every format turns a row's bytes into fp32 values through the same
+//! `value` function wherever rows are read (the forward's gather, the
+//! backward's read of a row, `read_row`), so a table of any type pools
+//! exactly as a fp32 table holding its decoded rows would.
+
+mod half;
+mod quant;
+
+use rayon::prelude::*;
+
+use crate::storage::AlignedBuffer;
+use crate::DataType;
+pub(crate) use half::rounding_bits;
+use half::{
+    bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_stochastic, f32_to_f16, f32_to_f16_stochastic,
+};
+pub(crate) use quant::{Fp8, Mxfp4, NBit};
+
+/// How the kernels read one row format: a header read once per row (scale,
+/// bias), then each column's fp32 value.
+pub(crate) trait RowFormat {
+    /// What a row carries besides its values (nothing, a scale, a scale and a bias).
+    type Header: Copy;
+    /// # Safety
+    /// `row` points at a whole row of `dim` columns in this format.
+    unsafe fn header(row: *const u8, dim: usize) -> Self::Header;
+    /// Column `d`'s value.
+    ///
+    /// # Safety
+    /// As for `header`, and `d < dim`.
+    unsafe fn value(row: *const u8, header: Self::Header, dim: usize, d: usize) -> f32;
+}
+
+/// A training format: rows the backward reads, updates in fp32 and writes
+/// back (stochastically rounded unless the format is fp32 itself).
+pub(crate) trait TrainFormat: RowFormat {
+    /// Whether rows are fp32, updated where they lie (no decode, no rounding).
+    const IN_PLACE: bool;
+    /// Writes `src` as the row at `row`, column `first_column + d` of the
+    /// whole table rounded with `rounding_bits(row_key, first_column + d)`.
+    ///
+    /// # Safety
+    /// `row` points at a whole row of `src.len()` columns, which no one else
+    /// reads or writes meanwhile.
+    unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64);
+}
+
+/// fp32 rows.
+pub(crate) struct Fp32;
+/// fp16 rows.
+pub(crate) struct Fp16;
+/// bf16 rows.
+pub(crate) struct Bf16;
+
+impl RowFormat for Fp32 {
+    type Header = ();
+    #[inline(always)]
+    unsafe fn header(_: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn value(row: *const u8, _: (), _: usize, d: usize) -> f32 {
+        *(row as *const f32).add(d)
+    }
+}
+
+impl TrainFormat for Fp32 {
+    const IN_PLACE: bool = true;
+    #[inline(always)]
+    unsafe fn store(row: *mut u8, src: &[f32], _: u64, _: u64) {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), row as *mut f32, src.len());
+    }
+}
+
+impl RowFormat for Fp16 {
+    type Header = ();
+    #[inline(always)]
+    unsafe fn header(_: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn value(row: *const u8, _: (), _: usize, d: usize) -> f32 {
+        f16_to_f32((row as *const u16).add(d).read_unaligned())
+    }
+}
+
+impl TrainFormat for Fp16 {
+    const IN_PLACE: bool = false;
+    #[inline(always)]
+    unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64) {
+        let out = row as *mut u16;
+        for (d, &x) in src.iter().enumerate() {
+            let r = rounding_bits(row_key, first_column + d as u64);
+            out.add(d).write_unaligned(f32_to_f16_stochastic(x, r));
+        }
+    }
+}
+
+impl RowFormat for Bf16 {
+    type Header = ();
+    #[inline(always)]
+    unsafe fn header(_: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn value(row: *const u8, _: (), _: usize, d: usize) -> f32 {
+        bf16_to_f32((row as *const u16).add(d).read_unaligned())
+    }
+}
+
+impl TrainFormat for Bf16 {
+    const IN_PLACE: bool = false;
+    #[inline(always)]
+    unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64) {
+        let out = row as *mut u16;
+        for (d, &x) in src.iter().enumerate() {
+            let r = rounding_bits(row_key, first_column + d as u64);
+            out.add(d).write_unaligned(f32_to_bf16_stochastic(x, r));
+        }
+    }
+}
+
+/// Runs `$f::<Format>($args)` with the [`RowFormat`] of `$dtype`.
+macro_rules! with_format {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            $crate::DataType::Fp32 => $f::<$crate::rows::Fp32>($($arg),*),
+            $crate::DataType::Fp16 => $f::<$crate::rows::Fp16>($($arg),*),
+            $crate::DataType::Bf16 => $f::<$crate::rows::Bf16>($($arg),*),
+            $crate::DataType::Int8 => $f::<$crate::rows::NBit<8>>($($arg),*),
+            $crate::DataType::Int4 => $f::<$crate::rows::NBit<4>>($($arg),*),
+            $crate::DataType::Fp8 => $f::<$crate::rows::Fp8>($($arg),*),
+            $crate::DataType::Mxfp4 => $f::<$crate::rows::Mxfp4>($($arg),*),
+        }
+    };
+}
+pub(crate) use with_format;
+
+/// Decodes one row of format `F` (`src`, its bytes) into `out` (its columns).
+pub(crate) fn decode_with<F: RowFormat>(src: &[u8], out: &mut [f32]) {
+    let dim = out.len();
+    let row = src.as_ptr();
+    // SAFETY: callers pass a whole row of `dim` columns (`row_bytes(dim)` bytes).
+    unsafe {
+        let h = F::header(row, dim);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = F::value(row, h, dim, d);
+        }
+    }
+}
+
+/// Encodes `src` into one row `dst` of `dtype`: training types to the
+/// nearest value, quantized types by their quantizer.
+pub(crate) fn encode(dtype: DataType, src: &[f32], dst: &mut [u8]) {
+    match dtype {
+        DataType::Fp32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
+        DataType::Fp16 | DataType::Bf16 => {
+            let narrow = if dtype == DataType::Fp16 {
+                f32_to_f16
+            } else {
+                f32_to_bf16
+            };
+            for (out, &x) in dst.chunks_exact_mut(2).zip(src) {
+                out.copy_from_slice(&narrow(x).to_ne_bytes());
+            }
+        }
+        DataType::Int8 => quant::quantize_nbit::<8>(src, dst),
+        DataType::Int4 => quant::quantize_nbit::<4>(src, dst),
+        DataType::Fp8 => quant::quantize_fp8(src, dst),
+        DataType::Mxfp4 => quant::quantize_mxfp4(src, dst),
+    }
+}
+
+/// A table's rows, `row_bytes(dim)` bytes each, in one aligned allocation.
+#[derive(Clone, Debug)]
+pub(crate) struct TableRows {
+    dtype: DataType,
+    dim: usize,
+    stride: usize,
+    bytes: AlignedBuffer<u8>,
+}
+
+impl TableRows {
+    /// `rows` rows of zeros (zero bytes are zeros in every format). `None`
+    /// when the size overflows or the allocation fails.
+    pub(crate) fn new(dtype: DataType, rows: usize, dim: usize) -> Option<Self> {
+        let stride = dtype.row_bytes(dim)?;
+        let bytes = AlignedBuffer::new(rows.checked_mul(stride)?, |_| {})?;
+        Some(Self {
+            dtype,
+            dim,
+            stride,
+            bytes,
+        })
+    }
+
+    pub(crate) fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    /// Bytes per row.
+    pub(crate) fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// Every row's bytes, row-major.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        self.bytes.as_mut_slice()
+    }
+
+    /// The rows as floats, for a fp32 table.
+    pub(crate) fn as_f32(&self) -> Option<&[f32]> {
+        (self.dtype == DataType::Fp32).then(|| bytemuck::cast_slice(self.bytes.as_slice()))
+    }
+
+    pub(crate) fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
+        (self.dtype == DataType::Fp32).then(|| bytemuck::cast_slice_mut(self.bytes.as_mut_slice()))
+    }
+
+    /// Address of row `id`'s first byte (no check: `id` must be a row).
+    #[inline(always)]
+    pub(crate) fn row_ptr(&self, id: usize) -> *const u8 {
+        self.bytes.as_ptr().wrapping_add(id * self.stride)
+    }
+
+    /// Row `id`'s columns as fp32.
+    ///
+    /// # Panics
+    /// When `id` is not a row or `out` is not `dim` long.
+    pub(crate) fn read_row(&self, id: usize, out: &mut [f32]) {
+        assert_eq!(
+            out.len(),
+            self.dim,
+            "read_row: a row has {} columns",
+            self.dim
+        );
+        let bytes = &self.bytes()[id * self.stride..(id + 1) * self.stride];
+        with_format!(self.dtype, decode_with(bytes, out));
+    }
+
+    /// Sets row `id` to `src`, rounded to nearest (or quantized).
+    ///
+    /// # Panics
+    /// When `id` is not a row or `src` is not `dim` long.
+    pub(crate) fn write_row(&mut self, id: usize, src: &[f32]) {
+        assert_eq!(
+            src.len(),
+            self.dim,
+            "write_row: a row has {} columns",
+            self.dim
+        );
+        let (stride, dtype) = (self.stride, self.dtype);
+        encode(
+            dtype,
+            src,
+            &mut self.bytes_mut()[id * stride..(id + 1) * stride],
+        );
+    }
+
+    /// Fills the rows chunk by chunk of `chunk_rows` rows, in parallel:
+    /// `draw(chunk, values)` writes the chunk's values as fp32, row-major,
+    /// which are then rounded (or quantized) into the table's type.
+    pub(crate) fn fill(&mut self, chunk_rows: usize, draw: impl Fn(usize, &mut [f32]) + Sync) {
+        let (dtype, dim, stride) = (self.dtype, self.dim, self.stride);
+        if let Some(values) = self.as_f32_mut() {
+            values
+                .par_chunks_mut(chunk_rows * dim)
+                .enumerate()
+                .for_each(|(chunk, values)| draw(chunk, values));
+            return;
+        }
+        self.bytes_mut()
+            .par_chunks_mut(chunk_rows * stride)
+            .enumerate()
+            .for_each(|(chunk, bytes)| {
+                let rows = bytes.len() / stride;
+                let mut values = vec![0f32; rows * dim];
+                draw(chunk, &mut values);
+                for (src, dst) in values.chunks_exact(dim).zip(bytes.chunks_exact_mut(stride)) {
+                    encode(dtype, src, dst);
+                }
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_read_back_what_was_written_to_their_precision() {
+        let dim = 37;
+        let src: Vec<f32> = (0..dim).map(|d| (d as f32 - 18.0) / 40.0).collect();
+        for dtype in DataType::ALL {
+            let mut rows = TableRows::new(dtype, 3, dim).unwrap();
+            assert_eq!(rows.bytes().len(), 3 * dtype.row_bytes(dim).unwrap());
+            rows.write_row(1, &src);
+            let mut back = vec![0f32; dim];
+            rows.read_row(0, &mut back);
+            assert!(
+                back.iter().all(|&x| x == 0.0),
+                "{dtype}: zero bytes are zeros"
+            );
+            rows.read_row(1, &mut back);
+            let tolerance = match dtype {
+                DataType::Fp32 => 0.0,
+                DataType::Fp16 => 2e-4,
+                DataType::Bf16 => 2e-3,
+                DataType::Int8 => 2e-3,
+                DataType::Fp8 | DataType::Int4 => 0.04,
+                DataType::Mxfp4 => 0.13,
+            };
+            for (x, y) in src.iter().zip(&back) {
+                assert!((x - y).abs() <= tolerance, "{dtype}: {x} -> {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn fill_draws_the_same_values_for_every_type() {
+        let draw = |chunk: usize, values: &mut [f32]| {
+            for (i, v) in values.iter_mut().enumerate() {
+                *v = ((chunk * 1000 + i) % 17) as f32 / 16.0;
+            }
+        };
+        let mut reference = TableRows::new(DataType::Fp32, 10, 4).unwrap();
+        reference.fill(3, draw);
+        let mut half = TableRows::new(DataType::Fp16, 10, 4).unwrap();
+        half.fill(3, draw);
+        let (mut a, mut b) = (vec![0f32; 4], vec![0f32; 4]);
+        for id in 0..10 {
+            reference.read_row(id, &mut a);
+            half.read_row(id, &mut b);
+            // Sixteenths are exact in fp16.
+            assert_eq!(a, b, "row {id}");
+        }
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
+use ember_sparse::{DataType, EmbeddingBagConfig, TableOptimizer};
 use serde::{Deserialize, Serialize};
 
 use crate::ShardingError;
@@ -309,8 +309,17 @@ impl ShardingPlan {
     }
 }
 
-/// Why `optimizer`'s tables cannot be split by columns, if they cannot.
-pub(crate) fn column_split_refused(optimizer: &TableOptimizer) -> Option<&'static str> {
+/// Why a table of `dtype` trained with `optimizer` cannot be split by
+/// columns, if it cannot.
+pub(crate) fn column_split_refused(
+    optimizer: &TableOptimizer,
+    dtype: DataType,
+) -> Option<&'static str> {
+    if dtype.column_bytes().is_none() {
+        return Some(
+            "a quantized row shares one scale across its columns, so its columns cannot be split; use table-wise, row-wise, table-row-wise or data-parallel sharding",
+        );
+    }
     matches!(optimizer, TableOptimizer::RowWiseAdagrad { .. }).then_some(
         "row-wise Adagrad keeps one state per row, which a column split would break into one per column shard (a different optimizer); use table-wise or row-wise sharding, or another optimizer",
     )
@@ -401,7 +410,7 @@ fn validate_table(
         ));
     }
     if columns.len() > 1 {
-        if let Some(why) = column_split_refused(optimizer) {
+        if let Some(why) = column_split_refused(optimizer, t.data_type) {
             return Err(why.into());
         }
     }

@@ -6,11 +6,12 @@
 //! When that strands a table, a second pass balances storage instead.
 //!
 //! Cost model (per training step, per device):
-//! - storage: rows x (cols + optimizer state floats per row) x 4 bytes, plus
+//! - storage: rows x (the bytes of a row of cols in the table's data type +
+//!   optimizer state floats per row x 4 bytes), plus
 //!   the pooled output and its gradient for the global batch
 //!   (2 x batch x features x cols x 4 bytes);
-//! - lookup time: ids hitting the shard x cols x 4 bytes x 3 (the forward
-//!   reads a row; the fused backward reads and writes it) / memory bandwidth.
+//! - lookup time: ids hitting the shard x row bytes x 3 (the forward reads a
+//!   row; the fused backward reads and writes it) / memory bandwidth.
 //!   Ids spread uniformly over rows, so a row block of a fraction `f` of the
 //!   rows gets `f` of the ids;
 //! - exchange time: the share `(N-1)/N` of the ids (8-byte id + 4-byte
@@ -103,8 +104,13 @@ fn loads(
         let rows = s.rows.count(t.num_embeddings) as u64;
         let cols = (s.columns[1] - s.columns[0]) as u64;
         let state = o.optimizer.state_floats_per_row(cols as usize) as u64;
+        let row_bytes = t
+            .data_type
+            .row_bytes(cols as usize)
+            .map_or(u64::MAX, |b| b as u64);
         let buffers = 2 * o.batch_size as u64 * t.feature_names.len() as u64 * cols * 4;
-        let storage = (rows.saturating_mul(cols + state).saturating_mul(4)).saturating_add(buffers);
+        let storage =
+            (rows.saturating_mul(row_bytes.saturating_add(state * 4))).saturating_add(buffers);
         let (hit, exchanged) = if p.sharding == ShardingType::DataParallel {
             let own = ids / n as f64;
             // All-gather of every other device's bags and gradients.
@@ -120,8 +126,8 @@ fn loads(
             )
         };
         let dev = &topo.devices[s.device];
-        let cost = hit * cols as f64 * 4.0 * 3.0 / dev.memory_bandwidth
-            + exchanged / topo.device_bandwidth;
+        let cost =
+            hit * row_bytes as f64 * 3.0 / dev.memory_bandwidth + exchanged / topo.device_bandwidth;
         out[s.device].0 += storage;
         out[s.device].1 += cost;
     }
@@ -132,7 +138,7 @@ fn loads(
 fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<TablePlan> {
     let n = topo.num_devices();
     let all: Vec<usize> = (0..n).collect();
-    let column_ok = column_split_refused(&o.optimizer).is_none();
+    let column_ok = column_split_refused(&o.optimizer, t.data_type).is_none();
     let mut out = Vec::new();
     let want = |k: ShardingType| o.sharding.is_none_or(|s| s == k);
     if want(ShardingType::TableWise) {
@@ -287,8 +293,10 @@ pub fn plan(
     topo.validate()?;
     // Forced column-wise: say why no option exists, not that nothing fits.
     if o.sharding == Some(ShardingType::ColumnWise) {
-        if let Some(why) = column_split_refused(&o.optimizer) {
-            return Err(ShardingError::Plan(why.into()));
+        for t in tables {
+            if let Some(why) = column_split_refused(&o.optimizer, t.data_type) {
+                return Err(ShardingError::Plan(format!("table '{}': {why}", t.name)));
+            }
         }
     }
     // Balance cost first; when that strands a table, balance storage.

@@ -7,6 +7,7 @@ compile_error!("the wire format copies memory as little-endian");
 
 /// Plain numbers whose bytes can be copied as they are.
 pub(crate) trait Pod: Copy + Default {}
+impl Pod for u8 {}
 impl Pod for u32 {}
 impl Pod for i64 {}
 impl Pod for f32 {}

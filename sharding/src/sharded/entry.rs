@@ -28,7 +28,9 @@ impl ShardedEmbeddingBagCollection {
         let n = plan.num_devices;
         let (configs, optimizer) = layout_of(ebc);
         let exec = Exec::Threads(InProcess::group(n));
-        Self::build(configs, optimizer, ebc.step(), ebc, plan, exec)
+        let mut sharded = Self::build(configs, optimizer, ebc.step(), ebc, plan, exec)?;
+        sharded.set_rounding_seed(ebc.rounding_seed());
+        Ok(sharded)
     }
 
     /// The shards of device `comm.rank()` only, filled from `source`: this
@@ -60,7 +62,25 @@ impl ShardedEmbeddingBagCollection {
         comm: Arc<dyn Collective>,
     ) -> Result<Self, ShardingError> {
         let (configs, optimizer) = layout_of(ebc);
-        Self::on_rank(configs, optimizer, ebc.step(), ebc, plan, comm)
+        let mut sharded = Self::on_rank(configs, optimizer, ebc.step(), ebc, plan, comm)?;
+        sharded.set_rounding_seed(ebc.rounding_seed());
+        Ok(sharded)
+    }
+
+    /// The seed of the stochastic rounding of fp16/bf16 tables (see
+    /// [`EmbeddingBagCollection::set_rounding_seed`]): the source
+    /// collection's for `from_collection*`, 0 for `on_rank` until set.
+    pub fn rounding_seed(&self) -> u64 {
+        self.rounding_seed
+    }
+
+    /// Sets the seed of the stochastic rounding on every shard; shards draw
+    /// by global position, so they round as the unsharded tables would.
+    pub fn set_rounding_seed(&mut self, seed: u64) {
+        self.rounding_seed = seed;
+        for ebc in self.devices.iter_mut().filter_map(|d| d.ebc.as_mut()) {
+            ebc.set_rounding_seed(seed);
+        }
     }
 
     /// The shards this process holds and saves: every shard of its devices

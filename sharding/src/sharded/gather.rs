@@ -38,7 +38,7 @@ impl ShardedEmbeddingBagCollection {
             Exec::Threads(_) => {
                 for &(t, k, shard) in &wanted {
                     let l = local(t, k, shard.device);
-                    let rows = (l.weights(), l.optimizer_state(), l.num_embeddings());
+                    let rows = (l.row_bytes(), l.optimizer_state(), l.num_embeddings());
                     copy_rows_back(rows, &mut ebc.tables_mut()[t], shard, &self.optimizer);
                 }
             }
@@ -47,21 +47,26 @@ impl ShardedEmbeddingBagCollection {
                 let mut w = Writer::new();
                 for &(t, k, _) in wanted.iter().filter(|(_, _, s)| s.device == me) {
                     let l = local(t, k, me);
-                    w.put(l.weights());
+                    w.put(l.row_bytes());
                     w.put(l.optimizer_state());
                 }
                 let parts = comm.all_gather(w.0)?;
                 let mut readers: Vec<Reader> = parts.iter().map(|p| Reader::new(p)).collect();
                 for &(t, k, shard) in &wanted {
                     let r = &mut readers[shard.device];
-                    let weights: Vec<f32> = r.get().map_err(wire_err)?;
+                    let weights: Vec<u8> = r.get().map_err(wire_err)?;
                     let state: Vec<f32> = r.get().map_err(wire_err)?;
-                    let rows = shard.rows.count(self.configs[t].num_embeddings);
-                    if weights.len() != rows * shard.column_range().len() {
+                    let config = &self.configs[t];
+                    let rows = shard.rows.count(config.num_embeddings);
+                    let row_bytes = config
+                        .data_type
+                        .column_range(config.embedding_dim, shard.column_range())
+                        .map(|r| r.len());
+                    if row_bytes.map(|b| b * rows) != Some(weights.len()) {
                         return Err(wire_err(format!(
-                            "rank {}: shard {k} of table '{}' has {} values",
+                            "rank {}: shard {k} of table '{}' has {} bytes of rows",
                             shard.device,
-                            self.configs[t].name,
+                            config.name,
                             weights.len()
                         )));
                     }
@@ -75,14 +80,15 @@ impl ShardedEmbeddingBagCollection {
             }
         }
         ebc.set_step(self.step);
+        ebc.set_rounding_seed(self.rounding_seed);
         Ok(ebc)
     }
 }
 
-/// Copies a shard's rows and optimizer state (`(weights, state, rows)` of
+/// Copies a shard's rows and optimizer state (`(row bytes, state, rows)` of
 /// its local table) back into the global table.
 fn copy_rows_back(
-    (weights, state, num_rows): (&[f32], &[f32], usize),
+    (weights, state, num_rows): (&[u8], &[f32], usize),
     global: &mut EmbeddingTable,
     shard: &crate::plan::Shard,
     opt: &TableOptimizer,
@@ -91,10 +97,15 @@ fn copy_rows_back(
     let (dim, lc) = (global.dim(), cols.len());
     let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
     let map = state_map(opt, dim, cols.clone());
+    let bytes = (global.data_type())
+        .column_range(dim, cols)
+        .expect("plans split the columns of fp32, fp16 and bf16 tables only");
+    let (gstride, lstride) = (global.bytes_per_row(), bytes.len());
     for lr in 0..num_rows {
+        let at = rows.global(lr) * gstride;
+        global.row_bytes_mut()[at + bytes.start..at + bytes.end]
+            .copy_from_slice(&weights[lr * lstride..(lr + 1) * lstride]);
         let gr = rows.global(lr);
-        global.weights_mut()[gr * dim + cols.start..gr * dim + cols.end]
-            .copy_from_slice(&weights[lr * lc..(lr + 1) * lc]);
         for &(l, g) in &map {
             global.optimizer_state_mut()[gr * gs + g] = state[lr * ls + l];
         }

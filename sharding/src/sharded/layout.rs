@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ember_sparse::{
     EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PoolingType,
-    TableOptimizer,
+    TableOptimizer, TablePart,
 };
 
 use super::codec::Bags;
@@ -78,6 +78,22 @@ impl Layout {
     }
 }
 
+/// Where shard `shard` of table `t` sits in the whole table, for
+/// stochastic rounding by global position.
+fn part_of(t: usize, shard: &crate::plan::Shard) -> TablePart {
+    let (first_row, row_step) = match shard.rows {
+        RowSplit::All => (0, 1),
+        RowSplit::Block { start, .. } => (start as u64, 1),
+        RowSplit::Mod { residue, modulus } => (residue as u64, modulus as u64),
+    };
+    TablePart {
+        table: t as u64,
+        first_row,
+        row_step,
+        first_column: shard.columns[0] as u64,
+    }
+}
+
 pub(super) fn local_name(name: &str, shard: usize) -> String {
     format!("{name}#{shard}")
 }
@@ -130,7 +146,8 @@ impl ShardedEmbeddingBagCollection {
                     shard.columns[1] - shard.columns[0],
                     &feature_refs,
                 )
-                .with_pooling(pooling);
+                .with_pooling(pooling)
+                .with_data_type(c.data_type);
                 local_tables[shard.device].push((cfg, t, k));
                 for (i, _) in slots.iter().enumerate().filter(|(_, s)| s.table == t) {
                     routes.push(Route {
@@ -170,6 +187,7 @@ impl ShardedEmbeddingBagCollection {
                 for ((_, t, k), table) in tables.iter().zip(local.tables_mut()) {
                     let shard = &plan.table(&configs[*t].name).expect("validated").shards[*k];
                     source.fill(*t, &configs[*t], shard, table)?;
+                    table.set_part(part_of(*t, shard));
                 }
                 local.set_step(step);
                 Some(local)
@@ -215,6 +233,7 @@ impl ShardedEmbeddingBagCollection {
             last_forward: None,
             owners: Vec::new(),
             step,
+            rounding_seed: 0,
             stats: ShardingStats {
                 lookups: vec![0; n],
                 bytes_sent: vec![0; n],

@@ -78,6 +78,9 @@ pub struct ShardedEmbeddingBagCollection {
     devices: Vec<Device>,
     exec: Exec,
     step: u64,
+    /// Seeds the stochastic rounding of fp16/bf16 shards (the unsharded
+    /// collection's), so shards round as the whole tables would.
+    rounding_seed: u64,
     stats: ShardingStats,
     /// Bytes sent through collectives replaced after a failed exchange.
     bytes_before: Vec<u64>,

@@ -81,13 +81,14 @@ impl ShardSource for InitialRows {
             rows,
             |g| shard.rows.local(g),
             shard.column_range(),
-            local.weights_mut(),
+            local,
         );
         Ok(())
     }
 }
 
-/// Copies a shard's rows and optimizer state from the global table.
+/// Copies a shard's rows (their bytes, in the table's type) and optimizer
+/// state from the global table.
 fn copy_rows(
     global: &EmbeddingTable,
     local: &mut EmbeddingTable,
@@ -98,10 +99,16 @@ fn copy_rows(
     let (dim, lc) = (global.dim(), cols.len());
     let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
     let map = state_map(opt, dim, cols.clone());
+    let dtype = global.data_type();
+    let bytes = dtype
+        .column_range(dim, cols)
+        .expect("plans split the columns of fp32, fp16 and bf16 tables only");
+    let (gstride, lstride) = (global.bytes_per_row(), bytes.len());
     for lr in 0..local.num_embeddings() {
         let gr = rows.global(lr);
-        local.weights_mut()[lr * lc..(lr + 1) * lc]
-            .copy_from_slice(&global.weights()[gr * dim + cols.start..gr * dim + cols.end]);
+        let from = gr * gstride;
+        local.row_bytes_mut()[lr * lstride..(lr + 1) * lstride]
+            .copy_from_slice(&global.row_bytes()[from + bytes.start..from + bytes.end]);
         for &(l, g) in &map {
             local.optimizer_state_mut()[lr * ls + l] = global.optimizer_state()[gr * gs + g];
         }

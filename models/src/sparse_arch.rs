@@ -122,6 +122,23 @@ impl SparseArch {
         }
     }
 
+    /// The seed of the stochastic rounding of fp16/bf16 tables.
+    pub fn rounding_seed(&self) -> u64 {
+        match self {
+            SparseArch::Local(e) => e.rounding_seed(),
+            SparseArch::Sharded(s) => s.rounding_seed(),
+        }
+    }
+
+    /// Sets the seed of the stochastic rounding (a resumed run's, from its
+    /// checkpoint).
+    pub fn set_rounding_seed(&mut self, seed: u64) {
+        match self {
+            SparseArch::Local(e) => e.set_rounding_seed(seed),
+            SparseArch::Sharded(s) => s.set_rounding_seed(seed),
+        }
+    }
+
     /// The sharded collection (`None` when local).
     pub fn sharded(&self) -> Option<&ShardedEmbeddingBagCollection> {
         match self {

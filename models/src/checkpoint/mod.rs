@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! sparse_arch.embedding_bag_collection.embedding_bags.<table>.weight   [rows, dim]
+//!     (F32, F16 or BF16 by the table's type; quantized: U8 [rows, row bytes])
 //! dense_arch.model._mlp.<i>._linear.{weight [out, in], bias [out]}
 //! over_arch.model.0._mlp.<i>._linear.{weight, bias}   every top layer but the last
 //! over_arch.model.1.{weight, bias}                    the last top layer
@@ -28,13 +29,15 @@ use serde::{Deserialize, Serialize};
 use crate::ModelError;
 
 mod names;
+mod quantize;
 mod read;
 mod rows;
 mod set;
 mod state;
 mod store;
 mod write;
-pub use names::{dense_shapes, table_weight_name};
+pub use names::{dense_shapes, table_weight_name, weight_layout};
+pub use quantize::{quantize, QuantizeSummary};
 pub use read::Checkpoint;
 pub use set::{remove_set, save_set, INDEX_FILE};
 pub use state::{StateDict, StateFile};
@@ -88,6 +91,7 @@ const META_DENSE_OPTIMIZER: &str = "ember.dense_optimizer";
 const META_SPARSE_STEP: &str = "ember.sparse_step";
 const META_DENSE_STEPS: &str = "ember.dense_steps";
 const META_TRAIN_STATE: &str = "ember.train_state";
+const META_ROUNDING_SEED: &str = "ember.rounding_seed";
 
 /// Where training stood when a checkpoint was written.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use ember_sparse::EmbeddingBagConfig;
+use ember_sparse::{DataType, EmbeddingBagConfig};
+use safetensors::tensor::Dtype;
 
 use super::TABLE_PREFIX;
 use crate::dlrm::{bottom_linear_prefix, top_linear_prefix};
@@ -12,6 +13,21 @@ use crate::{DlrmConfig, InteractionType};
 /// Name of table `t`'s weight.
 pub fn table_weight_name(table: &str) -> String {
     format!("{}.weight", table_base_name(table))
+}
+
+/// The safetensors dtype and shape of a table's weight of `rows` x `dim`
+/// in `dtype`: F32, F16 or BF16 `[rows, dim]` for the training types (as
+/// TorchRec saves fp32 and fp16 tables), and for the quantized types U8
+/// `[rows, row bytes]` holding each row as Ember stores it (the layouts of
+/// [`DataType`]), as TorchRec's `QuantEmbeddingBagCollection` saves its
+/// fused rows.
+pub fn weight_layout(dtype: DataType, rows: usize, dim: usize) -> (Dtype, Vec<usize>) {
+    match dtype {
+        DataType::Fp32 => (Dtype::F32, vec![rows, dim]),
+        DataType::Fp16 => (Dtype::F16, vec![rows, dim]),
+        DataType::Bf16 => (Dtype::BF16, vec![rows, dim]),
+        _ => (Dtype::U8, vec![rows, dtype.row_bytes(dim).unwrap_or(0)]),
+    }
 }
 
 /// A DLRM table's TorchRec name, to which `.weight` and the optimizer

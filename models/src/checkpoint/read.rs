@@ -6,13 +6,14 @@ use std::path::Path;
 
 use ember_dense::{DenseOptimizerConfig, HasParams};
 use ember_sharding::RowSplit;
-use ember_sparse::TableOptimizer;
+use ember_sparse::{DataType, TableOptimizer};
+use safetensors::tensor::Dtype;
 
-use super::names::{dense_shapes, infer_config, table_weight_name};
+use super::names::{dense_shapes, infer_config, table_weight_name, weight_layout};
 use super::store::{f32s, InMemory, MappedFile, SetStore, TensorStore};
 use super::{
-    TrainState, INDEX_FILE, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS, META_SPARSE_STEP,
-    META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
+    TrainState, INDEX_FILE, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
+    META_ROUNDING_SEED, META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
 };
 use crate::{Dlrm, DlrmConfig, ModelError};
 
@@ -69,6 +70,10 @@ pub struct Checkpoint {
     pub(super) sparse_step: u64,
     pub(super) dense_steps: u64,
     pub(super) train_state: Option<TrainState>,
+    pub(super) rounding_seed: u64,
+    /// Each table's data type in the file (`config` holds the type the
+    /// models get, which [`cast_tables`](Checkpoint::cast_tables) may change).
+    pub(super) stored: Vec<DataType>,
 }
 
 impl Checkpoint {
@@ -120,6 +125,7 @@ impl Checkpoint {
             (None, None) => return Err(fail(format!("the index has no '{META_CONFIG}'"))),
         };
         config.validate().map_err(|e| fail(e.to_string()))?;
+        let stored = config.tables.iter().map(|t| t.data_type).collect();
         let checkpoint = Self {
             config,
             table_optimizer: meta_value(meta, META_TABLE_OPTIMIZER, path)?,
@@ -127,12 +133,30 @@ impl Checkpoint {
             sparse_step: meta_value(meta, META_SPARSE_STEP, path)?.unwrap_or(0),
             dense_steps: meta_value(meta, META_DENSE_STEPS, path)?.unwrap_or(0),
             train_state: meta_value(meta, META_TRAIN_STATE, path)?,
+            rounding_seed: meta_value(meta, META_ROUNDING_SEED, path)?.unwrap_or(0),
+            stored,
             store,
         };
-        for (name, shape) in checkpoint.expected_tensors() {
-            checkpoint.check(&name, &shape)?;
+        for (name, dtype, shape) in checkpoint.expected_tensors() {
+            checkpoint.store.check(&name, dtype, &shape)?;
         }
         Ok(checkpoint)
+    }
+
+    /// Makes the models built from here hold every table in `dtype`, the
+    /// saved rows converted as they are read (to the nearest value, or
+    /// quantized); returns the tables whose type this changes, with their
+    /// saved type. A quantized type makes inference models (no table
+    /// optimizer). The file is not touched.
+    pub fn cast_tables(&mut self, dtype: DataType) -> Vec<(String, DataType)> {
+        let mut changed = Vec::new();
+        for (table, &saved) in self.config.tables.iter_mut().zip(&self.stored) {
+            if saved != dtype {
+                changed.push((table.name.clone(), saved));
+            }
+            table.data_type = dtype;
+        }
+        changed
     }
 
     /// The file it was read from (for a set: its index).
@@ -157,43 +181,32 @@ impl Checkpoint {
         self.train_state.as_ref()
     }
 
-    fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
-        let mut names: Vec<_> = (self.config.tables.iter())
-            .map(|t| {
-                (
-                    table_weight_name(&t.name),
-                    vec![t.num_embeddings, t.embedding_dim],
-                )
+    /// Every tensor the model needs, with its dtype and shape: tables in
+    /// their saved types.
+    fn expected_tensors(&self) -> Vec<(String, Dtype, Vec<usize>)> {
+        let mut names: Vec<_> = (self.config.tables.iter().zip(&self.stored))
+            .map(|(t, &dtype)| {
+                let (dtype, shape) = weight_layout(dtype, t.num_embeddings, t.embedding_dim);
+                (table_weight_name(&t.name), dtype, shape)
             })
             .collect();
-        names.extend(dense_shapes(&self.config));
+        names.extend(
+            dense_shapes(&self.config)
+                .into_iter()
+                .map(|(name, shape)| (name, Dtype::F32, shape)),
+        );
         names
     }
 
-    /// Checks the named tensor's presence, dtype and shape without reading
-    /// its data (for a split tensor: each piece's, and that they add up).
-    fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
-        self.store.check(name, shape)
-    }
-
-    /// The named tensor as f32 values, checked for dtype and shape.
+    /// The named tensor as f32 values, checked for dtype (F32) and shape.
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        self.view(name, shape, f32s)
-    }
-
-    /// `read` applied to the named tensor's bytes, after the checks (a
-    /// tensor split over a set's files is put together first).
-    fn view<R>(
-        &self,
-        name: &str,
-        shape: &[usize],
-        read: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, ModelError> {
-        let (mut read, mut out) = (Some(read), None);
-        self.store.view(name, shape, &mut |bytes| {
-            out = read.take().map(|read| read(bytes))
+        let (mut values, mut read) = (Vec::new(), false);
+        self.store.view(name, Dtype::F32, shape, &mut |bytes| {
+            values = f32s(bytes);
+            read = true;
         })?;
-        Ok(out.expect("a store applies the reader once when it succeeds"))
+        debug_assert!(read, "a store applies the reader once when it succeeds");
+        Ok(values)
     }
 
     /// A model for inference: the saved weights, no optimizer.
@@ -215,14 +228,15 @@ impl Checkpoint {
             .sparse_arch_mut()
             .local_mut()
             .expect("a new model holds its tables in one collection");
-        for table in ebc.tables_mut() {
+        for (t, table) in ebc.tables_mut().iter_mut().enumerate() {
             let config = table.config().clone();
             let all = (RowSplit::All, 0..config.embedding_dim);
-            self.read_table(&config, all, (table_optimizer, same_table_opt), table)?;
+            self.read_table(t, all, (table_optimizer, same_table_opt), table)?;
         }
         if same_table_opt {
             ebc.set_step(self.sparse_step);
         }
+        ebc.set_rounding_seed(self.rounding_seed);
         self.restore_dense(&mut model, dense_optimizer)?;
         Ok(model)
     }

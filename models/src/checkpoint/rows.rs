@@ -9,7 +9,7 @@ use ember_dense::DenseOptimizerConfig;
 use ember_sharding::{Collective, RowSplit, Shard, ShardSource, ShardingError, ShardingPlan};
 use ember_sparse::{EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
 
-use super::{table_weight_name, Checkpoint, OPTIMIZER_PREFIX, TABLE_PREFIX};
+use super::{table_weight_name, weight_layout, Checkpoint, OPTIMIZER_PREFIX, TABLE_PREFIX};
 use crate::{Dlrm, ModelError};
 
 impl Checkpoint {
@@ -31,28 +31,54 @@ impl Checkpoint {
         let step = if restore { self.sparse_step } else { 0 };
         let tables = (table_optimizer, step, &source as &dyn ShardSource);
         let mut model = Dlrm::on_rank(self.config.clone(), tables, dense_optimizer, 0, plan, comm)?;
+        model
+            .sparse_arch_mut()
+            .set_rounding_seed(self.rounding_seed);
         self.restore_dense(&mut model, dense_optimizer)?;
         Ok(model)
     }
 
-    /// Fills `local` with rows `split` and columns `cols` of the saved table
-    /// `config`, and with their optimizer state (of `optimizer`'s kind) when
-    /// `restore`.
+    /// Fills `local` with rows `split` and columns `cols` of saved table
+    /// `t`, and with their optimizer state (of `optimizer`'s kind) when
+    /// `restore`. Rows of the saved type are copied as they are; of another
+    /// type (a cast), converted value by value.
     pub(super) fn read_table(
         &self,
-        config: &EmbeddingBagConfig,
+        t: usize,
         (split, cols): (RowSplit, Range<usize>),
         (optimizer, restore): (TableOptimizer, bool),
         local: &mut EmbeddingTable,
     ) -> Result<(), ModelError> {
-        let (rows, dim) = (config.num_embeddings, config.embedding_dim);
-        let w = self.store.rows_of(
-            &table_weight_name(&config.name),
-            &[rows, dim],
-            split,
-            cols.clone(),
-        )?;
-        local.weights_mut().copy_from_slice(&w);
+        let config = &self.config.tables[t];
+        let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
+        let name = table_weight_name(&config.name);
+        let (dtype, shape) = weight_layout(saved, rows, dim);
+        // Quantized rows are read whole (plans never split their columns).
+        let columns = match saved.column_bytes() {
+            Some(_) => cols.clone(),
+            None => 0..shape[1],
+        };
+        let bytes = self
+            .store
+            .rows_bytes(&name, dtype, &shape, split, columns)?;
+        if local.data_type() == saved {
+            local.row_bytes_mut().copy_from_slice(&bytes);
+        } else {
+            let fail = |message: String| ModelError::Checkpoint {
+                path: self.path().to_path_buf(),
+                tensor: Some(name.clone()),
+                message,
+            };
+            if saved.column_bytes().is_none() && cols != (0..dim) {
+                return Err(fail("a quantized table's columns cannot be split".into()));
+            }
+            let stride = bytes.len() / local.num_embeddings().max(1);
+            let mut row = vec![0f32; cols.len()];
+            for (l, src) in bytes.chunks_exact(stride.max(1)).enumerate() {
+                saved.decode_row(src, &mut row);
+                local.write_row(l, &row);
+            }
+        }
         if !restore {
             return Ok(());
         }
@@ -91,14 +117,14 @@ struct ShardRows<'a> {
 impl ShardSource for ShardRows<'_> {
     fn fill(
         &self,
-        _: usize,
-        config: &EmbeddingBagConfig,
+        t: usize,
+        _: &EmbeddingBagConfig,
         shard: &Shard,
         local: &mut EmbeddingTable,
     ) -> Result<(), ShardingError> {
         let source = (shard.rows, shard.column_range());
         (self.checkpoint)
-            .read_table(config, source, (self.optimizer, self.restore), local)
+            .read_table(t, source, (self.optimizer, self.restore), local)
             .map_err(|e| ShardingError::Source(e.to_string()))
     }
 }

@@ -24,7 +24,8 @@ use ember_sharding::RowSplit;
 use serde::{Deserialize, Serialize};
 
 use super::names::table_base_name;
-use super::write::{dense_tensors, fail_at, metadata, table_tensors, write_file, TablePart};
+use super::names::weight_layout;
+use super::write::{dense_tensors, fail_at, metadata, table_tensors, write_file, SavedTable};
 use super::TrainState;
 use crate::{Dlrm, ModelError};
 
@@ -98,16 +99,16 @@ pub fn save_set(
     let sharded = (model.sparse_arch().sharded())
         .ok_or_else(|| ModelError::Config("a rank's tables are sharded".into()))?;
     for local in sharded.local_shards() {
-        let part = TablePart {
-            weights: local.data.weights(),
-            state: local.data.optimizer_state(),
-            rows: local.data.num_embeddings(),
-            dim: local.data.dim(),
-        };
+        let part = SavedTable::of(local.data);
         let dim = (config.tables.iter())
             .find(|t| t.name == local.table)
             .map_or(0, |t| t.embedding_dim);
         let whole = local.shard.rows == RowSplit::All && local.shard.columns == [0, dim];
+        // A quantized weight's columns are its row bytes (never split).
+        let weight_columns = match part.dtype.column_bytes() {
+            Some(_) => local.shard.columns,
+            None => [0, weight_layout(part.dtype, 0, dim).1[1]],
+        };
         let before = tensors.len();
         table_tensors(
             &table_base_name(local.table),
@@ -121,13 +122,17 @@ pub fn save_set(
                 continue;
             }
             let key = format!("{name}#{}", local.index);
+            let columns = match name.ends_with(".weight") {
+                true => weight_columns,
+                false => local.shard.columns,
+            };
             written.pieces.push((
                 std::mem::replace(name, key.clone()),
                 Piece {
                     file: file.clone(),
                     tensor: key,
                     rows: local.shard.rows,
-                    columns: local.shard.columns,
+                    columns,
                 },
             ));
         }

@@ -20,11 +20,13 @@ use std::path::{Path, PathBuf};
 use ember_dense::{DenseOptimizer, DenseOptimizerConfig, Module, Param};
 use ember_sparse::{EmbeddingBagCollection, TableOptimizer};
 use memmap2::Mmap;
+use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
+use super::names::weight_layout;
 use super::read::meta_value;
 use super::store::{f32s, file_view, map};
-use super::write::{fail_at, json, table_tensors, write_file, F32Tensor, TablePart};
+use super::write::{fail_at, json, table_tensors, write_file, SavedTable, Tensor};
 use super::{TrainState, CHECKPOINT_FILE, META_TRAIN_STATE, OPTIMIZER_PREFIX};
 use crate::ModelError;
 
@@ -32,7 +34,7 @@ use crate::ModelError;
 /// they can be) and metadata.
 #[derive(Default)]
 pub struct StateDict<'a> {
-    tensors: Vec<(String, F32Tensor<'a>)>,
+    tensors: Vec<(String, Tensor<'a>)>,
     metadata: HashMap<String, String>,
 }
 
@@ -71,7 +73,7 @@ impl<'a> StateDict<'a> {
         let data = data.into();
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
         let shape = shape.to_vec();
-        self.tensors.push((name.into(), F32Tensor { shape, data }));
+        self.tensors.push((name.into(), Tensor::f32(shape, data)));
         self
     }
 
@@ -135,13 +137,12 @@ impl<'a> StateDict<'a> {
             .map(|t| format!("{prefix}embedding_bags.{}", t.name()))
             .collect();
         for (table, name) in ebc.tables().iter().zip(&names) {
-            let part = TablePart {
-                weights: table.weights(),
-                state: table.optimizer_state(),
-                rows: table.num_embeddings(),
-                dim: table.dim(),
-            };
-            table_tensors(name, &part, ebc.optimizer(), &mut self.tensors);
+            table_tensors(
+                name,
+                &SavedTable::of(table),
+                ebc.optimizer(),
+                &mut self.tensors,
+            );
         }
         self.metadata(table_step_key(prefix), ebc.step().to_string())
     }
@@ -206,7 +207,12 @@ impl StateFile {
 
     /// The named tensor's values, which must be f32 of `shape`.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        file_view(&self.mmap, name, Some(shape), f32s)
+        self.bytes(name, Dtype::F32, shape).map(|b| f32s(&b))
+    }
+
+    /// The named tensor's bytes, which must be of `dtype` and `shape`.
+    fn bytes(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<Vec<u8>, ModelError> {
+        file_view(&self.mmap, name, dtype, Some(shape), |b| b.to_vec())
             .map(|(v, _)| v)
             .map_err(|message| ModelError::Checkpoint {
                 path: self.path.clone(),
@@ -274,8 +280,9 @@ impl StateFile {
         for table in ebc.tables_mut() {
             let (rows, dim) = (table.num_embeddings(), table.dim());
             let name = format!("{prefix}embedding_bags.{}", table.name());
-            let w = self.tensor(&format!("{name}.weight"), &[rows, dim])?;
-            table.weights_mut().copy_from_slice(&w);
+            let (dtype, shape) = weight_layout(table.data_type(), rows, dim);
+            let w = self.bytes(&format!("{name}.weight"), dtype, &shape)?;
+            table.row_bytes_mut().copy_from_slice(&w);
             let state = |s: &str, shape: &[usize]| {
                 self.tensor(&format!("{OPTIMIZER_PREFIX}{name}.{s}"), shape)
             };

@@ -13,12 +13,12 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
 use super::set::{self, Index};
-use super::write::{f32_bytes, fail_at};
+use super::write::fail_at;
 use crate::ModelError;
 
 /// A checkpoint's tensors, read by name: each read checks the tensor's
-/// presence, dtype (F32) and shape first. Errors name the tensor and the
-/// file at fault.
+/// presence, dtype and shape first. Errors name the tensor and the file at
+/// fault. Tensors are `[rows]` or `[rows, columns]` of one dtype.
 pub(crate) trait TensorStore: Send + Sync {
     /// What errors name for the checkpoint as a whole: the file, a set's
     /// index, or the name in-memory bytes were given.
@@ -37,18 +37,36 @@ pub(crate) trait TensorStore: Send + Sync {
     fn view(
         &self,
         name: &str,
+        dtype: Dtype,
         shape: &[usize],
         read: &mut dyn FnMut(&[u8]),
     ) -> Result<(), ModelError>;
 
     /// Checks the named tensor's presence, dtype and shape without reading
     /// its data (for a split tensor: each piece's, and that they add up).
-    fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
-        self.view(name, shape, &mut |_| ())
+    fn check(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<(), ModelError> {
+        self.view(name, dtype, shape, &mut |_| ())
     }
 
-    /// Rows `rows` and columns `cols` of the named tensor of `shape`
-    /// (`[rows, cols]`, or `[rows]` read as one column), in local row order.
+    /// The bytes of rows `rows` and columns `cols` of the named tensor of
+    /// `dtype` and `shape` (`[rows, cols]`, or `[rows]` read as one
+    /// column), in local row order.
+    fn rows_bytes(
+        &self,
+        name: &str,
+        dtype: Dtype,
+        shape: &[usize],
+        rows: RowSplit,
+        cols: Range<usize>,
+    ) -> Result<Vec<u8>, ModelError> {
+        let mut out = Vec::new();
+        self.view(name, dtype, shape, &mut |bytes| {
+            out = select(bytes, element_bytes(dtype), shape, rows, cols.clone())
+        })?;
+        Ok(out)
+    }
+
+    /// [`rows_bytes`](Self::rows_bytes) of an F32 tensor, as values.
     fn rows_of(
         &self,
         name: &str,
@@ -56,11 +74,13 @@ pub(crate) trait TensorStore: Send + Sync {
         rows: RowSplit,
         cols: Range<usize>,
     ) -> Result<Vec<f32>, ModelError> {
-        let mut out = Vec::new();
-        self.view(name, shape, &mut |bytes| {
-            out = select(bytes, shape, rows, cols.clone())
-        })?;
-        Ok(out)
+        Ok(f32s(&self.rows_bytes(
+            name,
+            Dtype::F32,
+            shape,
+            rows,
+            cols,
+        )?))
     }
 }
 
@@ -120,10 +140,11 @@ impl<B: AsRef<[u8]> + Send + Sync> TensorStore for OneFile<B> {
     fn view(
         &self,
         name: &str,
+        dtype: Dtype,
         shape: &[usize],
         read: &mut dyn FnMut(&[u8]),
     ) -> Result<(), ModelError> {
-        file_view(self.bytes.as_ref(), name, Some(shape), read)
+        file_view(self.bytes.as_ref(), name, dtype, Some(shape), read)
             .map(|_| ())
             .map_err(|message| fail_on(&self.path, name, message))
     }
@@ -176,23 +197,24 @@ impl TensorStore for SetStore {
     fn view(
         &self,
         name: &str,
+        dtype: Dtype,
         shape: &[usize],
         read: &mut dyn FnMut(&[u8]),
     ) -> Result<(), ModelError> {
         if let Some(file) = self.index.weight_map.get(name) {
-            return file_view(&self.files[file], name, Some(shape), read)
+            return file_view(&self.files[file], name, dtype, Some(shape), read)
                 .map(|_| ())
                 .map_err(|m| fail_on(&self.dir.join(file), name, m));
         }
         let cols = shape.get(1).copied().unwrap_or(1);
-        let values = self.rows_of(name, shape, RowSplit::All, 0..cols)?;
-        read(f32_bytes(&values));
+        let bytes = self.rows_bytes(name, dtype, shape, RowSplit::All, 0..cols)?;
+        read(&bytes);
         Ok(())
     }
 
-    fn check(&self, name: &str, shape: &[usize]) -> Result<(), ModelError> {
+    fn check(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<(), ModelError> {
         let Some(pieces) = self.index.pieces.get(name) else {
-            return self.view(name, shape, &mut |_| ());
+            return self.view(name, dtype, shape, &mut |_| ());
         };
         let fail = |message: String| fail_on(&self.path, name, message);
         let (rows, cols) = (shape[0], shape.get(1).copied().unwrap_or(1));
@@ -205,7 +227,7 @@ impl TensorStore for SetStore {
                     p.columns[1].saturating_sub(p.columns[0]),
                 ],
             };
-            file_view(&self.files[&p.file], &p.tensor, Some(&want), |_| ())
+            file_view(&self.files[&p.file], &p.tensor, dtype, Some(&want), |_| ())
                 .map_err(|m| fail(format!("{}: {m}", p.file)))?;
             values += want.iter().product::<usize>();
         }
@@ -218,25 +240,27 @@ impl TensorStore for SetStore {
         Ok(())
     }
 
-    fn rows_of(
+    fn rows_bytes(
         &self,
         name: &str,
+        dtype: Dtype,
         shape: &[usize],
         rows: RowSplit,
         cols: Range<usize>,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Vec<u8>, ModelError> {
         let fail = |message: String| fail_on(&self.path, name, message);
+        let size = element_bytes(dtype);
         // A whole tensor in one mapped file.
         if let Some(file) = self.index.weight_map.get(name) {
-            return file_view(&self.files[file], name, Some(shape), |bytes| {
-                select(bytes, shape, rows, cols)
+            return file_view(&self.files[file], name, dtype, Some(shape), |bytes| {
+                select(bytes, size, shape, rows, cols)
             })
             .map(|(v, _)| v)
             .map_err(fail);
         }
         let (total, width) = (shape[0], shape.get(1).copied().unwrap_or(1));
         let (lr, lc) = (rows.count(total), cols.len());
-        let mut out = vec![0f32; lr * lc];
+        let mut out = vec![0u8; lr * lc * size];
         let pieces = (self.index.pieces)
             .get(name)
             .ok_or_else(|| fail("missing".into()))?;
@@ -258,19 +282,28 @@ impl TensorStore for SetStore {
                 1 => vec![plr],
                 _ => vec![plr, pc.len()],
             };
-            let (n, _) = file_view(&self.files[&p.file], &p.tensor, Some(&want), |bytes| {
-                let mut n = 0;
-                for lp in 0..plr {
-                    let Some(l) = rows.local(p.rows.global(lp)) else {
-                        continue;
-                    };
-                    for c in from..to {
-                        out[l * lc + c - cols.start] = f32_at(bytes, lp * pc.len() + c - pc.start);
-                        n += 1;
+            let (n, _) = file_view(
+                &self.files[&p.file],
+                &p.tensor,
+                dtype,
+                Some(&want),
+                |bytes| {
+                    let mut n = 0;
+                    for lp in 0..plr {
+                        let Some(l) = rows.local(p.rows.global(lp)) else {
+                            continue;
+                        };
+                        if from < to {
+                            let src = (lp * pc.len() + from - pc.start) * size;
+                            let dst = (l * lc + from - cols.start) * size;
+                            let len = (to - from) * size;
+                            out[dst..dst + len].copy_from_slice(&bytes[src..src + len]);
+                            n += to - from;
+                        }
                     }
-                }
-                n
-            })
+                    n
+                },
+            )
             .map_err(|m| fail(format!("{}: {m}", p.file)))?;
             covered += n;
         }
@@ -307,13 +340,14 @@ pub(super) fn map(path: &Path) -> Result<Mmap, ModelError> {
 pub(super) fn file_view<R>(
     bytes: &[u8],
     name: &str,
+    dtype: Dtype,
     shape: Option<&[usize]>,
     read: impl FnOnce(&[u8]) -> R,
 ) -> Result<(R, Vec<usize>), String> {
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
     let view: TensorView = tensors.tensor(name).map_err(|_| "missing".to_string())?;
-    if view.dtype() != Dtype::F32 {
-        return Err(format!("dtype {:?}, expected F32", view.dtype()));
+    if view.dtype() != dtype {
+        return Err(format!("dtype {:?}, expected {dtype:?}", view.dtype()));
     }
     if let Some(shape) = shape {
         if view.shape() != shape {
@@ -323,19 +357,33 @@ pub(super) fn file_view<R>(
     Ok((read(view.data()), view.shape().to_vec()))
 }
 
-/// Rows `rows` and columns `cols` of a whole tensor's bytes of `shape`
-/// (`[rows, cols]`, or `[rows]` read as one column), in local row order.
-fn select(bytes: &[u8], shape: &[usize], rows: RowSplit, cols: Range<usize>) -> Vec<f32> {
+/// The bytes of rows `rows` and columns `cols` of a whole tensor's bytes
+/// of `shape` (`[rows, cols]`, or `[rows]` read as one column) and
+/// `size`-byte elements, in local row order.
+fn select(
+    bytes: &[u8],
+    size: usize,
+    shape: &[usize],
+    rows: RowSplit,
+    cols: Range<usize>,
+) -> Vec<u8> {
     let (total, width) = (shape[0], shape.get(1).copied().unwrap_or(1));
     let (lr, lc) = (rows.count(total), cols.len());
-    let mut out = vec![0f32; lr * lc];
-    for l in 0..lr {
-        let g = rows.global(l);
-        for (c, o) in cols.clone().zip(&mut out[l * lc..(l + 1) * lc]) {
-            *o = f32_at(bytes, g * width + c);
-        }
+    let mut out = vec![0u8; lr * lc * size];
+    for (l, row) in out
+        .chunks_exact_mut((lc * size).max(1))
+        .enumerate()
+        .take(lr)
+    {
+        let at = (rows.global(l) * width + cols.start) * size;
+        row.copy_from_slice(&bytes[at..at + lc * size]);
     }
     out
+}
+
+/// Bytes per element of `dtype` (the types checkpoints hold are whole bytes).
+fn element_bytes(dtype: Dtype) -> usize {
+    dtype.bitsize().div_ceil(8)
 }
 
 /// Little-endian f32 values.
@@ -343,13 +391,4 @@ pub(super) fn f32s(bytes: &[u8]) -> Vec<f32> {
     (bytes.chunks_exact(4))
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
-}
-
-fn f32_at(bytes: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([
-        bytes[4 * i],
-        bytes[4 * i + 1],
-        bytes[4 * i + 2],
-        bytes[4 * i + 3],
-    ])
 }

@@ -7,35 +7,51 @@ use std::fs::File;
 use std::path::Path;
 
 use ember_dense::{DenseOptimizerConfig, HasParams};
-use ember_sparse::TableOptimizer;
+use ember_sparse::{DataType, EmbeddingTable, TableOptimizer};
 use safetensors::tensor::{Dtype, View};
 use serde::Serialize;
 
-use super::names::{dense_shapes, table_base_name};
+use super::names::{dense_shapes, table_base_name, weight_layout};
 use super::{
-    TrainState, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS, META_SPARSE_STEP,
-    META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
+    TrainState, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS, META_ROUNDING_SEED,
+    META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
 };
 use crate::{Dlrm, ModelError};
 
-/// An f32 tensor to write, borrowed where it can be.
-pub(super) struct F32Tensor<'a> {
+/// A tensor to write (little-endian bytes of its dtype), borrowed where it can be.
+pub(super) struct Tensor<'a> {
+    pub(super) dtype: Dtype,
     pub(super) shape: Vec<usize>,
-    pub(super) data: Cow<'a, [f32]>,
+    pub(super) data: Cow<'a, [u8]>,
 }
 
-impl View for F32Tensor<'_> {
+impl<'a> Tensor<'a> {
+    /// An F32 tensor of `values`.
+    pub(super) fn f32(shape: Vec<usize>, values: Cow<'a, [f32]>) -> Self {
+        let data = match values {
+            Cow::Borrowed(v) => Cow::Borrowed(f32_bytes(v)),
+            Cow::Owned(v) => Cow::Owned(f32_bytes(&v).to_vec()),
+        };
+        Self {
+            dtype: Dtype::F32,
+            shape,
+            data,
+        }
+    }
+}
+
+impl View for Tensor<'_> {
     fn dtype(&self) -> Dtype {
-        Dtype::F32
+        self.dtype
     }
     fn shape(&self) -> &[usize] {
         &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(f32_bytes(&self.data))
+        Cow::Borrowed(&self.data)
     }
     fn data_len(&self) -> usize {
-        self.data.len() * 4
+        self.data.len()
     }
 }
 
@@ -60,15 +76,9 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
     let table_opt = model.sparse_arch().optimizer();
     let unsharded = model.sparse_arch().unsharded()?;
     for table in unsharded.tables() {
-        let part = TablePart {
-            weights: table.weights(),
-            state: table.optimizer_state(),
-            rows: table.num_embeddings(),
-            dim: table.dim(),
-        };
         table_tensors(
             &table_base_name(table.name()),
-            &part,
+            &SavedTable::of(table),
             &table_opt,
             &mut tensors,
         );
@@ -107,6 +117,10 @@ pub(super) fn metadata(model: &Dlrm, train: Option<&TrainState>) -> HashMap<Stri
             META_DENSE_STEPS.into(),
             model.dense_optimizer().steps().to_string(),
         ),
+        (
+            META_ROUNDING_SEED.into(),
+            model.sparse_arch().rounding_seed().to_string(),
+        ),
     ]);
     if let Some(t) = train {
         meta.insert(META_TRAIN_STATE.into(), json(t));
@@ -115,7 +129,7 @@ pub(super) fn metadata(model: &Dlrm, train: Option<&TrainState>) -> HashMap<Stri
 }
 
 /// The dense parameters and their optimizer state (copied: they are small).
-pub(super) fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, F32Tensor<'static>)>, String> {
+pub(super) fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, Tensor<'static>)>, String> {
     let shapes = dense_shapes(model.config());
     let mut tensors = Vec::new();
     let dense_state: Vec<(String, usize, Vec<f32>, Vec<f32>)> = (model.dense_optimizer().state())
@@ -130,13 +144,7 @@ pub(super) fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, F32Tensor<'
             .get(&name)
             .ok_or_else(|| format!("no shape known for parameter {name}"))?
             .clone();
-        tensors.push((
-            name,
-            F32Tensor {
-                shape,
-                data: Cow::Owned(value),
-            },
-        ));
+        tensors.push((name, Tensor::f32(shape, Cow::Owned(value))));
     }
     for (name, _, m, v) in dense_state {
         let shape = shapes.get(&name).cloned().unwrap_or_default();
@@ -146,11 +154,9 @@ pub(super) fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, F32Tensor<'
         };
         for (state, data) in [(m_name, m), (v_name, v)] {
             if !data.is_empty() {
-                let data = Cow::Owned(data);
-                let shape = shape.clone();
                 tensors.push((
                     format!("{OPTIMIZER_PREFIX}{name}.{state}"),
-                    F32Tensor { shape, data },
+                    Tensor::f32(shape.clone(), Cow::Owned(data)),
                 ));
             }
         }
@@ -159,28 +165,46 @@ pub(super) fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, F32Tensor<'
 }
 
 /// A table, or the rows and columns of it one shard holds: `rows` x `dim`
-/// weights and the optimizer state in the collection's layout.
-pub(super) struct TablePart<'a> {
-    pub(super) weights: &'a [f32],
+/// rows of `dtype` (their bytes) and the optimizer state in the
+/// collection's layout.
+pub(super) struct SavedTable<'a> {
+    pub(super) dtype: DataType,
+    pub(super) rows_bytes: &'a [u8],
     pub(super) state: &'a [f32],
     pub(super) rows: usize,
     pub(super) dim: usize,
 }
 
+impl<'a> SavedTable<'a> {
+    /// All of `table`, borrowed.
+    pub(super) fn of(table: &'a EmbeddingTable) -> Self {
+        Self {
+            dtype: table.data_type(),
+            rows_bytes: table.row_bytes(),
+            state: table.optimizer_state(),
+            rows: table.num_embeddings(),
+            dim: table.dim(),
+        }
+    }
+}
+
 /// The weight and optimizer-state tensors of `part`, under `base` (the
-/// table's TorchRec name, without `.weight`).
+/// table's TorchRec name, without `.weight`); the weight in the table's
+/// own type (see [`weight_layout`]).
 pub(super) fn table_tensors<'a>(
     base: &str,
-    part: &TablePart<'a>,
+    part: &SavedTable<'a>,
     table_opt: &TableOptimizer,
-    tensors: &mut Vec<(String, F32Tensor<'a>)>,
+    tensors: &mut Vec<(String, Tensor<'a>)>,
 ) {
     let (rows, dim, state) = (part.rows, part.dim, part.state);
+    let (dtype, shape) = weight_layout(part.dtype, rows, dim);
     tensors.push((
         format!("{base}.weight"),
-        F32Tensor {
-            shape: vec![rows, dim],
-            data: Cow::Borrowed(part.weights),
+        Tensor {
+            dtype,
+            shape,
+            data: Cow::Borrowed(part.rows_bytes),
         },
     ));
     let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{base}.{s}");
@@ -188,17 +212,11 @@ pub(super) fn table_tensors<'a>(
         TableOptimizer::None | TableOptimizer::Sgd { .. } => {}
         TableOptimizer::RowWiseAdagrad { .. } => tensors.push((
             opt_name("momentum1"),
-            F32Tensor {
-                shape: vec![rows],
-                data: Cow::Borrowed(state),
-            },
+            Tensor::f32(vec![rows], Cow::Borrowed(state)),
         )),
         TableOptimizer::Adagrad { .. } => tensors.push((
             opt_name("momentum1"),
-            F32Tensor {
-                shape: vec![rows, dim],
-                data: Cow::Borrowed(state),
-            },
+            Tensor::f32(vec![rows, dim], Cow::Borrowed(state)),
         )),
         TableOptimizer::Adam { .. } => {
             // Kept as [m | v] per row; saved as two tensors.
@@ -212,10 +230,7 @@ pub(super) fn table_tensors<'a>(
             for (k, s) in ["momentum1", "momentum2"].iter().enumerate() {
                 tensors.push((
                     opt_name(s),
-                    F32Tensor {
-                        shape: vec![rows, dim],
-                        data: Cow::Owned(half(k)),
-                    },
+                    Tensor::f32(vec![rows, dim], Cow::Owned(half(k))),
                 ));
             }
         }
@@ -224,7 +239,7 @@ pub(super) fn table_tensors<'a>(
 
 /// Writes a safetensors file atomically (temporary file, fsync, rename).
 pub(super) fn write_file(
-    tensors: Vec<(String, F32Tensor<'_>)>,
+    tensors: Vec<(String, Tensor<'_>)>,
     meta: HashMap<String, String>,
     path: &Path,
 ) -> Result<(), ModelError> {

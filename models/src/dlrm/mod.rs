@@ -155,7 +155,7 @@ impl Dlrm {
         comm: Arc<dyn Collective>,
     ) -> Result<Self, ModelError> {
         config.validate()?;
-        let sharded = ShardedEmbeddingBagCollection::on_rank(
+        let mut sharded = ShardedEmbeddingBagCollection::on_rank(
             config.tables.clone(),
             table_optimizer,
             step,
@@ -163,6 +163,8 @@ impl Dlrm {
             plan,
             comm.clone(),
         )?;
+        // As Dlrm::new's collection: its rounding is seeded like its rows.
+        sharded.set_rounding_seed(seed);
         let mut model =
             Self::with_tables(config, SparseArch::Sharded(sharded), dense_optimizer, seed)?;
         model.world = Some(DataParallel::new(comm));

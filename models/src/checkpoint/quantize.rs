@@ -1,0 +1,88 @@
+//! Converting a checkpoint's tables to another data type: the rows of every
+//! table read, converted (to the nearest value, or quantized row by row)
+//! and written to a new checkpoint for inference.
+
+use std::path::Path;
+
+use ember_sparse::DataType;
+use serde::Serialize;
+
+use super::{save, Checkpoint};
+use crate::ModelError;
+
+/// What [`quantize`] did.
+#[derive(Clone, Debug, Serialize)]
+pub struct QuantizeSummary {
+    /// The type every table now has.
+    pub data_type: DataType,
+    /// The tables whose type changed, with the type they had.
+    pub converted: Vec<(String, DataType)>,
+    /// Bytes of the tables' rows before and after.
+    pub table_bytes_before: u64,
+    /// Bytes of the tables' rows after.
+    pub table_bytes_after: u64,
+}
+
+/// Writes `input`'s model with every table in `dtype` to `output`
+/// (atomically), for `eval` and `predict`: the dense part as saved, no
+/// optimizer state and no training position (a quantized table does not
+/// train). `output` must not be the input.
+///
+/// ```
+/// # use ember_dense::DenseOptimizerConfig;
+/// # use ember_models::{Checkpoint, Dlrm, DlrmConfig, InteractionType};
+/// # use ember_sparse::{DataType, TableOptimizer};
+/// let config = DlrmConfig {
+///     tables: DlrmConfig::criteo_tables(&[100, 200], 8),
+///     bottom_mlp: vec![4, 8],
+///     top_mlp: vec![8, 1],
+///     interaction: InteractionType::Dot,
+/// };
+/// let mut model = Dlrm::new(config, TableOptimizer::rowwise_adagrad(0.05),
+///     DenseOptimizerConfig::sgd(0.1), 7)?;
+/// let dir = tempfile::tempdir()?;
+/// let (fp32, int8) = (dir.path().join("fp32.safetensors"), dir.path().join("int8.safetensors"));
+/// ember_models::checkpoint::save(&mut model, &fp32, None)?;
+///
+/// let summary = ember_models::checkpoint::quantize(&fp32, DataType::Int8, &int8)?;
+/// assert_eq!(summary.converted.len(), 2);
+/// // int8 rows of dim 8: 8 codes and a 4-byte scale and bias, against 32 bytes.
+/// assert_eq!(summary.table_bytes_after * 32, summary.table_bytes_before * 12);
+/// let served = Checkpoint::open(&int8)?.inference_model()?;
+/// assert_eq!(served.config().tables[0].data_type, DataType::Int8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn quantize(
+    input: &Path,
+    dtype: DataType,
+    output: &Path,
+) -> Result<QuantizeSummary, ModelError> {
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(input, output) {
+        return Err(super::fail_at(
+            output,
+            "the output is the input checkpoint: write the quantized one to another file".into(),
+        ));
+    }
+    let mut checkpoint = Checkpoint::open(input)?;
+    let bytes = |c: &Checkpoint| -> u64 {
+        (c.config().tables.iter())
+            .map(|t| t.row_bytes().unwrap_or(0) as u64)
+            .sum()
+    };
+    let table_bytes_before = bytes(&checkpoint);
+    let converted = checkpoint.cast_tables(dtype);
+    let table_bytes_after = bytes(&checkpoint);
+    let mut model = checkpoint.inference_model()?;
+    drop(checkpoint);
+    save(&mut model, output, None)?;
+    Ok(QuantizeSummary {
+        data_type: dtype,
+        converted,
+        table_bytes_before,
+        table_bytes_after,
+    })
+}

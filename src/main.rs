@@ -2,7 +2,9 @@ use clap::{Parser, Subcommand};
 
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
-use ember::cli::{bench_dlrm, bench_embedding, bench_loader, devices, serve, sharding, train};
+use ember::cli::{
+    bench_dlrm, bench_embedding, bench_loader, devices, quantize, serve, sharding, train,
+};
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
 #[derive(Parser)]
@@ -26,6 +28,9 @@ enum Command {
     Eval(serve::ServeArgs),
     /// Write a checkpoint's predictions for Parquet data to a Parquet file.
     Predict(serve::PredictArgs),
+    /// Convert a checkpoint's tables to another data type (int8, int4, fp8,
+    /// mxfp4 for inference; fp16, bf16, fp32).
+    Quantize(quantize::QuantizeArgs),
     /// Place the tables on devices and write the sharding plan (JSON).
     Plan(sharding::PlanArgs),
     /// The PJRT plugin's platform and devices.
@@ -89,6 +94,7 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 }
                 Command::Eval(args) => print(&serve::eval(&args)?, args.json, launch),
                 Command::Predict(args) => print(&serve::predict(&args)?, args.serve.json, launch),
+                Command::Quantize(args) => print(&quantize::run(&args)?, args.json, launch),
                 Command::Plan(args) => print(&sharding::run_plan(&args)?, args.json, launch),
                 Command::Devices(args) => print(&devices::run(&args)?, args.json, launch),
                 Command::Bench(Bench::Dlrm(_)) | Command::Train(_) => unreachable!("matched above"),
@@ -107,6 +113,7 @@ impl Command {
             Command::Train(_) => "train",
             Command::Eval(_) => "eval",
             Command::Predict(_) => "predict",
+            Command::Quantize(_) => "quantize",
             Command::Plan(_) => "plan",
             Command::Devices(_) => "devices",
         }

@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use ember_dataloader::DatasetSpec;
 use ember_dense::DenseOptimizerConfig;
 use ember_models::{DlrmConfig, InteractionType};
-use ember_sparse::TableOptimizer;
+use ember_sparse::{DataType, TableOptimizer};
 
 use super::bench_embedding::BenchOptimizer;
 use super::parse_sizes;
@@ -77,6 +77,11 @@ pub struct ArchArgs {
     /// Caps every table's rows (ids are reduced below the cap).
     #[arg(long)]
     pub max_ind_range: Option<usize>,
+    /// Data type of every table's rows: fp32, fp16 or bf16 (half-precision
+    /// rows are updated with stochastic rounding) [default: fp32, or each
+    /// of a dataset spec's tables' own `data_type`].
+    #[arg(long, value_parser = super::parse_data_type)]
+    pub table_dtype: Option<DataType>,
 }
 
 impl ArchArgs {
@@ -164,7 +169,7 @@ impl ArchArgs {
             "--arch-mlp-bot",
             self.arch_mlp_bot.as_deref().unwrap_or(bot),
         )?;
-        let tables = match spec {
+        let mut tables = match spec {
             None => DlrmConfig::criteo_tables(&rows, dim),
             Some(spec) => {
                 let dense = spec.num_dense();
@@ -182,6 +187,14 @@ impl ArchArgs {
                 spec.tables.clone()
             }
         };
+        if let Some(dtype) = self.table_dtype {
+            anyhow::ensure!(
+                dtype.is_trainable(),
+                "--table-dtype {dtype}: quantized tables are for inference; train in fp32, fp16 \
+                 or bf16, then quantize the checkpoint with `ember quantize`"
+            );
+            tables.iter_mut().for_each(|t| t.data_type = dtype);
+        }
         let top_mlp = parse_sizes(
             "--arch-mlp-top",
             self.arch_mlp_top.as_deref().unwrap_or(top),
@@ -301,6 +314,7 @@ impl TableArgs {
             dcn_num_layers: None,
             dcn_low_rank_dim: None,
             max_ind_range: self.max_ind_range,
+            table_dtype: None,
         }
     }
 }

@@ -117,6 +117,8 @@ pub struct DlrmReport {
     pub architecture: ResolvedDlrm,
     pub data_generation: DataKind,
     pub optimizer: BenchOptimizer,
+    /// The tables' data type (the first table's, when they differ).
+    pub table_dtype: ember_sparse::DataType,
     pub backend: &'static str,
     pub mode: ExecMode,
     /// PJRT only: executables compiled (and the time it took), and those
@@ -483,6 +485,8 @@ impl DlrmReport {
         Self {
             data_generation: args.data_generation,
             optimizer: args.optim.optimizer,
+            table_dtype: (architecture.config.tables.first())
+                .map_or_else(Default::default, |t| t.data_type),
             backend: backend.name(),
             mode: args.mode.mode,
             compiles: compile.as_ref().map(|s| s.compiles),
@@ -592,12 +596,13 @@ impl std::fmt::Display for DlrmReport {
         let p = &self.phase_ms;
         writeln!(
             f,
-            "{:.0} samples/s, {:.2} M ids/s, {:.2} ms/step (median), {} threads, {} backend",
+            "{:.0} samples/s, {:.2} M ids/s, {:.2} ms/step (median), {} threads, {} backend, {} tables",
             self.samples_per_s,
             self.ids_per_s / 1e6,
             self.step_ms_median,
             self.threads,
-            self.backend
+            self.backend,
+            self.table_dtype
         )?;
         writeln!(f, "per step: sparse forward {:.2} ms, dense forward {:.2} ms, dense backward {:.2} ms, dense update {:.2} ms, sparse backward+update {:.2} ms",
             p.sparse_forward, p.dense_forward, p.dense_backward, p.dense_update, p.sparse_backward_update)?;

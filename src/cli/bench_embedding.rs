@@ -9,7 +9,9 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use ember_sparse::rng::{mix, Rng};
-use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, TableOptimizer};
+use ember_sparse::{
+    DataType, EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, TableOptimizer,
+};
 
 use super::{peak_rss_bytes, Progress};
 
@@ -58,6 +60,10 @@ pub struct EmbeddingArgs {
     /// `none` times the forward alone; any other times forward + backward + fused update.
     #[arg(long, value_enum, default_value_t = BenchOptimizer::None)]
     pub optimizer: BenchOptimizer,
+    /// Data type of the rows: fp32, fp16, bf16, or (forward only) the
+    /// quantized int8, int4, fp8, mxfp4.
+    #[arg(long, default_value = "fp32", value_parser = super::parse_data_type)]
+    pub table_dtype: DataType,
     #[arg(long, default_value_t = 0.01)]
     pub learning_rate: f32,
     /// Timed iterations.
@@ -87,12 +93,13 @@ pub struct EmbeddingReport {
     pub batch: usize,
     pub pooling_factor: usize,
     pub optimizer: BenchOptimizer,
+    pub table_dtype: DataType,
     pub threads: usize,
     pub iters: usize,
     pub iter_ms_median: f64,
     pub ids_per_s: f64,
     pub samples_per_s: f64,
-    /// Rows read by the forward gathers, in GB/s (10^9 bytes).
+    /// Rows read by the forward gathers (in their data type), in GB/s (10^9 bytes).
     pub gb_per_s: f64,
     pub table_bytes: u64,
     pub peak_rss_bytes: u64,
@@ -121,6 +128,15 @@ pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         args.rows <= u32::MAX as usize,
         "--rows above 2^32 are not supported by the benchmark's id generator"
     );
+    anyhow::ensure!(
+        args.table_dtype.is_trainable() || args.optimizer == BenchOptimizer::None,
+        "--table-dtype {} is for inference: time its forward with --optimizer none",
+        args.table_dtype
+    );
+    anyhow::ensure!(
+        !args.roofline || args.table_dtype == DataType::Fp32,
+        "--roofline's plain gather reads fp32 rows: use it with --table-dtype fp32"
+    );
     super::with_threads(args.threads, || run_in_pool(args))?
 }
 
@@ -128,6 +144,7 @@ fn run_in_pool(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
     let configs: Vec<EmbeddingBagConfig> = (0..args.tables)
         .map(|t| {
             EmbeddingBagConfig::new(&format!("t{t}"), args.rows, args.dim, &[&format!("f{t}")])
+                .with_data_type(args.table_dtype)
         })
         .collect();
     let ebc = EmbeddingBagCollection::new(
@@ -189,12 +206,13 @@ fn run_in_pool(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         batch: args.batch,
         pooling_factor: args.pooling_factor,
         optimizer: args.optimizer,
+        table_dtype: args.table_dtype,
         threads: rayon::current_num_threads(),
         iters: args.iters,
         iter_ms_median: median(&mut times) * 1e3,
         ids_per_s,
         samples_per_s: (args.batch * times.len()) as f64 / total,
-        gb_per_s: ids_per_s * (args.dim * 4) as f64 / 1e9,
+        gb_per_s: ids_per_s * ebc.tables()[0].bytes_per_row() as f64 / 1e9,
         table_bytes,
         peak_rss_bytes: peak,
         peak_rss_over_table_bytes: peak as f64 / table_bytes as f64,
@@ -245,8 +263,8 @@ pub fn median(values: &mut [f64]) -> f64 {
 
 impl std::fmt::Display for EmbeddingReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "embedding bench: {} tables x {} rows x {} dim, batch {}, {} id(s) per bag, optimizer {:?}, {} threads",
-            self.tables, self.rows, self.dim, self.batch, self.pooling_factor, self.optimizer, self.threads)?;
+        writeln!(f, "embedding bench: {} tables x {} rows x {} dim ({}), batch {}, {} id(s) per bag, optimizer {:?}, {} threads",
+            self.tables, self.rows, self.dim, self.table_dtype, self.batch, self.pooling_factor, self.optimizer, self.threads)?;
         writeln!(f, "  {:.2} M ids/s, {:.0} samples/s, {:.2} GB/s of rows read, {:.3} ms/iter (median of {})",
             self.ids_per_s / 1e6, self.samples_per_s, self.gb_per_s, self.iter_ms_median, self.iters)?;
         if let (Some(limit), Some(frac)) = (self.limit_ids_per_s, self.fraction_of_limit) {

@@ -11,6 +11,7 @@ pub mod data;
 pub mod devices;
 pub mod ingest;
 mod progress;
+pub mod quantize;
 pub mod serve;
 pub mod sharding;
 pub mod train;
@@ -33,6 +34,12 @@ pub fn with_threads<R: Send>(
         .num_threads(threads)
         .build()?;
     Ok(pool.install(f))
+}
+
+/// Parses a table data type flag (`fp32`, `fp16`, `bf16`, `int8`, `int4`,
+/// `fp8`, `mxfp4`).
+pub fn parse_data_type(text: &str) -> Result<ember_sparse::DataType, String> {
+    text.parse()
 }
 
 /// Parses dash-separated sizes as dlrm_s_pytorch does ("13-512-256").

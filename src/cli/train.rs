@@ -312,9 +312,20 @@ fn resume_from(
 
 fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
     let progress = Progress::new(0, "train", args.json).quiet(!launch.is_root());
-    let resume = resume_from(args, launch, &progress)?;
+    let mut resume = resume_from(args, launch, &progress)?;
     let dataset = Dataset::open(&args.data)?;
-    // The run goes on with the architecture and optimizers it was trained with.
+    // The run goes on with the architecture and optimizers it was trained
+    // with; `--table-dtype` casts the saved tables, and says so.
+    if let (Some(ckpt), Some(dtype)) = (&mut resume, args.arch.table_dtype) {
+        let cast = ckpt.cast_tables(dtype);
+        if let Some((_, saved)) = cast.first() {
+            progress.line(&format!(
+                "--table-dtype {dtype}: {} of {} saved tables are {saved}, cast to {dtype} as they load",
+                cast.len(),
+                ckpt.config().tables.len()
+            ));
+        }
+    }
     let (config, spec, optimizers, state) = match &resume {
         Some(ckpt) => {
             let config = ckpt.config().clone();

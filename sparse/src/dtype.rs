@@ -84,7 +84,7 @@ impl DataType {
     /// fp32 `4 dim`; fp16 and bf16 `2 dim`; int8 `4 + dim`; int4
     /// `4 + ceil(dim / 2)`; fp8 `4 + dim`; mxfp4 `ceil(dim / 2)` plus one
     /// scale byte per group of 32 columns. `None` when it overflows.
-    pub fn row_bytes(self, dim: usize) -> Option<usize> {
+    pub const fn row_bytes(self, dim: usize) -> Option<usize> {
         match self {
             Self::Fp32 => dim.checked_mul(4),
             Self::Fp16 | Self::Bf16 => dim.checked_mul(2),

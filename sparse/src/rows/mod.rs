@@ -22,6 +22,8 @@ pub(crate) use quant::{Fp8, Mxfp4, NBit};
 /// How the kernels read one row format: a header read once per row (scale,
 /// bias), then each column's fp32 value.
 pub(crate) trait RowFormat {
+    /// The data type whose rows this reads.
+    const DTYPE: DataType;
     /// What a row carries besides its values (nothing, a scale, a scale and a bias).
     type Header: Copy;
     /// # Safety
@@ -32,6 +34,19 @@ pub(crate) trait RowFormat {
     /// # Safety
     /// As for `header`, and `d < dim`.
     unsafe fn value(row: *const u8, header: Self::Header, dim: usize, d: usize) -> f32;
+
+    /// `acc[d] += w * value(d)` for each of the `D` columns: the forward's
+    /// inner loop for a fixed dim.
+    ///
+    /// # Safety
+    /// As for `header`, with `dim = D`.
+    #[inline(always)]
+    unsafe fn add_row<const D: usize>(acc: &mut [f32; D], row: *const u8, w: f32) {
+        let h = Self::header(row, D);
+        for (d, a) in acc.iter_mut().enumerate() {
+            *a += w * Self::value(row, h, D, d);
+        }
+    }
 }
 
 /// A training format: rows the backward reads, updates in fp32 and writes
@@ -56,12 +71,24 @@ pub(crate) struct Fp16;
 pub(crate) struct Bf16;
 
 impl RowFormat for Fp32 {
+    const DTYPE: DataType = DataType::Fp32;
     type Header = ();
     #[inline(always)]
     unsafe fn header(_: *const u8, _: usize) {}
     #[inline(always)]
     unsafe fn value(row: *const u8, _: (), _: usize, d: usize) -> f32 {
         *(row as *const f32).add(d)
+    }
+    #[inline(always)]
+    unsafe fn add_row<const D: usize>(acc: &mut [f32; D], row: *const u8, w: f32) {
+        // Read through a reference to the whole row: the compiler then
+        // schedules the row's loads after the prefetches ahead of them, as
+        // in the fp32-only kernel (raw reads column by column measured 1.2x
+        // slower at dim 128).
+        let row = &*(row as *const [f32; D]);
+        for d in 0..D {
+            acc[d] += w * row[d];
+        }
     }
 }
 
@@ -74,6 +101,7 @@ impl TrainFormat for Fp32 {
 }
 
 impl RowFormat for Fp16 {
+    const DTYPE: DataType = DataType::Fp16;
     type Header = ();
     #[inline(always)]
     unsafe fn header(_: *const u8, _: usize) {}
@@ -96,6 +124,7 @@ impl TrainFormat for Fp16 {
 }
 
 impl RowFormat for Bf16 {
+    const DTYPE: DataType = DataType::Bf16;
     type Header = ();
     #[inline(always)]
     unsafe fn header(_: *const u8, _: usize) {}

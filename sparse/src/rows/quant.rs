@@ -7,6 +7,7 @@
 use super::half::{f16_to_f32, f32_to_f16};
 use super::RowFormat;
 use crate::dtype::{FP8_HEADER, MX_GROUP, NBIT_HEADER};
+use crate::DataType;
 
 /// Row-wise `BITS`-bit integers (8 or 4): fp16 scale, fp16 bias, codes.
 pub(crate) struct NBit<const BITS: u32>;
@@ -19,6 +20,7 @@ pub(crate) struct ScaleBias {
 }
 
 impl<const BITS: u32> RowFormat for NBit<BITS> {
+    const DTYPE: DataType = if BITS == 8 { DataType::Int8 } else { DataType::Int4 };
     type Header = ScaleBias;
 
     #[inline(always)]
@@ -125,6 +127,7 @@ const fn e4m3_values() -> [f32; 256] {
 const E4M3_MAX: f32 = 448.0;
 
 impl RowFormat for Fp8 {
+    const DTYPE: DataType = DataType::Fp8;
     type Header = f32;
 
     #[inline(always)]
@@ -187,6 +190,7 @@ fn e8m0(b: u8) -> f32 {
 }
 
 impl RowFormat for Mxfp4 {
+    const DTYPE: DataType = DataType::Mxfp4;
     type Header = ();
 
     #[inline(always)]

@@ -167,7 +167,8 @@ impl EmbeddingTable {
             stride,
             rows: SharedMut(self.rows.bytes_mut().as_mut_ptr()),
             state: SharedMut(self.state.base_ptr()),
-            rounding,
+            // One key per table and step; each row's is one hash more.
+            step_key: crate::rng::mix(&[rounding.seed, self.part.table, rounding.step]),
             part: self.part,
         };
         let segments = job.starts.len() - 1;
@@ -210,7 +211,8 @@ struct UpdateJob<'a> {
     stride: usize,
     rows: SharedMut<u8>,
     state: SharedMut,
-    rounding: RoundingStep,
+    /// The stochastic rounding's key for this table and step.
+    step_key: u64,
     part: super::TablePart,
 }
 
@@ -272,8 +274,7 @@ fn update_task_body<F: TrainFormat>(
             update_row(job.optimizer, job.factors, decoded, summed, row_state);
             let part = job.part;
             let global_row = part.first_row + id as u64 * part.row_step;
-            let key =
-                crate::rng::mix(&[job.rounding.seed, part.table, job.rounding.step, global_row]);
+            let key = crate::rng::splitmix(job.step_key ^ global_row);
             // SAFETY: as above, this task alone owns the row's bytes.
             unsafe { F::store(bytes.as_mut_ptr(), decoded, key, part.first_column) };
         }

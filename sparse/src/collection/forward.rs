@@ -181,7 +181,10 @@ fn gather_block_body(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &
     for i in 0..job.slots.len() {
         let table = &job.tables[job.slots[i].table];
         let samples = first..first + samples;
-        with_format!(table.data_type(), gather_format(job, i, samples, rows, &mut next));
+        with_format!(
+            table.data_type(),
+            gather_format(job, i, samples, rows, &mut next)
+        );
     }
 }
 

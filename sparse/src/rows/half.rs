@@ -7,11 +7,7 @@
 //! add up on average instead of being rounded away, which is what lets a
 //! half-precision table train like an fp32 one.
 
-use crate::rng::splitmix;
-
 const F16_SHIFTED_EXP: u32 = 0x7c00 << 13;
-/// The largest finite fp16, 65504.
-const F16_MAX: f32 = 65504.0;
 
 /// fp16 bits to fp32, exactly. Branch-free (selects only), so a row's
 /// conversion vectorises (F. Giesen's method).
@@ -53,52 +49,62 @@ pub(crate) fn f32_to_bf16(x: f32) -> u16 {
 
 /// `x` stochastically rounded to fp16 with the 32 random bits `r`: one of
 /// the two fp16 values around `x`, the upper with probability
-/// `(|x| - lower) / (upper - lower)`, so that the expectation is `x`.
-/// Values past fp16's range saturate to ±65504; NaN stays NaN.
+/// `(|x| - lower) / (upper - lower)`, so that the expectation is `x` (to
+/// 2^-13 of a step). Values past fp16's range saturate to ±65504; NaN stays
+/// NaN. Branch-free (selects only), so a row's rounding vectorises.
 #[inline(always)]
 pub(crate) fn f32_to_f16_stochastic(x: f32, r: u32) -> u16 {
-    if x.is_nan() {
-        return f32_to_f16(x);
-    }
-    let a = x.abs().min(F16_MAX);
-    // The spacing of fp16 values at a: 2^(e - 10), subnormals 2^-24.
-    let e = ((a.to_bits() >> 23) as i32 - 127).max(-14);
-    let ulp = f32::from_bits(((e - 10 + 127) as u32) << 23);
-    // All exact: a / ulp is below 2^11, and a - lower loses nothing.
-    let lower = (a / ulp).floor() * ulp;
-    let frac = (a - lower) / ulp;
-    // 24 random bits, u uniform on the multiples of 2^-24 in [0, 1); frac
-    // has at most 24 bits past the point, so 1 - frac is exact and
-    // P(u >= 1 - frac) is frac. Bits of zero round toward zero, as for bf16.
-    let u = (r >> 8) as f32 * (1.0 / (1u32 << 24) as f32);
-    let rounded = if u >= 1.0 - frac { lower + ulp } else { lower };
-    f32_to_f16(rounded.copysign(x))
+    let bits = x.to_bits();
+    let (sign, abs) = ((bits >> 16) & 0x8000, bits & 0x7fff_ffff);
+    let noise = r >> 19;
+    // Normals, [2^-14, 65504]: fp16 keeps the top 10 of fp32's 23 mantissa
+    // bits, so adding 13 random bits below them and truncating rounds up
+    // with probability equal to the dropped fraction (the bf16 method);
+    // the truncated fp32 is an fp16 value, re-biased exactly. Past 65504
+    // (infinity too) it saturates.
+    let kept = (abs.min(0x477f_e000) + noise).min(0x477f_e000) & !0x1fff;
+    let normal = (kept >> 13).wrapping_sub((127 - 15) << 10);
+    // Subnormals, below 2^-14, are multiples of 2^-24: |x| in units of
+    // 2^-37 (exact for |x| >= 2^-37) gets the same 13 random bits, and the
+    // carry into 2^-14 lands on the smallest normal's bits by itself.
+    let units = (f32::from_bits(abs) * 2f32.powi(37)) as u32;
+    let subnormal = (units + noise) >> 13;
+    let magnitude = if abs < 0x3880_0000 { subnormal } else { normal };
+    let nan = abs > 0x7f80_0000;
+    (sign | if nan { 0x7e00 } else { magnitude }) as u16
 }
 
 /// `x` stochastically rounded to bf16 with the random bits `r`: adding 16
 /// random bits below the kept half, then truncating, rounds up with
 /// probability equal to the dropped fraction (FBGEMM's method). Values that
-/// would round past the largest finite bf16 stay there; NaN stays NaN.
+/// would round past the largest finite bf16 stay there; infinities and NaN
+/// stay what they are. Branch-free.
 #[inline(always)]
 pub(crate) fn f32_to_bf16_stochastic(x: f32, r: u32) -> u16 {
-    if !x.is_finite() {
-        return f32_to_bf16(x);
-    }
     let bits = x.to_bits();
     let rounded = (bits + (r >> 16)) >> 16;
-    // A carry into an all-ones exponent would make infinity: keep the largest finite.
-    if rounded & 0x7f80 == 0x7f80 {
-        (bits >> 16) as u16
-    } else {
-        rounded as u16
-    }
+    // A carry into an all-ones exponent would make infinity: keep the
+    // largest finite; what is already infinite or NaN truncates.
+    let special = bits & 0x7f80_0000 == 0x7f80_0000 || rounded & 0x7f80 == 0x7f80;
+    let out = if special { bits >> 16 } else { rounded };
+    // NaN stays NaN: keep a mantissa bit the truncation may have dropped.
+    let nan = bits & 0x7fff_ffff > 0x7f80_0000;
+    (if nan { out | 0x40 } else { out }) as u16
 }
 
-/// Random bits for column `column` of the row keyed `row_key`: a hash, so
-/// every element's draw depends only on where it is, not on thread timing.
+/// The random bits of column `column` of the row keyed `row_key` (from
+/// the seed, table, step and global row): a hash of where the value is, so
+/// every draw is the same whatever the threads or the sharding. 32-bit
+/// multiplies only (murmur3's finaliser), so a row's draws vectorise.
 #[inline(always)]
 pub(crate) fn rounding_bits(row_key: u64, column: u64) -> u32 {
-    (splitmix(row_key ^ column.wrapping_mul(0xD6E8_FEB8_6659_FD93)) >> 32) as u32
+    let mut h =
+        (row_key as u32 ^ (row_key >> 32) as u32) ^ (column as u32).wrapping_mul(0x9E37_79B9);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^ (h >> 16)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use crate::storage::AlignedBuffer;
 use crate::DataType;
-pub(crate) use half::rounding_bits;
+use half::rounding_bits;
 use half::{
     bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_stochastic, f32_to_f16, f32_to_f16_stochastic,
 };
@@ -115,10 +115,10 @@ impl TrainFormat for Fp16 {
     const IN_PLACE: bool = false;
     #[inline(always)]
     unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64) {
-        let out = row as *mut u16;
-        for (d, &x) in src.iter().enumerate() {
-            let r = rounding_bits(row_key, first_column + d as u64);
-            out.add(d).write_unaligned(f32_to_f16_stochastic(x, r));
+        // fp16 rows are 2-byte aligned (even strides in a 64-byte aligned table).
+        let out = std::slice::from_raw_parts_mut(row as *mut u16, src.len());
+        for (d, (o, &x)) in out.iter_mut().zip(src).enumerate() {
+            *o = f32_to_f16_stochastic(x, rounding_bits(row_key, first_column + d as u64));
         }
     }
 }
@@ -138,10 +138,9 @@ impl TrainFormat for Bf16 {
     const IN_PLACE: bool = false;
     #[inline(always)]
     unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64) {
-        let out = row as *mut u16;
-        for (d, &x) in src.iter().enumerate() {
-            let r = rounding_bits(row_key, first_column + d as u64);
-            out.add(d).write_unaligned(f32_to_bf16_stochastic(x, r));
+        let out = std::slice::from_raw_parts_mut(row as *mut u16, src.len());
+        for (d, (o, &x)) in out.iter_mut().zip(src).enumerate() {
+            *o = f32_to_bf16_stochastic(x, rounding_bits(row_key, first_column + d as u64));
         }
     }
 }

@@ -20,7 +20,11 @@ pub(crate) struct ScaleBias {
 }
 
 impl<const BITS: u32> RowFormat for NBit<BITS> {
-    const DTYPE: DataType = if BITS == 8 { DataType::Int8 } else { DataType::Int4 };
+    const DTYPE: DataType = if BITS == 8 {
+        DataType::Int8
+    } else {
+        DataType::Int4
+    };
     type Header = ScaleBias;
 
     #[inline(always)]

@@ -89,8 +89,16 @@ fn same_model(what: &str, a: &Path, b: &Path, tol: f32) {
             x.sparse_arch().unsharded().unwrap(),
             y.sparse_arch().unsharded().unwrap(),
         );
+        let rows = |t: &ember::sparse::EmbeddingTable| {
+            let mut out = vec![0f32; t.num_embeddings() * t.dim()];
+            for (id, row) in out.chunks_exact_mut(t.dim()).enumerate() {
+                t.read_row(id, row);
+            }
+            out
+        };
         for (s, t) in tx.tables().iter().zip(ty.tables()) {
-            compare(s.name(), s.weights(), t.weights());
+            assert_eq!(s.data_type(), t.data_type(), "{what}");
+            compare(s.name(), &rows(s), &rows(t));
             compare(s.name(), s.optimizer_state(), t.optimizer_state());
         }
     }
@@ -138,28 +146,35 @@ fn ranks_train_like_one_process_with_as_many_devices() {
     // one batch, so the runs differ by rounding: with SGD within 1e-6; an
     // adaptive optimizer divides by the gradients' size and amplifies it
     // (to a few 1e-6 here), so it gets 1e-5.
+    // fp16 and bf16 tables round each update stochastically by global
+    // position: where the dense rounding moves an update across a rounding
+    // threshold, a value lands one step (2^-10, 2^-7 of it) away.
     let cases = [
-        ("table-wise", "sgd", 1e-6),
-        ("row-wise", "sgd", 1e-6),
-        ("row-wise-mod", "sgd", 1e-6),
-        ("column-wise", "sgd", 1e-6),
-        ("table-row-wise", "sgd", 1e-6),
-        ("data-parallel", "sgd", 1e-6),
-        ("row-wise", "adagrad", 1e-5),
-        ("table-wise", "rowwise-adagrad", 1e-5),
+        ("table-wise", "sgd", 1e-6, "fp32"),
+        ("row-wise", "sgd", 1e-6, "fp32"),
+        ("row-wise-mod", "sgd", 1e-6, "fp32"),
+        ("column-wise", "sgd", 1e-6, "fp32"),
+        ("table-row-wise", "sgd", 1e-6, "fp32"),
+        ("data-parallel", "sgd", 1e-6, "fp32"),
+        ("row-wise", "adagrad", 1e-5, "fp32"),
+        ("table-wise", "rowwise-adagrad", 1e-5, "fp32"),
+        ("row-wise", "sgd", 2e-3, "fp16"),
+        ("column-wise", "adagrad", 1e-2, "bf16"),
     ];
-    for (kind, optimizer, tol) in cases {
+    for (kind, optimizer, tol, dtype) in cases {
         for np in [2, 4] {
-            let what = format!("{kind} with {optimizer} on {np}");
+            let what = format!("{kind} with {optimizer} on {np}, {dtype} tables");
             let (one, ranks) = (
-                dir.path().join(format!("{kind}-{np}-one")),
-                dir.path().join(format!("{kind}-{np}-ranks")),
+                dir.path().join(format!("{kind}-{np}-{dtype}-one")),
+                dir.path().join(format!("{kind}-{np}-{dtype}-ranks")),
             );
             let mut single: Vec<&str> = base.to_vec();
             let n = np.to_string();
             single.extend([
                 "--optimizer",
                 optimizer,
+                "--table-dtype",
+                dtype,
                 "--sharding",
                 kind,
                 "--devices",

@@ -536,3 +536,98 @@ fn a_dataset_of_another_schema_trains_evaluates_and_predicts() {
         "{err}"
     );
 }
+
+#[test]
+fn half_tables_train_and_quantized_checkpoints_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "train", "8000", "0");
+    let eval_data = synthetic(dir.path(), "eval", "2000", "1");
+    let ckpt = dir.path().join("fp16");
+    let trained = train(&data, &eval_data, &ckpt, &["--table-dtype", "fp16"]);
+    let auc = trained["eval"]["auc"].as_f64().unwrap();
+    let file = ckpt.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let weight = st
+        .tensor("sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight")
+        .unwrap();
+    assert_eq!(weight.dtype(), safetensors::Dtype::F16);
+    assert_eq!(weight.shape(), [100, 4]);
+    let eval = |path: &Path| {
+        json(&[
+            "eval",
+            "--checkpoint",
+            s(path),
+            "--data",
+            &eval_data,
+            "--json",
+        ])
+    };
+    assert_eq!(eval(&file)["auc"].as_f64().unwrap(), auc);
+
+    // int8 tables for serving: a quarter of fp32's bytes here (4 + 4 per
+    // row of dim 4, against 16), predictions close to the fp16 model's.
+    let int8 = dir.path().join("int8.safetensors");
+    let q = json(&[
+        "quantize",
+        "--checkpoint",
+        s(&file),
+        "--dtype",
+        "int8",
+        "--output",
+        s(&int8),
+        "--json",
+    ]);
+    assert_eq!(q["data_type"], "int8");
+    assert_eq!(q["converted"].as_array().unwrap().len(), 26);
+    assert_eq!(q["table_bytes_after"], 26 * 100 * 8);
+    let served = eval(&int8)["auc"].as_f64().unwrap();
+    assert!(
+        (served - auc).abs() < 0.01,
+        "int8 auc {served} against {auc}"
+    );
+
+    // Quantized tables do not train, and the input is never overwritten.
+    for (args, says) in [
+        (
+            vec![
+                "quantize",
+                "--checkpoint",
+                s(&file),
+                "--dtype",
+                "int4",
+                "--output",
+                s(&file),
+            ],
+            "the output is the input",
+        ),
+        (
+            vec![
+                "bench",
+                "embedding",
+                "--rows",
+                "10",
+                "--table-dtype",
+                "int8",
+                "--optimizer",
+                "sgd",
+            ],
+            "--table-dtype int8 is for inference",
+        ),
+        (
+            vec!["bench", "dlrm", "--table-dtype", "mxfp4"],
+            "quantized tables are for inference",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), bytes);
+}

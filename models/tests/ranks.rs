@@ -12,11 +12,13 @@ use ember_models::{
 };
 use ember_sharding::plan::TablePlan;
 use ember_sharding::{Collective, InProcess, ShardingPlan, ShardingType};
-use ember_sparse::TableOptimizer;
+use ember_sparse::{DataType, TableOptimizer};
 
-fn config() -> DlrmConfig {
+fn config(dtype: DataType) -> DlrmConfig {
     DlrmConfig {
-        tables: DlrmConfig::criteo_tables(&[50, 37, 20], 6),
+        tables: (DlrmConfig::criteo_tables(&[50, 37, 20], 6).into_iter())
+            .map(|t| t.with_data_type(dtype))
+            .collect(),
         bottom_mlp: vec![13, 8, 6],
         top_mlp: vec![8, 1],
         interaction: InteractionType::Dot,
@@ -68,14 +70,18 @@ fn on_ranks<R: Send>(n: usize, body: impl Fn(Arc<dyn Collective>) -> R + Sync) -
     })
 }
 
-/// Every table's weights and optimizer state (gathered from every rank),
-/// then every dense parameter.
+/// Every table's rows (decoded) and optimizer state (gathered from every
+/// rank), then every dense parameter.
 fn tensors(model: &mut Dlrm) -> Vec<(String, Vec<f32>)> {
     let mut out: Vec<(String, Vec<f32>)> = Vec::new();
     {
         let tables = model.sparse_arch().unsharded().unwrap();
         for t in tables.tables() {
-            out.push((t.name().to_string(), t.weights().to_vec()));
+            let mut rows = vec![0f32; t.num_embeddings() * t.dim()];
+            for (id, row) in rows.chunks_exact_mut(t.dim()).enumerate() {
+                t.read_row(id, row);
+            }
+            out.push((t.name().to_string(), rows));
             out.push((format!("{} state", t.name()), t.optimizer_state().to_vec()));
         }
     }
@@ -94,7 +100,15 @@ fn same(what: &str, a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) {
 
 #[test]
 fn a_set_written_by_ranks_reads_back_exactly_anywhere() {
-    let config = config();
+    // fp16 and bf16 shards too: their pieces in F16/BF16, their rounding
+    // drawn by global position, so rank-split training is the one process's.
+    for dtype in [DataType::Fp32, DataType::Fp16, DataType::Bf16] {
+        a_set_reads_back_exactly(dtype);
+    }
+}
+
+fn a_set_reads_back_exactly(dtype: DataType) {
+    let config = config(dtype);
     let table_opt = TableOptimizer::adam(0.05);
     let dense_opt = DenseOptimizerConfig::adam(0.01);
     let data = SyntheticData::new(SyntheticConfig::for_model(
@@ -135,7 +149,7 @@ fn a_set_written_by_ranks_reads_back_exactly_anywhere() {
         save_set(&mut m, dir.path(), None).unwrap();
         (fresh, tensors(&mut m))
     });
-    same("fresh on rank 0", &written[0].0, &single);
+    same(&format!("{dtype} fresh on rank 0"), &written[0].0, &single);
     same("ranks agree", &written[0].1, &written[1].1);
     let want = &written[0].1;
 

@@ -68,7 +68,8 @@ pub(crate) fn f32_to_f16_stochastic(x: f32, r: u32) -> u16 {
     // 2^-37 (exact for |x| >= 2^-37) gets the same 13 random bits, and the
     // carry into 2^-14 lands on the smallest normal's bits by itself.
     let units = (f32::from_bits(abs) * 2f32.powi(37)) as u32;
-    let subnormal = (units + noise) >> 13;
+    // (Wrapping: for values that are not subnormal, this lane is discarded.)
+    let subnormal = units.wrapping_add(noise) >> 13;
     let magnitude = if abs < 0x3880_0000 { subnormal } else { normal };
     let nan = abs > 0x7f80_0000;
     (sign | if nan { 0x7e00 } else { magnitude }) as u16
@@ -82,7 +83,7 @@ pub(crate) fn f32_to_f16_stochastic(x: f32, r: u32) -> u16 {
 #[inline(always)]
 pub(crate) fn f32_to_bf16_stochastic(x: f32, r: u32) -> u16 {
     let bits = x.to_bits();
-    let rounded = (bits + (r >> 16)) >> 16;
+    let rounded = bits.wrapping_add(r >> 16) >> 16;
     // A carry into an all-ones exponent would make infinity: keep the
     // largest finite; what is already infinite or NaN truncates.
     let special = bits & 0x7f80_0000 == 0x7f80_0000 || rounded & 0x7f80 == 0x7f80;

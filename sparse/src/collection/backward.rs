@@ -216,23 +216,43 @@ struct UpdateJob<'a> {
     part: super::TablePart,
 }
 
-multiversion!(fn update_fp32(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_task_body::<crate::rows::Fp32>);
-multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_task_body::<crate::rows::Fp16>);
-multiversion!(fn update_bf16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_task_body::<crate::rows::Bf16>);
+multiversion!(fn update_fp32(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp32>);
+multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp16>);
+multiversion!(fn update_bf16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Bf16>);
 
-/// Segments `first..last`: sum each one's gradient, update its row. A fp32
-/// row is updated where it lies; a fp16/bf16 row is read as fp32, updated,
-/// and written back stochastically rounded, drawing by the row's and each
-/// column's global position (see [`TablePart`](super::TablePart)).
+/// [`update_task_body`] for rows of format `F`, at the table's dim.
 #[inline(always)]
-fn update_task_body<F: TrainFormat>(
+fn update_format<F: TrainFormat>(
     job: &UpdateJob<'_>,
     first: usize,
     last: usize,
     scratch: &mut [f32],
 ) {
-    let (dim, per_row, stride) = (job.dim, job.per_row, job.stride);
+    with_fixed_dim!(job.dim, update_task_body::<F>(job, first, last, scratch));
+}
+
+/// Segments `first..last`: sum each one's gradient, update its row. A fp32
+/// row is updated where it lies; a fp16/bf16 row is read as fp32, updated,
+/// and written back stochastically rounded, drawing by the row's and each
+/// column's global position (see [`TablePart`](super::TablePart)).
+///
+/// `D > 0` is the dim at compile time (with the row's bytes), so the
+/// decode, update and rounding loops have constant lengths; `D = 0` is any.
+#[inline(always)]
+fn update_task_body<const D: usize, F: TrainFormat>(
+    job: &UpdateJob<'_>,
+    first: usize,
+    last: usize,
+    scratch: &mut [f32],
+) {
+    let dim = if D > 0 { D } else { job.dim };
+    let stride = match F::DTYPE.row_bytes(D) {
+        Some(bytes) if D > 0 => bytes,
+        _ => job.stride,
+    };
+    let per_row = job.per_row;
     let (summed, decoded) = scratch.split_at_mut(dim);
+    let decoded = &mut decoded[..dim];
     for seg in first..last {
         // Rows, their state and their gradient rows are all random reads:
         // start them a few segments ahead.

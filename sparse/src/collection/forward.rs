@@ -104,20 +104,6 @@ impl EmbeddingBagCollection {
     }
 }
 
-/// Calls `pool::<D, F>(args)` with the dim as a compile-time `D` where a
-/// fixed-dim kernel exists (16, 32, 64, 128), else `pool::<0, F>(args)`.
-macro_rules! with_fixed_dim {
-    ($dim:expr, $pool:ident::<$f:ty>($($arg:expr),* $(,)?)) => {
-        match $dim {
-            16 => $pool::<16, $f>($($arg),*),
-            32 => $pool::<32, $f>($($arg),*),
-            64 => $pool::<64, $f>($($arg),*),
-            128 => $pool::<128, $f>($($arg),*),
-            _ => $pool::<0, $f>($($arg),*),
-        }
-    };
-}
-
 /// What every forward task reads.
 struct ForwardJob<'a> {
     tables: &'a [EmbeddingTable],

@@ -8,6 +8,21 @@ use crate::{
     DataType, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError, TableOptimizer,
 };
 
+/// Calls `kernel::<D, F>(args)` with the dim as a compile-time `D` where a
+/// fixed-dim kernel exists (16, 32, 64, 128), else `kernel::<0, F>(args)`;
+/// both passes use it.
+macro_rules! with_fixed_dim {
+    ($dim:expr, $kernel:ident::<$f:ty>($($arg:expr),* $(,)?)) => {
+        match $dim {
+            16 => $kernel::<16, $f>($($arg),*),
+            32 => $kernel::<32, $f>($($arg),*),
+            64 => $kernel::<64, $f>($($arg),*),
+            128 => $kernel::<128, $f>($($arg),*),
+            _ => $kernel::<0, $f>($($arg),*),
+        }
+    };
+}
+
 mod backward;
 mod forward;
 mod init;

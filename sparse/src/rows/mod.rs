@@ -100,50 +100,36 @@ impl TrainFormat for Fp32 {
     }
 }
 
-impl RowFormat for Fp16 {
-    const DTYPE: DataType = DataType::Fp16;
-    type Header = ();
-    #[inline(always)]
-    unsafe fn header(_: *const u8, _: usize) {}
-    #[inline(always)]
-    unsafe fn value(row: *const u8, _: (), _: usize, d: usize) -> f32 {
-        f16_to_f32((row as *const u16).add(d).read_unaligned())
-    }
-}
-
-impl TrainFormat for Fp16 {
-    const IN_PLACE: bool = false;
-    #[inline(always)]
-    unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64) {
-        // fp16 rows are 2-byte aligned (even strides in a 64-byte aligned table).
-        let out = std::slice::from_raw_parts_mut(row as *mut u16, src.len());
-        for (d, (o, &x)) in out.iter_mut().zip(src).enumerate() {
-            *o = f32_to_f16_stochastic(x, rounding_bits(row_key, first_column + d as u64));
+/// The format of a 16-bit type: its values widened by `$widen`, written
+/// back rounded by `$round` with each column's random bits.
+macro_rules! half_format {
+    ($format:ty, $dtype:expr, $widen:path, $round:path) => {
+        impl RowFormat for $format {
+            const DTYPE: DataType = $dtype;
+            type Header = ();
+            #[inline(always)]
+            unsafe fn header(_: *const u8, _: usize) {}
+            #[inline(always)]
+            unsafe fn value(row: *const u8, _: (), _: usize, d: usize) -> f32 {
+                $widen((row as *const u16).add(d).read_unaligned())
+            }
         }
-    }
-}
 
-impl RowFormat for Bf16 {
-    const DTYPE: DataType = DataType::Bf16;
-    type Header = ();
-    #[inline(always)]
-    unsafe fn header(_: *const u8, _: usize) {}
-    #[inline(always)]
-    unsafe fn value(row: *const u8, _: (), _: usize, d: usize) -> f32 {
-        bf16_to_f32((row as *const u16).add(d).read_unaligned())
-    }
-}
-
-impl TrainFormat for Bf16 {
-    const IN_PLACE: bool = false;
-    #[inline(always)]
-    unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64) {
-        let out = std::slice::from_raw_parts_mut(row as *mut u16, src.len());
-        for (d, (o, &x)) in out.iter_mut().zip(src).enumerate() {
-            *o = f32_to_bf16_stochastic(x, rounding_bits(row_key, first_column + d as u64));
+        impl TrainFormat for $format {
+            const IN_PLACE: bool = false;
+            #[inline(always)]
+            unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64) {
+                // 16-bit rows are 2-byte aligned (even strides in a 64-byte aligned table).
+                let out = std::slice::from_raw_parts_mut(row as *mut u16, src.len());
+                for (d, (o, &x)) in out.iter_mut().zip(src).enumerate() {
+                    *o = $round(x, rounding_bits(row_key, first_column + d as u64));
+                }
+            }
         }
-    }
+    };
 }
+half_format!(Fp16, DataType::Fp16, f16_to_f32, f32_to_f16_stochastic);
+half_format!(Bf16, DataType::Bf16, bf16_to_f32, f32_to_bf16_stochastic);
 
 /// Runs `$f::<Format>($args)` with the [`RowFormat`] of `$dtype`.
 macro_rules! with_format {

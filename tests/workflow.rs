@@ -630,4 +630,40 @@ fn half_tables_train_and_quantized_checkpoints_serve() {
         );
     }
     assert_eq!(std::fs::read(&file).unwrap(), bytes);
+
+    // A fp32 run resumed with --table-dtype bf16: the saved tables are cast
+    // as they load, the run says so, and goes on in bf16.
+    let cast = dir.path().join("cast");
+    train(&data, &eval_data, &cast, &["--max-steps", "20"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "train",
+            "--data",
+            &data,
+            "--eval-data",
+            &eval_data,
+            "--epochs",
+            "1",
+        ])
+        .args([
+            "--checkpoint-dir",
+            s(&cast),
+            "--resume",
+            "--table-dtype",
+            "bf16",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("26 of 26 saved tables are fp32, cast to bf16"),
+        "{said}"
+    );
+    let bytes = std::fs::read(cast.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let weight = st
+        .tensor("sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight")
+        .unwrap();
+    assert_eq!(weight.dtype(), safetensors::Dtype::BF16);
 }

@@ -133,8 +133,11 @@ fn reference_forward(
 }
 
 /// Plain gradient of each table in f64: dense [rows, dim], plus which rows
-/// were touched, plus which rows are ill-conditioned (an element that is a
-/// near-cancelling sum, where f32 and f64 rightly disagree in relative terms).
+/// were touched, plus which rows are ill-conditioned: an element whose f32
+/// sum of n contributions may be off (n x 2^-24 x the sum of their sizes,
+/// the summation's error bound) by more than 2e-5 of its value, where f32
+/// and f64 rightly disagree in relative terms (a near-cancelling sum, or
+/// hundreds of contributions to one row).
 type TableGrads = Vec<(Vec<f64>, Vec<bool>, Vec<bool>)>;
 
 fn reference_table_grads(
@@ -147,6 +150,10 @@ fn reference_table_grads(
         .iter()
         .map(|c| c.embedding_dim * c.feature_names.len())
         .sum();
+    let mut count: Vec<Vec<f64>> = configs
+        .iter()
+        .map(|c| vec![0.0; c.num_embeddings * c.embedding_dim])
+        .collect();
     let mut magnitude: Vec<Vec<f64>> = configs
         .iter()
         .map(|c| vec![0.0; c.num_embeddings * c.embedding_dim])
@@ -180,18 +187,23 @@ fn reference_table_grads(
                     let contribution = w / mean * grad[s * width + col + d] as f64;
                     grads[t].0[id as usize * dim + d] += contribution;
                     magnitude[t][id as usize * dim + d] += contribution.abs();
+                    count[t][id as usize * dim + d] += 1.0;
                 }
             }
         }
     }
     grads
         .into_iter()
-        .zip(magnitude)
+        .zip(magnitude.into_iter().zip(count))
         .zip(configs)
-        .map(|(((g, touched), mag), c)| {
+        .map(|(((g, touched), (mag, n)), c)| {
             let dim = c.embedding_dim;
+            let bound = |i: usize| n[i] * 2f64.powi(-24) * mag[i];
             let ill = (0..c.num_embeddings)
-                .map(|r| (r * dim..(r + 1) * dim).any(|i| g[i].abs() < 1e-3 * mag[i]))
+                .map(|r| {
+                    (r * dim..(r + 1) * dim)
+                        .any(|i| g[i].abs() < 1e-3 * mag[i] || bound(i) > 2e-5 * g[i].abs())
+                })
                 .collect();
             (g, touched, ill)
         })

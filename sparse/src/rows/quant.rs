@@ -46,6 +46,25 @@ impl<const BITS: u32> RowFormat for NBit<BITS> {
         };
         h.scale * q as f32 + h.bias
     }
+
+    #[inline(always)]
+    unsafe fn add_row<const D: usize>(acc: &mut [f32; D], row: *const u8, w: f32) {
+        let h = Self::header(row, D);
+        let codes = row.add(NBIT_HEADER);
+        if BITS == 8 || D % 2 == 1 {
+            for (d, a) in acc.iter_mut().enumerate() {
+                *a += w * Self::value(row, h, D, d);
+            }
+            return;
+        }
+        // Two columns per byte: unpack both nibbles of each byte, the same
+        // values as `value` gives column by column.
+        for (i, pair) in acc.chunks_exact_mut(2).enumerate() {
+            let byte = *codes.add(i);
+            pair[0] += w * (h.scale * (byte & 0xf) as f32 + h.bias);
+            pair[1] += w * (h.scale * (byte >> 4) as f32 + h.bias);
+        }
+    }
 }
 
 /// Quantizes `src` into an int8 (`BITS = 8`) or int4 row `dst`: the bias is
@@ -206,6 +225,27 @@ impl RowFormat for Mxfp4 {
         let i = d % MX_GROUP;
         let code = (*row.add(start + i / 2) >> (4 * (i % 2))) & 0xf;
         e8m0(*row.add(start + len.div_ceil(2))) * E2M1_SIGNED[code as usize]
+    }
+
+    #[inline(always)]
+    unsafe fn add_row<const D: usize>(acc: &mut [f32; D], row: *const u8, w: f32) {
+        if D % 2 == 1 {
+            for (d, a) in acc.iter_mut().enumerate() {
+                *a += w * Self::value(row, (), D, d);
+            }
+            return;
+        }
+        // Group by group, two columns per byte: the same values as `value`
+        // gives column by column, with the group's scale read once.
+        for (g, group) in acc.chunks_mut(MX_GROUP).enumerate() {
+            let (start, len) = mx_group(D, g);
+            let scale = e8m0(*row.add(start + len.div_ceil(2)));
+            for (i, pair) in group.chunks_exact_mut(2).enumerate() {
+                let byte = *row.add(start + i);
+                pair[0] += w * (scale * E2M1_SIGNED[(byte & 0xf) as usize]);
+                pair[1] += w * (scale * E2M1_SIGNED[(byte >> 4) as usize]);
+            }
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! user meets first, and (with the default `cli` feature) the `ember`
 //! command line's subcommands, so they can be driven from code and tests.
 //!
-//! - [`sparse`]: jagged inputs, embedding bag tables, fused-optimizer lookups.
+//! - [`sparse`]: jagged inputs, embedding bag tables (fp32, fp16, bf16 for
+//!   training; int8, int4, fp8, mxfp4 for inference), fused-optimizer lookups.
 //! - [`dense`]: dense tensors, layers and backends (native, PJRT).
 //! - [`sharding`]: topology, the planner, sharding plans, collectives and
 //!   sharded execution.
@@ -61,7 +62,7 @@ pub mod prelude {
         ShardingType, Topology,
     };
     pub use ember_sparse::{
-        EmbeddingBagCollection, EmbeddingBagConfig, JaggedTensor, KeyedJaggedTensor, KeyedTensor,
-        PoolingType, TableOptimizer,
+        DataType, EmbeddingBagCollection, EmbeddingBagConfig, JaggedTensor, KeyedJaggedTensor,
+        KeyedTensor, PoolingType, TableOptimizer,
     };
 }

@@ -666,4 +666,15 @@ fn half_tables_train_and_quantized_checkpoints_serve() {
         .tensor("sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight")
         .unwrap();
     assert_eq!(weight.dtype(), safetensors::Dtype::BF16);
+    // A quantized type does not train: refused before anything loads.
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["train", "--data", &data, "--checkpoint-dir", s(&cast)])
+        .args(["--resume", "--table-dtype", "int4"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("quantized tables are for inference"),
+        "{err}"
+    );
 }

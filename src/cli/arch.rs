@@ -188,11 +188,7 @@ impl ArchArgs {
             }
         };
         if let Some(dtype) = self.table_dtype {
-            anyhow::ensure!(
-                dtype.is_trainable(),
-                "--table-dtype {dtype}: quantized tables are for inference; train in fp32, fp16 \
-                 or bf16, then quantize the checkpoint with `ember quantize`"
-            );
+            trainable(dtype)?;
             tables.iter_mut().for_each(|t| t.data_type = dtype);
         }
         let top_mlp = parse_sizes(
@@ -215,6 +211,16 @@ impl ArchArgs {
         config.validate()?;
         Ok((config, lookups, fixed))
     }
+}
+
+/// Refuses a `--table-dtype` that does not train.
+pub fn trainable(dtype: DataType) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        dtype.is_trainable(),
+        "--table-dtype {dtype}: quantized tables are for inference; train in fp32, fp16 or bf16, \
+         then quantize the checkpoint with `ember quantize`"
+    );
+    Ok(())
 }
 
 #[derive(Args, Clone, Debug)]

@@ -317,6 +317,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     // The run goes on with the architecture and optimizers it was trained
     // with; `--table-dtype` casts the saved tables, and says so.
     if let (Some(ckpt), Some(dtype)) = (&mut resume, args.arch.table_dtype) {
+        super::arch::trainable(dtype)?;
         let cast = ckpt.cast_tables(dtype);
         if let Some((_, saved)) = cast.first() {
             progress.line(&format!(

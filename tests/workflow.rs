@@ -537,6 +537,26 @@ fn a_dataset_of_another_schema_trains_evaluates_and_predicts() {
     );
 }
 
+/// The dtype and shape of the first table's weight in a checkpoint file.
+fn first_table(path: &Path) -> (safetensors::Dtype, Vec<usize>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let weight = st
+        .tensor("sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight")
+        .unwrap();
+    (weight.dtype(), weight.shape().to_vec())
+}
+
+/// What a command that must fail printed (stdout and stderr).
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn half_tables_train_and_quantized_checkpoints_serve() {
     let dir = tempfile::tempdir().unwrap();
@@ -547,12 +567,7 @@ fn half_tables_train_and_quantized_checkpoints_serve() {
     let auc = trained["eval"]["auc"].as_f64().unwrap();
     let file = ckpt.join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let weight = st
-        .tensor("sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight")
-        .unwrap();
-    assert_eq!(weight.dtype(), safetensors::Dtype::F16);
-    assert_eq!(weight.shape(), [100, 4]);
+    assert_eq!(first_table(&file), (safetensors::Dtype::F16, vec![100, 4]));
     let eval = |path: &Path| {
         json(&[
             "eval",
@@ -619,15 +634,8 @@ fn half_tables_train_and_quantized_checkpoints_serve() {
             "quantized tables are for inference",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(&args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(says),
-            "{args:?}: {err}"
-        );
+        let err = refused(&args);
+        assert!(err.contains(says), "{args:?}: {err}");
     }
     assert_eq!(std::fs::read(&file).unwrap(), bytes);
 
@@ -660,21 +668,20 @@ fn half_tables_train_and_quantized_checkpoints_serve() {
         said.contains("26 of 26 saved tables are fp32, cast to bf16"),
         "{said}"
     );
-    let bytes = std::fs::read(cast.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let weight = st
-        .tensor("sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight")
-        .unwrap();
-    assert_eq!(weight.dtype(), safetensors::Dtype::BF16);
-    // A quantized type does not train: refused before anything loads.
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["train", "--data", &data, "--checkpoint-dir", s(&cast)])
-        .args(["--resume", "--table-dtype", "int4"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("quantized tables are for inference"),
-        "{err}"
+    assert_eq!(
+        first_table(&cast.join("model.safetensors")).0,
+        safetensors::Dtype::BF16
     );
+    // A quantized type does not train: refused before anything loads.
+    let err = refused(&[
+        "train",
+        "--data",
+        &data,
+        "--checkpoint-dir",
+        s(&cast),
+        "--resume",
+        "--table-dtype",
+        "int4",
+    ]);
+    assert!(err.contains("quantized tables are for inference"), "{err}");
 }

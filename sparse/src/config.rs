@@ -72,7 +72,7 @@ impl EmbeddingBagConfig {
 
     /// Bytes of the table's rows in its data type (without optimizer
     /// state), if that fits in a `usize`.
-    pub fn row_bytes(&self) -> Option<usize> {
+    pub fn bytes(&self) -> Option<usize> {
         self.data_type
             .row_bytes(self.embedding_dim)?
             .checked_mul(self.num_embeddings)
@@ -113,7 +113,7 @@ impl EmbeddingBagConfig {
             .num_embeddings
             .checked_mul(self.embedding_dim)
             .and_then(|n| n.checked_mul(std::mem::size_of::<f32>()))
-            .zip(self.row_bytes())
+            .zip(self.bytes())
             .is_none_or(|(floats, rows)| floats.max(rows) > isize::MAX as usize);
         if too_big {
             return fail("num_embeddings x embedding_dim values do not fit in memory");

@@ -12,6 +12,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::rows::decode_with;
+
 /// The data type of a table's rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -138,7 +140,7 @@ impl DataType {
             self.row_bytes(out.len()),
             "decode_row: not one {self} row"
         );
-        crate::rows::with_format!(self, decode_row_with(bytes, out));
+        crate::rows::with_format!(self, decode_with(bytes, out));
     }
 
     /// Encodes `values` as one row of this type into `bytes`: the nearest
@@ -154,10 +156,6 @@ impl DataType {
         );
         crate::rows::encode(self, values, bytes);
     }
-}
-
-fn decode_row_with<F: crate::rows::RowFormat>(bytes: &[u8], out: &mut [f32]) {
-    crate::rows::decode_with::<F>(bytes, out)
 }
 
 impl fmt::Display for DataType {

@@ -70,7 +70,7 @@ pub fn quantize(
     let mut checkpoint = Checkpoint::open(input)?;
     let bytes = |c: &Checkpoint| -> u64 {
         (c.config().tables.iter())
-            .map(|t| t.row_bytes().unwrap_or(0) as u64)
+            .map(|t| t.bytes().unwrap_or(0) as u64)
             .sum()
     };
     let table_bytes_before = bytes(&checkpoint);

@@ -24,7 +24,6 @@ use ember_sharding::RowSplit;
 use serde::{Deserialize, Serialize};
 
 use super::names::table_base_name;
-use super::names::weight_layout;
 use super::write::{dense_tensors, fail_at, metadata, table_tensors, write_file, SavedTable};
 use super::TrainState;
 use crate::{Dlrm, ModelError};
@@ -107,7 +106,7 @@ pub fn save_set(
         // A quantized weight's columns are its row bytes (never split).
         let weight_columns = match part.dtype.column_bytes() {
             Some(_) => local.shard.columns,
-            None => [0, weight_layout(part.dtype, 0, dim).1[1]],
+            None => [0, part.dtype.row_bytes(dim).unwrap_or(0)],
         };
         let before = tensors.len();
         table_tensors(

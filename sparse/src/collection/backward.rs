@@ -246,10 +246,7 @@ fn update_task_body<const D: usize, F: TrainFormat>(
     scratch: &mut [f32],
 ) {
     let dim = if D > 0 { D } else { job.dim };
-    let stride = match F::DTYPE.row_bytes(D) {
-        Some(bytes) if D > 0 => bytes,
-        _ => job.stride,
-    };
+    let stride = crate::rows::fixed_stride::<F, D>(job.stride);
     let per_row = job.per_row;
     let (summed, decoded) = scratch.split_at_mut(dim);
     let decoded = &mut decoded[..dim];

@@ -89,7 +89,7 @@ pub(super) fn new_table(
         bytes,
     };
     // validate() checked that the size fits.
-    let bytes = config.row_bytes().unwrap_or(usize::MAX);
+    let bytes = config.bytes().unwrap_or(usize::MAX);
     let mut rows = TableRows::new(config.data_type, config.num_embeddings, dim)
         .ok_or_else(|| alloc_error(bytes))?;
     if let Some(seed) = seed {

@@ -17,6 +17,12 @@ pub enum DataError {
         /// The underlying I/O error.
         source: std::io::Error,
     },
+    /// A write failed because the disk (or the user's quota) is full.
+    #[error("{}: the disk is full (no space left on device)", path.display())]
+    DiskFull {
+        /// The file being written.
+        path: PathBuf,
+    },
     /// A file that is not Parquet, or is corrupt or truncated.
     #[error("{}: not a readable Parquet file: {message}", path.display())]
     Parquet {
@@ -67,19 +73,47 @@ pub enum DataError {
     Sparse(#[from] ember_sparse::SparseError),
 }
 
+/// ENOSPC or EDQUOT: the write had nowhere to go.
+pub(crate) fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
 impl DataError {
+    /// The error of an I/O operation on `path` (a full disk is
+    /// [`DataError::DiskFull`]).
+    pub fn from_io(path: &std::path::Path, source: std::io::Error) -> Self {
+        DataError::io(path)(source)
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
-        move |source| DataError::Io { path, source }
+        move |source| match is_disk_full(&source) {
+            true => DataError::DiskFull { path },
+            false => DataError::Io { path, source },
+        }
     }
 
     pub(crate) fn parquet(
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(parquet::errors::ParquetError) -> Self {
         let path = path.into();
-        move |e| DataError::Parquet {
-            path,
-            message: e.to_string(),
+        move |e| {
+            let full = match &e {
+                parquet::errors::ParquetError::External(inner) => {
+                    (inner.downcast_ref::<std::io::Error>()).is_some_and(is_disk_full)
+                }
+                _ => false,
+            };
+            match full {
+                true => DataError::DiskFull { path },
+                false => DataError::Parquet {
+                    path,
+                    message: e.to_string(),
+                },
+            }
         }
     }
 

@@ -17,9 +17,10 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::atomic::write_atomic;
 use crate::criteo::{parse_line, CriteoRecord, Reject};
 use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
-use crate::writer::{write_atomic, CriteoBatchBuilder, ParquetSink, SinkOptions};
+use crate::writer::{CriteoBatchBuilder, ParquetSink, SinkOptions};
 use crate::DataError;
 
 /// Longer lines are rejected without being read whole (a Criteo line is

@@ -3,6 +3,7 @@
 //!
 //! - [`criteo`]: parsing one line of a Criteo display-advertising TSV.
 //! - [`schema`]: the Parquet schema Ember writes and reads.
+//! - [`atomic`]: files that appear whole or not at all (the one temp-file guard).
 //! - [`writer`]: row-group builders and an atomic, file-splitting Parquet sink.
 //! - [`ingest`]: the streaming `ember ingest criteo` pass.
 //! - [`spec`]: the dataset spec: which columns make a batch, and their tables.
@@ -12,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod atomic;
 pub mod criteo;
 pub mod dataset;
 mod error;

@@ -2,9 +2,10 @@
 //! that splits rows into files and row groups and never leaves a partial
 //! file under a final name.
 //!
-//! A file is written as `.<name>.tmp`, closed, fsynced and renamed to
-//! `<name>` (then the directory is fsynced), so `*.parquet` files are always
-//! complete; the loader reads only `*.parquet` names.
+//! Every file goes through [`AtomicFile`], so `*.parquet` files are always
+//! complete; the loader reads only `*.parquet` names. Each part of a sink
+//! names its set in the footer ([`PART_OF_KEY`]), so the loader can tell
+//! the parts of an ingest whose completion marker was never written.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -15,9 +16,11 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
+use crate::atomic::AtomicFile;
 use crate::criteo::CriteoRecord;
 use crate::schema::{criteo_schema, NUM_CAT, NUM_INT};
 use crate::DataError;
@@ -198,10 +201,13 @@ pub enum Bag<'a> {
     Many(&'a [i64]),
 }
 
+/// The footer key of a sink's parts: the sink's prefix, the name of the set
+/// (an ingest's input) whose completion marker lists the part.
+pub const PART_OF_KEY: &str = "ember.part_of";
+
 struct OpenFile {
     writer: ArrowWriter<File>,
-    temp: PathBuf,
-    path: PathBuf,
+    out: AtomicFile,
     rows: u64,
 }
 
@@ -252,7 +258,7 @@ impl ParquetSink {
             let n = room.min(batch.num_rows() - start);
             file.writer
                 .write(&batch.slice(start, n))
-                .map_err(DataError::parquet(&file.temp))?;
+                .map_err(DataError::parquet(file.out.temp()))?;
             file.rows += n as u64;
             start += n;
             if Some(file.rows) == limit {
@@ -271,19 +277,18 @@ impl ParquetSink {
     fn open_file(&mut self) -> Result<&mut OpenFile, DataError> {
         if self.open.is_none() {
             let name = Self::part_name(&self.prefix, self.files.len());
-            let path = self.dir.join(&name);
-            let temp = self.dir.join(format!(".{name}.tmp"));
-            let file = File::create(&temp).map_err(DataError::io(&temp))?;
+            let mut out = AtomicFile::create(&self.dir.join(&name))?;
+            let part_of = KeyValue::new(PART_OF_KEY.into(), self.prefix.clone());
             let props = WriterProperties::builder()
                 .set_compression(self.options.compression.compression())
                 .set_max_row_group_row_count(Some(self.options.row_group_size.max(1)))
+                .set_key_value_metadata(Some(vec![part_of]))
                 .build();
-            let writer = ArrowWriter::try_new(file, self.schema.clone(), Some(props))
-                .map_err(DataError::parquet(&temp))?;
+            let writer = ArrowWriter::try_new(out.take_file(), self.schema.clone(), Some(props))
+                .map_err(DataError::parquet(out.temp()))?;
             self.open = Some(OpenFile {
                 writer,
-                temp,
-                path,
+                out,
                 rows: 0,
             });
         }
@@ -294,65 +299,19 @@ impl ParquetSink {
         let Some(open) = self.open.take() else {
             return Ok(());
         };
-        let file = open
-            .writer
-            .into_inner()
-            .map_err(DataError::parquet(&open.temp))?;
-        file.sync_all().map_err(DataError::io(&open.temp))?;
-        self.bytes_written += file.metadata().map_err(DataError::io(&open.temp))?.len();
-        drop(file);
-        commit(&open.temp, &open.path)?;
-        self.files.push(open.path);
+        let file = (open.writer.into_inner()).map_err(DataError::parquet(open.out.temp()))?;
+        let path = open.out.path().to_path_buf();
+        self.bytes_written += open.out.commit_file(file)?;
+        self.files.push(path);
         Ok(())
     }
-}
-
-impl Drop for ParquetSink {
-    /// A sink dropped before `finish` (an error, a strict stop) removes its
-    /// unfinished file.
-    fn drop(&mut self) {
-        if let Some(open) = self.open.take() {
-            let _ = std::fs::remove_file(&open.temp);
-        }
-    }
-}
-
-/// Renames a complete, fsynced `temp` to `path` and fsyncs the directory.
-pub fn commit(temp: &Path, path: &Path) -> Result<(), DataError> {
-    std::fs::rename(temp, path).map_err(DataError::io(path))?;
-    if let Some(dir) = path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(DataError::io(dir))?;
-    }
-    Ok(())
-}
-
-/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
-    use std::io::Write;
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    let temp = path.with_file_name(format!(".{name}.tmp"));
-    let mut file = File::create(&temp).map_err(DataError::io(&temp))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(DataError::io(&temp))?;
-    commit(&temp, path)
 }
 
 /// Streams model outputs into a Parquet file with columns `logit` and
 /// `probability` (float32), one row per input row, committed atomically.
 pub struct PredictionWriter {
     writer: ArrowWriter<File>,
-    temp: PathBuf,
-    path: PathBuf,
+    out: AtomicFile,
     schema: SchemaRef,
     rows: u64,
 }
@@ -366,21 +325,15 @@ impl PredictionWriter {
             Field::new("logit", DataType::Float32, false),
             Field::new("probability", DataType::Float32, false),
         ]));
-        let name = path.file_name().map_or_else(
-            || "predictions".into(),
-            |n| n.to_string_lossy().into_owned(),
-        );
-        let temp = path.with_file_name(format!(".{name}.tmp"));
-        let file = File::create(&temp).map_err(DataError::io(&temp))?;
+        let mut out = AtomicFile::create(path)?;
         let props = WriterProperties::builder()
             .set_compression(Codec::Zstd.compression())
             .build();
-        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
-            .map_err(DataError::parquet(&temp))?;
+        let writer = ArrowWriter::try_new(out.take_file(), schema.clone(), Some(props))
+            .map_err(DataError::parquet(out.temp()))?;
         Ok(Self {
             writer,
-            temp,
-            path: path.to_path_buf(),
+            out,
             schema,
             rows: 0,
         })
@@ -396,20 +349,15 @@ impl PredictionWriter {
             .expect("two float columns of one length");
         self.writer
             .write(&batch)
-            .map_err(DataError::parquet(&self.temp))?;
+            .map_err(DataError::parquet(self.out.temp()))?;
         self.rows += logits.len() as u64;
         Ok(())
     }
 
     /// Closes, fsyncs and renames the file; returns the rows written.
     pub fn finish(self) -> Result<u64, DataError> {
-        let file = self
-            .writer
-            .into_inner()
-            .map_err(DataError::parquet(&self.temp))?;
-        file.sync_all().map_err(DataError::io(&self.temp))?;
-        drop(file);
-        commit(&self.temp, &self.path)?;
+        let file = (self.writer.into_inner()).map_err(DataError::parquet(self.out.temp()))?;
+        self.out.commit_file(file)?;
         Ok(self.rows)
     }
 }

@@ -354,3 +354,135 @@ fn read(path: &Path) -> Vec<(String, Vec<u8>)> {
     v.sort();
     v
 }
+
+/// The byte range of tensor `name`'s data in safetensors `bytes`.
+fn data_range(bytes: &[u8], name: &str) -> std::ops::Range<usize> {
+    let (header, meta) = SafeTensors::read_metadata(bytes).unwrap();
+    let (start, end) = meta.info(name).unwrap().data_offsets;
+    (8 + header + start)..(8 + header + end)
+}
+
+#[test]
+fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
+    let be = NativeBackend::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(InteractionType::Dot, 3);
+    let opt = (
+        TableOptimizer::rowwise_adagrad(0.1),
+        DenseOptimizerConfig::adagrad(0.1),
+    );
+    let mut model = Dlrm::new(cfg.clone(), opt.0, opt.1, 3).unwrap();
+    let batch = data(&cfg).batch(0, 8);
+    model.train_step(&be, &batch).unwrap();
+    let ours = dir.path().join("ours.safetensors");
+    save(&mut model, &ours, None).unwrap();
+    let good = std::fs::read(&ours).unwrap();
+    let t1 = table_weight_name("t_cat_1");
+
+    // One flipped bit in a table's rows: the checksum names the tensor.
+    let bad = dir.path().join("bad.safetensors");
+    let mut flipped = good.clone();
+    flipped[data_range(&good, &t1).start + 5] ^= 0x10;
+    std::fs::write(&bad, &flipped).unwrap();
+    let e = Checkpoint::open(&bad)
+        .unwrap()
+        .inference_model()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(&t1) && e.contains("checksum"), "{e}");
+    // ... and in a dense parameter.
+    let w = "over_arch.model.1.bias";
+    let mut flipped = good.clone();
+    flipped[data_range(&good, w).start] ^= 1;
+    std::fs::write(&bad, &flipped).unwrap();
+    let e = Checkpoint::open(&bad)
+        .unwrap()
+        .inference_model()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(w) && e.contains("checksum"), "{e}");
+
+    // A file without checksums (TorchRec's) loads, as it is: unverified.
+    let bytes = std::fs::read(&ours).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let mut meta = meta.metadata().clone().unwrap();
+    assert!(meta.remove("ember.crc32").is_some());
+    let plain = dir.path().join("plain.safetensors");
+    safetensors::serialize_to_file(st.tensors(), Some(meta), &plain).unwrap();
+    let mut served = Checkpoint::open(&plain).unwrap().inference_model().unwrap();
+    let want = model.predict(&be, &batch).unwrap().to_vec();
+    assert_eq!(served.predict(&be, &batch).unwrap(), &want[..]);
+
+    // Values no training produces: NaN rows, a NaN parameter, negative sums
+    // of squares; each refused with the tensor, row and column.
+    let fresh = || Dlrm::new(cfg.clone(), opt.0, opt.1, 3).unwrap();
+    let tables = |m: &mut Dlrm| {
+        let ebc = m.sparse_arch_mut().local_mut().unwrap();
+        ebc.tables_mut()[1].weights_mut()[2 * 4 + 3] = f32::NAN;
+    };
+    let mut m = fresh();
+    tables(&mut m);
+    save(&mut m, &bad, None).unwrap();
+    let e = Checkpoint::open(&bad)
+        .unwrap()
+        .inference_model()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(&t1) && e.contains("row 2, column 3 holds NaN"),
+        "{e}"
+    );
+
+    let mut m = fresh();
+    for p in m.dense_arch_mut().params() {
+        if p.name == w {
+            p.value[0] = f32::INFINITY;
+        }
+    }
+    save(&mut m, &bad, None).unwrap();
+    let e = Checkpoint::open(&bad)
+        .unwrap()
+        .inference_model()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(w) && e.contains("infinite"), "{e}");
+
+    let mut m = fresh();
+    m.train_step(&be, &batch).unwrap();
+    let ebc = m.sparse_arch_mut().local_mut().unwrap();
+    ebc.tables_mut()[0].optimizer_state_mut()[4] = -1.0;
+    save(&mut m, &bad, None).unwrap();
+    let ckpt = Checkpoint::open(&bad).unwrap();
+    let e = ckpt.model(opt.0, opt.1).err().unwrap().to_string();
+    assert!(
+        e.contains("t_cat_0.momentum1") && e.contains("row 4, column 0 holds a negative"),
+        "{e}"
+    );
+    // Serving needs no optimizer state: it still loads.
+    assert!(ckpt.inference_model().is_ok());
+}
+
+#[cfg(unix)]
+#[test]
+fn checkpoints_are_written_with_the_mode_of_other_outputs_and_no_leftover() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(InteractionType::Dot, 2);
+    let mut model =
+        Dlrm::new(cfg, TableOptimizer::None, DenseOptimizerConfig::sgd(0.0), 1).unwrap();
+    let path = dir.path().join("model.safetensors");
+    save(&mut model, &path, None).unwrap();
+    let other = dir.path().join("other");
+    std::fs::write(&other, b"").unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), mode(&other));
+    let names: Vec<_> = (std::fs::read_dir(dir.path()).unwrap())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}

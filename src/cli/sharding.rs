@@ -231,7 +231,7 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanReport> {
         ..args.sharding.clone()
     };
     let (p, stats) = sharding.plan(&config, &options)?.expect("devices given");
-    ember_dataloader::writer::write_atomic(&args.output, p.to_json().as_bytes())?;
+    ember_dataloader::atomic::write_atomic(&args.output, p.to_json().as_bytes())?;
     Ok(PlanReport {
         output: args.output.clone(),
         num_devices: p.num_devices,

@@ -35,6 +35,7 @@ mod rows;
 mod set;
 mod state;
 mod store;
+mod valid;
 mod write;
 pub use names::{dense_shapes, table_weight_name, weight_layout};
 pub use quantize::{quantize, QuantizeSummary};
@@ -92,6 +93,10 @@ const META_SPARSE_STEP: &str = "ember.sparse_step";
 const META_DENSE_STEPS: &str = "ember.dense_steps";
 const META_TRAIN_STATE: &str = "ember.train_state";
 const META_ROUNDING_SEED: &str = "ember.rounding_seed";
+/// The CRC-32 (IEEE, as zlib's) of each tensor's bytes: a JSON object of
+/// tensor name to 8 hex digits. Readers that do not know it (TorchRec's)
+/// ignore it; Ember verifies it, and reads a file without it unverified.
+const META_CRC32: &str = "ember.crc32";
 
 /// Where training stood when a checkpoint was written.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

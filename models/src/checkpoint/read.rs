@@ -11,6 +11,7 @@ use safetensors::tensor::Dtype;
 
 use super::names::{dense_shapes, infer_config, table_weight_name, weight_layout};
 use super::store::{f32s, InMemory, MappedFile, SetStore, TensorStore};
+use super::valid::{check_values, Allowed};
 use super::{
     TrainState, INDEX_FILE, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
     META_ROUNDING_SEED, META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
@@ -198,14 +199,28 @@ impl Checkpoint {
         names
     }
 
-    /// The named tensor as f32 values, checked for dtype (F32) and shape.
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+    /// The named tensor as f32 values, checked for dtype (F32), shape and
+    /// the values it may hold.
+    fn tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+        allowed: Allowed,
+    ) -> Result<Vec<f32>, ModelError> {
         let (mut values, mut read) = (Vec::new(), false);
         self.store.view(name, Dtype::F32, shape, &mut |bytes| {
             values = f32s(bytes);
             read = true;
         })?;
         debug_assert!(read, "a store applies the reader once when it succeeds");
+        let width = shape.get(1).copied().unwrap_or(1);
+        check_values(&values, width, (RowSplit::All, 0), allowed).map_err(|message| {
+            ModelError::Checkpoint {
+                path: self.path().to_path_buf(),
+                tensor: Some(name.to_string()),
+                message,
+            }
+        })?;
         Ok(values)
     }
 
@@ -257,7 +272,7 @@ impl Checkpoint {
     ) -> Result<(), ModelError> {
         let shapes = dense_shapes(&self.config);
         for p in model.dense_arch_mut().params() {
-            let w = self.tensor(&p.name, &shapes[&p.name])?;
+            let w = self.tensor(&p.name, &shapes[&p.name], Allowed::Finite)?;
             p.value.copy_from_slice(&w);
         }
         let same_dense_opt = self.dense_optimizer.is_some_and(|o| {
@@ -272,11 +287,16 @@ impl Checkpoint {
             let mut state = Vec::new();
             for p in model.dense_arch_mut().params() {
                 let shape = &shapes[&p.name];
-                let load = |s: Option<&str>| match s {
-                    Some(s) => self.tensor(&format!("{OPTIMIZER_PREFIX}{}.{s}", p.name), shape),
+                let load = |s: Option<&str>, allowed| match s {
+                    Some(s) => {
+                        let name = format!("{OPTIMIZER_PREFIX}{}.{s}", p.name);
+                        self.tensor(&name, shape, allowed)
+                    }
                     None => Ok(Vec::new()),
                 };
-                state.push((p.name.clone(), p.value.len(), load(m_name)?, load(v_name)?));
+                let m = load(m_name, Allowed::Finite)?;
+                let v = load(v_name, Allowed::NonNegative)?;
+                state.push((p.name.clone(), p.value.len(), m, v));
             }
             model
                 .dense_optimizer_mut()

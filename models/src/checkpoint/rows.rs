@@ -9,6 +9,7 @@ use ember_dense::DenseOptimizerConfig;
 use ember_sharding::{Collective, RowSplit, Shard, ShardSource, ShardingError, ShardingPlan};
 use ember_sparse::{EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
 
+use super::valid::{check_rows, check_values, Allowed};
 use super::{table_weight_name, weight_layout, Checkpoint, OPTIMIZER_PREFIX, TABLE_PREFIX};
 use crate::{Dlrm, ModelError};
 
@@ -60,17 +61,24 @@ impl Checkpoint {
         };
         let bytes = self
             .store
-            .rows_bytes(&name, dtype, &shape, split, columns)?;
+            .rows_bytes(&name, dtype, &shape, split, columns.clone())?;
+        let fail_on = |message: String| ModelError::Checkpoint {
+            path: self.path().to_path_buf(),
+            tensor: Some(name.clone()),
+            message,
+        };
+        let (width, first_col) = match saved.column_bytes() {
+            Some(_) => (cols.len(), cols.start),
+            None => (dim, 0),
+        };
+        check_rows(saved, &bytes, width, (split, first_col)).map_err(fail_on)?;
         if local.data_type() == saved {
             local.row_bytes_mut().copy_from_slice(&bytes);
         } else {
-            let fail = |message: String| ModelError::Checkpoint {
-                path: self.path().to_path_buf(),
-                tensor: Some(name.clone()),
-                message,
-            };
             if saved.column_bytes().is_none() && cols != (0..dim) {
-                return Err(fail("a quantized table's columns cannot be split".into()));
+                return Err(fail_on(
+                    "a quantized table's columns cannot be split".into(),
+                ));
             }
             let stride = bytes.len() / local.num_embeddings().max(1);
             let mut row = vec![0f32; cols.len()];
@@ -83,18 +91,27 @@ impl Checkpoint {
             return Ok(());
         }
         let name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
-        let read = |s: &str, shape: &[usize], cols: Range<usize>| {
-            self.store.rows_of(&name(s), shape, split, cols)
+        let read = |s: &str, shape: &[usize], cols: Range<usize>, allowed| {
+            let values = self.store.rows_of(&name(s), shape, split, cols.clone())?;
+            check_values(&values, cols.len(), (split, cols.start), allowed).map_err(|message| {
+                ModelError::Checkpoint {
+                    path: self.path().to_path_buf(),
+                    tensor: Some(name(s)),
+                    message,
+                }
+            })?;
+            Ok::<_, ModelError>(values)
         };
+        let sums = Allowed::NonNegative;
         let state = match optimizer {
             TableOptimizer::None | TableOptimizer::Sgd { .. } => return Ok(()),
-            TableOptimizer::RowWiseAdagrad { .. } => read("momentum1", &[rows], 0..1)?,
-            TableOptimizer::Adagrad { .. } => read("momentum1", &[rows, dim], cols)?,
+            TableOptimizer::RowWiseAdagrad { .. } => read("momentum1", &[rows], 0..1, sums)?,
+            TableOptimizer::Adagrad { .. } => read("momentum1", &[rows, dim], cols, sums)?,
             TableOptimizer::Adam { .. } => {
                 // FBGEMM keeps both moments of a row together: [m | v].
                 let lc = cols.len().max(1);
-                let m = read("momentum1", &[rows, dim], cols.clone())?;
-                let v = read("momentum2", &[rows, dim], cols)?;
+                let m = read("momentum1", &[rows, dim], cols.clone(), Allowed::Finite)?;
+                let v = read("momentum2", &[rows, dim], cols, sums)?;
                 (m.chunks_exact(lc).zip(v.chunks_exact(lc)))
                     .flat_map(|(m, v)| m.iter().chain(v))
                     .copied()

@@ -170,7 +170,7 @@ pub fn save_set(
             files.extend(previous.pieces.into_values().flatten().map(|p| p.file));
         }
         let text = serde_json::to_vec_pretty(&index).expect("serialisable");
-        ember_dataloader::writer::write_atomic(&index_path, &text)
+        ember_dataloader::atomic::write_atomic(&index_path, &text)
             .map_err(|e| fail_at(&index_path, e.to_string()))?;
         remove_stale(dir, &files);
     }

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use ember_dense::{DenseOptimizer, DenseOptimizerConfig, Module, Param};
+use ember_sharding::RowSplit;
 use ember_sparse::{EmbeddingBagCollection, TableOptimizer};
 use memmap2::Mmap;
 use safetensors::tensor::Dtype;
@@ -25,7 +26,8 @@ use safetensors::SafeTensors;
 
 use super::names::weight_layout;
 use super::read::meta_value;
-use super::store::{f32s, file_view, map};
+use super::store::{f32s, file_view, map, Checksums};
+use super::valid::{check_rows, check_values, Allowed};
 use super::write::{fail_at, json, table_tensors, write_file, SavedTable, Tensor};
 use super::{TrainState, CHECKPOINT_FILE, META_TRAIN_STATE, OPTIMIZER_PREFIX};
 use crate::ModelError;
@@ -174,6 +176,7 @@ pub struct StateFile {
     path: PathBuf,
     mmap: Mmap,
     metadata: HashMap<String, String>,
+    checksums: Checksums,
 }
 
 impl StateFile {
@@ -186,6 +189,7 @@ impl StateFile {
         Ok(Self {
             path: path.to_path_buf(),
             mmap,
+            checksums: Checksums::of(&metadata, path)?,
             metadata,
         })
     }
@@ -205,20 +209,45 @@ impl StateFile {
         meta_value(&self.metadata, META_TRAIN_STATE, &self.path)
     }
 
-    /// The named tensor's values, which must be f32 of `shape`.
+    /// The named tensor's values, which must be f32 of `shape`, and finite.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        self.bytes(name, Dtype::F32, shape).map(|b| f32s(&b))
+        self.checked(name, shape, Allowed::Finite)
+    }
+
+    /// [`tensor`](Self::tensor), of values `allowed`.
+    fn checked(
+        &self,
+        name: &str,
+        shape: &[usize],
+        allowed: Allowed,
+    ) -> Result<Vec<f32>, ModelError> {
+        let values = f32s(&self.bytes(name, Dtype::F32, shape)?);
+        let width = shape.get(1).copied().unwrap_or(1);
+        check_values(&values, width, (RowSplit::All, 0), allowed)
+            .map_err(|message| self.fail_on(name, message))?;
+        Ok(values)
+    }
+
+    fn fail_on(&self, name: &str, message: String) -> ModelError {
+        ModelError::Checkpoint {
+            path: self.path.clone(),
+            tensor: Some(name.to_string()),
+            message,
+        }
     }
 
     /// The named tensor's bytes, which must be of `dtype` and `shape`.
     fn bytes(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<Vec<u8>, ModelError> {
-        file_view(&self.mmap, name, dtype, Some(shape), |b| b.to_vec())
-            .map(|(v, _)| v)
-            .map_err(|message| ModelError::Checkpoint {
-                path: self.path.clone(),
-                tensor: Some(name.to_string()),
-                message,
-            })
+        file_view(
+            &self.mmap,
+            name,
+            dtype,
+            Some(shape),
+            Some(&self.checksums),
+            |b| b.to_vec(),
+        )
+        .map(|(v, _)| v)
+        .map_err(|message| self.fail_on(name, message))
     }
 
     /// A step count saved in the metadata (0 when absent).
@@ -250,18 +279,19 @@ impl StateFile {
         let names = dense_state_names(&optimizer.config());
         let mut state = Vec::with_capacity(params.len());
         for p in params {
-            let load = |s: &str| match s.is_empty() {
+            let load = |s: &str, allowed| match s.is_empty() {
                 true => Ok(Vec::new()),
-                false => self.tensor(
+                false => self.checked(
                     &format!("{OPTIMIZER_PREFIX}{prefix}{}.{s}", p.name),
                     &p.shape,
+                    allowed,
                 ),
             };
             state.push((
                 p.name.clone(),
                 p.value.len(),
-                load(names[0])?,
-                load(names[1])?,
+                load(names[0], Allowed::Finite)?,
+                load(names[1], Allowed::NonNegative)?,
             ));
         }
         optimizer.set_state(steps, state);
@@ -281,19 +311,23 @@ impl StateFile {
             let (rows, dim) = (table.num_embeddings(), table.dim());
             let name = format!("{prefix}embedding_bags.{}", table.name());
             let (dtype, shape) = weight_layout(table.data_type(), rows, dim);
-            let w = self.bytes(&format!("{name}.weight"), dtype, &shape)?;
+            let weight = format!("{name}.weight");
+            let w = self.bytes(&weight, dtype, &shape)?;
+            check_rows(table.data_type(), &w, dim, (RowSplit::All, 0))
+                .map_err(|m| self.fail_on(&weight, m))?;
             table.row_bytes_mut().copy_from_slice(&w);
-            let state = |s: &str, shape: &[usize]| {
-                self.tensor(&format!("{OPTIMIZER_PREFIX}{name}.{s}"), shape)
+            let state = |s: &str, shape: &[usize], allowed| {
+                self.checked(&format!("{OPTIMIZER_PREFIX}{name}.{s}"), shape, allowed)
             };
+            let sums = Allowed::NonNegative;
             let restored = match optimizer {
                 TableOptimizer::None | TableOptimizer::Sgd { .. } => continue,
-                TableOptimizer::RowWiseAdagrad { .. } => state("momentum1", &[rows])?,
-                TableOptimizer::Adagrad { .. } => state("momentum1", &[rows, dim])?,
+                TableOptimizer::RowWiseAdagrad { .. } => state("momentum1", &[rows], sums)?,
+                TableOptimizer::Adagrad { .. } => state("momentum1", &[rows, dim], sums)?,
                 TableOptimizer::Adam { .. } => {
                     let (m, v) = (
-                        state("momentum1", &[rows, dim])?,
-                        state("momentum2", &[rows, dim])?,
+                        state("momentum1", &[rows, dim], Allowed::Finite)?,
+                        state("momentum2", &[rows, dim], sums)?,
                     );
                     (m.chunks_exact(dim.max(1)).zip(v.chunks_exact(dim.max(1))))
                         .flat_map(|(m, v)| m.iter().chain(v))

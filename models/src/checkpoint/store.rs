@@ -14,7 +14,45 @@ use safetensors::SafeTensors;
 
 use super::set::{self, Index};
 use super::write::fail_at;
+use super::META_CRC32;
 use crate::ModelError;
+
+/// The CRC-32 of each tensor of one file, from its metadata; empty for a
+/// file written without them (by TorchRec, or an earlier Ember).
+#[derive(Default)]
+pub(crate) struct Checksums(HashMap<String, u32>);
+
+impl Checksums {
+    /// The checksums in `metadata` (of the file at `path`).
+    pub(super) fn of(metadata: &HashMap<String, String>, path: &Path) -> Result<Self, ModelError> {
+        let Some(text) = metadata.get(META_CRC32) else {
+            return Ok(Self::default());
+        };
+        let bad = |m: String| fail_at(path, format!("metadata {META_CRC32}: {m}"));
+        let hex: HashMap<String, String> =
+            serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let sums = (hex.into_iter())
+            .map(|(name, h)| match u32::from_str_radix(&h, 16) {
+                Ok(v) if h.len() == 8 => Ok((name, v)),
+                _ => Err(bad(format!("'{h}' (of {name}) is not 8 hex digits"))),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self(sums))
+    }
+
+    /// Whether tensor `name`'s bytes are the ones written (always, for a
+    /// tensor without a checksum).
+    fn verify(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
+        match self.0.get(name) {
+            Some(&want) if crc32fast::hash(bytes) != want => Err(format!(
+                "its bytes do not match the checksum written with them (crc32 {:08x}, \
+                 expected {want:08x}): the file is corrupt",
+                crc32fast::hash(bytes)
+            )),
+            _ => Ok(()),
+        }
+    }
+}
 
 /// A checkpoint's tensors, read by name: each read checks the tensor's
 /// presence, dtype and shape first. Errors name the tensor and the file at
@@ -90,6 +128,7 @@ pub(crate) struct OneFile<B> {
     path: PathBuf,
     bytes: B,
     metadata: HashMap<String, String>,
+    checksums: Checksums,
     shapes: BTreeMap<String, Vec<usize>>,
 }
 
@@ -118,6 +157,7 @@ impl<B: AsRef<[u8]>> OneFile<B> {
         Ok(Self {
             path: path.to_path_buf(),
             bytes,
+            checksums: Checksums::of(&metadata, path)?,
             metadata,
             shapes,
         })
@@ -144,7 +184,14 @@ impl<B: AsRef<[u8]> + Send + Sync> TensorStore for OneFile<B> {
         shape: &[usize],
         read: &mut dyn FnMut(&[u8]),
     ) -> Result<(), ModelError> {
-        file_view(self.bytes.as_ref(), name, dtype, Some(shape), read)
+        let sums = Some(&self.checksums);
+        file_view(self.bytes.as_ref(), name, dtype, Some(shape), sums, read)
+            .map(|_| ())
+            .map_err(|message| fail_on(&self.path, name, message))
+    }
+
+    fn check(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<(), ModelError> {
+        file_view(self.bytes.as_ref(), name, dtype, Some(shape), None, |_| ())
             .map(|_| ())
             .map_err(|message| fail_on(&self.path, name, message))
     }
@@ -157,6 +204,7 @@ pub(crate) struct SetStore {
     dir: PathBuf,
     index: Index,
     files: HashMap<String, Mmap>,
+    checksums: HashMap<String, Checksums>,
 }
 
 impl SetStore {
@@ -164,12 +212,18 @@ impl SetStore {
     pub(crate) fn open(index_path: &Path) -> Result<Self, ModelError> {
         let index = set::read_index(index_path)?;
         let dir = index_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let mut files = HashMap::new();
+        let (mut files, mut checksums) = (HashMap::new(), HashMap::new());
         let names =
             (index.weight_map.values()).chain(index.pieces.values().flatten().map(|p| &p.file));
         for name in names {
             if !files.contains_key(name) {
-                files.insert(name.clone(), map(&dir.join(name))?);
+                let path = dir.join(name);
+                let bytes = map(&path)?;
+                let (_, header) = SafeTensors::read_metadata(&bytes)
+                    .map_err(|e| fail_at(&path, format!("not a safetensors file: {e}")))?;
+                let meta = header.metadata().clone().unwrap_or_default();
+                checksums.insert(name.clone(), Checksums::of(&meta, &path)?);
+                files.insert(name.clone(), bytes);
             }
         }
         Ok(Self {
@@ -177,6 +231,7 @@ impl SetStore {
             dir,
             index,
             files,
+            checksums,
         })
     }
 }
@@ -202,7 +257,8 @@ impl TensorStore for SetStore {
         read: &mut dyn FnMut(&[u8]),
     ) -> Result<(), ModelError> {
         if let Some(file) = self.index.weight_map.get(name) {
-            return file_view(&self.files[file], name, dtype, Some(shape), read)
+            let sums = self.checksums.get(file);
+            return file_view(&self.files[file], name, dtype, Some(shape), sums, read)
                 .map(|_| ())
                 .map_err(|m| fail_on(&self.dir.join(file), name, m));
         }
@@ -227,8 +283,15 @@ impl TensorStore for SetStore {
                     p.columns[1].saturating_sub(p.columns[0]),
                 ],
             };
-            file_view(&self.files[&p.file], &p.tensor, dtype, Some(&want), |_| ())
-                .map_err(|m| fail(format!("{}: {m}", p.file)))?;
+            file_view(
+                &self.files[&p.file],
+                &p.tensor,
+                dtype,
+                Some(&want),
+                None,
+                |_| (),
+            )
+            .map_err(|m| fail(format!("{}: {m}", p.file)))?;
             values += want.iter().product::<usize>();
         }
         if values != rows * cols {
@@ -252,7 +315,8 @@ impl TensorStore for SetStore {
         let size = element_bytes(dtype);
         // A whole tensor in one mapped file.
         if let Some(file) = self.index.weight_map.get(name) {
-            return file_view(&self.files[file], name, dtype, Some(shape), |bytes| {
+            let sums = self.checksums.get(file);
+            return file_view(&self.files[file], name, dtype, Some(shape), sums, |bytes| {
                 select(bytes, size, shape, rows, cols)
             })
             .map(|(v, _)| v)
@@ -287,6 +351,7 @@ impl TensorStore for SetStore {
                 &p.tensor,
                 dtype,
                 Some(&want),
+                self.checksums.get(&p.file),
                 |bytes| {
                     let mut n = 0;
                     for lp in 0..plr {
@@ -334,14 +399,15 @@ pub(super) fn map(path: &Path) -> Result<Mmap, ModelError> {
     unsafe { Mmap::map(&file) }.map_err(|e| fail_at(path, e.to_string()))
 }
 
-/// `read` applied to a tensor of one file's bytes, after checking its dtype
-/// and (when given) its shape; with no shape to check, the tensor's shape
-/// comes back with the result.
+/// `read` applied to a tensor of one file's bytes, after checking its dtype,
+/// (when given) its shape and (when given) its checksum; with no shape to
+/// check, the tensor's shape comes back with the result.
 pub(super) fn file_view<R>(
     bytes: &[u8],
     name: &str,
     dtype: Dtype,
     shape: Option<&[usize]>,
+    checksums: Option<&Checksums>,
     read: impl FnOnce(&[u8]) -> R,
 ) -> Result<(R, Vec<usize>), String> {
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
@@ -353,6 +419,9 @@ pub(super) fn file_view<R>(
         if view.shape() != shape {
             return Err(format!("shape {:?}, expected {shape:?}", view.shape()));
         }
+    }
+    if let Some(sums) = checksums {
+        sums.verify(name, view.data())?;
     }
     Ok((read(view.data()), view.shape().to_vec()))
 }

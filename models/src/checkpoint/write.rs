@@ -2,19 +2,19 @@
 //! where they can be) and written to one safetensors file atomically.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::fs::File;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use ember_dataloader::atomic::AtomicFile;
 use ember_dense::{DenseOptimizerConfig, HasParams};
 use ember_sparse::{DataType, EmbeddingTable, TableOptimizer};
-use safetensors::tensor::{Dtype, View};
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use serde::Serialize;
 
 use super::names::{dense_shapes, table_base_name, weight_layout};
 use super::{
-    TrainState, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS, META_ROUNDING_SEED,
-    META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
+    TrainState, META_CONFIG, META_CRC32, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
+    META_ROUNDING_SEED, META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
 };
 use crate::{Dlrm, ModelError};
 
@@ -37,21 +37,6 @@ impl<'a> Tensor<'a> {
             shape,
             data,
         }
-    }
-}
-
-impl View for Tensor<'_> {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
     }
 }
 
@@ -237,27 +222,54 @@ pub(super) fn table_tensors<'a>(
     }
 }
 
-/// Writes a safetensors file atomically (temporary file, fsync, rename).
+/// Writes a safetensors file atomically through [`AtomicFile`], with the
+/// CRC-32 of every tensor's bytes in the metadata ([`META_CRC32`]).
+///
+/// The header comes from the safetensors crate (its `Metadata`, so the
+/// format is the crate's); the file itself is written here, streaming,
+/// because the crate's writer goes through a `.tmpXXXXXX` file of mode
+/// 0600 that a killed run leaves behind unrecognised.
 pub(super) fn write_file(
-    tensors: Vec<(String, Tensor<'_>)>,
-    meta: HashMap<String, String>,
+    mut tensors: Vec<(String, Tensor<'_>)>,
+    mut meta: HashMap<String, String>,
     path: &Path,
 ) -> Result<(), ModelError> {
+    use std::io::Write;
     let fail = |m: String| fail_at(path, m);
-    let name = path
-        .file_name()
-        .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
-    let temp = path.with_file_name(format!(".{name}.tmp"));
-    let result = (|| {
-        safetensors::serialize_to_file(tensors, Some(meta), &temp)
-            .map_err(|e| fail(e.to_string()))?;
-        File::open(&temp)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| fail(e.to_string()))?;
-        ember_dataloader::writer::commit(&temp, path).map_err(|e| fail(e.to_string()))
+    // The crate's order: by descending dtype alignment, then name.
+    tensors.sort_by(|(a, x), (b, y)| y.dtype.cmp(&x.dtype).then(a.cmp(b)));
+    let sums: BTreeMap<&str, String> = (tensors.iter())
+        .map(|(n, t)| (n.as_str(), format!("{:08x}", crc32fast::hash(&t.data))))
+        .collect();
+    meta.insert(META_CRC32.into(), json(&sums));
+    let mut offset = 0;
+    let infos = (tensors.iter())
+        .map(|(name, t)| {
+            let info = TensorInfo {
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                data_offsets: (offset, offset + t.data.len()),
+            };
+            offset += t.data.len();
+            (name.clone(), info)
+        })
+        .collect();
+    let header = Metadata::new(Some(meta), infos).map_err(|e| fail(e.to_string()))?;
+    let mut header = serde_json::to_vec(&header).map_err(|e| fail(e.to_string()))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+
+    let mut out = AtomicFile::create(path).map_err(|e| fail(e.to_string()))?;
+    let temp = out.temp().to_path_buf();
+    let written = (|| {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
+        w.write_all(&(header.len() as u64).to_le_bytes())?;
+        w.write_all(&header)?;
+        for (_, t) in &tensors {
+            w.write_all(&t.data)?;
+        }
+        w.flush()
     })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+    written.map_err(|e| fail(ember_dataloader::DataError::from_io(&temp, e).to_string()))?;
+    out.commit().map_err(|e| fail(e.to_string()))?;
+    Ok(())
 }

@@ -458,3 +458,167 @@ fn pjrt_backend_trains_like_native_and_a_second_run_hits_the_compile_cache() {
     }
     std::fs::remove_dir_all(&cache).ok();
 }
+
+#[test]
+fn absurd_flag_values_are_refused_before_anything_is_allocated() {
+    // Each once aborted (an allocation of terabytes), panicked (an
+    // overflow) or was silently saturated; now each is exit code 1 with a
+    // message naming the flag, or the estimate that cannot fit.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("syn");
+    let plan = dir.path().join("plan.json");
+    let (data, plan) = (data.to_str().unwrap(), plan.to_str().unwrap());
+    json(&[
+        "ingest",
+        "synthetic",
+        "--rows",
+        "300",
+        "--output",
+        data,
+        "--json",
+    ]);
+    for (args, needle) in [
+        (
+            &[
+                "bench",
+                "loader",
+                "--data",
+                data,
+                "--prefetch",
+                "1000000000",
+            ][..],
+            "--prefetch",
+        ),
+        (
+            &[
+                "bench",
+                "loader",
+                "--data",
+                data,
+                "--prefetch",
+                "18446744073709551615",
+            ][..],
+            "--prefetch",
+        ),
+        (
+            &[
+                "bench",
+                "loader",
+                "--data",
+                data,
+                "--loader-threads",
+                "100000",
+            ][..],
+            "--loader-threads",
+        ),
+        (
+            &["bench", "loader", "--data", data, data][..],
+            "given twice",
+        ),
+        (
+            &[
+                "plan",
+                "--devices",
+                "18446744073709551615",
+                "--output",
+                plan,
+            ][..],
+            "--devices",
+        ),
+        (
+            &["plan", "--devices", "4097", "--output", plan][..],
+            "at most 4096",
+        ),
+        (&["bench", "dlrm", "--devices", "100000"][..], "--devices"),
+        (
+            &[
+                "plan",
+                "--devices",
+                "2",
+                "--memory-per-device",
+                "18446744073709551616",
+                "--output",
+                plan,
+            ][..],
+            "--memory-per-device",
+        ),
+        (
+            &[
+                "plan",
+                "--devices",
+                "2",
+                "--memory-per-device",
+                "18446744073709551615TiB",
+                "--output",
+                plan,
+            ][..],
+            "--memory-per-device",
+        ),
+        (
+            &[
+                "plan",
+                "--devices",
+                "2",
+                "--memory-per-device",
+                "99999999999999999999999999GiB",
+                "--output",
+                plan,
+            ][..],
+            "--memory-per-device",
+        ),
+        (
+            &["bench", "dlrm", "--arch-mlp-top", "100000000-1"][..],
+            "needs at least",
+        ),
+        (
+            &["bench", "dlrm", "--arch-mlp-bot", "4-100000000-2"][..],
+            "needs at least",
+        ),
+        (
+            &[
+                "bench",
+                "dlrm",
+                "--num-indices-per-lookup",
+                "100000000",
+                "--num-indices-per-lookup-fixed",
+            ][..],
+            "batches in flight",
+        ),
+        (
+            &[
+                "bench",
+                "dlrm",
+                "--arch-interaction-op",
+                "dcn",
+                "--dcn-low-rank-dim",
+                "100000000",
+            ][..],
+            "needs at least",
+        ),
+        (
+            &[
+                "bench",
+                "dlrm",
+                "--arch-interaction-op",
+                "dcn",
+                "--dcn-num-layers",
+                "1000000",
+            ][..],
+            "needs at least",
+        ),
+        (
+            &["bench", "embedding", "--pooling-factor", "1000000000"][..],
+            "--pooling-factor",
+        ),
+        (
+            &["bench", "embedding", "--batch", "1000000000"][..],
+            "needs at least",
+        ),
+    ] {
+        let out = ember(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    assert!(!std::path::Path::new(plan).exists());
+}

@@ -77,6 +77,44 @@ fn real_criteo_rows_ingest_without_loss() {
     ]);
     assert_eq!(b["rows"], 200);
     assert_eq!(b["batches"], 4);
+    // The ecosystem's readers open the directory as one dataset: the
+    // marker beside the parts starts with `_`, which they skip.
+    if have_pyarrow() {
+        let rows = python(&format!(
+            "import pyarrow.dataset as ds; print(ds.dataset({:?}, format='parquet').count_rows())",
+            s(&out)
+        ));
+        assert_eq!(rows.trim(), "200");
+    }
+}
+
+/// Runs a Python program; its stdout.
+fn python(program: &str) -> String {
+    let out = Command::new("python3")
+        .args(["-c", program])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs ember expecting a failure; its stderr.
+fn ember_fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .expect("the ember binary runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "ember {args:?} must fail cleanly: {err}"
+    );
+    err
 }
 
 const ARCH: &[&str] = &[
@@ -684,4 +722,135 @@ fn half_tables_train_and_quantized_checkpoints_serve() {
         "int4",
     ]);
     assert!(err.contains("quantized tables are for inference"), "{err}");
+}
+
+#[test]
+fn files_other_tools_write_are_read_and_careless_runs_are_refused() {
+    if !have_pyarrow() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "syn", "2000", "0");
+    let part = format!("{data}/synthetic-00000.parquet");
+    let ckpt = dir.path().join("ckpt");
+    let mut args = vec![
+        "train",
+        "--data",
+        &data,
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--json",
+    ];
+    args.extend(ARCH);
+    json(&args);
+    let eval = |data: &str| {
+        let v = json(&["eval", "--checkpoint", s(&ckpt), "--data", data, "--json"]);
+        (v["auc"].as_f64().unwrap(), v["logloss"].as_f64().unwrap())
+    };
+    // `--checkpoint` takes the run's directory as well as its file.
+    let want = eval(&part);
+
+    // The same rows as pyarrow writes them: other codecs, dictionary-typed
+    // ids (pandas' categoricals), page checksums.
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    python(&format!(
+        r#"
+import pyarrow as pa, pyarrow.parquet as pq
+t = pq.read_table({part:?})
+t = t.set_column(t.schema.get_field_index("cat_0"), "cat_0", t.column("cat_0").dictionary_encode())
+assert pa.types.is_dictionary(t.schema.field("cat_0").type)
+for codec in ["gzip", "brotli", "lz4", "none"]:
+    pq.write_table(t, "{other}/" + codec + ".parquet", compression=codec, write_page_checksum=True,
+                   use_dictionary=codec != "none", row_group_size=500)
+"#,
+        other = s(&other)
+    ));
+    for codec in ["gzip", "brotli", "lz4", "none"] {
+        let got = eval(&format!("{}/{codec}.parquet", s(&other)));
+        assert_eq!(got, want, "{codec}");
+    }
+    // A flipped byte in a page: its checksum names the file.
+    let plain = other.join("none.parquet");
+    let at = python(&format!(
+        "import pyarrow.parquet as pq; c = pq.ParquetFile({:?}).metadata.row_group(1).column(4); \
+         print(c.data_page_offset + c.total_compressed_size // 2)",
+        s(&plain)
+    ));
+    let mut bytes = std::fs::read(&plain).unwrap();
+    bytes[at.trim().parse::<usize>().unwrap()] ^= 0x40;
+    let corrupt = dir.path().join("corrupt.parquet");
+    std::fs::write(&corrupt, bytes).unwrap();
+    let err = ember_fails(&["eval", "--checkpoint", s(&ckpt), "--data", s(&corrupt)]);
+    assert!(
+        err.contains("corrupt.parquet") && err.to_lowercase().contains("checksum"),
+        "{err}"
+    );
+
+    // Careless runs: each a clear error, nothing destroyed or left behind.
+    let before = std::fs::read(&part).unwrap();
+    let err = ember_fails(&[
+        "predict",
+        "--checkpoint",
+        s(&ckpt),
+        "--data",
+        &data,
+        "--output",
+        &part,
+    ]);
+    assert!(err.contains("--output") && err.contains("--data"), "{err}");
+    let model = ckpt.join("model.safetensors");
+    let err = ember_fails(&[
+        "predict",
+        "--checkpoint",
+        s(&ckpt),
+        "--data",
+        &data,
+        "--output",
+        s(&model),
+    ]);
+    assert!(err.contains("checkpoint"), "{err}");
+    assert_eq!(std::fs::read(&part).unwrap(), before);
+    let empty = dir.path().join("empty.parquet");
+    python(&format!(
+        "import pyarrow.parquet as pq; t = pq.read_table({part:?}); pq.write_table(t.slice(0, 0), {:?})",
+        s(&empty)
+    ));
+    let err = ember_fails(&["eval", "--checkpoint", s(&ckpt), "--data", s(&empty)]);
+    assert!(err.contains("no rows"), "{err}");
+    let err = ember_fails(&["eval", "--checkpoint", s(dir.path()), "--data", &part]);
+    assert!(
+        err.contains("looked for") && err.contains("model.safetensors"),
+        "{err}"
+    );
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let mut args = vec!["train", "--data", &data, "--checkpoint-dir", s(&file)];
+    args.extend(ARCH);
+    let err = ember_fails(&args);
+    assert!(
+        err.contains("a-file") && err.contains("not a directory"),
+        "{err}"
+    );
+
+    // A full disk: /dev/full behind the temporary file fails every write.
+    #[cfg(target_os = "linux")]
+    {
+        let out = dir.path().join("pred.parquet");
+        std::os::unix::fs::symlink("/dev/full", dir.path().join(".pred.parquet.tmp")).unwrap();
+        let err = ember_fails(&[
+            "predict",
+            "--checkpoint",
+            s(&ckpt),
+            "--data",
+            &data,
+            "--output",
+            s(&out),
+        ]);
+        assert!(
+            err.contains("disk is full") && err.contains(".pred.parquet.tmp"),
+            "{err}"
+        );
+        assert!(!out.exists() && !dir.path().join(".pred.parquet.tmp").exists());
+    }
 }

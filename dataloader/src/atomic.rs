@@ -139,8 +139,12 @@ pub fn remove_leftovers(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
         let entry = entry.map_err(DataError::io(dir))?;
         let name = entry.file_name();
         if is_temp_name(&name.to_string_lossy()) && entry.path().is_file() {
-            std::fs::remove_file(entry.path()).map_err(DataError::io(entry.path()))?;
-            removed.push(entry.path());
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed.push(entry.path()),
+                // Another rank sharing the directory removed it first.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(DataError::io(entry.path())(e)),
+            }
         }
     }
     Ok(removed)

@@ -15,6 +15,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::ProjectionMask;
 
 use crate::spec::DatasetSpec;
+use crate::writer::{ParquetSink, PART_OF_KEY};
 use crate::DataError;
 
 /// One opened Parquet file.
@@ -24,6 +25,12 @@ pub struct ParquetFile {
     metadata: ArrowReaderMetadata,
 }
 
+/// The part of a marker file the loader reads: the set's parts.
+#[derive(serde::Deserialize)]
+struct Marker {
+    files: Vec<PathBuf>,
+}
+
 impl ParquetFile {
     /// Opens `path` and parses its footer, checking that the row groups' row
     /// counts add up to the file's.
@@ -31,6 +38,7 @@ impl ParquetFile {
         let file = File::open(path).map_err(DataError::io(path))?;
         let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
             .map_err(DataError::parquet(path))?;
+        let metadata = plain_columns(metadata).map_err(DataError::parquet(path))?;
         // Row counts come from the footer: check them before anything sums them.
         let meta = metadata.metadata();
         let mut total: u64 = 0;
@@ -66,6 +74,16 @@ impl ParquetFile {
         self.row_group_rows().map(|r| r as u64).sum()
     }
 
+    /// The set this file is a part of, when a [`ParquetSink`] wrote it.
+    pub fn part_of(&self) -> Option<&str> {
+        let kv = self
+            .metadata
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()?;
+        (kv.iter().find(|kv| kv.key == PART_OF_KEY)).and_then(|kv| kv.value.as_deref())
+    }
+
     /// The column's type, or an error naming the file and column.
     fn column_type(&self, column: &str) -> Result<&DataType, DataError> {
         let schema = self.metadata.schema();
@@ -74,6 +92,83 @@ impl ParquetFile {
             .map(|f| f.data_type())
             .map_err(|_| DataError::column(&self.path, column, "missing from the file".into()))
     }
+}
+
+/// Refuses a part of a set (an ingest's input) whose completion marker is
+/// missing or does not list it: the set may be partial (a killed ingest),
+/// or the part left from an earlier run.
+fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
+    let mut markers: std::collections::HashMap<PathBuf, Option<Marker>> = Default::default();
+    for f in files {
+        let Some(prefix) = f.part_of() else { continue };
+        let dir = f.path.parent().unwrap_or(Path::new("."));
+        let marker = ParquetSink::marker_path(dir, prefix);
+        if !markers.contains_key(&marker) {
+            // Markers of Ember before 0.2 had no leading `_`.
+            let legacy = dir.join(format!("{prefix}.ingest.json"));
+            let found = [&marker, &legacy].into_iter().find(|m| m.is_file());
+            let read = match found {
+                None => None,
+                Some(m) => {
+                    let text = std::fs::read(m).map_err(DataError::io(m))?;
+                    let parsed = serde_json::from_slice(&text).map_err(|e| DataError::Spec {
+                        path: m.clone(),
+                        message: format!("not a completion marker: {e}"),
+                    })?;
+                    Some(parsed)
+                }
+            };
+            markers.insert(marker.clone(), read);
+        }
+        let name = f.path.file_name();
+        let repair = "rerun the same `ember ingest` with --resume to repair it, or remove the part";
+        match &markers[&marker] {
+            None => {
+                return Err(DataError::Config(format!(
+                    "{}: a part of '{prefix}', whose ingest never finished (no {}), so its \
+                     data may be partial: {repair}",
+                    f.path.display(),
+                    marker.display()
+                )))
+            }
+            Some(m) if !m.files.iter().any(|p| p.file_name() == name) => {
+                return Err(DataError::Config(format!(
+                    "{}: not among the parts {} lists (left by an earlier run?): {repair}",
+                    f.path.display(),
+                    marker.display()
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The reader's view of a file with its dictionary-typed columns (pandas'
+/// categoricals, pyarrow's `dictionary<int32, int64>`) read as their value
+/// type: the dictionary is a storage detail, the loader wants the values.
+fn plain_columns(metadata: ArrowReaderMetadata) -> parquet::errors::Result<ArrowReaderMetadata> {
+    let schema = metadata.schema();
+    let plain = |t: &DataType| match t {
+        DataType::Dictionary(_, value) => Some(value.as_ref().clone()),
+        _ => None,
+    };
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| plain(f.data_type()).is_some())
+    {
+        return Ok(metadata);
+    }
+    let fields: Vec<arrow_schema::Field> = (schema.fields().iter())
+        .map(|f| match plain(f.data_type()) {
+            Some(t) => f.as_ref().clone().with_data_type(t),
+            None => f.as_ref().clone(),
+        })
+        .collect();
+    let schema = arrow_schema::Schema::new_with_metadata(fields, schema.metadata().clone());
+    let options = ArrowReaderOptions::new().with_schema(std::sync::Arc::new(schema));
+    ArrowReaderMetadata::try_new(metadata.metadata().clone(), options)
 }
 
 /// One row group of one file: the unit of shuffling, sharding and decoding.
@@ -122,10 +217,22 @@ impl Dataset {
         if paths.is_empty() {
             return Err(DataError::Config("no input files".into()));
         }
-        let files = paths
+        let mut seen = std::collections::HashMap::new();
+        for p in &paths {
+            let real = std::fs::canonicalize(p).map_err(DataError::io(p))?;
+            if let Some(first) = seen.insert(real, p) {
+                return Err(DataError::Config(format!(
+                    "{}: given twice (also as {}); each file is read once",
+                    p.display(),
+                    first.display()
+                )));
+            }
+        }
+        let files: Vec<ParquetFile> = paths
             .iter()
             .map(|p| ParquetFile::open(p))
             .collect::<Result<_, _>>()?;
+        check_sets_complete(&files)?;
         Ok(Self { files })
     }
 

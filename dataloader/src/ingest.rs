@@ -3,9 +3,10 @@
 //! column builders and written out every `row_group_size` rows.
 //!
 //! Each input `NAME[.tsv|.txt][.gz]` becomes `NAME-00000.parquet`, ... and,
-//! once all its parts are complete, a marker `NAME.ingest.json` holding its
-//! counts. `resume` skips inputs whose marker exists; any other input's old
-//! parts are deleted and rewritten.
+//! once all its parts are complete, a marker `_NAME.ingest.json` holding its
+//! counts and the input's size and modification time. `resume` skips inputs
+//! whose marker exists and matches the input as it is now; any other input's
+//! old parts are deleted and rewritten.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -39,7 +40,15 @@ pub struct IngestOptions {
     pub strict: bool,
     /// Skip inputs whose output is complete.
     pub resume: bool,
+    /// The largest fraction of an input's lines that may be rejected; an
+    /// input over it (a binary file, a file of another format) is an error,
+    /// and so is an input with no line. `None`: [`DEFAULT_MAX_REJECT_FRACTION`].
+    pub max_reject_fraction: Option<f64>,
 }
+
+/// Half the lines: real Criteo days reject none, a file of another format
+/// nearly all.
+pub const DEFAULT_MAX_REJECT_FRACTION: f64 = 0.5;
 
 /// A rejected line, with where it was.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +75,10 @@ pub struct ColumnNulls {
 pub struct InputSummary {
     /// The input file.
     pub input: PathBuf,
+    /// The input's size and modification time when it was read: `resume`
+    /// redoes an input that has changed since.
+    #[serde(default)]
+    pub input_stamp: Option<InputStamp>,
     /// The Parquet parts written for it, in order.
     pub files: Vec<PathBuf>,
     /// Rows written: the accepted lines.
@@ -81,6 +94,28 @@ pub struct InputSummary {
     pub bytes_in: u64,
     /// Bytes of the Parquet files written.
     pub bytes_out: u64,
+}
+
+/// What identifies an input file's content without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputStamp {
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub modified_ns: u128,
+}
+
+impl InputStamp {
+    /// `path`'s stamp now.
+    pub fn of(path: &Path) -> Result<Self, DataError> {
+        let meta = std::fs::metadata(path).map_err(DataError::io(path))?;
+        let modified = meta.modified().map_err(DataError::io(path))?;
+        Ok(Self {
+            bytes: meta.len(),
+            modified_ns: (modified.duration_since(std::time::UNIX_EPOCH))
+                .map_or(0, |d| d.as_nanos()),
+        })
+    }
 }
 
 /// The whole run.
@@ -147,10 +182,6 @@ pub fn output_prefix(input: &Path) -> String {
     name
 }
 
-fn marker_path(output: &Path, prefix: &str) -> PathBuf {
-    output.join(format!("{prefix}.ingest.json"))
-}
-
 /// Ingests `inputs` into `output`; `progress` is called with the input bytes
 /// read so far (of the sum of the inputs' sizes).
 pub fn ingest_criteo(
@@ -164,6 +195,14 @@ pub fn ingest_criteo(
         return Err(DataError::Config(
             "row group size and rows per file must be at least 1".into(),
         ));
+    }
+    let max_reject = options
+        .max_reject_fraction
+        .unwrap_or(DEFAULT_MAX_REJECT_FRACTION);
+    if !(0.0..=1.0).contains(&max_reject) {
+        return Err(DataError::Config(format!(
+            "the largest reject fraction must be within 0 and 1, not {max_reject}"
+        )));
     }
     let mut prefixes = BTreeMap::new();
     for input in inputs {
@@ -180,21 +219,30 @@ pub fn ingest_criteo(
     let mut done_bytes = 0;
     for input in inputs {
         let prefix = output_prefix(input);
-        let marker = marker_path(output, &prefix);
-        let s = match options.resume.then(|| read_marker(&marker)).flatten() {
+        let marker = ParquetSink::marker_path(output, &prefix);
+        let stamp = InputStamp::of(input)?;
+        let done = options
+            .resume
+            .then(|| read_marker(&marker, stamp))
+            .flatten();
+        let s = match done {
             Some(s) => {
                 summary.resumed_inputs.push(input.clone());
                 s
             }
             None => {
-                remove_parts(output, &prefix)?;
+                ParquetSink::remove_set(output, &prefix)?;
                 let done = ingest_one(input, output, &prefix, options, &mut |b| {
                     progress(done_bytes + b)
+                })
+                .and_then(|mut s| {
+                    s.input_stamp = Some(stamp);
+                    check_rejects(&s, max_reject).map(|()| s)
                 });
                 // A failed input leaves none of its parts: finished parts
                 // without a marker would be read as if the input were whole.
                 let s = done.inspect_err(|_| {
-                    let _ = remove_parts(output, &prefix);
+                    let _ = ParquetSink::remove_set(output, &prefix);
                 })?;
                 let json = serde_json::to_vec_pretty(&s).expect("a summary serialises");
                 write_atomic(&marker, &json)?;
@@ -210,30 +258,38 @@ pub fn ingest_criteo(
     Ok(summary)
 }
 
-/// A marker whose files all still exist, or `None` (then the input is redone).
-fn read_marker(path: &Path) -> Option<InputSummary> {
+/// A marker of the input as it is now (`stamp`) whose files all still
+/// exist, or `None` (then the input is redone).
+fn read_marker(path: &Path, stamp: InputStamp) -> Option<InputSummary> {
     let s: InputSummary = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    s.files.iter().all(|f| f.is_file()).then_some(s)
+    let whole = s.files.iter().all(|f| f.is_file());
+    (whole && s.input_stamp == Some(stamp)).then_some(s)
 }
 
-/// Deletes an input's marker, parts and temporary files from an earlier run.
-fn remove_parts(output: &Path, prefix: &str) -> Result<(), DataError> {
-    let entries = std::fs::read_dir(output).map_err(DataError::io(output))?;
-    for entry in entries {
-        let entry = entry.map_err(DataError::io(output))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let bare = name.strip_prefix('.').unwrap_or(&name);
-        let part = bare.strip_prefix(prefix).and_then(|r| r.strip_prefix('-'));
-        let is_part = part.is_some_and(|r| {
-            let r = r.strip_suffix(".tmp").unwrap_or(r);
-            r.strip_suffix(".parquet")
-                .is_some_and(|n| n.len() == 5 && n.bytes().all(|b| b.is_ascii_digit()))
-        });
-        if is_part || name == format!("{prefix}.ingest.json") {
-            std::fs::remove_file(entry.path()).map_err(DataError::io(entry.path()))?;
-        }
+/// An input with more than `max` of its lines rejected is not Criteo data:
+/// an error naming it and its first rejected line. So is an empty input,
+/// unless `max` is 1 (anything goes).
+fn check_rejects(s: &InputSummary, max: f64) -> Result<(), DataError> {
+    let rejected: u64 = s.rejected.values().sum();
+    let lines = s.rows_written + rejected;
+    if lines == 0 && max < 1.0 {
+        return Err(DataError::Config(format!(
+            "{}: no lines (an empty file); --max-reject-fraction 1 accepts it",
+            s.input.display()
+        )));
     }
-    Ok(())
+    if rejected as f64 <= max * lines as f64 {
+        return Ok(());
+    }
+    let first = (s.first_rejected.first()).map_or(String::new(), |r| {
+        format!("; line {}: {}", r.line, r.reason)
+    });
+    Err(DataError::Config(format!(
+        "{}: {rejected} of {lines} lines rejected{first}: is it a Criteo TSV \
+         (a label and 13 integer and 26 categorical fields, tab-separated)? \
+         --max-reject-fraction (now {max}) sets how many may be",
+        s.input.display()
+    )))
 }
 
 /// Bytes read so far from an input file, shared with the reader that counts them.
@@ -340,7 +396,7 @@ fn ingest_one(
     if !builder.is_empty() {
         sink.write(&builder.finish())?;
     }
-    let (files, bytes_out) = sink.finish()?;
+    let (files, bytes_out) = sink.finish_parts()?;
     s.rows_written = line_no - s.rejected.values().sum::<u64>();
     s.files = files;
     s.bytes_out = bytes_out;

@@ -57,6 +57,13 @@ pub struct LoaderConfig {
     pub prefetch: usize,
 }
 
+/// The most row groups or batches a queue holds ahead: deeper queues only
+/// take memory (they have to cover one step's jitter, not an epoch).
+pub const MAX_PREFETCH: usize = 1024;
+
+/// The most decoding threads: more than any machine's cores.
+pub const MAX_LOADER_THREADS: usize = 1024;
+
 impl LoaderConfig {
     /// Batches of `batch_size` rows of `spec`, in file order, one
     /// decoding thread, nothing dropped.
@@ -92,7 +99,32 @@ impl LoaderConfig {
         if self.threads == 0 || self.prefetch == 0 {
             return fail("loader threads and prefetch depth must be at least 1".into());
         }
+        if self.prefetch > MAX_PREFETCH {
+            return fail(format!(
+                "prefetch depth {} (--prefetch): at most {MAX_PREFETCH}",
+                self.prefetch
+            ));
+        }
+        if self.threads > MAX_LOADER_THREADS {
+            return fail(format!(
+                "{} loader threads (--loader-threads): at most {MAX_LOADER_THREADS}",
+                self.threads
+            ));
+        }
         self.spec.validate()
+    }
+
+    /// The least memory the queues take when full: `prefetch` decoded row
+    /// groups per thread (of `rows_per_group` rows) and `prefetch` batches,
+    /// counting a row's label, dense values and one id and length per
+    /// sparse column.
+    pub fn queued_bytes(&self, rows_per_group: usize) -> u64 {
+        let row = 4 * (1 + self.spec.dense.len() as u64) + 12 * self.spec.sparse.len() as u64;
+        let groups = (self.threads as u64).saturating_mul(rows_per_group as u64);
+        let rows = groups.saturating_add(self.batch_size as u64);
+        (self.prefetch as u64)
+            .saturating_mul(rows)
+            .saturating_mul(row)
     }
 }
 
@@ -180,6 +212,25 @@ impl Loader {
     /// Checks every file for the configured columns and types.
     pub fn new(dataset: Dataset, config: LoaderConfig) -> Result<Self, DataError> {
         config.validate()?;
+        let largest = (dataset.files().iter())
+            .flat_map(|f| f.row_group_rows())
+            .max()
+            .unwrap_or(0);
+        let queued = config.queued_bytes(largest);
+        if let Some(have) = ember_sparse::storage::available_memory() {
+            if queued > have {
+                return Err(DataError::Config(format!(
+                    "the loader's queues need at least {:.2} GiB when full ({} threads x {} \
+                     row groups of up to {largest} rows, and {} batches) and {:.2} GiB is \
+                     available: lower --prefetch or --loader-threads, or write smaller row groups",
+                    queued as f64 / (1u64 << 30) as f64,
+                    config.threads,
+                    config.prefetch,
+                    config.prefetch,
+                    have as f64 / (1u64 << 30) as f64
+                )));
+            }
+        }
         let spec = DecodeSpec::new(config.spec.clone())?;
         spec.check(&dataset)?;
         Ok(Self {

@@ -219,7 +219,16 @@ pub struct ParquetSink {
     options: SinkOptions,
     open: Option<OpenFile>,
     files: Vec<PathBuf>,
+    rows_written: u64,
     bytes_written: u64,
+}
+
+/// The completion marker [`ParquetSink::finish`] writes.
+#[derive(Serialize)]
+struct SetMarker {
+    files: Vec<PathBuf>,
+    rows_written: u64,
+    bytes_out: u64,
 }
 
 impl ParquetSink {
@@ -234,6 +243,7 @@ impl ParquetSink {
             options,
             open: None,
             files: Vec::new(),
+            rows_written: 0,
             bytes_written: 0,
         }
     }
@@ -241,6 +251,41 @@ impl ParquetSink {
     /// The final name of part `n` (also used to clean up before a rerun).
     pub fn part_name(prefix: &str, n: usize) -> String {
         format!("{prefix}-{n:05}.parquet")
+    }
+
+    /// The completion marker of the set `prefix` in `dir`:
+    /// `_<prefix>.ingest.json`, a JSON object whose `files` lists the set's
+    /// parts. Written last, once every part is; the loader refuses a part
+    /// whose set has no marker. The leading `_` makes pyarrow, pandas and
+    /// Spark skip it when they read the directory as a dataset.
+    pub fn marker_path(dir: &Path, prefix: &str) -> PathBuf {
+        dir.join(format!("_{prefix}.ingest.json"))
+    }
+
+    /// Deletes the set `prefix` from `dir`: its marker, parts and the
+    /// temporary files of an earlier, unfinished run (before a rewrite).
+    pub fn remove_set(dir: &Path, prefix: &str) -> Result<(), DataError> {
+        let entries = std::fs::read_dir(dir).map_err(DataError::io(dir))?;
+        // Markers of Ember before 0.2 had no leading `_`.
+        let markers = [
+            format!("_{prefix}.ingest.json"),
+            format!("{prefix}.ingest.json"),
+        ];
+        for entry in entries {
+            let entry = entry.map_err(DataError::io(dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let bare = name.strip_prefix('.').unwrap_or(&name);
+            let part = bare.strip_prefix(prefix).and_then(|r| r.strip_prefix('-'));
+            let is_part = part.is_some_and(|r| {
+                let r = r.strip_suffix(".tmp").unwrap_or(r);
+                r.strip_suffix(".parquet")
+                    .is_some_and(|n| n.len() == 5 && n.bytes().all(|b| b.is_ascii_digit()))
+            });
+            if is_part || markers.contains(&name) {
+                std::fs::remove_file(entry.path()).map_err(DataError::io(entry.path()))?;
+            }
+        }
+        Ok(())
     }
 
     /// Appends `batch`'s rows, closing and committing a file whenever it reaches
@@ -261,15 +306,35 @@ impl ParquetSink {
                 .map_err(DataError::parquet(file.out.temp()))?;
             file.rows += n as u64;
             start += n;
-            if Some(file.rows) == limit {
+            let full = Some(file.rows) == limit;
+            self.rows_written += n as u64;
+            if full {
                 self.close_file()?;
             }
         }
         Ok(())
     }
 
-    /// Closes the last file; returns every file written, in order, and their bytes.
-    pub fn finish(mut self) -> Result<(Vec<PathBuf>, u64), DataError> {
+    /// Closes the last file and writes the set's completion marker
+    /// ([`marker_path`](Self::marker_path)) listing the parts, their rows
+    /// and bytes; returns every file written, in order, and their bytes.
+    pub fn finish(self) -> Result<(Vec<PathBuf>, u64), DataError> {
+        let marker = Self::marker_path(&self.dir, &self.prefix);
+        let rows_written = self.rows_written;
+        let (files, bytes_out) = self.finish_parts()?;
+        let set = SetMarker {
+            files,
+            rows_written,
+            bytes_out,
+        };
+        let json = serde_json::to_vec_pretty(&set).expect("a marker serialises");
+        crate::atomic::write_atomic(&marker, &json)?;
+        Ok((set.files, bytes_out))
+    }
+
+    /// Closes the last file, without a marker: the caller writes its own
+    /// (an ingest's, with its counts), once the set is known to be good.
+    pub(crate) fn finish_parts(mut self) -> Result<(Vec<PathBuf>, u64), DataError> {
         self.close_file()?;
         Ok((std::mem::take(&mut self.files), self.bytes_written))
     }

@@ -194,7 +194,7 @@ fn resume_skips_complete_inputs_and_redoes_interrupted_ones() {
     )
     .unwrap();
     // Pretend `b` was interrupted: its marker is gone, a temporary file remains.
-    std::fs::remove_file(out.join("b.ingest.json")).unwrap();
+    std::fs::remove_file(out.join("_b.ingest.json")).unwrap();
     std::fs::write(out.join(".b-00001.parquet.tmp"), b"partial").unwrap();
     let opts = IngestOptions {
         resume: true,
@@ -368,4 +368,123 @@ fn labels_other_than_0_or_1_are_named() {
         text.contains("label") && text.contains("row 2") && text.contains("5"),
         "{text}"
     );
+}
+
+#[test]
+fn resume_redoes_an_input_that_changed_since_its_marker() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_fixture(dir.path(), "a.tsv", false);
+    let out = dir.path().join("out");
+    let opts = IngestOptions {
+        resume: true,
+        ..options(4, None)
+    };
+    let first = ingest_criteo(std::slice::from_ref(&a), &out, &opts, &mut |_| {}).unwrap();
+    assert_eq!(first.rows_written, GOOD as u64);
+    let again = ingest_criteo(std::slice::from_ref(&a), &out, &opts, &mut |_| {}).unwrap();
+    assert_eq!(again.resumed_inputs, vec![a.clone()]);
+    // More lines, and a later modification time.
+    let mut text = std::fs::read_to_string(&a).unwrap();
+    text.push_str(&(good_line(8) + "\n"));
+    std::fs::write(&a, text).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(&a)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let redone = ingest_criteo(std::slice::from_ref(&a), &out, &opts, &mut |_| {}).unwrap();
+    assert!(redone.resumed_inputs.is_empty());
+    assert_eq!(redone.rows_written, GOOD as u64 + 1);
+}
+
+#[test]
+fn an_input_that_is_not_criteo_is_an_error_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let spaces = dir.path().join("spaces.txt");
+    let lines: Vec<String> = (0..20).map(|i| good_line(i).replace('\t', " ")).collect();
+    std::fs::write(&spaces, lines.join("\n") + "\n").unwrap();
+    let binary = dir.path().join("binary");
+    std::fs::write(
+        &binary,
+        (0..5000u32)
+            .map(|i| (i * 7919 % 251) as u8)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let empty = dir.path().join("empty.tsv");
+    std::fs::write(&empty, b"").unwrap();
+    for (input, says) in [
+        (&spaces, "20 of 20 lines rejected"),
+        (&binary, "lines rejected"),
+        (&empty, "no lines"),
+    ] {
+        let e = ingest_criteo(
+            std::slice::from_ref(input),
+            &out,
+            &options(4, None),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(&input.display().to_string()) && e.contains(says),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "{e}");
+    }
+    // Under the limit (4 of 11 rejected) is fine; the user may allow anything.
+    let mixed = write_fixture(dir.path(), "mixed.tsv", false);
+    let strict = IngestOptions {
+        max_reject_fraction: Some(0.3),
+        ..options(4, None)
+    };
+    assert!(ingest_criteo(std::slice::from_ref(&mixed), &out, &strict, &mut |_| {}).is_err());
+    assert!(ingest_criteo(&[mixed], &out, &options(4, None), &mut |_| {}).is_ok());
+    let anything = IngestOptions {
+        max_reject_fraction: Some(1.0),
+        ..options(4, None)
+    };
+    let s = ingest_criteo(&[empty], &out, &anything, &mut |_| {}).unwrap();
+    assert_eq!(s.rows_written, 0);
+}
+
+#[test]
+fn parts_of_an_unfinished_or_earlier_ingest_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_fixture(dir.path(), "a.tsv", false);
+    let b = write_fixture(dir.path(), "b.tsv", false);
+    let out = dir.path().join("out");
+    let both = [a.clone(), b.clone()];
+    ingest_criteo(&both, &out, &options(2, Some(2)), &mut |_| {}).unwrap();
+    let open = || Loader::open(&[out.clone()], loader_config(2, 100));
+    assert!(open().is_ok());
+    // A kill after b's first parts, before its marker: the loader refuses.
+    std::fs::remove_file(out.join("_b.ingest.json")).unwrap();
+    let e = open().err().unwrap().to_string();
+    assert!(
+        e.contains("b-00000.parquet") && e.contains("--resume"),
+        "{e}"
+    );
+    let opts = IngestOptions {
+        resume: true,
+        ..options(2, Some(2))
+    };
+    ingest_criteo(&both, &out, &opts, &mut |_| {}).unwrap();
+    assert!(open().is_ok());
+    // A part that the marker does not list: left by an earlier, longer run.
+    std::fs::copy(out.join("a-00000.parquet"), out.join("a-00009.parquet")).unwrap();
+    let e = open().err().unwrap().to_string();
+    assert!(
+        e.contains("a-00009.parquet") && e.contains("_a.ingest.json"),
+        "{e}"
+    );
+    std::fs::remove_file(out.join("a-00009.parquet")).unwrap();
+    // The same directory twice would read every row twice.
+    let e = Loader::open(&[out.clone(), out.join(".")], loader_config(2, 100))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("given twice"), "{e}");
 }

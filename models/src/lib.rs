@@ -21,6 +21,8 @@
 //!   world, or a plain TorchRec file) and builds models from it.
 //! - [`SyntheticData`] makes reproducible batches ([`Batch`]), random or
 //!   learnable.
+//! - [`MemoryEstimate`] says what a run needs in memory before it is built,
+//!   so a configuration that cannot fit is refused instead of aborting.
 
 #![warn(missing_docs)]
 
@@ -30,6 +32,7 @@ pub mod compiled;
 mod data;
 mod dlrm;
 mod error;
+pub mod memory;
 mod metrics;
 mod model;
 pub mod sparse_arch;
@@ -42,6 +45,7 @@ pub use compiled::CompiledDenseStep;
 pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
 pub use dlrm::{DenseArch, Dlrm, DlrmConfig, InteractionType, PhaseTimes, StepOutput};
 pub use error::ModelError;
+pub use memory::{available_memory, MemoryEstimate, RunShape};
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
 pub use model::{DataParallel, InputDist, Model, Routed};
 pub use sparse_arch::SparseArch;

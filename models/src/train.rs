@@ -66,7 +66,8 @@ impl Evaluation {
         Ok(())
     }
 
-    /// The metrics over every prediction pushed (on a world, every rank's).
+    /// The metrics over every prediction pushed (on a world, every rank's);
+    /// an error when there were none.
     pub fn finish<M: Model + ?Sized>(mut self, model: &M) -> Result<Metrics, ModelError> {
         if let Some(comm) = model.world() {
             let mine: Vec<u8> = (self.logits.iter().chain(&self.labels))
@@ -80,6 +81,13 @@ impl Evaluation {
                 self.acc.push(l, y);
             }
         }
-        Ok(self.acc.finish())
+        let metrics = self.acc.finish();
+        if metrics.count == 0 {
+            // AUC and log loss of nothing are NaN: an error, not a result.
+            return Err(ModelError::Batch(
+                "no examples to evaluate: the evaluation data holds no rows".into(),
+            ));
+        }
+        Ok(metrics)
     }
 }

@@ -309,6 +309,10 @@ pub enum TrainError {
     /// The evaluation data has batches for some ranks but not for others.
     #[error("the evaluation data has no batch for some rank (write smaller row groups, or run fewer ranks)")]
     EmptyEvalRank,
+    /// The evaluation data has no batch at all: no rows, or fewer than one
+    /// batch (evaluating it would give NaN metrics).
+    #[error("the evaluation data has no batch (no rows, or fewer than one batch holds)")]
+    EmptyEval,
     /// Resuming on other data than the run that wrote the checkpoint.
     #[error("resume: the training data differs from the run the checkpoint continues (other files or row groups); resume on the same data")]
     OtherData,
@@ -453,6 +457,9 @@ impl Trainer {
     ) -> Result<TrainSummary, TrainError> {
         let c = &self.config;
         self.backend.check_mode(c.mode)?;
+        if let Some(dir) = &c.checkpoint_dir {
+            prepare_checkpoint_dir(dir)?;
+        }
         let world = model.world().cloned();
         let world_size = world.as_ref().map_or(1, |w| w.world_size());
         let mut state = from;
@@ -480,7 +487,10 @@ impl Trainer {
         let eval_batches = match eval {
             Some(data) => {
                 let (fewest, most) = fewest_and_most(world.as_ref(), data.batches_per_epoch(0))?;
-                if fewest == 0 && most > 0 {
+                if most == 0 {
+                    return Err(TrainError::EmptyEval);
+                }
+                if fewest == 0 {
                     return Err(TrainError::EmptyEvalRank);
                 }
                 fewest
@@ -755,6 +765,21 @@ impl Trainer {
         run.checkpoint = Some(path);
         Ok(())
     }
+}
+
+/// Makes sure checkpoints can go to `dir` before the first step (a regular
+/// file there is named now, not at the first checkpoint), and removes the
+/// temporary files a killed run left in it.
+fn prepare_checkpoint_dir(dir: &std::path::Path) -> Result<(), ModelError> {
+    let fail = |m: String| crate::checkpoint::fail_at(dir, m);
+    if dir.exists() && !dir.is_dir() {
+        return Err(fail(
+            "the checkpoint directory is a file, not a directory".into(),
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+    ember_dataloader::atomic::remove_leftovers(dir).map_err(|e| fail(e.to_string()))?;
+    Ok(())
 }
 
 /// The fewest and the most of `mine` over the ranks.

@@ -76,6 +76,13 @@ impl Topology {
         if self.devices.is_empty() {
             return fail("no devices".into());
         }
+        if self.devices.len() > crate::plan::MAX_DEVICES {
+            return fail(format!(
+                "{} devices: at most {} (what a plan holds)",
+                self.devices.len(),
+                crate::plan::MAX_DEVICES
+            ));
+        }
         if self.devices_per_host == 0 {
             return fail("devices_per_host must be at least 1".into());
         }
@@ -122,7 +129,12 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     if value < 0.0 || !value.is_finite() {
         return Err(format!("'{text}' is not a size"));
     }
-    Ok((value * scale).round() as u64)
+    let bytes = (value * scale).round();
+    // 2^64 and above would saturate to u64::MAX: a different size.
+    if bytes >= u64::MAX as f64 {
+        return Err(format!("'{text}' is more than a size can be (16 EiB)"));
+    }
+    Ok(bytes as u64)
 }
 
 #[cfg(test)]
@@ -132,6 +144,16 @@ mod tests {
     #[test]
     fn sizes_parse() {
         assert_eq!(parse_bytes("16GiB"), Ok(16 << 30));
+        for absurd in [
+            "18446744073709551616",
+            "18446744073709551615TiB",
+            "99999999999999999999999999GiB",
+        ] {
+            assert!(
+                parse_bytes(absurd).unwrap_err().contains("more than"),
+                "{absurd}"
+            );
+        }
         assert_eq!(parse_bytes("1.5 GB"), Ok(1_500_000_000));
         assert_eq!(parse_bytes("1000"), Ok(1000));
         assert!(parse_bytes("12 parsecs").is_err());

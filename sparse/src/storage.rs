@@ -152,3 +152,12 @@ pub fn prefetch_every<T>(ptr: *const T, bytes: usize, step: usize) {
         let _ = (ptr, bytes);
     }
 }
+
+/// Memory this process can still take without swapping (Linux's
+/// `MemAvailable`), or `None` where the system does not say.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}

@@ -85,6 +85,28 @@ pub struct ArchArgs {
 }
 
 impl ArchArgs {
+    /// The architecture flags given (all but `--table-dtype`): what a run
+    /// that takes its architecture from a checkpoint ignores.
+    pub fn given_architecture_flags(&self) -> Vec<&'static str> {
+        [
+            ("--preset", self.preset.is_some()),
+            (
+                "--arch-sparse-feature-size",
+                self.arch_sparse_feature_size.is_some(),
+            ),
+            ("--arch-embedding-size", self.arch_embedding_size.is_some()),
+            ("--arch-mlp-bot", self.arch_mlp_bot.is_some()),
+            ("--arch-mlp-top", self.arch_mlp_top.is_some()),
+            ("--arch-interaction-op", self.arch_interaction_op.is_some()),
+            ("--dcn-num-layers", self.dcn_num_layers.is_some()),
+            ("--dcn-low-rank-dim", self.dcn_low_rank_dim.is_some()),
+            ("--max-ind-range", self.max_ind_range.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
     /// The architecture, and the preset's default ids per bag (and whether fixed).
     pub fn resolve(&self) -> anyhow::Result<(DlrmConfig, usize, bool)> {
         self.resolve_for(None)
@@ -323,4 +345,26 @@ impl TableArgs {
             table_dtype: None,
         }
     }
+}
+
+/// Refuses a run that cannot fit in this machine's memory, before any of it
+/// is built (the tables of a world's rank are its share).
+pub fn check_memory(
+    config: &DlrmConfig,
+    table_optimizer: TableOptimizer,
+    (batch_size, ids_per_bag): (usize, f64),
+    batches_in_flight: usize,
+    (devices, world_size): (usize, usize),
+) -> anyhow::Result<()> {
+    let bags = (batch_size as f64) * config.num_sparse_features() as f64;
+    let mut estimate = ember_models::MemoryEstimate::of(&ember_models::RunShape {
+        config,
+        table_optimizer,
+        batch_size,
+        ids_per_batch: (bags * ids_per_bag).min(u64::MAX as f64) as u64,
+        batches_in_flight,
+        devices,
+    });
+    estimate.tables /= world_size.max(1) as u64;
+    Ok(estimate.check(ember_models::available_memory())?)
 }

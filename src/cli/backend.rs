@@ -73,6 +73,13 @@ impl BackendArgs {
             BackendKind::Native => Backend::native(),
             BackendKind::Pjrt => {
                 let cache = self.compile_cache.clone().unwrap_or_else(default_cache_dir);
+                if cache.exists() && !cache.is_dir() {
+                    eprintln!(
+                        "warning: the compile cache {} is a file, not a directory: compiled \
+                         executables are not cached (give --compile-cache a directory)",
+                        cache.display()
+                    );
+                }
                 Backend::pjrt(&self.plugin.path(), &cache)?
             }
         })

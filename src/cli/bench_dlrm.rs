@@ -272,6 +272,18 @@ fn run_in_pool(
         args.mini_batch_size,
         launch.world_size()
     );
+    // The step's batch, the pipeline's next ones and the evaluation's.
+    let in_flight = 4;
+    args.sharding.validate()?;
+    let devices = args.sharding.devices.unwrap_or(0);
+    let shape = (args.mini_batch_size, pooling);
+    super::arch::check_memory(
+        config,
+        table_optimizer,
+        shape,
+        in_flight,
+        (devices, launch.world_size()),
+    )?;
     let planned = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
     let estimated_ms = planned.as_ref().map(|(_, s)| s.max_cost_s * 1e3);
     let shards = planned.as_ref().map(|(_, s)| {

@@ -137,7 +137,42 @@ pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         !args.roofline || args.table_dtype == DataType::Fp32,
         "--roofline's plain gather reads fp32 rows: use it with --table-dtype fp32"
     );
+    check_memory(args)?;
     super::with_threads(args.threads, || run_in_pool(args))?
+}
+
+/// Refuses shapes whose tables, ids and outputs cannot fit in memory, with
+/// the estimate, before any of them is allocated.
+fn check_memory(args: &EmbeddingArgs) -> anyhow::Result<()> {
+    let m = |a: u64, b: u64| a.saturating_mul(b);
+    let (t, b) = (args.tables as u64, args.batch as u64);
+    let optimizer = args.optimizer.table_optimizer(args.learning_rate);
+    let row = args
+        .table_dtype
+        .row_bytes(args.dim)
+        .map_or(u64::MAX, |r| r as u64);
+    let state = m(optimizer.state_floats_per_row(args.dim) as u64, 4);
+    let tables = m(m(t, args.rows as u64), row.saturating_add(state));
+    // Ids and lengths of every pregenerated batch; output and gradient.
+    let bags = m(INPUT_BATCHES as u64, m(t, b));
+    let ids = m(m(bags, args.pooling_factor as u64), 8).saturating_add(m(bags, 8));
+    let outputs = m(m(m(t, b), args.dim as u64), 8);
+    let need = tables.saturating_add(ids).saturating_add(outputs);
+    let gib = |v: u64| v as f64 / (1u64 << 30) as f64;
+    if let Some(have) = ember_models::available_memory() {
+        anyhow::ensure!(
+            need <= have,
+            "this benchmark needs at least {:.2} GiB of memory and {:.2} GiB is available: \
+             tables {:.2} GiB, ids of {INPUT_BATCHES} batches (--batch x --tables x \
+             --pooling-factor) {:.2} GiB, outputs and gradients {:.2} GiB",
+            gib(need),
+            gib(have),
+            gib(tables),
+            gib(ids),
+            gib(outputs)
+        );
+    }
+    Ok(())
 }
 
 fn run_in_pool(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {

@@ -62,18 +62,29 @@ pub struct CriteoArgs {
     /// Stop at the first malformed line (default: skip, count and report).
     #[arg(long)]
     pub strict: bool,
-    /// Skip inputs whose output is complete from an earlier run.
+    /// Skip inputs whose output is complete from an earlier run (and whose
+    /// size and modification time are those it read).
     #[arg(long)]
     pub resume: bool,
+    /// The largest fraction of an input's lines that may be rejected; an
+    /// input over it (or empty) is an error. 1 accepts anything.
+    #[arg(long, default_value_t = ember_dataloader::ingest::DEFAULT_MAX_REJECT_FRACTION)]
+    pub max_reject_fraction: f64,
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn criteo(args: &CriteoArgs) -> anyhow::Result<IngestSummary> {
+    let f = args.max_reject_fraction;
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&f),
+        "--max-reject-fraction {f}: must be within 0 and 1"
+    );
     let options = IngestOptions {
         sink: args.sink.options()?,
         strict: args.strict,
         resume: args.resume,
+        max_reject_fraction: Some(args.max_reject_fraction),
     };
     let total: u64 = (args.inputs.iter())
         .map(|p| {
@@ -219,9 +230,11 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
     let multi: [bool; NUM_CAT] = std::array::from_fn(|i| sizes[i] > 1);
     let mut builder = CriteoBatchBuilder::new(&multi);
     std::fs::create_dir_all(&args.output).with_context(|| args.output.display().to_string())?;
+    // A rerun replaces the set whole: no part of a longer earlier run stays.
+    ParquetSink::remove_set(&args.output, SYNTHETIC)?;
     let mut sink = ParquetSink::new(
         &args.output,
-        "synthetic",
+        SYNTHETIC,
         builder.schema().clone(),
         sink_options,
     );
@@ -251,3 +264,6 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
         rows_per_s: written as f64 / seconds.max(1e-9),
     })
 }
+
+/// The prefix of `ingest synthetic`'s parts and marker.
+const SYNTHETIC: &str = "synthetic";

@@ -1,7 +1,7 @@
 //! `ember eval` and `ember predict`: a checkpoint on Parquet data. The
 //! architecture comes from the checkpoint, so no model flags are needed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde::Serialize;
@@ -47,6 +47,14 @@ impl ServeArgs {
             .loader
             .spec_for(&config.tables, config.num_dense(), &self.checkpoint)?;
         let loader = self.loader.open(&self.data, spec, self.mini_batch_size)?;
+        anyhow::ensure!(
+            loader.dataset().num_rows() > 0,
+            "--data {}: no rows to read",
+            (self.data.iter())
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
         Ok((model, loader))
     }
 }
@@ -89,6 +97,7 @@ impl std::fmt::Display for PredictReport {
 pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
     super::with_threads(args.serve.threads, || {
         let (mut model, loader) = args.serve.open()?;
+        refuse_an_input(&args.output, &args.serve.checkpoint, &loader)?;
         let be = args.serve.backend.build(ExecMode::Strict)?;
         let progress = Progress::new(loader.batches_per_epoch(0), "predict", args.serve.json);
         let mut out = PredictionWriter::create(&args.output)?;
@@ -103,4 +112,52 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
             output: args.output.clone(),
         })
     })?
+}
+
+/// Writing over a file being read (or the checkpoint) would destroy it: the
+/// output must be none of the inputs.
+fn refuse_an_input(
+    output: &Path,
+    checkpoint: &Path,
+    loader: &ember_dataloader::Loader,
+) -> anyhow::Result<()> {
+    let Some(out) = same_file_key(output) else {
+        return Ok(());
+    };
+    // A checkpoint directory: the file that was read in it.
+    let checkpoint = match checkpoint.is_dir() {
+        true => ember_models::checkpoint::latest(checkpoint, None)?,
+        false => Some(checkpoint.to_path_buf()),
+    };
+    if let Some(c) = checkpoint {
+        anyhow::ensure!(
+            same_file_key(&c).as_ref() != Some(&out),
+            "--output {}: it is the checkpoint ({}); predictions go to a new file",
+            output.display(),
+            c.display()
+        );
+    }
+    for f in loader.dataset().files() {
+        if same_file_key(&f.path).as_ref() == Some(&out) {
+            anyhow::bail!(
+                "--output {}: it is one of the --data files ({}); predictions go to a new file",
+                output.display(),
+                f.path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The canonical path `path` names (its directory canonical, for a file
+/// not written yet), or `None` when its directory does not exist.
+fn same_file_key(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return Some(p);
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
 }

@@ -7,6 +7,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use ember_models::DlrmConfig;
+use ember_sharding::plan::MAX_DEVICES;
 use ember_sharding::planner::PlanStats;
 use ember_sharding::topology::parse_bytes;
 use ember_sharding::{plan, stats, PlannerOptions, ShardingPlan, ShardingType, Topology};
@@ -64,6 +65,18 @@ pub struct ShardingArgs {
 }
 
 impl ShardingArgs {
+    /// Checks the flags that need no plan: the device count's range.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(devices) = self.devices {
+            anyhow::ensure!(devices >= 1, "--devices must be at least 1");
+            anyhow::ensure!(
+                devices <= MAX_DEVICES,
+                "--devices {devices}: at most {MAX_DEVICES} (the most a plan file holds)"
+            );
+        }
+        Ok(())
+    }
+
     pub fn topology(&self, devices: usize) -> anyhow::Result<Topology> {
         if let Some(path) = &self.topology {
             let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
@@ -72,7 +85,11 @@ impl ShardingArgs {
             topo.validate()?;
             return Ok(topo);
         }
-        anyhow::ensure!(devices >= 1, "--devices must be at least 1");
+        ShardingArgs {
+            devices: Some(devices),
+            ..self.clone()
+        }
+        .validate()?;
         let memory = parse_bytes(self.memory_per_device.as_deref().unwrap_or("16GiB"))
             .map_err(|e| anyhow::anyhow!("--memory-per-device: {e}"))?;
         let mut topo = Topology::uniform(devices, memory);

@@ -207,6 +207,18 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
 }
 
 impl TrainArgs {
+    /// Flags given that do nothing in this combination, as warnings.
+    fn idle_flags(&self) -> Vec<&'static str> {
+        let mut idle = Vec::new();
+        if self.checkpoint_every > 0 && self.checkpoint_dir.is_none() {
+            idle.push("--checkpoint-every does nothing without --checkpoint-dir");
+        }
+        if self.eval_every > 0 && self.eval_data.is_empty() {
+            idle.push("--eval-every does nothing without --eval-data");
+        }
+        idle
+    }
+
     /// What the library's trainer is to do.
     fn trainer_config(&self) -> anyhow::Result<TrainerConfig> {
         Ok(TrainerConfig {
@@ -312,7 +324,19 @@ fn resume_from(
 
 fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
     let progress = Progress::new(0, "train", args.json).quiet(!launch.is_root());
+    for warning in args.idle_flags() {
+        progress.line(&format!("warning: {warning}"));
+    }
     let mut resume = resume_from(args, launch, &progress)?;
+    if resume.is_some() {
+        let ignored = args.arch.given_architecture_flags();
+        if !ignored.is_empty() {
+            progress.line(&format!(
+                "warning: {} ignored: the run resumes with the checkpoint's architecture",
+                ignored.join(", ")
+            ));
+        }
+    }
     let dataset = Dataset::open(&args.data)?;
     // The run goes on with the architecture and optimizers it was trained
     // with; `--table-dtype` casts the saved tables, and says so.
@@ -362,6 +386,18 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         }
     };
     let options = planner_options(optimizers.0, args.mini_batch_size, 1.0);
+    // Each decoding thread's queue, the finished batches and the step's.
+    let in_flight = (args.loader.loader_threads + 1) * args.loader.prefetch + 1;
+    args.sharding.validate()?;
+    let devices = args.sharding.devices.unwrap_or(0);
+    let shape = (args.mini_batch_size, 1.0);
+    super::arch::check_memory(
+        &config,
+        optimizers.0,
+        shape,
+        in_flight,
+        (devices, launch.world_size()),
+    )?;
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let mut model = launch.patiently(|| {
         let plan = args.sharding.plan_for(&config, &options, launch)?;

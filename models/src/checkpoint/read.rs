@@ -13,7 +13,7 @@ use super::names::{dense_shapes, infer_config, table_weight_name, weight_layout}
 use super::store::{f32s, InMemory, MappedFile, SetStore, TensorStore};
 use super::valid::{check_values, Allowed};
 use super::{
-    TrainState, INDEX_FILE, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
+    TrainState, CHECKPOINT_FILE, INDEX_FILE, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
     META_ROUNDING_SEED, META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
 };
 use crate::{Dlrm, DlrmConfig, ModelError};
@@ -78,18 +78,24 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Maps `path` (a safetensors file; or a set's index, or a directory
-    /// holding one), reads the architecture (from the metadata, or inferred
+    /// Maps `path` (a safetensors file; or a set's index; or a directory
+    /// holding either, as a run's `--checkpoint-dir`: the newer), reads the architecture (from the metadata, or inferred
     /// from TorchRec names) and checks every tensor it needs: present, f32,
     /// and of the right shape.
     pub fn open(path: &Path) -> Result<Self, ModelError> {
-        let index_path = match path.is_dir() {
-            true => Some(path.join(INDEX_FILE)),
-            false => (path.to_string_lossy().ends_with(".index.json")).then(|| path.to_path_buf()),
+        let file = match path.is_dir() {
+            // A run's checkpoint directory: its newer checkpoint, a set or one file.
+            true => super::latest(path, None)?.ok_or_else(|| {
+                super::fail_at(
+                    path,
+                    format!("no checkpoint in this directory (looked for {INDEX_FILE} and {CHECKPOINT_FILE})"),
+                )
+            })?,
+            false => path.to_path_buf(),
         };
-        let store: Box<dyn TensorStore> = match index_path {
-            Some(index_path) => Box::new(SetStore::open(&index_path)?),
-            None => Box::new(MappedFile::open(path)?),
+        let store: Box<dyn TensorStore> = match file.to_string_lossy().ends_with(".index.json") {
+            true => Box::new(SetStore::open(&file)?),
+            false => Box::new(MappedFile::open(&file)?),
         };
         Self::from_store(store, path)
     }

@@ -410,6 +410,15 @@ fn pjrt_backend_trains_like_native_and_a_second_run_hits_the_compile_cache() {
     assert_eq!(second["compiles"], 0);
     assert_eq!(second["compile_cache_hits"], first["compiles"]);
     assert_eq!(second["loss_last"], first["loss_last"]);
+    // A cache path that is a file: the run goes on uncached, and says so.
+    let file = cache.with_extension("file");
+    std::fs::write(&file, b"").unwrap();
+    let mut uncached = args("pjrt");
+    *uncached.last_mut().unwrap() = file.to_str().unwrap();
+    let out = ember(&uncached);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("not cached"), "{err}");
+    let _ = std::fs::remove_file(&file);
     // The whole dense step as one executable: the same training, evaluated on the host.
     let mut compiled = args("pjrt");
     compiled.extend([
@@ -530,6 +539,7 @@ fn absurd_flag_values_are_refused_before_anything_is_allocated() {
             "at most 4096",
         ),
         (&["bench", "dlrm", "--devices", "100000"][..], "--devices"),
+        (&["bench", "dlrm", "--threads", "100000"][..], "--threads"),
         (
             &[
                 "plan",

@@ -4,7 +4,9 @@
 //! file dropped before [`AtomicFile::commit`] (an error, a panic, a full
 //! disk) removes its temporary file. A `kill -9` cannot run the guard; its
 //! leftover keeps the `.<name>.tmp` pattern, which the next write of the
-//! same file replaces and [`remove_leftovers`] recognises.
+//! same file replaces and [`remove_leftovers`] recognises. (The PJRT
+//! compile cache, in `ember-dense`, below this crate, writes its entries
+//! the same way on its own: a cache entry left half-written is a miss.)
 //!
 //! Files are created with the process's umask (normally 0644), as every
 //! other output, so a checkpoint on a shared file system is as readable as
@@ -32,16 +34,10 @@ pub fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp"))
 }
 
-/// Whether `name` is a temporary file of an unfinished write: Ember's
-/// `.<name>.tmp`, or `.tmpXXXXXX` (the safetensors crate's own temporary
-/// file, which earlier versions of Ember left after a kill).
-pub fn is_temp_name(name: &str) -> bool {
-    let ours = (name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")))
-        .is_some_and(|n| !n.is_empty());
-    let crates = name.len() == ".tmpXXXXXX".len()
-        && name.starts_with(".tmp")
-        && name[4..].bytes().all(|b| b.is_ascii_alphanumeric());
-    ours || crates
+/// The final name an unfinished write's temporary file stands for: `x`
+/// for `.x.tmp`; `None` for any other name.
+pub fn temp_of(name: &str) -> Option<&str> {
+    (name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp"))).filter(|n| !n.is_empty())
 }
 
 impl AtomicFile {
@@ -126,9 +122,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
     out.commit().map(|_| ())
 }
 
-/// Removes the temporary files of writes that never finished (a killed run)
-/// from `dir`; returns the names removed. A missing directory has none.
-pub fn remove_leftovers(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
+/// Removes from `dir` the temporary files of writes that never finished (a
+/// killed run) whose names `ours` recognises (it is given the whole name;
+/// see [`temp_of`]); returns the paths removed. A missing directory has none.
+pub fn remove_leftovers(
+    dir: &Path,
+    ours: impl Fn(&str) -> bool,
+) -> Result<Vec<PathBuf>, DataError> {
     let mut removed = Vec::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -138,7 +138,7 @@ pub fn remove_leftovers(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     for entry in entries {
         let entry = entry.map_err(DataError::io(dir))?;
         let name = entry.file_name();
-        if is_temp_name(&name.to_string_lossy()) && entry.path().is_file() {
+        if ours(&name.to_string_lossy()) && entry.path().is_file() {
             match std::fs::remove_file(entry.path()) {
                 Ok(()) => removed.push(entry.path()),
                 // Another rank sharing the directory removed it first.
@@ -178,10 +178,14 @@ mod tests {
         std::fs::write(dir.path().join(".model.safetensors.tmp"), b"x").unwrap();
         std::fs::write(dir.path().join("model.safetensors"), b"x").unwrap();
         std::fs::write(dir.path().join(".hidden"), b"x").unwrap();
-        let removed = remove_leftovers(dir.path()).unwrap();
+        std::fs::write(dir.path().join(".other.json.tmp"), b"x").unwrap();
+        let models = |n: &str| temp_of(n).is_some_and(|n| n.starts_with("model"));
+        let removed = remove_leftovers(dir.path(), models).unwrap();
         assert_eq!(removed, vec![dir.path().join(".model.safetensors.tmp")]);
-        assert!(dir.path().join(".hidden").is_file());
-        assert!(remove_leftovers(&dir.path().join("none"))
+        assert!(
+            dir.path().join(".hidden").is_file() && dir.path().join(".other.json.tmp").is_file()
+        );
+        assert!(remove_leftovers(&dir.path().join("none"), models)
             .unwrap()
             .is_empty());
     }

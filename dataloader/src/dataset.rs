@@ -104,15 +104,14 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
         let dir = f.path.parent().unwrap_or(Path::new("."));
         let marker = ParquetSink::marker_path(dir, prefix);
         if !markers.contains_key(&marker) {
-            // Markers of Ember before 0.2 had no leading `_`.
-            let legacy = dir.join(format!("{prefix}.ingest.json"));
-            let found = [&marker, &legacy].into_iter().find(|m| m.is_file());
-            let read = match found {
-                None => None,
-                Some(m) => {
-                    let text = std::fs::read(m).map_err(DataError::io(m))?;
+            // Parts that name their set were written with `_` markers (the
+            // earlier, unprefixed ones came with untagged parts).
+            let read = match marker.is_file() {
+                false => None,
+                true => {
+                    let text = std::fs::read(&marker).map_err(DataError::io(&marker))?;
                     let parsed = serde_json::from_slice(&text).map_err(|e| DataError::Spec {
-                        path: m.clone(),
+                        path: marker.clone(),
                         message: format!("not a completion marker: {e}"),
                     })?;
                     Some(parsed)

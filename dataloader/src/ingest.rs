@@ -221,10 +221,10 @@ pub fn ingest_criteo(
         let prefix = output_prefix(input);
         let marker = ParquetSink::marker_path(output, &prefix);
         let stamp = InputStamp::of(input)?;
-        let done = options
-            .resume
-            .then(|| read_marker(&marker, stamp))
-            .flatten();
+        let done = match options.resume {
+            true => resumable(output, &prefix, stamp)?,
+            false => None,
+        };
         let s = match done {
             Some(s) => {
                 summary.resumed_inputs.push(input.clone());
@@ -237,16 +237,15 @@ pub fn ingest_criteo(
                 })
                 .and_then(|mut s| {
                     s.input_stamp = Some(stamp);
-                    check_rejects(&s, max_reject).map(|()| s)
+                    check_rejects(&s, max_reject)?;
+                    let json = serde_json::to_vec_pretty(&s).expect("a summary serialises");
+                    write_atomic(&marker, &json).map(|()| s)
                 });
                 // A failed input leaves none of its parts: finished parts
                 // without a marker would be read as if the input were whole.
-                let s = done.inspect_err(|_| {
+                done.inspect_err(|_| {
                     let _ = ParquetSink::remove_set(output, &prefix);
-                })?;
-                let json = serde_json::to_vec_pretty(&s).expect("a summary serialises");
-                write_atomic(&marker, &json)?;
-                s
+                })?
             }
         };
         done_bytes += s.bytes_in;
@@ -258,12 +257,34 @@ pub fn ingest_criteo(
     Ok(summary)
 }
 
-/// A marker of the input as it is now (`stamp`) whose files all still
-/// exist, or `None` (then the input is redone).
-fn read_marker(path: &Path, stamp: InputStamp) -> Option<InputSummary> {
-    let s: InputSummary = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    let whole = s.files.iter().all(|f| f.is_file());
-    (whole && s.input_stamp == Some(stamp)).then_some(s)
+/// The summary of an input done before, as it is now (`stamp`), with its
+/// files all still there; `None`: redo it. A marker of an earlier version
+/// (`NAME.ingest.json`, no stamp) counts when the input's size is the size
+/// it read; it is rewritten in today's form, stamp included.
+fn resumable(
+    output: &Path,
+    prefix: &str,
+    stamp: InputStamp,
+) -> Result<Option<InputSummary>, DataError> {
+    let read = |path: &Path| -> Option<InputSummary> {
+        let s: InputSummary = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+        s.files.iter().all(|f| f.is_file()).then_some(s)
+    };
+    let marker = ParquetSink::marker_path(output, prefix);
+    if let Some(s) = read(&marker) {
+        return Ok((s.input_stamp == Some(stamp)).then_some(s));
+    }
+    let legacy = output.join(format!("{prefix}.ingest.json"));
+    match read(&legacy) {
+        Some(mut s) if s.input_stamp.is_none() && s.bytes_in == stamp.bytes => {
+            s.input_stamp = Some(stamp);
+            let json = serde_json::to_vec_pretty(&s).expect("a summary serialises");
+            write_atomic(&marker, &json)?;
+            std::fs::remove_file(&legacy).map_err(DataError::io(&legacy))?;
+            Ok(Some(s))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// An input with more than `max` of its lines rejected is not Criteo data:

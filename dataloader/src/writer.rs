@@ -20,6 +20,8 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
+/// Moved to [`crate::atomic`]; kept here for callers of earlier versions.
+pub use crate::atomic::write_atomic;
 use crate::atomic::AtomicFile;
 use crate::criteo::CriteoRecord;
 use crate::schema::{criteo_schema, NUM_CAT, NUM_INT};
@@ -266,10 +268,12 @@ impl ParquetSink {
     /// temporary files of an earlier, unfinished run (before a rewrite).
     pub fn remove_set(dir: &Path, prefix: &str) -> Result<(), DataError> {
         let entries = std::fs::read_dir(dir).map_err(DataError::io(dir))?;
-        // Markers of Ember before 0.2 had no leading `_`.
+        // Markers of earlier versions had no leading `_`; a killed run
+        // may have left a marker's temporary file.
         let markers = [
             format!("_{prefix}.ingest.json"),
             format!("{prefix}.ingest.json"),
+            format!("._{prefix}.ingest.json.tmp"),
         ];
         for entry in entries {
             let entry = entry.map_err(DataError::io(dir))?;
@@ -328,7 +332,14 @@ impl ParquetSink {
             bytes_out,
         };
         let json = serde_json::to_vec_pretty(&set).expect("a marker serialises");
-        crate::atomic::write_atomic(&marker, &json)?;
+        if let Err(e) = crate::atomic::write_atomic(&marker, &json) {
+            // Parts without their marker are refused by the loader anyway:
+            // leave nothing.
+            for f in &set.files {
+                let _ = std::fs::remove_file(f);
+            }
+            return Err(e);
+        }
         Ok((set.files, bytes_out))
     }
 

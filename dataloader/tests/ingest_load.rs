@@ -488,3 +488,30 @@ fn parts_of_an_unfinished_or_earlier_ingest_are_refused() {
         .unwrap();
     assert!(e.to_string().contains("given twice"), "{e}");
 }
+
+#[test]
+fn resume_keeps_the_output_of_an_earlier_version_when_the_input_is_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write_fixture(dir.path(), "a.tsv", false);
+    let out = dir.path().join("out");
+    ingest_criteo(
+        std::slice::from_ref(&a),
+        &out,
+        &options(4, None),
+        &mut |_| {},
+    )
+    .unwrap();
+    // Earlier versions wrote `a.ingest.json`, without the input's stamp.
+    let mut marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("_a.ingest.json")).unwrap()).unwrap();
+    marker.as_object_mut().unwrap().remove("input_stamp");
+    std::fs::write(out.join("a.ingest.json"), marker.to_string()).unwrap();
+    std::fs::remove_file(out.join("_a.ingest.json")).unwrap();
+    let opts = IngestOptions {
+        resume: true,
+        ..options(4, None)
+    };
+    let s = ingest_criteo(std::slice::from_ref(&a), &out, &opts, &mut |_| {}).unwrap();
+    assert_eq!(s.resumed_inputs, vec![a]);
+    assert!(out.join("_a.ingest.json").is_file() && !out.join("a.ingest.json").exists());
+}

@@ -778,7 +778,20 @@ fn prepare_checkpoint_dir(dir: &std::path::Path) -> Result<(), ModelError> {
         ));
     }
     std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
-    ember_dataloader::atomic::remove_leftovers(dir).map_err(|e| fail(e.to_string()))?;
+    // Only checkpoint files' temporaries: the directory may hold others'.
+    // `.tmpXXXXXX` is what the safetensors crate's writer (earlier versions
+    // of Ember) left, in a directory that holds a checkpoint.
+    let has_checkpoint = crate::checkpoint::latest(dir, None)?.is_some();
+    let ours = |name: &str| match ember_dataloader::atomic::temp_of(name) {
+        Some(file) => file.starts_with("model") && file.contains(".safetensors"),
+        None => {
+            has_checkpoint
+                && name.len() == ".tmpXXXXXX".len()
+                && name.starts_with(".tmp")
+                && name[4..].bytes().all(|b| b.is_ascii_alphanumeric())
+        }
+    };
+    ember_dataloader::atomic::remove_leftovers(dir, ours).map_err(|e| fail(e.to_string()))?;
     Ok(())
 }
 

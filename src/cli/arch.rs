@@ -366,5 +366,12 @@ pub fn check_memory(
         devices,
     });
     estimate.tables /= world_size.max(1) as u64;
-    Ok(estimate.check(ember_models::available_memory())?)
+    estimate
+        .check(ember_models::available_memory())
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e} (--mini-batch-size, --arch-mlp-bot/--arch-mlp-top, --dcn-num-layers/\
+             --dcn-low-rank-dim, --num-indices-per-lookup and the table sizes set them)"
+            )
+        })
 }

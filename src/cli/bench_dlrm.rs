@@ -276,7 +276,7 @@ fn run_in_pool(
     let in_flight = 4;
     args.sharding.validate()?;
     let devices = args.sharding.devices.unwrap_or(0);
-    let shape = (args.mini_batch_size, pooling);
+    let shape = (args.mini_batch_size / launch.world_size().max(1), pooling);
     super::arch::check_memory(
         config,
         table_optimizer,

@@ -20,6 +20,9 @@ pub mod world;
 pub use progress::{peak_rss_bytes, Progress};
 
 /// Runs `f` inside a rayon pool of `threads` threads (all cores when `None`).
+/// More compute threads than any machine's cores only cost memory.
+pub const MAX_THREADS: usize = 1024;
+
 pub fn with_threads<R: Send>(
     threads: Option<usize>,
     f: impl FnOnce() -> R + Send,
@@ -30,6 +33,10 @@ pub fn with_threads<R: Send>(
             .unwrap_or(1)
     });
     anyhow::ensure!(threads >= 1, "--threads must be at least 1");
+    anyhow::ensure!(
+        threads <= MAX_THREADS,
+        "--threads {threads}: at most {MAX_THREADS} (each is an OS thread with its own stack)"
+    );
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()?;

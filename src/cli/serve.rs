@@ -17,7 +17,8 @@ use ember_models::evaluate_data;
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
-    /// A safetensors checkpoint (Ember's, or a TorchRec DLRM state_dict).
+    /// A safetensors checkpoint (Ember's, or a TorchRec DLRM state_dict), a
+    /// set's index, or a run's --checkpoint-dir (its newer checkpoint).
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// Parquet files or directories, read in order.

@@ -294,7 +294,16 @@ impl TrainArgs {
             false => {
                 let mut c = self.loader.config(spec, rank_batch);
                 config_for(&mut c);
-                Some(Loader::open(&self.eval_data, c)?)
+                let eval = Loader::open(&self.eval_data, c)?;
+                anyhow::ensure!(
+                    eval.dataset().num_rows() > 0,
+                    "--eval-data {}: no rows to evaluate",
+                    (self.eval_data.iter())
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+                Some(eval)
             }
         };
         Ok((Loader::new(dataset, train)?, eval))
@@ -386,11 +395,13 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         }
     };
     let options = planner_options(optimizers.0, args.mini_batch_size, 1.0);
-    // Each decoding thread's queue, the finished batches and the step's.
-    let in_flight = (args.loader.loader_threads + 1) * args.loader.prefetch + 1;
+    // The finished batches queued and the step's (the decoding queues of
+    // row groups are the loader's own estimate).
+    let in_flight = args.loader.prefetch.saturating_add(1);
     args.sharding.validate()?;
     let devices = args.sharding.devices.unwrap_or(0);
-    let shape = (args.mini_batch_size, 1.0);
+    // Each rank steps its share of the global batch.
+    let shape = (args.batch_size(&state) / launch.world_size().max(1), 1.0);
     super::arch::check_memory(
         &config,
         optimizers.0,

@@ -209,12 +209,14 @@ impl StateFile {
         meta_value(&self.metadata, META_TRAIN_STATE, &self.path)
     }
 
-    /// The named tensor's values, which must be f32 of `shape`, and finite.
+    /// The named tensor's values, which must be f32 of `shape` (any
+    /// values: a user's tensor may hold infinities on purpose).
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        self.checked(name, shape, Allowed::Finite)
+        self.bytes(name, Dtype::F32, shape).map(|b| f32s(&b))
     }
 
-    /// [`tensor`](Self::tensor), of values `allowed`.
+    /// [`tensor`](Self::tensor) of parameters or optimizer state, whose
+    /// values must be `allowed`.
     fn checked(
         &self,
         name: &str,
@@ -258,7 +260,7 @@ impl StateFile {
     /// Reads dense parameters saved by [`StateDict::add_params`] into `params`.
     pub fn load_params(&self, prefix: &str, params: Vec<Param<'_, f32>>) -> Result<(), ModelError> {
         for p in params {
-            let values = self.tensor(&format!("{prefix}{}", p.name), &p.shape)?;
+            let values = self.checked(&format!("{prefix}{}", p.name), &p.shape, Allowed::Finite)?;
             p.value.copy_from_slice(&values);
         }
         Ok(())

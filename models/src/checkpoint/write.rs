@@ -71,6 +71,28 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
     write_file(tensors, meta, path)
 }
 
+/// The name under which [`META_CRC32`] holds the checksum of the other
+/// metadata entries (the architecture, optimizers, steps): safetensors'
+/// own name for the metadata, which no tensor can have.
+pub(super) const METADATA_SUM: &str = "__metadata__";
+
+/// The CRC-32 of `meta` without [`META_CRC32`]: its entries in key order,
+/// each `key NUL value NUL`.
+pub(super) fn metadata_crc(meta: &HashMap<String, String>) -> u32 {
+    let mut entries: Vec<(&String, &String)> = meta
+        .iter()
+        .filter(|(k, _)| k.as_str() != META_CRC32)
+        .collect();
+    entries.sort();
+    let mut h = crc32fast::Hasher::new();
+    for (k, v) in entries {
+        for part in [k.as_bytes(), b"\0", v.as_bytes(), b"\0"] {
+            h.update(part);
+        }
+    }
+    h.finalize()
+}
+
 /// A checkpoint error at `path`, about no tensor in particular.
 pub(crate) fn fail_at(path: &Path, message: String) -> ModelError {
     ModelError::Checkpoint {
@@ -238,9 +260,11 @@ pub(super) fn write_file(
     let fail = |m: String| fail_at(path, m);
     // The crate's order: by descending dtype alignment, then name.
     tensors.sort_by(|(a, x), (b, y)| y.dtype.cmp(&x.dtype).then(a.cmp(b)));
-    let sums: BTreeMap<&str, String> = (tensors.iter())
+    let mut sums: BTreeMap<&str, String> = (tensors.iter())
         .map(|(n, t)| (n.as_str(), format!("{:08x}", crc32fast::hash(&t.data))))
         .collect();
+    let meta_sum = format!("{:08x}", metadata_crc(&meta));
+    sums.insert(METADATA_SUM, meta_sum);
     meta.insert(META_CRC32.into(), json(&sums));
     let mut offset = 0;
     let infos = (tensors.iter())
@@ -257,6 +281,13 @@ pub(super) fn write_file(
     let header = Metadata::new(Some(meta), infos).map_err(|e| fail(e.to_string()))?;
     let mut header = serde_json::to_vec(&header).map_err(|e| fail(e.to_string()))?;
     header.resize(header.len().next_multiple_of(8), b' ');
+    // The crate's readers refuse larger headers (its MAX_HEADER_SIZE).
+    if header.len() > 100_000_000 {
+        return Err(fail(format!(
+            "a header of {} bytes (tensor names and metadata): readers take at most 100 MB",
+            header.len()
+        )));
+    }
 
     let mut out = AtomicFile::create(path).map_err(|e| fail(e.to_string()))?;
     let temp = out.temp().to_path_buf();

@@ -789,26 +789,20 @@ for codec in ["gzip", "brotli", "lz4", "none"]:
 
     // Careless runs: each a clear error, nothing destroyed or left behind.
     let before = std::fs::read(&part).unwrap();
-    let err = ember_fails(&[
-        "predict",
-        "--checkpoint",
-        s(&ckpt),
-        "--data",
-        &data,
-        "--output",
-        &part,
-    ]);
+    let predict_to = |out: &str| {
+        ember_fails(&[
+            "predict",
+            "--checkpoint",
+            s(&ckpt),
+            "--data",
+            &data,
+            "--output",
+            out,
+        ])
+    };
+    let err = predict_to(&part);
     assert!(err.contains("--output") && err.contains("--data"), "{err}");
-    let model = ckpt.join("model.safetensors");
-    let err = ember_fails(&[
-        "predict",
-        "--checkpoint",
-        s(&ckpt),
-        "--data",
-        &data,
-        "--output",
-        s(&model),
-    ]);
+    let err = predict_to(s(&ckpt.join("model.safetensors")));
     assert!(err.contains("checkpoint"), "{err}");
     assert_eq!(std::fs::read(&part).unwrap(), before);
     let empty = dir.path().join("empty.parquet");
@@ -838,15 +832,7 @@ for codec in ["gzip", "brotli", "lz4", "none"]:
     {
         let out = dir.path().join("pred.parquet");
         std::os::unix::fs::symlink("/dev/full", dir.path().join(".pred.parquet.tmp")).unwrap();
-        let err = ember_fails(&[
-            "predict",
-            "--checkpoint",
-            s(&ckpt),
-            "--data",
-            &data,
-            "--output",
-            s(&out),
-        ]);
+        let err = predict_to(s(&out));
         assert!(
             err.contains("disk is full") && err.contains(".pred.parquet.tmp"),
             "{err}"

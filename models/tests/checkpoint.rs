@@ -378,30 +378,24 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
     save(&mut model, &ours, None).unwrap();
     let good = std::fs::read(&ours).unwrap();
     let t1 = table_weight_name("t_cat_1");
+    let load_error = |path: &Path| {
+        let model = Checkpoint::open(path).unwrap().inference_model();
+        model.err().map_or(String::new(), |e| e.to_string())
+    };
 
     // One flipped bit in a table's rows: the checksum names the tensor.
     let bad = dir.path().join("bad.safetensors");
     let mut flipped = good.clone();
     flipped[data_range(&good, &t1).start + 5] ^= 0x10;
     std::fs::write(&bad, &flipped).unwrap();
-    let e = Checkpoint::open(&bad)
-        .unwrap()
-        .inference_model()
-        .err()
-        .unwrap()
-        .to_string();
+    let e = load_error(&bad);
     assert!(e.contains(&t1) && e.contains("checksum"), "{e}");
     // ... and in a dense parameter.
     let w = "over_arch.model.1.bias";
     let mut flipped = good.clone();
     flipped[data_range(&good, w).start] ^= 1;
     std::fs::write(&bad, &flipped).unwrap();
-    let e = Checkpoint::open(&bad)
-        .unwrap()
-        .inference_model()
-        .err()
-        .unwrap()
-        .to_string();
+    let e = load_error(&bad);
     assert!(e.contains(w) && e.contains("checksum"), "{e}");
 
     // A file without checksums (TorchRec's) loads, as it is: unverified.
@@ -426,12 +420,7 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
     let mut m = fresh();
     tables(&mut m);
     save(&mut m, &bad, None).unwrap();
-    let e = Checkpoint::open(&bad)
-        .unwrap()
-        .inference_model()
-        .err()
-        .unwrap()
-        .to_string();
+    let e = load_error(&bad);
     assert!(
         e.contains(&t1) && e.contains("row 2, column 3 holds NaN"),
         "{e}"
@@ -444,12 +433,7 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
         }
     }
     save(&mut m, &bad, None).unwrap();
-    let e = Checkpoint::open(&bad)
-        .unwrap()
-        .inference_model()
-        .err()
-        .unwrap()
-        .to_string();
+    let e = load_error(&bad);
     assert!(e.contains(w) && e.contains("infinite"), "{e}");
 
     let mut m = fresh();

@@ -141,6 +141,17 @@ impl LoaderArgs {
     }
 }
 
+/// Data with no rows would give NaN metrics: an error naming the flag's paths.
+pub fn has_rows(loader: &Loader, flag: &str, paths: &[PathBuf]) -> anyhow::Result<()> {
+    let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    anyhow::ensure!(
+        loader.dataset().num_rows() > 0,
+        "{flag} {}: no rows to read",
+        named.join(" ")
+    );
+    Ok(())
+}
+
 /// Checks that `spec` names exactly the model's tables (name, rows, dim,
 /// features, pooling).
 fn check_tables(spec: &DatasetSpec, tables: &[EmbeddingBagConfig]) -> anyhow::Result<()> {

@@ -48,14 +48,7 @@ impl ServeArgs {
             .loader
             .spec_for(&config.tables, config.num_dense(), &self.checkpoint)?;
         let loader = self.loader.open(&self.data, spec, self.mini_batch_size)?;
-        anyhow::ensure!(
-            loader.dataset().num_rows() > 0,
-            "--data {}: no rows to read",
-            (self.data.iter())
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
+        super::data::has_rows(&loader, "--data", &self.data)?;
         Ok((model, loader))
     }
 }

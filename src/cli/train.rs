@@ -295,14 +295,7 @@ impl TrainArgs {
                 let mut c = self.loader.config(spec, rank_batch);
                 config_for(&mut c);
                 let eval = Loader::open(&self.eval_data, c)?;
-                anyhow::ensure!(
-                    eval.dataset().num_rows() > 0,
-                    "--eval-data {}: no rows to evaluate",
-                    (self.eval_data.iter())
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                );
+                super::data::has_rows(&eval, "--eval-data", &self.eval_data)?;
                 Some(eval)
             }
         };

@@ -204,6 +204,13 @@ fn train_eval_predict_and_resume() {
     let stopped = dir.path().join("stopped");
     let b = train(&data, &eval_data, &stopped, &["--max-steps", "100"]);
     assert_eq!(b["steps"], 100);
+    // What a kill during a checkpoint write leaves (ours, and what the
+    // safetensors crate's writer left in earlier versions) is removed; a
+    // temporary file of another program is not.
+    let leftovers = [".model.safetensors.tmp", ".tmpAb12Cd", ".notes.txt.tmp"];
+    for name in leftovers {
+        std::fs::write(stopped.join(name), b"partial").unwrap();
+    }
     // Resuming needs no architecture, optimizer or batch flags.
     let c = json(&[
         "train",
@@ -219,6 +226,8 @@ fn train_eval_predict_and_resume() {
         "--json",
     ]);
     assert_eq!(c["resumed_at_step"], 100);
+    let left: Vec<bool> = leftovers.iter().map(|n| stopped.join(n).exists()).collect();
+    assert_eq!(left, [false, false, true]);
     assert_eq!(c["steps"], a["steps"]);
     assert_eq!(c["loss_last"], a["loss_last"]);
     assert_eq!(c["eval"], a["eval"]);

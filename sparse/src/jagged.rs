@@ -414,7 +414,7 @@ impl KeyedTensor {
             length_per_key,
             offset_per_key,
             batch,
-            values: vec![0.0; batch * width],
+            values: crate::storage::zeroed_vec(batch * width),
         }
     }
     /// The keys (feature names), in column order.

@@ -112,6 +112,23 @@ impl<T: bytemuck::Pod> std::fmt::Debug for AlignedBuffer<T> {
     }
 }
 
+/// `len` zeros in a `Vec`, its whole 2 MiB pages advised to be huge before
+/// they are first touched (large outputs are written at a stride of a row:
+/// with 4 KiB pages nearly every write is a TLB miss).
+pub(crate) fn zeroed_vec(len: usize) -> Vec<f32> {
+    let bytes = len.saturating_mul(4);
+    if bytes < 2 * HUGE_PAGE {
+        return vec![0.0; len];
+    }
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    let start = v.as_mut_ptr() as usize;
+    let (first, end) = (start.next_multiple_of(HUGE_PAGE), start + bytes);
+    let whole = (end - first) / HUGE_PAGE * HUGE_PAGE;
+    advise_huge_pages(first as *mut u8, whole);
+    v.resize(len, 0.0);
+    v
+}
+
 #[cfg(target_os = "linux")]
 fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
     // Advice only: a kernel without THP simply ignores it.

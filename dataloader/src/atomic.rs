@@ -191,10 +191,20 @@ mod tests {
     }
 
     #[cfg(target_os = "linux")]
+    fn is_char_device(path: &str) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device())
+    }
+
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_full_disk_is_named_and_leaves_no_temporary_file() {
         // /dev/full fails every write with ENOSPC: a stale temporary file
         // that links to it makes the write below hit a "full disk".
+        if !is_char_device("/dev/full") {
+            eprintln!("skipped: no /dev/full");
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("plan.json");
         std::os::unix::fs::symlink("/dev/full", temp_path(&path)).unwrap();

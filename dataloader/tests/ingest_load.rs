@@ -459,7 +459,7 @@ fn parts_of_an_unfinished_or_earlier_ingest_are_refused() {
     let out = dir.path().join("out");
     let both = [a.clone(), b.clone()];
     ingest_criteo(&both, &out, &options(2, Some(2)), &mut |_| {}).unwrap();
-    let open = || Loader::open(&[out.clone()], loader_config(2, 100));
+    let open = || Loader::open(std::slice::from_ref(&out), loader_config(2, 100));
     assert!(open().is_ok());
     // A kill after b's first parts, before its marker: the loader refuses.
     std::fs::remove_file(out.join("_b.ingest.json")).unwrap();

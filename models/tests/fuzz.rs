@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use ember_dense::{DenseOptimizerConfig, NativeBackend};
 use ember_models::checkpoint::save;
 use ember_models::{
-    Batch, Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType, Model, SyntheticConfig,
+    Batch, Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig,
     SyntheticData,
 };
 use ember_sparse::TableOptimizer;

@@ -65,6 +65,14 @@ fn options(row_group_size: usize, rows_per_file: Option<u64>) -> IngestOptions {
     }
 }
 
+/// `options` with `resume` on.
+fn resuming(options: IngestOptions) -> IngestOptions {
+    IngestOptions {
+        resume: true,
+        ..options
+    }
+}
+
 fn loader_config(batch: usize, rows: usize) -> LoaderConfig {
     let tables: Vec<EmbeddingBagConfig> = (0..NUM_CAT)
         .map(|i| EmbeddingBagConfig::new(&format!("t_cat_{i}"), rows, 4, &[&format!("cat_{i}")]))
@@ -196,10 +204,7 @@ fn resume_skips_complete_inputs_and_redoes_interrupted_ones() {
     // Pretend `b` was interrupted: its marker is gone, a temporary file remains.
     std::fs::remove_file(out.join("_b.ingest.json")).unwrap();
     std::fs::write(out.join(".b-00001.parquet.tmp"), b"partial").unwrap();
-    let opts = IngestOptions {
-        resume: true,
-        ..options(4, None)
-    };
+    let opts = resuming(options(4, None));
     let second = ingest_criteo(&[a.clone(), b.clone()], &out, &opts, &mut |_| {}).unwrap();
     assert_eq!(second.resumed_inputs, vec![a]);
     assert_eq!(second.rows_written, first.rows_written);
@@ -375,10 +380,7 @@ fn resume_redoes_an_input_that_changed_since_its_marker() {
     let dir = tempfile::tempdir().unwrap();
     let a = write_fixture(dir.path(), "a.tsv", false);
     let out = dir.path().join("out");
-    let opts = IngestOptions {
-        resume: true,
-        ..options(4, None)
-    };
+    let opts = resuming(options(4, None));
     let first = ingest_criteo(std::slice::from_ref(&a), &out, &opts, &mut |_| {}).unwrap();
     assert_eq!(first.rows_written, GOOD as u64);
     let again = ingest_criteo(std::slice::from_ref(&a), &out, &opts, &mut |_| {}).unwrap();
@@ -468,10 +470,7 @@ fn parts_of_an_unfinished_or_earlier_ingest_are_refused() {
         e.contains("b-00000.parquet") && e.contains("--resume"),
         "{e}"
     );
-    let opts = IngestOptions {
-        resume: true,
-        ..options(2, Some(2))
-    };
+    let opts = resuming(options(2, Some(2)));
     ingest_criteo(&both, &out, &opts, &mut |_| {}).unwrap();
     assert!(open().is_ok());
     // A part that the marker does not list: left by an earlier, longer run.
@@ -507,10 +506,7 @@ fn resume_keeps_the_output_of_an_earlier_version_when_the_input_is_unchanged() {
     marker.as_object_mut().unwrap().remove("input_stamp");
     std::fs::write(out.join("a.ingest.json"), marker.to_string()).unwrap();
     std::fs::remove_file(out.join("_a.ingest.json")).unwrap();
-    let opts = IngestOptions {
-        resume: true,
-        ..options(4, None)
-    };
+    let opts = resuming(options(4, None));
     let s = ingest_criteo(std::slice::from_ref(&a), &out, &opts, &mut |_| {}).unwrap();
     assert_eq!(s.resumed_inputs, vec![a]);
     assert!(out.join("_a.ingest.json").is_file() && !out.join("a.ingest.json").exists());

@@ -24,6 +24,10 @@ pub enum ModelError {
     /// compiled step on a rank of a world).
     #[error("invalid model configuration: {0}")]
     Config(String),
+    /// A run that needs more memory than the machine has, by its
+    /// [`MemoryEstimate`](crate::MemoryEstimate) (the message gives it by part).
+    #[error("{0}")]
+    Memory(String),
     /// A batch whose shapes do not fit the model: dense features not
     /// `[batch, num_dense]`, sparse features for another number of samples
     /// than the labels, or a batch size the compiled step was not made for.

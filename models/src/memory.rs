@@ -141,7 +141,7 @@ impl MemoryEstimate {
     /// known, nothing is refused), with the estimate in the message.
     pub fn check(&self, available: Option<u64>) -> Result<(), ModelError> {
         match available {
-            Some(have) if self.total() > have => Err(ModelError::Config(format!(
+            Some(have) if self.total() > have => Err(ModelError::Memory(format!(
                 "this run needs at least {} of memory and {} is available: tables {}, \
                  dense parameters and optimizer state {}, activations of one step {}, \
                  batches in flight {}{}; make what dominates smaller",

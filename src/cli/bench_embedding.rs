@@ -155,24 +155,17 @@ fn check_memory(args: &EmbeddingArgs) -> anyhow::Result<()> {
     let tables = m(m(t, args.rows as u64), row.saturating_add(state));
     // Ids and lengths of every pregenerated batch; output and gradient.
     let bags = m(INPUT_BATCHES as u64, m(t, b));
-    let ids = m(m(bags, args.pooling_factor as u64), 8).saturating_add(m(bags, 8));
-    let outputs = m(m(m(t, b), args.dim as u64), 8);
-    let need = tables.saturating_add(ids).saturating_add(outputs);
-    let gib = |v: u64| v as f64 / (1u64 << 30) as f64;
-    if let Some(have) = ember_models::available_memory() {
-        anyhow::ensure!(
-            need <= have,
-            "this benchmark needs at least {:.2} GiB of memory and {:.2} GiB is available: \
-             tables {:.2} GiB, ids of {INPUT_BATCHES} batches (--batch x --tables x \
-             --pooling-factor) {:.2} GiB, outputs and gradients {:.2} GiB",
-            gib(need),
-            gib(have),
-            gib(tables),
-            gib(ids),
-            gib(outputs)
-        );
-    }
-    Ok(())
+    let estimate = ember_models::MemoryEstimate {
+        tables,
+        activations: m(m(m(t, b), args.dim as u64), 8),
+        batches: m(m(bags, args.pooling_factor as u64), 8).saturating_add(m(bags, 8)),
+        ..Default::default()
+    };
+    estimate
+        .check(ember_models::available_memory())
+        .map_err(|e| {
+            anyhow::anyhow!("{e} (--tables, --rows, --dim, --batch and --pooling-factor set them)")
+        })
 }
 
 fn run_in_pool(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {

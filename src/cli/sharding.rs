@@ -64,17 +64,20 @@ pub struct ShardingArgs {
     pub topology: Option<PathBuf>,
 }
 
+/// `--devices n`: 1 to the most a plan file holds.
+fn check_devices(devices: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(devices >= 1, "--devices must be at least 1");
+    anyhow::ensure!(
+        devices <= MAX_DEVICES,
+        "--devices {devices}: at most {MAX_DEVICES} (the most a plan file holds)"
+    );
+    Ok(())
+}
+
 impl ShardingArgs {
     /// Checks the flags that need no plan: the device count's range.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if let Some(devices) = self.devices {
-            anyhow::ensure!(devices >= 1, "--devices must be at least 1");
-            anyhow::ensure!(
-                devices <= MAX_DEVICES,
-                "--devices {devices}: at most {MAX_DEVICES} (the most a plan file holds)"
-            );
-        }
-        Ok(())
+        self.devices.map_or(Ok(()), check_devices)
     }
 
     pub fn topology(&self, devices: usize) -> anyhow::Result<Topology> {
@@ -85,11 +88,7 @@ impl ShardingArgs {
             topo.validate()?;
             return Ok(topo);
         }
-        ShardingArgs {
-            devices: Some(devices),
-            ..self.clone()
-        }
-        .validate()?;
+        check_devices(devices)?;
         let memory = parse_bytes(self.memory_per_device.as_deref().unwrap_or("16GiB"))
             .map_err(|e| anyhow::anyhow!("--memory-per-device: {e}"))?;
         let mut topo = Topology::uniform(devices, memory);

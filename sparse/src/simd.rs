@@ -20,10 +20,13 @@ pub(crate) fn isa() -> Isa {
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+            // F16C comes with every AVX2 CPU made; it is checked all the same.
+            let fma_f16c =
+                std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c");
+            if std::is_x86_feature_detected!("avx512f") && fma_f16c {
                 return Isa::Avx512;
             }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if std::is_x86_feature_detected!("avx2") && fma_f16c {
                 return Isa::Avx2;
             }
         }
@@ -31,20 +34,28 @@ pub(crate) fn isa() -> Isa {
     })
 }
 
+/// Whether the kernels run a build with F16C (the AVX2 and AVX-512 builds
+/// enable it): fp16 rows may then be widened by it
+/// ([`Fp16F16c`](crate::rows::Fp16F16c)).
+#[inline(always)]
+pub(crate) fn has_f16c() -> bool {
+    isa() != Isa::Baseline
+}
+
 /// `multiversion!(pub(crate) fn name(args) -> Ret = body_fn);` defines `name`,
 /// which calls `body_fn` (an `#[inline(always)]` function with the same
-/// arguments) compiled for AVX-512, AVX2+FMA or baseline, whichever the CPU
-/// supports.
+/// arguments) compiled for AVX-512, AVX2 (both with FMA and F16C) or
+/// baseline, whichever the CPU supports.
 macro_rules! multiversion {
     ($vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty = $body:path) => {
         $vis fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx2,fma")]
+                #[target_feature(enable = "avx512f,avx2,fma,f16c")]
                 unsafe fn avx512($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }
-                #[target_feature(enable = "avx2,fma")]
+                #[target_feature(enable = "avx2,fma,f16c")]
                 unsafe fn avx2($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }

@@ -176,7 +176,7 @@ fn gather_block_body(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &
         let table = &job.tables[job.slots[i].table];
         let samples = first..first + samples;
         with_format!(
-            table.data_type(),
+            kernel table.data_type(),
             gather_format(job, i, samples, rows, &mut next)
         );
     }

@@ -35,6 +35,19 @@ pub(crate) trait RowFormat {
     /// As for `header`, and `d < dim`.
     unsafe fn value(row: *const u8, header: Self::Header, dim: usize, d: usize) -> f32;
 
+    /// Every column of the row, into `out` (`dim = out.len()`).
+    ///
+    /// # Safety
+    /// As for `header`, with `dim = out.len()`.
+    #[inline(always)]
+    unsafe fn decode_row(row: *const u8, out: &mut [f32]) {
+        let dim = out.len();
+        let h = Self::header(row, dim);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = Self::value(row, h, dim, d);
+        }
+    }
+
     /// `acc[d] += w * value(d)` for each of the `D` columns: the forward's
     /// inner loop for a fixed dim.
     ///
@@ -128,7 +141,81 @@ macro_rules! half_format {
 half_format!(Fp16, DataType::Fp16, f16_to_f32, f32_to_f16_stochastic);
 half_format!(Bf16, DataType::Bf16, bf16_to_f32, f32_to_bf16_stochastic);
 
-/// Runs `$f::<Format>($args)` with the [`RowFormat`] of `$dtype`.
+/// fp16 rows widened by the F16C instructions (8 values in one), for the
+/// kernels built for AVX2 or AVX-512, whose builds enable F16C too: the
+/// portable widening is a dozen operations a value, and made the fp16
+/// forward 0.78x of fp32's where bf16's is 1.33x. Widening is exact either
+/// way, so both formats read the same values; rounding is [`Fp16`]'s.
+///
+/// Only reached where [`crate::simd::has_f16c`] holds.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Fp16F16c;
+
+#[cfg(target_arch = "x86_64")]
+impl Fp16F16c {
+    /// Columns `d..d + 8` widened.
+    ///
+    /// # Safety
+    /// The CPU has F16C, and the row holds columns `d..d + 8`.
+    #[inline(always)]
+    unsafe fn widen8(row: *const u8, d: usize) -> [f32; 8] {
+        use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm_loadu_si128};
+        let halves = _mm_loadu_si128((row as *const u16).add(d) as *const __m128i);
+        std::mem::transmute(_mm256_cvtph_ps(halves))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowFormat for Fp16F16c {
+    const DTYPE: DataType = DataType::Fp16;
+    type Header = ();
+    #[inline(always)]
+    unsafe fn header(_: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn value(row: *const u8, _: (), _: usize, d: usize) -> f32 {
+        use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32};
+        let bits = (row as *const u16).add(d).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+    #[inline(always)]
+    unsafe fn decode_row(row: *const u8, out: &mut [f32]) {
+        let whole = out.len() / 8 * 8;
+        let (head, tail) = out.split_at_mut(whole);
+        for (c, chunk) in head.chunks_exact_mut(8).enumerate() {
+            chunk.copy_from_slice(&Self::widen8(row, 8 * c));
+        }
+        for (o, d) in tail.iter_mut().zip(whole..) {
+            *o = Self::value(row, (), 0, d);
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_row<const D: usize>(acc: &mut [f32; D], row: *const u8, w: f32) {
+        let mut d = 0;
+        while d + 8 <= D {
+            let wide = Self::widen8(row, d);
+            for (a, x) in acc[d..d + 8].iter_mut().zip(wide) {
+                *a += w * x;
+            }
+            d += 8;
+        }
+        for (a, d) in acc[d..].iter_mut().zip(d..) {
+            *a += w * Self::value(row, (), D, d);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TrainFormat for Fp16F16c {
+    const IN_PLACE: bool = false;
+    #[inline(always)]
+    unsafe fn store(row: *mut u8, src: &[f32], row_key: u64, first_column: u64) {
+        Fp16::store(row, src, row_key, first_column)
+    }
+}
+
+/// Runs `$f::<Format>($args)` with the [`RowFormat`] of `$dtype`;
+/// `with_format!(kernel dtype, ...)` inside a multiversioned kernel, where
+/// fp16 may use [`Fp16F16c`].
 macro_rules! with_format {
     ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $dtype {
@@ -139,6 +226,16 @@ macro_rules! with_format {
             $crate::DataType::Int4 => $f::<$crate::rows::NBit<4>>($($arg),*),
             $crate::DataType::Fp8 => $f::<$crate::rows::Fp8>($($arg),*),
             $crate::DataType::Mxfp4 => $f::<$crate::rows::Mxfp4>($($arg),*),
+        }
+    };
+    // In a multiversioned kernel: fp16 rows by F16C where the build has it.
+    (kernel $dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            #[cfg(target_arch = "x86_64")]
+            $crate::DataType::Fp16 if $crate::simd::has_f16c() => {
+                $f::<$crate::rows::Fp16F16c>($($arg),*)
+            }
+            other => $crate::rows::with_format!(other, $f($($arg),*)),
         }
     };
 }
@@ -156,15 +253,8 @@ pub(crate) fn fixed_stride<F: RowFormat, const D: usize>(stride: usize) -> usize
 
 /// Decodes one row of format `F` (`src`, its bytes) into `out` (its columns).
 pub(crate) fn decode_with<F: RowFormat>(src: &[u8], out: &mut [f32]) {
-    let dim = out.len();
-    let row = src.as_ptr();
-    // SAFETY: callers pass a whole row of `dim` columns (`row_bytes(dim)` bytes).
-    unsafe {
-        let h = F::header(row, dim);
-        for (d, o) in out.iter_mut().enumerate() {
-            *o = F::value(row, h, dim, d);
-        }
-    }
+    // SAFETY: callers pass a whole row of `out.len()` columns (`row_bytes` bytes).
+    unsafe { F::decode_row(src.as_ptr(), out) }
 }
 
 /// Encodes `src` into one row `dst` of `dtype`: training types to the
@@ -307,6 +397,37 @@ impl TableRows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// F16C reads every fp16 value as the portable widening does: in rows
+    /// with whole 8-column chunks and a tail, and in the fixed-dim sum.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16c_widening_matches_the_portable_one() {
+        if !crate::simd::has_f16c() {
+            return;
+        }
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&all);
+        for (c, row) in bytes.chunks(37 * 2).enumerate() {
+            let dim = row.len() / 2;
+            let (mut portable, mut f16c) = (vec![0f32; dim], vec![0f32; dim]);
+            decode_with::<Fp16>(row, &mut portable);
+            decode_with::<Fp16F16c>(row, &mut f16c);
+            for (d, (&a, &b)) in portable.iter().zip(&f16c).enumerate() {
+                assert!(same(a, b), "{:#06x}: {a} != {b}", all[37 * c + d]);
+            }
+        }
+        for row in bytes.chunks_exact(16 * 2) {
+            let (mut portable, mut f16c) = ([0.25f32; 16], [0.25f32; 16]);
+            // SAFETY: a whole row of 16 fp16 columns; the CPU has F16C.
+            unsafe {
+                Fp16::add_row(&mut portable, row.as_ptr(), -1.5);
+                Fp16F16c::add_row(&mut f16c, row.as_ptr(), -1.5);
+            }
+            assert!(portable.iter().zip(&f16c).all(|(&a, &b)| same(a, b)));
+        }
+    }
 
     #[test]
     fn rows_read_back_what_was_written_to_their_precision() {

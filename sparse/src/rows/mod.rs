@@ -190,7 +190,19 @@ impl RowFormat for Fp16F16c {
     }
     #[inline(always)]
     unsafe fn add_row<const D: usize>(acc: &mut [f32; D], row: *const u8, w: f32) {
+        // Sixteen columns at a time, so that the AVX-512 build keeps the
+        // sum in 512-bit registers: in 256-bit ones its stores to the
+        // output doubled, and a bag of one id (bound by those stores) ran
+        // at 0.8x of the portable widening's speed.
         let mut d = 0;
+        while d + 16 <= D {
+            let (low, high) = (Self::widen8(row, d), Self::widen8(row, d + 8));
+            let wide = low.iter().chain(&high);
+            for (a, x) in acc[d..d + 16].iter_mut().zip(wide) {
+                *a += w * x;
+            }
+            d += 16;
+        }
         while d + 8 <= D {
             let wide = Self::widen8(row, d);
             for (a, x) in acc[d..d + 8].iter_mut().zip(wide) {

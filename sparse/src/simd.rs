@@ -34,30 +34,30 @@ pub(crate) fn isa() -> Isa {
     })
 }
 
-/// Whether the kernels run a build with F16C (the AVX2 and AVX-512 builds
-/// enable it): fp16 rows may then be widened by it
-/// ([`Fp16F16c`](crate::rows::Fp16F16c)).
-#[inline(always)]
-pub(crate) fn has_f16c() -> bool {
-    isa() != Isa::Baseline
-}
-
 /// `multiversion!(pub(crate) fn name(args) -> Ret = body_fn);` defines `name`,
 /// which calls `body_fn` (an `#[inline(always)]` function with the same
 /// arguments) compiled for AVX-512, AVX2 (both with FMA and F16C) or
 /// baseline, whichever the CPU supports.
+///
+/// `... = simd_body, baseline baseline_body` calls `simd_body` in the AVX2
+/// and AVX-512 builds and `baseline_body` in the other: a body may then
+/// use F16C, which only those builds enable
+/// ([`Fp16F16c`](crate::rows::Fp16F16c)).
 macro_rules! multiversion {
     ($vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty = $body:path) => {
+        $crate::simd::multiversion!($vis fn $name($($arg: $ty),*) -> $ret = $body, baseline $body);
+    };
+    ($vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty = $simd:path, baseline $body:path) => {
         $vis fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
                 unsafe fn avx512($($arg: $ty),*) -> $ret {
-                    $body($($arg),*)
+                    $simd($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma,f16c")]
                 unsafe fn avx2($($arg: $ty),*) -> $ret {
-                    $body($($arg),*)
+                    $simd($($arg),*)
                 }
                 match $crate::simd::isa() {
                     // SAFETY: isa() checked the CPU supports these features.

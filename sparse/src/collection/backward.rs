@@ -217,18 +217,11 @@ struct UpdateJob<'a> {
 }
 
 multiversion!(fn update_fp32(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp32>);
-multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_fp16_body);
+#[cfg(target_arch = "x86_64")]
+multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp16F16c>, baseline update_format::<crate::rows::Fp16>);
+#[cfg(not(target_arch = "x86_64"))]
+multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp16>);
 multiversion!(fn update_bf16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Bf16>);
-
-/// [`update_format`] for fp16 rows, widened by F16C where the build has it.
-#[inline(always)]
-fn update_fp16_body(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_f16c() {
-        return update_format::<crate::rows::Fp16F16c>(job, first, last, scratch);
-    }
-    update_format::<crate::rows::Fp16>(job, first, last, scratch)
-}
 
 /// [`update_task_body`] for rows of format `F`, at the table's dim.
 #[inline(always)]

@@ -163,20 +163,27 @@ fn pool_block(
     Ok(())
 }
 
-multiversion!(fn gather_block(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const u8]) -> () = gather_block_body);
+multiversion!(fn gather_block(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const u8]) -> () = gather_block_body::<true>, baseline gather_block_body::<false>);
 
 /// The gather of [`pool_block`]: `rows` holds the block's rows in the order
 /// they are pooled, and the row `PREFETCH_DISTANCE` entries ahead is
 /// prefetched, across bags and features; each feature pools with the
-/// kernel of its rows' format and dim.
+/// kernel of its rows' format and dim (fp16 by F16C when `F16C`, in the
+/// builds that have it).
 #[inline(always)]
-fn gather_block_body(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const u8]) {
+fn gather_block_body<const F16C: bool>(
+    job: &ForwardJob<'_>,
+    first: usize,
+    samples: usize,
+    rows: &[*const u8],
+) {
     let mut next = 0;
     for i in 0..job.slots.len() {
         let table = &job.tables[job.slots[i].table];
         let samples = first..first + samples;
         with_format!(
-            kernel table.data_type(),
+            kernel F16C,
+            table.data_type(),
             gather_format(job, i, samples, rows, &mut next)
         );
     }

@@ -147,7 +147,8 @@ half_format!(Bf16, DataType::Bf16, bf16_to_f32, f32_to_bf16_stochastic);
 /// forward 0.78x of fp32's where bf16's is 1.33x. Widening is exact either
 /// way, so both formats read the same values; rounding is [`Fp16`]'s.
 ///
-/// Only reached where [`crate::simd::has_f16c`] holds.
+/// Only the AVX2 and AVX-512 builds of a kernel use it (see
+/// [`multiversion!`](crate::simd::multiversion)).
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Fp16F16c;
 
@@ -226,8 +227,8 @@ impl TrainFormat for Fp16F16c {
 }
 
 /// Runs `$f::<Format>($args)` with the [`RowFormat`] of `$dtype`;
-/// `with_format!(kernel dtype, ...)` inside a multiversioned kernel, where
-/// fp16 may use [`Fp16F16c`].
+/// `with_format!(kernel F16C, dtype, ...)` inside a multiversioned kernel,
+/// where fp16 uses [`Fp16F16c`] in the builds with F16C.
 macro_rules! with_format {
     ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $dtype {
@@ -240,13 +241,12 @@ macro_rules! with_format {
             $crate::DataType::Mxfp4 => $f::<$crate::rows::Mxfp4>($($arg),*),
         }
     };
-    // In a multiversioned kernel: fp16 rows by F16C where the build has it.
-    (kernel $dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+    // In a multiversioned kernel: fp16 rows by F16C in the builds with it
+    // (`$f16c`, a constant, so each build holds one fp16 kernel).
+    (kernel $f16c:expr, $dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $dtype {
             #[cfg(target_arch = "x86_64")]
-            $crate::DataType::Fp16 if $crate::simd::has_f16c() => {
-                $f::<$crate::rows::Fp16F16c>($($arg),*)
-            }
+            $crate::DataType::Fp16 if $f16c => $f::<$crate::rows::Fp16F16c>($($arg),*),
             other => $crate::rows::with_format!(other, $f($($arg),*)),
         }
     };
@@ -415,7 +415,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn f16c_widening_matches_the_portable_one() {
-        if !crate::simd::has_f16c() {
+        if !std::is_x86_feature_detected!("f16c") {
             return;
         }
         let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());

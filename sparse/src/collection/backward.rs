@@ -217,10 +217,7 @@ struct UpdateJob<'a> {
 }
 
 multiversion!(fn update_fp32(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp32>);
-#[cfg(target_arch = "x86_64")]
-multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp16F16c>, baseline update_format::<crate::rows::Fp16>);
-#[cfg(not(target_arch = "x86_64"))]
-multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp16>);
+multiversion!(fn update_fp16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp16Simd>, baseline update_format::<crate::rows::Fp16>);
 multiversion!(fn update_bf16(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Bf16>);
 
 /// [`update_task_body`] for rows of format `F`, at the table's dim.

@@ -204,18 +204,18 @@ impl RowFormat for Fp16F16c {
             }
             d += 16;
         }
-        while d + 8 <= D {
-            let wide = Self::widen8(row, d);
-            for (a, x) in acc[d..d + 8].iter_mut().zip(wide) {
-                *a += w * x;
-            }
-            d += 8;
-        }
         for (a, d) in acc[d..].iter_mut().zip(d..) {
             *a += w * Self::value(row, (), D, d);
         }
     }
 }
+
+/// The fp16 format of the kernels' AVX2 and AVX-512 builds: [`Fp16F16c`]
+/// on x86-64, the portable [`Fp16`] elsewhere.
+#[cfg(target_arch = "x86_64")]
+pub(crate) type Fp16Simd = Fp16F16c;
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) type Fp16Simd = Fp16;
 
 #[cfg(target_arch = "x86_64")]
 impl TrainFormat for Fp16F16c {
@@ -228,7 +228,7 @@ impl TrainFormat for Fp16F16c {
 
 /// Runs `$f::<Format>($args)` with the [`RowFormat`] of `$dtype`;
 /// `with_format!(kernel F16C, dtype, ...)` inside a multiversioned kernel,
-/// where fp16 uses [`Fp16F16c`] in the builds with F16C.
+/// where fp16 uses [`Fp16Simd`] in the builds with F16C.
 macro_rules! with_format {
     ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $dtype {
@@ -245,8 +245,7 @@ macro_rules! with_format {
     // (`$f16c`, a constant, so each build holds one fp16 kernel).
     (kernel $f16c:expr, $dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $dtype {
-            #[cfg(target_arch = "x86_64")]
-            $crate::DataType::Fp16 if $f16c => $f::<$crate::rows::Fp16F16c>($($arg),*),
+            $crate::DataType::Fp16 if $f16c => $f::<$crate::rows::Fp16Simd>($($arg),*),
             other => $crate::rows::with_format!(other, $f($($arg),*)),
         }
     };

@@ -180,6 +180,52 @@ fn bench_embedding_reports_roofline() {
     ]);
     assert_eq!(v["optimizer"], "adam");
     assert!(v["ids_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["id_distribution"]["kind"], "uniform");
+}
+
+#[test]
+fn benches_report_the_id_distribution() {
+    let small = ["--iters", "1", "--warmup", "0", "--json"];
+    let embedding = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "embedding",
+            "--tables",
+            "2",
+            "--rows",
+            "500",
+            "--dim",
+            "8",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&small);
+        json(&args)
+    };
+    let v = embedding(&["--id-distribution", "zipf"]);
+    assert_eq!(v["id_distribution"]["kind"], "zipf");
+    assert_eq!(v["id_distribution"]["alpha"], 1.0);
+    let v = embedding(&["--zipf-alpha", "1.3"]);
+    assert_eq!(v["id_distribution"]["alpha"], 1.3);
+    let dlrm = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "dlrm",
+            "--arch-embedding-size",
+            "100-100",
+            "--arch-mlp-bot",
+            "13-4-2",
+            "--mini-batch-size",
+            "16",
+            "--num-batches",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    assert!(dlrm(&[]).get("id_distribution").is_none());
+    let v = dlrm(&["--id-distribution", "zipf", "--zipf-alpha", "0.9"]);
+    assert_eq!(v["id_distribution"]["alpha"], 0.9);
 }
 
 #[test]
@@ -235,6 +281,25 @@ fn bad_flags_are_named() {
             "--roofline",
         ),
         (&["bench", "embedding", "--dim", "abc"][..], "--dim"),
+        (
+            &["bench", "embedding", "--zipf-alpha", "0"][..],
+            "--zipf-alpha",
+        ),
+        (
+            &[
+                "bench",
+                "dlrm",
+                "--id-distribution",
+                "uniform",
+                "--zipf-alpha",
+                "1.1",
+            ][..],
+            "--zipf-alpha",
+        ),
+        (
+            &["bench", "embedding", "--id-distribution", "pareto"][..],
+            "--id-distribution",
+        ),
     ] {
         let out = ember(args);
         let err = String::from_utf8_lossy(&out.stderr);

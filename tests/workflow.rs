@@ -415,6 +415,72 @@ fn multi_hot_synthetic_data_is_read_as_lists() {
     );
 }
 
+/// The values of int64 column `column` in every file of `dir`.
+fn int64_column(dir: &Path, column: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    files.sort();
+    for path in files {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let col = batch.column_by_name(column).unwrap();
+            let values = col.as_primitive::<arrow_array::types::Int64Type>();
+            out.extend(values.iter().flatten());
+        }
+    }
+    out
+}
+
+#[test]
+fn zipf_ids_reach_the_parquet_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let tables = ["1000"; 26].join("-");
+    let ingest = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let mut args = vec![
+            "ingest",
+            "synthetic",
+            "--rows",
+            "20000",
+            "--output",
+            s(&out),
+            "--arch-embedding-size",
+            &tables,
+        ];
+        args.extend_from_slice(extra);
+        ember(&args);
+        int64_column(&out, "cat_0")
+    };
+    // The share of the most frequent id: 1 / H(1000, 1.5) = 0.402 under
+    // Zipf's law with alpha 1.5; under the default log-uniform ranks no id
+    // gets more than 1 / ln(1001) = 0.145.
+    let top_share = |ids: &[i64]| {
+        let mut counts = std::collections::HashMap::new();
+        for &id in ids {
+            *counts.entry(id).or_insert(0usize) += 1;
+        }
+        *counts.values().max().unwrap() as f64 / ids.len() as f64
+    };
+    let zipf = ingest(
+        "zipf",
+        &["--id-distribution", "zipf", "--zipf-alpha", "1.5"],
+    );
+    let default = ingest("default", &[]);
+    assert_eq!(zipf.len(), 20000);
+    assert!(zipf.iter().all(|&id| (0..1000).contains(&id)));
+    let (z, d) = (top_share(&zipf), top_share(&default));
+    assert!((z - 0.402).abs() < 0.02, "zipf top share {z}");
+    assert!(d < 0.16, "default top share {d}");
+}
+
 #[test]
 fn data_errors_name_the_file_and_column() {
     let dir = tempfile::tempdir().unwrap();

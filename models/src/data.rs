@@ -15,7 +15,7 @@ use ember_dataloader::schema::{NUM_CAT, NUM_INT};
 use ember_dataloader::writer::{Bag, CriteoBatchBuilder};
 use ember_dense::Tensor;
 use ember_sparse::rng::{mix, splitmix, Rng};
-use ember_sparse::KeyedJaggedTensor;
+use ember_sparse::{IdDistribution, IdSampler, KeyedJaggedTensor};
 use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
@@ -122,6 +122,11 @@ pub struct SyntheticConfig {
     pub indices_per_feature: Vec<usize>,
     /// Every bag holds exactly its number of ids (else a varying number).
     pub fixed_indices: bool,
+    /// How ids fall on each table's rows; `None` is the generator's own:
+    /// uniform for `Random`, a log-uniform rank for `Learnable`. Labels
+    /// follow the generator either way.
+    #[serde(default)]
+    pub ids: Option<IdDistribution>,
     /// Seeds the batches and the hidden model: batch `i` is a pure
     /// function of (`seed`, `i`).
     pub seed: u64,
@@ -144,6 +149,7 @@ impl SyntheticConfig {
             indices_per_lookup,
             indices_per_feature: Vec::new(),
             fixed_indices: false,
+            ids: None,
             seed,
         }
     }
@@ -161,12 +167,15 @@ const DENSE_EFFECT: f64 = 1.5;
 pub struct SyntheticData {
     config: SyntheticConfig,
     dense_weights: Vec<f64>,
+    /// One per feature when `config.ids` is set.
+    samplers: Vec<IdSampler>,
 }
 
 impl SyntheticData {
     /// A generator for `config`. Fails with [`ModelError::Config`] when a
-    /// feature's table has 0 rows, a bag size is 0, or
-    /// `indices_per_feature` is neither empty nor one per feature.
+    /// feature's table has 0 rows, a bag size is 0, `indices_per_feature`
+    /// is neither empty nor one per feature, or the id distribution is
+    /// invalid.
     pub fn new(config: SyntheticConfig) -> Result<Self, ModelError> {
         if let Some((name, _)) = config.features.iter().find(|(_, rows)| *rows == 0) {
             return Err(ModelError::Config(format!(
@@ -191,9 +200,19 @@ impl SyntheticData {
         let dense_weights = (0..config.num_dense)
             .map(|_| DENSE_EFFECT * (2.0 * rng.next_f64() - 1.0))
             .collect();
+        let samplers = match config.ids {
+            None => Vec::new(),
+            Some(ids) => config
+                .features
+                .iter()
+                .map(|(_, rows)| ids.sampler(*rows as u64))
+                .collect::<Result<_, _>>()
+                .map_err(|e| ModelError::Config(e.to_string()))?,
+        };
         Ok(Self {
             config,
             dense_weights,
+            samplers,
         })
     }
 
@@ -221,9 +240,10 @@ impl SyntheticData {
                 lengths.push(len as i64);
                 let mut effect = 0.0;
                 for _ in 0..len {
-                    let id = match c.kind {
-                        DataGeneration::Random => rng.below(*rows as u64),
-                        DataGeneration::Learnable => power_law_id(&mut rng, *rows as u64),
+                    let id = match (self.samplers.get(f), c.kind) {
+                        (Some(ids), _) => ids.sample(&mut rng),
+                        (None, DataGeneration::Random) => rng.below(*rows as u64),
+                        (None, DataGeneration::Learnable) => power_law_id(&mut rng, *rows as u64),
                     };
                     effect += hidden_effect(c.seed, f, id);
                     values.push(id as i64);
@@ -297,8 +317,35 @@ mod tests {
             indices_per_lookup: 4,
             indices_per_feature: vec![],
             fixed_indices: fixed,
+            ids: None,
             seed: 5,
         }
+    }
+
+    #[test]
+    fn an_id_distribution_replaces_the_generators_own() {
+        let zipf = IdDistribution::Zipf { alpha: 1.2 };
+        for kind in [DataGeneration::Random, DataGeneration::Learnable] {
+            let data = SyntheticData::new(SyntheticConfig {
+                ids: Some(zipf),
+                ..config(kind, true)
+            })
+            .unwrap();
+            let batch = data.batch(0, 4096);
+            let ids = &batch.sparse.values()[batch.sparse.key_range(1)];
+            // The most frequent row of table b (1000 rows) has probability
+            // 1 / H(1000, 1.2) = 0.229; a log-uniform rank gives no row
+            // more than 1 / ln(1001) ~ 0.145.
+            let top = zipf.sampler(1000).unwrap().id_of_rank(0) as i64;
+            let share = ids.iter().filter(|&&id| id == top).count() as f64 / ids.len() as f64;
+            assert!((share - 0.229).abs() < 0.02, "{kind:?}: {share}");
+            assert_eq!(batch.sparse, data.batch(0, 4096).sparse);
+        }
+        let bad = SyntheticData::new(SyntheticConfig {
+            ids: Some(IdDistribution::Zipf { alpha: -1.0 }),
+            ..config(DataGeneration::Random, true)
+        });
+        assert!(matches!(bad, Err(ModelError::Config(m)) if m.contains("Zipf exponent")));
     }
 
     #[test]

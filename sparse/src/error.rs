@@ -134,4 +134,8 @@ pub enum SparseError {
         /// Size of the allocation that failed.
         bytes: usize,
     },
+    /// An [`IdDistribution`](crate::IdDistribution) cannot draw ids (what
+    /// is wrong with it).
+    #[error("id distribution: {0}")]
+    IdDistribution(String),
 }

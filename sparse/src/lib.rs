@@ -12,6 +12,7 @@ mod collection;
 mod config;
 mod dtype;
 mod error;
+mod ids;
 mod jagged;
 mod optimizer;
 pub mod rng;
@@ -24,5 +25,6 @@ pub use collection::{initial_rows, EmbeddingBagCollection, EmbeddingTable, Table
 pub use config::{EmbeddingBagConfig, PoolingType};
 pub use dtype::{DataType, MX_GROUP};
 pub use error::SparseError;
+pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};
 pub use optimizer::TableOptimizer;

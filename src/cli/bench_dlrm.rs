@@ -43,6 +43,9 @@ pub struct DlrmArgs {
     pub num_indices_per_lookup_fixed: bool,
     #[arg(long, value_enum, default_value_t = DataKind::Random)]
     pub data_generation: DataKind,
+    /// Ids follow --data-generation unless these say otherwise.
+    #[command(flatten)]
+    pub ids: super::ids::IdArgs,
     #[arg(long, default_value_t = 2048)]
     pub mini_batch_size: usize,
     #[arg(long, default_value_t = 100)]
@@ -116,6 +119,9 @@ pub struct PhaseMs {
 pub struct DlrmReport {
     pub architecture: ResolvedDlrm,
     pub data_generation: DataKind,
+    /// The ids' distribution when --id-distribution chose one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id_distribution: Option<ember_sparse::IdDistribution>,
     pub optimizer: BenchOptimizer,
     /// The tables' data type (the first table's, when they differ).
     pub table_dtype: ember_sparse::DataType,
@@ -392,6 +398,7 @@ fn synthetic_data(
 ) -> anyhow::Result<(Box<dyn TrainData>, InMemory)> {
     let data = SyntheticData::new(SyntheticConfig {
         fixed_indices: resolved.fixed_indices,
+        ids: args.ids.distribution()?,
         ..SyntheticConfig::for_model(
             &resolved.config,
             match args.data_generation {
@@ -496,6 +503,8 @@ impl DlrmReport {
         };
         Self {
             data_generation: args.data_generation,
+            // Checked when the data was made.
+            id_distribution: args.ids.distribution().ok().flatten(),
             optimizer: args.optim.optimizer,
             table_dtype: (architecture.config.tables.first())
                 .map_or_else(Default::default, |t| t.data_type),

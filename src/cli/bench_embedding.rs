@@ -1,6 +1,6 @@
 //! `ember bench embedding`: the embedding kernels alone, on the shapes of
 //! FBGEMM's TBE benchmark (T tables x E rows x D dims, batch B, L ids per bag,
-//! uniform ids).
+//! uniform ids, or Zipf's as its `--alpha`).
 
 use std::time::Instant;
 
@@ -10,9 +10,11 @@ use serde::Serialize;
 
 use ember_sparse::rng::{mix, Rng};
 use ember_sparse::{
-    DataType, EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, TableOptimizer,
+    DataType, EmbeddingBagCollection, EmbeddingBagConfig, IdDistribution, KeyedJaggedTensor,
+    TableOptimizer,
 };
 
+use super::ids::IdArgs;
 use super::{peak_rss_bytes, Progress};
 
 /// Distinct input batches generated before timing and cycled (as the peer does).
@@ -80,6 +82,9 @@ pub struct EmbeddingArgs {
     /// Also measure this machine's limit: a plain prefetched random gather over the same tables.
     #[arg(long)]
     pub roofline: bool,
+    /// Ids are uniform unless these say otherwise.
+    #[command(flatten)]
+    pub ids: IdArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -94,6 +99,7 @@ pub struct EmbeddingReport {
     pub pooling_factor: usize,
     pub optimizer: BenchOptimizer,
     pub table_dtype: DataType,
+    pub id_distribution: IdDistribution,
     pub threads: usize,
     pub iters: usize,
     pub iter_ms_median: f64,
@@ -138,7 +144,8 @@ pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         "--roofline's plain gather reads fp32 rows: use it with --table-dtype fp32"
     );
     check_memory(args)?;
-    super::with_threads(args.threads, || run_in_pool(args))?
+    let ids = args.ids.distribution()?.unwrap_or(IdDistribution::Uniform);
+    super::with_threads(args.threads, || run_in_pool(args, ids))?
 }
 
 /// Refuses shapes whose tables, ids and outputs cannot fit in memory, with
@@ -168,7 +175,7 @@ fn check_memory(args: &EmbeddingArgs) -> anyhow::Result<()> {
         })
 }
 
-fn run_in_pool(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
+fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<EmbeddingReport> {
     let configs: Vec<EmbeddingBagConfig> = (0..args.tables)
         .map(|t| {
             EmbeddingBagConfig::new(&format!("t{t}"), args.rows, args.dim, &[&format!("f{t}")])
@@ -184,11 +191,12 @@ fn run_in_pool(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
     let mut ebc = ebc;
     let keys: Vec<String> = (0..args.tables).map(|t| format!("f{t}")).collect();
     let ids_per_batch = args.tables * args.batch * args.pooling_factor;
+    let sampler = ids.sampler(args.rows as u64)?;
     let inputs: Vec<KeyedJaggedTensor> = (0..INPUT_BATCHES)
         .map(|i| {
             let mut rng = Rng::new(mix(&[args.seed, 0x1D5, i as u64]));
             let values = (0..ids_per_batch)
-                .map(|_| rng.below(args.rows as u64) as i64)
+                .map(|_| sampler.sample(&mut rng) as i64)
                 .collect();
             let lengths = vec![args.pooling_factor as i64; args.tables * args.batch];
             KeyedJaggedTensor::from_lengths(keys.clone(), values, &lengths, None)
@@ -235,6 +243,7 @@ fn run_in_pool(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         pooling_factor: args.pooling_factor,
         optimizer: args.optimizer,
         table_dtype: args.table_dtype,
+        id_distribution: ids,
         threads: rayon::current_num_threads(),
         iters: args.iters,
         iter_ms_median: median(&mut times) * 1e3,
@@ -291,8 +300,8 @@ pub fn median(values: &mut [f64]) -> f64 {
 
 impl std::fmt::Display for EmbeddingReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "embedding bench: {} tables x {} rows x {} dim ({}), batch {}, {} id(s) per bag, optimizer {:?}, {} threads",
-            self.tables, self.rows, self.dim, self.table_dtype, self.batch, self.pooling_factor, self.optimizer, self.threads)?;
+        writeln!(f, "embedding bench: {} tables x {} rows x {} dim ({}), batch {}, {} id(s) per bag ({}), optimizer {:?}, {} threads",
+            self.tables, self.rows, self.dim, self.table_dtype, self.batch, self.pooling_factor, self.id_distribution, self.optimizer, self.threads)?;
         writeln!(f, "  {:.2} M ids/s, {:.0} samples/s, {:.2} GB/s of rows read, {:.3} ms/iter (median of {})",
             self.ids_per_s / 1e6, self.samples_per_s, self.gb_per_s, self.iter_ms_median, self.iters)?;
         if let (Some(limit), Some(frac)) = (self.limit_ids_per_s, self.fraction_of_limit) {

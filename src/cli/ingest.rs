@@ -173,6 +173,9 @@ pub struct SyntheticArgs {
     pub stream: u32,
     #[command(flatten)]
     pub tables: TableArgs,
+    /// Ids are the generator's log-uniform ranks unless these say otherwise.
+    #[command(flatten)]
+    pub ids: super::ids::IdArgs,
     #[command(flatten)]
     pub sink: SinkArgs,
     #[arg(long)]
@@ -225,6 +228,7 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
         indices_per_lookup: 1,
         indices_per_feature: sizes.clone(),
         fixed_indices: false,
+        ids: args.ids.distribution()?,
         seed: args.seed,
     })?;
     let multi: [bool; NUM_CAT] = std::array::from_fn(|i| sizes[i] > 1);

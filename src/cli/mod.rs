@@ -9,6 +9,7 @@ pub mod bench_embedding;
 pub mod bench_loader;
 pub mod data;
 pub mod devices;
+pub mod ids;
 pub mod ingest;
 mod progress;
 pub mod quantize;

@@ -184,6 +184,70 @@ fn bench_embedding_reports_roofline() {
 }
 
 #[test]
+fn bench_embedding_on_the_disk_tier() {
+    let dir = std::env::temp_dir().join(format!("ember-tier-{}", std::process::id()));
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "bench",
+            "embedding",
+            "--tables",
+            "3",
+            "--rows",
+            "5000",
+            "--dim",
+            "16",
+            "--batch",
+            "64",
+            "--optimizer",
+            "rowwise-adagrad",
+            "--iters",
+            "6",
+            "--warmup",
+            "2",
+            "--input-batches",
+            "8",
+            "--id-distribution",
+            "zipf",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let owned = args(extra);
+        json(&owned.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let ram = run(&[]);
+    assert!(ram.get("disk_tier").is_none());
+    let disk = run(&["--disk-dir", dir.to_str().unwrap(), "--cache-memory", "10%"]);
+    let tier = &disk["disk_tier"];
+    // 10% of 5000 rows, rounded to whole sets of 16.
+    assert_eq!(tier["cache_rows_per_table"], 496, "{disk}");
+    let hit = tier["hit_rate"].as_f64().unwrap();
+    assert!(hit > 0.0 && hit < 1.0, "{disk}");
+    assert!(
+        tier["bytes_read_per_iter"].as_f64().unwrap() > 0.0,
+        "{disk}"
+    );
+    // The tables' files are gone with the run.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+    for (extra, needle) in [
+        (&["--cache-memory", "0%"][..], "--cache-memory"),
+        (&["--cache-memory", "1KiB"][..], "below one set"),
+        (&["--roofline"][..], "--roofline"),
+    ] {
+        let mut a = args(&["--disk-dir", dir.to_str().unwrap()]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let out = ember(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn benches_report_the_id_distribution() {
     let small = ["--iters", "1", "--warmup", "0", "--json"];
     let embedding = |extra: &[&str]| {

@@ -49,7 +49,11 @@ impl SparseArch {
         out: &mut KeyedTensor,
     ) -> Result<(), ModelError> {
         match self {
-            SparseArch::Local(e) => Ok(e.forward_into(kjt, out)?),
+            SparseArch::Local(e) => {
+                // Disk-tier tables' rows into their caches (nothing in RAM).
+                e.prefetch(kjt)?;
+                Ok(e.forward_into(kjt, out)?)
+            }
             SparseArch::Sharded(s) => Ok(s.forward_into(kjt, out)?),
         }
     }
@@ -151,10 +155,26 @@ impl SparseArch {
     /// local collection, or the shards gathered into a new one (a copy of
     /// every table).
     pub fn unsharded(&self) -> Result<Unsharded<'_>, ModelError> {
+        if let SparseArch::Local(e) = self {
+            if let Some(t) = e.tables().iter().find(|t| t.is_on_disk()) {
+                return Err(ModelError::Config(format!(
+                    "table '{}' is on the disk tier: checkpoints and resharding of disk-tier tables are not supported yet",
+                    t.name()
+                )));
+            }
+        }
         Ok(match self {
             SparseArch::Local(e) => Unsharded::Borrowed(e),
             SparseArch::Sharded(s) => Unsharded::Gathered(s.to_collection()?),
         })
+    }
+
+    /// The local collection (`None` when sharded).
+    pub fn local(&self) -> Option<&EmbeddingBagCollection> {
+        match self {
+            SparseArch::Local(e) => Some(e),
+            SparseArch::Sharded(_) => None,
+        }
     }
 
     /// The local collection (`None` when sharded).
@@ -170,6 +190,9 @@ impl SparseArch {
     pub fn reshard(&mut self, plan: Option<ShardingPlan>) -> Result<(), ModelError> {
         // Build the new placement first: a plan that fails leaves the tables as they were.
         let next = match (&*self, plan) {
+            (SparseArch::Local(_), Some(_)) if self.unsharded().is_err() => {
+                return self.unsharded().map(|_| ());
+            }
             (SparseArch::Local(e), Some(plan)) => {
                 SparseArch::Sharded(ShardedEmbeddingBagCollection::from_collection(e, plan)?)
             }

@@ -138,4 +138,33 @@ pub enum SparseError {
     /// is wrong with it).
     #[error("id distribution: {0}")]
     IdDistribution(String),
+    /// A disk-tier table's file could not be created, read or written
+    /// (a full disk among them).
+    #[error("table '{table}': {reason} ({path})")]
+    Disk {
+        /// The table whose file it is.
+        table: String,
+        /// The file.
+        path: std::path::PathBuf,
+        /// What failed, with the system's message.
+        reason: String,
+    },
+    /// A batch needs more rows of one cache set at once than the set holds.
+    #[error(
+        "table '{table}': a batch's rows do not fit its disk-tier cache of {cache_rows} rows \
+         (16 of them fell in one set); give the cache more rows"
+    )]
+    CacheFull {
+        /// The table.
+        table: String,
+        /// Rows of its cache.
+        cache_rows: usize,
+    },
+    /// A forward over disk-tier tables was given a batch that
+    /// [`prefetch`](crate::EmbeddingBagCollection::prefetch) did not stage.
+    #[error("table '{table}' is on the disk tier: prefetch() the batch before its forward")]
+    NotPrefetched {
+        /// The first disk-tier table.
+        table: String,
+    },
 }

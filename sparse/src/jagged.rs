@@ -208,6 +208,17 @@ impl KeyedJaggedTensor {
     pub fn key_range(&self, k: usize) -> std::ops::Range<usize> {
         self.offsets[k * self.stride]..self.offsets[(k + 1) * self.stride]
     }
+    /// The same bags holding other ids (`values.len()` equal to this one's).
+    pub(crate) fn with_values(&self, values: Vec<i64>) -> Self {
+        debug_assert_eq!(values.len(), self.values.len());
+        Self {
+            keys: self.keys.clone(),
+            values,
+            weights: self.weights.clone(),
+            offsets: self.offsets.clone(),
+            stride: self.stride,
+        }
+    }
     /// Samples `samples` of every key (copies): a rank's part of a batch.
     ///
     /// # Panics

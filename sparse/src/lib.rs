@@ -20,6 +20,7 @@ pub mod roofline;
 mod rows;
 mod simd;
 pub mod storage;
+mod tier;
 
 pub use collection::{initial_rows, EmbeddingBagCollection, EmbeddingTable, TablePart};
 pub use config::{EmbeddingBagConfig, PoolingType};
@@ -28,3 +29,4 @@ pub use error::SparseError;
 pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};
 pub use optimizer::TableOptimizer;
+pub use tier::{DiskTierConfig, TierStats, CACHE_WAYS};

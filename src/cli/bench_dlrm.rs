@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
@@ -46,6 +46,9 @@ pub struct DlrmArgs {
     /// Ids follow --data-generation unless these say otherwise.
     #[command(flatten)]
     pub ids: super::ids::IdArgs,
+    /// Tables on the disk tier (one process, not sharded, not saved).
+    #[command(flatten)]
+    pub tier: super::tier::TierArgs,
     #[arg(long, default_value_t = 2048)]
     pub mini_batch_size: usize,
     #[arg(long, default_value_t = 100)]
@@ -105,6 +108,14 @@ impl DlrmArgs {
     }
 }
 
+#[derive(Debug, Serialize)]
+pub struct DlrmTierReport {
+    pub cache_bytes: u64,
+    pub hit_rate: f64,
+    pub bytes_read_per_step: f64,
+    pub bytes_written_per_step: f64,
+}
+
 /// Mean milliseconds per step of each phase.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct PhaseMs {
@@ -122,6 +133,10 @@ pub struct DlrmReport {
     /// The ids' distribution when --id-distribution chose one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id_distribution: Option<ember_sparse::IdDistribution>,
+    /// With --disk-dir: the caches' hit rate over the run and the file
+    /// bytes moved per step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_tier: Option<DlrmTierReport>,
     pub optimizer: BenchOptimizer,
     /// The tables' data type (the first table's, when they differ).
     pub table_dtype: ember_sparse::DataType,
@@ -283,8 +298,26 @@ fn run_in_pool(
     args.sharding.validate()?;
     let devices = args.sharding.devices.unwrap_or(0);
     let shape = (args.mini_batch_size / launch.world_size().max(1), pooling);
+    let tiers = args.tier.tiers(&config.tables, &table_optimizer)?;
+    if args.tier.disk_dir.is_some() {
+        anyhow::ensure!(
+            launch.world_size() == 1 && args.sharding.devices.is_none() && args.sharding.plan.is_none(),
+            "--disk-dir: disk-tier tables run in one process, unsharded (no --devices, --plan or mpirun) for now"
+        );
+        anyhow::ensure!(
+            args.save.is_none(),
+            "--disk-dir: --save of disk-tier tables is not supported yet"
+        );
+    }
+    // In memory, a disk-tier table is its cache.
+    let mut resident = config.clone();
+    for (t, tier) in resident.tables.iter_mut().zip(&tiers) {
+        if let Some(tier) = tier {
+            t.num_embeddings = t.num_embeddings.min(tier.cache_rows);
+        }
+    }
     super::arch::check_memory(
-        config,
+        &resident,
         table_optimizer,
         shape,
         in_flight,
@@ -302,6 +335,16 @@ fn run_in_pool(
     let optimizers = (table_optimizer, args.optim.dense_optimizer());
     let plan = planned.map(|(plan, _)| plan);
     let mut model = launch.patiently(|| {
+        if let Some(dir) = &args.tier.disk_dir {
+            std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+            return Ok(Dlrm::with_disk_tiers(
+                config.clone(),
+                optimizers.0,
+                optimizers.1,
+                args.seed,
+                tiers.clone(),
+            )?);
+        }
         Ok(Dlrm::place(
             config,
             optimizers,
@@ -505,6 +548,17 @@ impl DlrmReport {
             data_generation: args.data_generation,
             // Checked when the data was made.
             id_distribution: args.ids.distribution().ok().flatten(),
+            disk_tier: args.tier.disk_dir.as_ref().and_then(|_| {
+                let tables = model.sparse_arch().local()?.tables();
+                let totals = super::tier::totals(tables.iter());
+                let steps = timed.max(1.0);
+                Some(DlrmTierReport {
+                    cache_bytes: model.sparse_arch().bytes() as u64,
+                    hit_rate: totals.hit_rate(),
+                    bytes_read_per_step: totals.bytes_read as f64 / steps,
+                    bytes_written_per_step: totals.bytes_written as f64 / steps,
+                })
+            }),
             optimizer: args.optim.optimizer,
             table_dtype: (architecture.config.tables.first())
                 .map_or_else(Default::default, |t| t.data_type),

@@ -10,15 +10,13 @@ use serde::Serialize;
 
 use ember_sparse::rng::{mix, Rng};
 use ember_sparse::{
-    DataType, EmbeddingBagCollection, EmbeddingBagConfig, IdDistribution, KeyedJaggedTensor,
-    TableOptimizer,
+    DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, IdDistribution,
+    KeyedJaggedTensor, TableOptimizer, TierStats,
 };
 
 use super::ids::IdArgs;
+use super::tier::TierArgs;
 use super::{peak_rss_bytes, Progress};
-
-/// Distinct input batches generated before timing and cycled (as the peer does).
-const INPUT_BATCHES: usize = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -71,6 +69,11 @@ pub struct EmbeddingArgs {
     /// Timed iterations.
     #[arg(long, default_value_t = 50)]
     pub iters: usize,
+    /// Distinct batches, generated before timing and cycled (the peer's 4).
+    /// A cache sees only their rows: time the disk tier with at least
+    /// --warmup + --iters.
+    #[arg(long, default_value_t = 4)]
+    pub input_batches: usize,
     /// Untimed iterations first.
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
@@ -85,6 +88,9 @@ pub struct EmbeddingArgs {
     /// Ids are uniform unless these say otherwise.
     #[command(flatten)]
     pub ids: IdArgs,
+    /// Tables on the disk tier.
+    #[command(flatten)]
+    pub tier: TierArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -110,10 +116,40 @@ pub struct EmbeddingReport {
     pub table_bytes: u64,
     pub peak_rss_bytes: u64,
     pub peak_rss_over_table_bytes: f64,
+    /// With --disk-dir: the cache's rows per table, its hit rate over the
+    /// timed iterations, and the file bytes read and written per iteration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_tier: Option<DiskTierReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit_ids_per_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fraction_of_limit: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DiskTierReport {
+    pub cache_rows_per_table: usize,
+    pub cache_bytes: u64,
+    pub hit_rate: f64,
+    pub bytes_read_per_iter: f64,
+    pub bytes_written_per_iter: f64,
+}
+
+/// The tables' configs, and their disk tiers (all `None` without --disk-dir).
+fn tables(
+    args: &EmbeddingArgs,
+) -> anyhow::Result<(Vec<EmbeddingBagConfig>, Vec<Option<DiskTierConfig>>)> {
+    let configs: Vec<EmbeddingBagConfig> = (0..args.tables)
+        .map(|t| {
+            EmbeddingBagConfig::new(&format!("t{t}"), args.rows, args.dim, &[&format!("f{t}")])
+                .with_data_type(args.table_dtype)
+        })
+        .collect();
+    let tiers = args.tier.tiers(
+        &configs,
+        &args.optimizer.table_optimizer(args.learning_rate),
+    )?;
+    Ok((configs, tiers))
 }
 
 pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
@@ -126,6 +162,7 @@ pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         "--pooling-factor must be at least 1"
     );
     anyhow::ensure!(args.iters > 0, "--iters must be at least 1");
+    anyhow::ensure!(args.input_batches > 0, "--input-batches must be at least 1");
     anyhow::ensure!(
         !args.roofline || args.optimizer == BenchOptimizer::None,
         "--roofline compares the forward lookup with a plain gather: use it with --optimizer none"
@@ -138,6 +175,10 @@ pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         args.table_dtype.is_trainable() || args.optimizer == BenchOptimizer::None,
         "--table-dtype {} is for inference: time its forward with --optimizer none",
         args.table_dtype
+    );
+    anyhow::ensure!(
+        !args.roofline || args.tier.disk_dir.is_none(),
+        "--roofline gathers from tables in RAM: use it without --disk-dir"
     );
     anyhow::ensure!(
         !args.roofline || args.table_dtype == DataType::Fp32,
@@ -159,9 +200,13 @@ fn check_memory(args: &EmbeddingArgs) -> anyhow::Result<()> {
         .row_bytes(args.dim)
         .map_or(u64::MAX, |r| r as u64);
     let state = m(optimizer.state_floats_per_row(args.dim) as u64, 4);
-    let tables = m(m(t, args.rows as u64), row.saturating_add(state));
+    let (_, tiers) = tables(args)?;
+    let resident = tiers[0]
+        .as_ref()
+        .map_or(args.rows, |c| c.cache_rows.min(args.rows)) as u64;
+    let tables = m(m(t, resident), row.saturating_add(state));
     // Ids and lengths of every pregenerated batch; output and gradient.
-    let bags = m(INPUT_BATCHES as u64, m(t, b));
+    let bags = m(args.input_batches as u64, m(t, b));
     let estimate = ember_models::MemoryEstimate {
         tables,
         activations: m(m(m(t, b), args.dim as u64), 8),
@@ -176,23 +221,23 @@ fn check_memory(args: &EmbeddingArgs) -> anyhow::Result<()> {
 }
 
 fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<EmbeddingReport> {
-    let configs: Vec<EmbeddingBagConfig> = (0..args.tables)
-        .map(|t| {
-            EmbeddingBagConfig::new(&format!("t{t}"), args.rows, args.dim, &[&format!("f{t}")])
-                .with_data_type(args.table_dtype)
-        })
-        .collect();
-    let ebc = EmbeddingBagCollection::new(
+    let (configs, tiers) = tables(args)?;
+    let cache = tiers[0].as_ref().map(|t| t.cache_rows);
+    if let Some(dir) = &args.tier.disk_dir {
+        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+    }
+    let ebc = EmbeddingBagCollection::with_disk_tiers(
         configs,
         args.optimizer.table_optimizer(args.learning_rate),
         args.seed,
+        tiers,
     )
     .context("creating the tables")?;
     let mut ebc = ebc;
     let keys: Vec<String> = (0..args.tables).map(|t| format!("f{t}")).collect();
     let ids_per_batch = args.tables * args.batch * args.pooling_factor;
     let sampler = ids.sampler(args.rows as u64)?;
-    let inputs: Vec<KeyedJaggedTensor> = (0..INPUT_BATCHES)
+    let inputs: Vec<KeyedJaggedTensor> = (0..args.input_batches)
         .map(|i| {
             let mut rng = Rng::new(mix(&[args.seed, 0x1D5, i as u64]));
             let values = (0..ids_per_batch)
@@ -210,9 +255,14 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
 
     let progress = Progress::new((args.warmup + args.iters) as u64, "embedding", args.json);
     let mut times = Vec::with_capacity(args.iters);
+    let mut before = TierStats::default();
     for i in 0..args.warmup + args.iters {
-        let kjt = &inputs[i % INPUT_BATCHES];
+        let kjt = &inputs[i % inputs.len()];
+        if i == args.warmup {
+            before = super::tier::totals(ebc.tables().iter());
+        }
         let start = Instant::now();
+        ebc.prefetch(kjt)?;
         ebc.forward_into(kjt, &mut out)?;
         if args.optimizer != BenchOptimizer::None {
             ebc.backward_update(kjt, &grad)?;
@@ -226,6 +276,23 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
     progress.finish();
     let total: f64 = times.iter().sum();
     let ids_per_s = (ids_per_batch * times.len()) as f64 / total;
+    let disk_tier = cache.map(|cache_rows| {
+        let after = super::tier::totals(ebc.tables().iter());
+        let (lookups, misses) = (after.lookups - before.lookups, after.misses - before.misses);
+        let iters = times.len() as f64;
+        DiskTierReport {
+            cache_rows_per_table: cache_rows,
+            cache_bytes: ebc.bytes() as u64,
+            hit_rate: TierStats {
+                lookups,
+                misses,
+                ..Default::default()
+            }
+            .hit_rate(),
+            bytes_read_per_iter: (after.bytes_read - before.bytes_read) as f64 / iters,
+            bytes_written_per_iter: (after.bytes_written - before.bytes_written) as f64 / iters,
+        }
+    });
 
     let (limit_ids_per_s, fraction_of_limit) = if args.roofline {
         let limit = gather_limit(&ebc, &inputs, args);
@@ -253,6 +320,7 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
         table_bytes,
         peak_rss_bytes: peak,
         peak_rss_over_table_bytes: peak as f64 / table_bytes as f64,
+        disk_tier,
         limit_ids_per_s,
         fraction_of_limit,
     })
@@ -304,6 +372,17 @@ impl std::fmt::Display for EmbeddingReport {
             self.tables, self.rows, self.dim, self.table_dtype, self.batch, self.pooling_factor, self.id_distribution, self.optimizer, self.threads)?;
         writeln!(f, "  {:.2} M ids/s, {:.0} samples/s, {:.2} GB/s of rows read, {:.3} ms/iter (median of {})",
             self.ids_per_s / 1e6, self.samples_per_s, self.gb_per_s, self.iter_ms_median, self.iters)?;
+        if let Some(d) = &self.disk_tier {
+            writeln!(
+                f,
+                "  disk tier: cache of {} rows per table ({:.2} GiB), hit rate {:.1}%, {:.1} MB read and {:.1} MB written per iteration",
+                d.cache_rows_per_table,
+                d.cache_bytes as f64 / (1u64 << 30) as f64,
+                d.hit_rate * 100.0,
+                d.bytes_read_per_iter / 1e6,
+                d.bytes_written_per_iter / 1e6
+            )?;
+        }
         if let (Some(limit), Some(frac)) = (self.limit_ids_per_s, self.fraction_of_limit) {
             writeln!(
                 f,

@@ -15,6 +15,7 @@ mod progress;
 pub mod quantize;
 pub mod serve;
 pub mod sharding;
+pub mod tier;
 pub mod train;
 pub mod world;
 

@@ -116,11 +116,27 @@ impl Dlrm {
         dense_optimizer: DenseOptimizerConfig,
         seed: u64,
     ) -> Result<Self, ModelError> {
+        Self::with_disk_tiers(config, table_optimizer, dense_optimizer, seed, Vec::new())
+    }
+
+    /// [`Dlrm::new`], with the tables whose entry of `tiers` is `Some` on
+    /// the disk tier (see
+    /// [`EmbeddingBagCollection::with_disk_tiers`]): each forward first
+    /// brings its batch's rows into their caches. Such a model is not
+    /// sharded or checkpointed yet (both fail with [`ModelError::Config`]).
+    pub fn with_disk_tiers(
+        config: DlrmConfig,
+        table_optimizer: TableOptimizer,
+        dense_optimizer: DenseOptimizerConfig,
+        seed: u64,
+        tiers: Vec<Option<ember_sparse::DiskTierConfig>>,
+    ) -> Result<Self, ModelError> {
         config.validate()?;
-        let sparse_arch = SparseArch::Local(EmbeddingBagCollection::new(
+        let sparse_arch = SparseArch::Local(EmbeddingBagCollection::with_disk_tiers(
             config.tables.clone(),
             table_optimizer,
             seed,
+            tiers,
         )?);
         Self::with_tables(config, sparse_arch, dense_optimizer, seed)
     }

@@ -50,7 +50,7 @@ impl EmbeddingBagCollection {
         kjt: &KeyedJaggedTensor,
         grad: &[f32],
     ) -> Result<(), SparseError> {
-        let keys = self.resolve_keys(kjt)?;
+        self.resolve_keys(kjt)?;
         let batch = kjt.stride();
         let width = self.width;
         if grad.len() != batch * width {
@@ -64,6 +64,17 @@ impl EmbeddingBagCollection {
         if matches!(self.optimizer, TableOptimizer::None) {
             return Ok(());
         }
+        // Disk-tier tables update their cache's slots: the batch as staged.
+        let staged = self.update_input(kjt)?;
+        let result = self.update_tables(staged.as_ref().map_or(kjt, |s| s.slots()), grad);
+        self.restore_staged(staged);
+        result
+    }
+
+    /// The backward of a batch whose ids address the tables' resident rows.
+    fn update_tables(&mut self, kjt: &KeyedJaggedTensor, grad: &[f32]) -> Result<(), SparseError> {
+        let keys = self.resolve_keys(kjt)?;
+        let width = self.width;
         // Every id is checked before any table changes, so an error leaves
         // the tables and the step count as they were.
         let slots = &self.slots;
@@ -96,7 +107,7 @@ impl EmbeddingTable {
         features: impl Iterator<Item = (&'a FeatureSlot, &'a usize)>,
         kjt: &KeyedJaggedTensor,
     ) -> Result<(), SparseError> {
-        let rows = self.num_embeddings() as u64;
+        let rows = self.resident_rows() as u64;
         let mean = self.config.pooling == PoolingType::Mean;
         let entries = &mut self.scratch.entries;
         entries.clear();
@@ -147,7 +158,7 @@ impl EmbeddingTable {
         width: usize,
     ) {
         // The unsafe row writes below rely on these sizes.
-        let rows = self.config.num_embeddings;
+        let rows = self.resident_rows();
         let stride = self.rows.stride();
         assert_eq!(self.rows.bytes().len(), rows * stride);
         assert_eq!(
@@ -170,6 +181,7 @@ impl EmbeddingTable {
             // One key per table and step; each row's is one hash more.
             step_key: crate::rng::mix(&[rounding.seed, self.part.table, rounding.step]),
             part: self.part,
+            slot_ids: self.tier.as_ref().map(|t| t.slot_ids()),
         };
         let segments = job.starts.len() - 1;
         (0..segments.div_ceil(SEGMENTS_PER_TASK))
@@ -214,6 +226,8 @@ struct UpdateJob<'a> {
     /// The stochastic rounding's key for this table and step.
     step_key: u64,
     part: super::TablePart,
+    /// A disk-tier table's rows are cache slots: the id each one holds.
+    slot_ids: Option<&'a [u64]>,
 }
 
 multiversion!(fn update_fp32(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp32>);
@@ -290,7 +304,8 @@ fn update_task_body<const D: usize, F: TrainFormat>(
             decode_with::<F>(bytes, decoded);
             update_row(job.optimizer, job.factors, decoded, summed, row_state);
             let part = job.part;
-            let global_row = part.first_row + id as u64 * part.row_step;
+            let local = job.slot_ids.map_or(id as u64, |ids| ids[id]);
+            let global_row = part.first_row + local * part.row_step;
             let key = crate::rng::splitmix(job.step_key ^ global_row);
             // SAFETY: as above, this task alone owns the row's bytes.
             unsafe { F::store(bytes.as_mut_ptr(), decoded, key, part.first_column) };

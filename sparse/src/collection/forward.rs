@@ -56,6 +56,7 @@ impl EmbeddingBagCollection {
         kjt: &KeyedJaggedTensor,
         out: &mut KeyedTensor,
     ) -> Result<(), SparseError> {
+        let kjt = self.forward_input(kjt)?;
         let keys = self.resolve_keys(kjt)?;
         let batch = kjt.stride();
         let same_layout = out.keys().len() == self.slots.len()
@@ -147,7 +148,8 @@ fn pool_block(
     let values = job.kjt.values();
     for (i, slot) in job.slots.iter().enumerate() {
         let table = &job.tables[slot.table];
-        let (num_rows, stride) = (table.num_embeddings() as u64, table.rows.stride());
+        // A disk-tier table's ids are its cache's slots by now.
+        let (num_rows, stride) = (table.resident_rows() as u64, table.rows.stride());
         let base = table.rows.as_ptr();
         // A feature's bags for consecutive samples are contiguous in `values`.
         let (start, end) = (job.bag(i, first).0, job.bag(i, first + samples - 1).1);

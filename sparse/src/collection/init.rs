@@ -6,8 +6,9 @@ use rayon::prelude::*;
 use super::backward::BackwardScratch;
 use super::{EmbeddingTable, TablePart};
 use crate::optimizer::OptimizerState;
-use crate::rows::TableRows;
-use crate::{EmbeddingBagConfig, SparseError, TableOptimizer};
+use crate::rows::{encode, TableRows};
+use crate::tier::DiskTier;
+use crate::{DiskTierConfig, EmbeddingBagConfig, SparseError, TableOptimizer};
 
 /// Rows initialised per independently seeded chunk (keeps init reproducible
 /// whatever the thread count).
@@ -75,13 +76,18 @@ fn draw_chunk((lo, hi): (f32, f32), key: [u64; 3], out: &mut [f32]) {
     }
 }
 
-/// A table initialised from `seed` (zeros without one).
+/// A table initialised from `seed` (zeros without one), in RAM or (with
+/// `tier`) in a file behind a cache.
 pub(super) fn new_table(
     config: EmbeddingBagConfig,
     optimizer: &TableOptimizer,
     seed: Option<u64>,
     index: u64,
+    tier: Option<&DiskTierConfig>,
 ) -> Result<EmbeddingTable, SparseError> {
+    if let Some(tier) = tier {
+        return new_disk_table(config, optimizer, seed, index, tier);
+    }
     let (lo, hi) = config.init_range();
     let dim = config.embedding_dim;
     let alloc_error = |bytes| SparseError::Allocation {
@@ -106,5 +112,59 @@ pub(super) fn new_table(
         state,
         part: TablePart::whole(index),
         scratch: BackwardScratch::default(),
+        tier: None,
+    })
+}
+
+/// A disk-tier table: its file written chunk by chunk with the rows `new`
+/// would draw in RAM (and zero state), then an empty cache.
+fn new_disk_table(
+    config: EmbeddingBagConfig,
+    optimizer: &TableOptimizer,
+    seed: Option<u64>,
+    index: u64,
+    tier: &DiskTierConfig,
+) -> Result<EmbeddingTable, SparseError> {
+    let (lo, hi) = config.init_range();
+    let (dim, dtype) = (config.embedding_dim, config.data_type);
+    // validate() checked that a row's size fits.
+    let stride = dtype.row_bytes(dim).unwrap_or(usize::MAX);
+    let state_bytes = 4 * optimizer.state_floats_per_row(dim);
+    let record = stride + state_bytes;
+    let (disk, slots) = DiskTier::create(
+        tier,
+        &config.name,
+        config.num_embeddings,
+        (stride, state_bytes),
+        INIT_CHUNK_ROWS,
+        |first, records| {
+            // `first` is a multiple of INIT_CHUNK_ROWS: one chunk of draws.
+            debug_assert_eq!(first % INIT_CHUNK_ROWS, 0);
+            let rows = records.len() / record;
+            let mut values = vec![0f32; rows * dim];
+            if let Some(seed) = seed {
+                let chunk = (first / INIT_CHUNK_ROWS) as u64;
+                draw_chunk((lo, hi), [seed, index, chunk], &mut values);
+            }
+            for (r, rec) in records.chunks_exact_mut(record).enumerate() {
+                encode(dtype, &values[r * dim..(r + 1) * dim], &mut rec[..stride]);
+                rec[stride..].fill(0);
+            }
+        },
+    )?;
+    let alloc_error = |bytes| SparseError::Allocation {
+        table: config.name.clone(),
+        bytes,
+    };
+    let rows = TableRows::new(dtype, slots, dim).ok_or_else(|| alloc_error(slots * stride))?;
+    let state = OptimizerState::new(optimizer, slots, dim)
+        .ok_or_else(|| alloc_error(slots * state_bytes))?;
+    Ok(EmbeddingTable {
+        config,
+        rows,
+        state,
+        part: TablePart::whole(index),
+        scratch: BackwardScratch::default(),
+        tier: Some(Box::new(disk)),
     })
 }

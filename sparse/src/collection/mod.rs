@@ -4,8 +4,10 @@
 
 use crate::optimizer::OptimizerState;
 use crate::rows::TableRows;
+use crate::tier::DiskTier;
 use crate::{
-    DataType, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError, TableOptimizer,
+    DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError,
+    TableOptimizer, TierStats,
 };
 
 /// Calls `kernel::<D, F>(args)` with the dim as a compile-time `D` where a
@@ -26,13 +28,15 @@ macro_rules! with_fixed_dim {
 mod backward;
 mod forward;
 mod init;
+mod staging;
 
 use backward::BackwardScratch;
 pub use init::initial_rows;
 use init::new_table;
 
 /// One table: its rows (in its data type), its optimizer state and scratch
-/// for the backward pass.
+/// for the backward pass. A table on the disk tier keeps its rows and state
+/// in a file; `rows` and `state` are then its cache's slots.
 #[derive(Debug)]
 pub struct EmbeddingTable {
     config: EmbeddingBagConfig,
@@ -40,6 +44,7 @@ pub struct EmbeddingTable {
     state: OptimizerState,
     part: TablePart,
     scratch: BackwardScratch,
+    tier: Option<Box<DiskTier>>,
 }
 
 /// Where a table's rows sit in the whole table they are part of: a shard's
@@ -123,16 +128,55 @@ impl EmbeddingTable {
     ///
     /// # Panics
     /// When `id >= num_embeddings()` or `out.len() != dim()`.
+    /// When `id >= num_embeddings()`, `out.len() != dim()`, or a disk-tier
+    /// table's file cannot be read (see [`try_read_row`](Self::try_read_row)).
     pub fn read_row(&self, id: usize, out: &mut [f32]) {
-        self.rows.read_row(id, out)
+        if let Err(e) = self.try_read_row(id, out) {
+            panic!("{e}");
+        }
+    }
+    /// [`read_row`](Self::read_row), with a failed read of a disk-tier
+    /// table's file as [`SparseError::Disk`].
+    ///
+    /// # Panics
+    /// When `id >= num_embeddings()` or `out.len() != dim()`.
+    pub fn try_read_row(&self, id: usize, out: &mut [f32]) -> Result<(), SparseError> {
+        let Some(tier) = &self.tier else {
+            self.rows.read_row(id, out);
+            return Ok(());
+        };
+        assert!(id < self.num_embeddings(), "read_row: no row {id}");
+        if let Some(slot) = tier.slot_of(id as u64) {
+            self.rows.read_row(slot, out);
+            return Ok(());
+        }
+        let stride = self.rows.stride();
+        let mut record = vec![0u8; stride + 4 * self.state.floats_per_row()];
+        tier.read_record(&self.config.name, id as u64, &mut record)?;
+        self.data_type().decode_row(&record[..stride], out);
+        Ok(())
     }
     /// Sets row `id` to `values`, rounded to the nearest value of the data
     /// type (quantized, for the quantized types).
     ///
     /// # Panics
     /// When `id >= num_embeddings()` or `values.len() != dim()`.
+    /// When `id >= num_embeddings()`, `values.len() != dim()`, or a
+    /// disk-tier table's file cannot be written.
     pub fn write_row(&mut self, id: usize, values: &[f32]) {
-        self.rows.write_row(id, values)
+        let Some(tier) = &mut self.tier else {
+            return self.rows.write_row(id, values);
+        };
+        assert!(id < self.config.num_embeddings, "write_row: no row {id}");
+        if let Some(slot) = tier.slot_of(id as u64) {
+            tier.mark_dirty(slot);
+            return self.rows.write_row(slot, values);
+        }
+        let mut bytes = vec![0u8; self.rows.stride()];
+        crate::rows::encode(self.config.data_type, values, &mut bytes);
+        if let Err(e) = tier.write_row_bytes(&self.config.name, id as u64, &bytes) {
+            panic!("{e}");
+        }
     }
     /// Bytes per row: [`DataType::row_bytes`] of the dim.
     pub fn bytes_per_row(&self) -> usize {
@@ -140,12 +184,51 @@ impl EmbeddingTable {
     }
     /// The rows as stored, row-major, [`DataType::row_bytes`] each (the
     /// layouts are documented there); native byte order.
+    ///
+    /// # Panics
+    /// When the table is on the disk tier (read it row by row).
     pub fn row_bytes(&self) -> &[u8] {
+        self.assert_in_ram("row_bytes");
         self.rows.bytes()
     }
     /// The rows as stored, mutable (to load them in their own type).
+    ///
+    /// # Panics
+    /// When the table is on the disk tier.
     pub fn row_bytes_mut(&mut self) -> &mut [u8] {
+        self.assert_in_ram("row_bytes_mut");
         self.rows.bytes_mut()
+    }
+    fn assert_in_ram(&self, what: &str) {
+        assert!(
+            self.tier.is_none(),
+            "{what}(): table '{}' is on the disk tier",
+            self.config.name
+        );
+    }
+    /// Whether the table lives on the disk tier.
+    pub fn is_on_disk(&self) -> bool {
+        self.tier.is_some()
+    }
+    /// A disk-tier table's file.
+    pub fn disk_path(&self) -> Option<&std::path::Path> {
+        self.tier.as_ref().map(|t| t.path())
+    }
+    /// A disk-tier table's cache figures since it was built.
+    pub fn tier_stats(&self) -> Option<TierStats> {
+        self.tier.as_ref().map(|t| t.stats())
+    }
+    /// Rows the kernels address: the table's, or its cache's slots.
+    pub(crate) fn resident_rows(&self) -> usize {
+        self.rows.bytes().len() / self.rows.stride()
+    }
+    /// Writes a disk-tier table's changed cached rows to its file (nothing
+    /// for a table in RAM).
+    pub fn flush(&mut self) -> Result<(), SparseError> {
+        match &mut self.tier {
+            Some(tier) => tier.flush(&self.config.name, &mut self.rows, &mut self.state),
+            None => Ok(()),
+        }
     }
     /// Where this table's rows sit in the table they are part of.
     pub fn part(&self) -> TablePart {
@@ -158,12 +241,20 @@ impl EmbeddingTable {
     }
     /// Optimizer state, row-major `[num_embeddings, state floats per row]`
     /// (row-wise Adagrad: 1; Adagrad: dim; Adam: `[m | v]`, 2 x dim).
+    ///
+    /// # Panics
+    /// When the table is on the disk tier.
     pub fn optimizer_state(&self) -> &[f32] {
+        self.assert_in_ram("optimizer_state");
         self.state.as_slice()
     }
     /// Optimizer state, mutable; laid out as
     /// [`optimizer_state`](Self::optimizer_state).
+    ///
+    /// # Panics
+    /// When the table is on the disk tier.
     pub fn optimizer_state_mut(&mut self) -> &mut [f32] {
+        self.assert_in_ram("optimizer_state_mut");
         self.state.as_mut_slice()
     }
     /// The error for `id`, found in `feature`'s bag of `sample`.
@@ -177,7 +268,8 @@ impl EmbeddingTable {
         }
     }
 
-    /// Bytes of rows plus optimizer state.
+    /// Bytes of rows plus optimizer state in memory (a disk-tier table's:
+    /// its cache's).
     pub fn bytes(&self) -> usize {
         self.rows.bytes().len() + std::mem::size_of_val(self.state.as_slice())
     }
@@ -263,6 +355,8 @@ pub struct EmbeddingBagCollection {
     step: u64,
     /// Seeds the stochastic rounding of fp16/bf16 rows.
     rounding_seed: u64,
+    /// The batch `prefetch` staged for the disk-tier tables.
+    staged: Option<Box<staging::Staged>>,
 }
 
 impl EmbeddingBagCollection {
@@ -285,7 +379,24 @@ impl EmbeddingBagCollection {
         optimizer: TableOptimizer,
         seed: u64,
     ) -> Result<Self, SparseError> {
-        let mut collection = Self::build(configs, optimizer, Some(seed))?;
+        Self::with_disk_tiers(configs, optimizer, seed, Vec::new())
+    }
+
+    /// [`new`](Self::new), with each table whose entry of `tiers` is
+    /// `Some` on the disk tier: its rows and optimizer state in a file in
+    /// that directory, initialised exactly as in RAM (streamed, so the
+    /// table need not fit in memory), behind a cache of that many rows
+    /// (see [`DiskTierConfig`]). `tiers` is empty (all in RAM) or one per
+    /// config. Forward passes over disk-tier tables need their batch
+    /// [`prefetch`](Self::prefetch)ed first. Fails as `new` does, and with
+    /// [`SparseError::Disk`] when a file cannot be created or written.
+    pub fn with_disk_tiers(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        seed: u64,
+        tiers: Vec<Option<DiskTierConfig>>,
+    ) -> Result<Self, SparseError> {
+        let mut collection = Self::build(configs, optimizer, Some(seed), tiers)?;
         collection.rounding_seed = seed;
         Ok(collection)
     }
@@ -295,14 +406,28 @@ impl EmbeddingBagCollection {
         configs: Vec<EmbeddingBagConfig>,
         optimizer: TableOptimizer,
     ) -> Result<Self, SparseError> {
-        Self::build(configs, optimizer, None)
+        Self::build(configs, optimizer, None, Vec::new())
     }
 
     fn build(
         configs: Vec<EmbeddingBagConfig>,
         optimizer: TableOptimizer,
         seed: Option<u64>,
+        mut tiers: Vec<Option<DiskTierConfig>>,
     ) -> Result<Self, SparseError> {
+        if tiers.is_empty() {
+            tiers = vec![None; configs.len()];
+        }
+        if tiers.len() != configs.len() {
+            return Err(SparseError::InvalidConfig {
+                table: configs.first().map_or_else(String::new, |c| c.name.clone()),
+                reason: format!(
+                    "{} disk tiers given for {} tables",
+                    tiers.len(),
+                    configs.len()
+                ),
+            });
+        }
         optimizer
             .validate()
             .map_err(SparseError::InvalidOptimizer)?;
@@ -356,8 +481,9 @@ impl EmbeddingBagCollection {
         }
         let tables = configs
             .into_iter()
+            .zip(tiers)
             .enumerate()
-            .map(|(t, config)| new_table(config, &optimizer, seed, t as u64))
+            .map(|(t, (config, tier))| new_table(config, &optimizer, seed, t as u64, tier.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             tables,
@@ -366,6 +492,7 @@ impl EmbeddingBagCollection {
             optimizer,
             step: 0,
             rounding_seed: 0,
+            staged: None,
         })
     }
 

@@ -1,0 +1,213 @@
+//! Staging a batch for disk-tier tables: their ids looked up in each
+//! table's cache (misses read from its file) and rewritten as cache slots,
+//! so that the kernels run on the cache as on a table in RAM. Tables in
+//! RAM are left alone: their ids are their rows.
+
+use rayon::prelude::*;
+
+use super::{EmbeddingBagCollection, EmbeddingTable};
+use crate::tier::{transfer, Miss, SlotPointers, Stage, Transfer};
+use crate::{KeyedJaggedTensor, SparseError};
+
+/// A batch as staged by [`EmbeddingBagCollection::prefetch`]: the input, and
+/// the same bags with disk-tier ids rewritten as slots.
+#[derive(Debug)]
+pub(super) struct Staged {
+    input: KeyedJaggedTensor,
+    slots: KeyedJaggedTensor,
+}
+
+impl Staged {
+    /// The batch with disk-tier ids as slots.
+    pub(super) fn slots(&self) -> &KeyedJaggedTensor {
+        &self.slots
+    }
+}
+
+impl EmbeddingBagCollection {
+    /// Whether any table lives on the disk tier.
+    pub fn has_disk_tier(&self) -> bool {
+        self.tables.iter().any(|t| t.tier.is_some())
+    }
+
+    /// Brings the rows of `kjt`'s ids into the caches of the disk-tier
+    /// tables (reading misses from their files, many reads in flight), for
+    /// the [`forward`](Self::forward) of this batch, as FBGEMM's
+    /// `prefetch`. Does nothing when every table is in RAM. Ids are checked
+    /// here ([`SparseError::IdOutOfRange`]); a failed read or write is
+    /// [`SparseError::Disk`], naming the table and file.
+    pub fn prefetch(&mut self, kjt: &KeyedJaggedTensor) -> Result<(), SparseError> {
+        if !self.has_disk_tier() {
+            return Ok(());
+        }
+        self.staged = None;
+        let slots = self.stage(kjt, Stage::Lookup)?;
+        self.staged = Some(Box::new(Staged {
+            input: kjt.clone(),
+            slots,
+        }));
+        Ok(())
+    }
+
+    /// The input the kernels read for `kjt`'s forward: `kjt` itself, or
+    /// with disk-tier tables the slots `prefetch` staged it as.
+    pub(super) fn forward_input<'a>(
+        &'a self,
+        kjt: &'a KeyedJaggedTensor,
+    ) -> Result<&'a KeyedJaggedTensor, SparseError> {
+        let Some(first) = self.tables.iter().find(|t| t.tier.is_some()) else {
+            return Ok(kjt);
+        };
+        match &self.staged {
+            Some(staged) if staged.input == *kjt => Ok(&staged.slots),
+            _ => Err(SparseError::NotPrefetched {
+                table: first.name().to_string(),
+            }),
+        }
+    }
+
+    /// The staged batch the backward of `kjt` reads, its disk-tier rows
+    /// marked changed: the one `prefetch` staged, or (for another batch)
+    /// `kjt` staged now, its missing rows read first. `None` when every
+    /// table is in RAM. The caller puts it back in `staged` when done.
+    pub(super) fn update_input(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+    ) -> Result<Option<Box<Staged>>, SparseError> {
+        if !self.has_disk_tier() {
+            return Ok(None);
+        }
+        let staged = match self.staged.take() {
+            Some(staged) if staged.input == *kjt => {
+                let keys = self.resolve_keys(kjt)?;
+                for (slot, &k) in self.slots.iter().zip(&keys) {
+                    if let Some(tier) = &mut self.tables[slot.table].tier {
+                        tier.mark_changed(&staged.slots.values()[kjt.key_range(k)]);
+                    }
+                }
+                staged
+            }
+            _ => Box::new(Staged {
+                input: kjt.clone(),
+                slots: self.stage(kjt, Stage::Update)?,
+            }),
+        };
+        Ok(Some(staged))
+    }
+
+    /// Puts back the batch [`update_input`](Self::update_input) took.
+    pub(super) fn restore_staged(&mut self, staged: Option<Box<Staged>>) {
+        if staged.is_some() {
+            self.staged = staged;
+        }
+    }
+
+    /// `kjt` with each disk-tier table's ids rewritten as its cache slots:
+    /// every table's slots assigned (in parallel), then every table's
+    /// misses read at once.
+    fn stage(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        stage: Stage,
+    ) -> Result<KeyedJaggedTensor, SparseError> {
+        let keys = self.resolve_keys(kjt)?;
+        let slots = &self.slots;
+        let mut work: Vec<TableStage<'_>> = self
+            .tables
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, table)| table.tier.is_some())
+            .map(|(t, table)| {
+                let ranges = slots
+                    .iter()
+                    .zip(&keys)
+                    .filter(|(slot, _)| slot.table == t)
+                    .map(|(_, &k)| kjt.key_range(k))
+                    .collect();
+                TableStage {
+                    table,
+                    ranges,
+                    ids: Vec::new(),
+                    misses: Vec::new(),
+                }
+            })
+            .collect();
+        work.par_iter_mut().try_for_each(
+            |TableStage {
+                 table,
+                 ranges,
+                 ids,
+                 misses,
+             }| {
+                for range in ranges.iter() {
+                    for p in range.clone() {
+                        let id = kjt.values()[p];
+                        if id < 0 || id as u64 >= table.num_embeddings() as u64 {
+                            let k = (0..kjt.keys().len())
+                                .find(|&k| kjt.key_range(k).contains(&p))
+                                .expect("a value lies in some key's range");
+                            return Err(table.id_error(&kjt.keys()[k], sample_of(kjt, k, p), id));
+                        }
+                        ids.push(id);
+                    }
+                }
+                let name = &table.config.name;
+                let tier = table.tier.as_mut().expect("a disk-tier table");
+                *misses = tier.assign(name, ids, stage)?;
+                Ok(())
+            },
+        )?;
+        let transfers: Vec<Transfer<'_>> = work
+            .iter_mut()
+            .map(|TableStage { table, misses, .. }| {
+                let table = &mut **table;
+                Transfer {
+                    table: &table.config.name,
+                    slots: SlotPointers::new(&mut table.rows, &mut table.state),
+                    tier: table.tier.as_deref().expect("a disk-tier table"),
+                    misses,
+                }
+            })
+            .collect();
+        let result = transfer(&transfers);
+        drop(transfers);
+        let mut values = kjt.values().to_vec();
+        for TableStage {
+            table,
+            ranges,
+            ids,
+            misses,
+        } in &mut work
+        {
+            table
+                .tier
+                .as_mut()
+                .expect("a disk-tier table")
+                .settle(misses, result.is_ok());
+            let mut staged = ids.iter();
+            for range in ranges.iter() {
+                for v in &mut values[range.clone()] {
+                    *v = *staged.next().expect("one slot per id");
+                }
+            }
+        }
+        result?;
+        Ok(kjt.with_values(values))
+    }
+}
+
+/// One disk-tier table's part of staging a batch: its features' value
+/// ranges, its ids (checked, then rewritten as slots) and its misses.
+struct TableStage<'a> {
+    table: &'a mut EmbeddingTable,
+    ranges: Vec<std::ops::Range<usize>>,
+    ids: Vec<i64>,
+    misses: Vec<Miss>,
+}
+
+/// The sample whose bag of key `k` holds value `p`.
+fn sample_of(kjt: &KeyedJaggedTensor, k: usize, p: usize) -> usize {
+    let b = kjt.stride();
+    let ends = &kjt.offsets()[k * b + 1..=(k + 1) * b];
+    ends.partition_point(|&end| end <= p)
+}

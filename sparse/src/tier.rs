@@ -1,0 +1,589 @@
+//! The disk tier: a table whose rows (and their optimizer state) live in a
+//! file, with a bounded cache of hot rows in memory, as FBGEMM's SSD TBE and
+//! its LXU cache.
+//!
+//! The kernels never see the file. A batch is first *staged*
+//! ([`EmbeddingBagCollection::prefetch`](crate::EmbeddingBagCollection::prefetch)):
+//! each id is looked up in a set-associative cache (16 ways, least recently
+//! used out), misses get a slot (the slot's old row is written back first
+//! when it changed), and all of the batch's misses are read from the file
+//! at once, many reads in flight. The batch's ids are then rewritten as
+//! slot numbers, and the forward and the fused backward run on the cache's
+//! slots exactly as on a table in RAM of that many rows. Stochastic
+//! rounding draws by each slot's real id, so a disk-tier table trains bit
+//! for bit as the same table in RAM.
+//!
+//! The file holds one record per row: the row's bytes in its data type,
+//! then its optimizer state (fp32), at `id * record` bytes. It is created
+//! when the table is built, and removed when the table is dropped: it is
+//! the table's working storage, not a checkpoint.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::optimizer::OptimizerState;
+use crate::rows::TableRows;
+use crate::SparseError;
+
+/// Ways of each cache set: a row may sit in any of 16 slots.
+pub const CACHE_WAYS: usize = 16;
+/// Reads and writes in flight while a batch's misses are fetched: the disks
+/// this was measured on (cloud SSDs) need a queue depth of 32-64 to reach
+/// their random-read rate (about 48k 4 KiB reads/s at 64, 6k at 1).
+const IO_THREADS: usize = 64;
+/// A slot holding no row.
+const EMPTY: u64 = u64::MAX;
+/// Bytes of a page: the unit the file is first written in.
+const PAGE: usize = 4096;
+
+/// Where a disk-tier table lives: a directory for its file, and how many
+/// rows its cache holds (a multiple of [`CACHE_WAYS`], rounded down; at
+/// least one set).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskTierConfig {
+    /// Directory of the table's file (`<table>.<pid>.<n>.rows`).
+    pub dir: PathBuf,
+    /// Rows the cache holds in memory.
+    pub cache_rows: usize,
+}
+
+/// How a disk-tier table's cache has done since it was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Ids looked up by forward passes (every occurrence).
+    pub lookups: u64,
+    /// Lookups whose row was not in the cache and was read from the file.
+    pub misses: u64,
+    /// Bytes read from the file.
+    pub bytes_read: u64,
+    /// Bytes written to the file (evicted rows that had changed, flushes).
+    pub bytes_written: u64,
+}
+
+impl TierStats {
+    /// Share of lookups served from the cache (1 with no lookups).
+    pub fn hit_rate(&self) -> f64 {
+        if self.lookups == 0 {
+            1.0
+        } else {
+            1.0 - self.misses as f64 / self.lookups as f64
+        }
+    }
+}
+
+/// A table's file, one record per row; removed on drop.
+#[derive(Debug)]
+struct RowFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl RowFile {
+    fn create(dir: &Path, table: &str, bytes: u64) -> Result<Self, SparseError> {
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("{table}.{}.{n}.rows", std::process::id()));
+        let fail = |e: std::io::Error| disk_error(table, &path, "cannot create the file", e);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(fail)?;
+        let this = Self { file, path };
+        // Sized (sparsely) up front, so that a disk too small fails here.
+        this.file
+            .set_len(bytes)
+            .map_err(|e| disk_error(table, &this.path, "cannot size the file", e))?;
+        advise_random(&this.file);
+        Ok(this)
+    }
+
+    fn read(&self, table: &str, buf: &mut [u8], at: u64) -> Result<(), SparseError> {
+        self.file
+            .read_exact_at(buf, at)
+            .map_err(|e| disk_error(table, &self.path, &format!("read at byte {at} failed"), e))
+    }
+
+    /// Reads `buf` at byte `at` if the page cache holds it all, without
+    /// waiting for the disk; `false` when it would have waited (or failed:
+    /// the waiting read then reports it).
+    fn read_cached(&self, buf: &mut [u8], at: u64) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            // SAFETY: one iovec over `buf`, valid for its length.
+            let n = unsafe {
+                libc::preadv2(
+                    self.file.as_raw_fd(),
+                    &iov,
+                    1,
+                    at as libc::off_t,
+                    libc::RWF_NOWAIT,
+                )
+            };
+            n == buf.len() as isize
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (buf, at);
+            false
+        }
+    }
+
+    fn write(&self, table: &str, buf: &[u8], at: u64) -> Result<(), SparseError> {
+        self.file
+            .write_all_at(buf, at)
+            .map_err(|e| disk_error(table, &self.path, &format!("write at byte {at} failed"), e))
+    }
+}
+
+impl Drop for RowFile {
+    fn drop(&mut self) {
+        // Working storage only: nothing in it outlives the table.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn disk_error(table: &str, path: &Path, what: &str, e: std::io::Error) -> SparseError {
+    SparseError::Disk {
+        table: table.to_string(),
+        path: path.to_path_buf(),
+        reason: format!("{what}: {e}"),
+    }
+}
+
+/// Reads are random: no read-ahead (it would read pages nobody asked for).
+fn advise_random(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid descriptor; the advice is only a hint.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+/// The threads that wait on the disk: they block in reads and writes, so
+/// they are apart from the compute threads and many more than the cores.
+fn io_pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(IO_THREADS)
+            .thread_name(|i| format!("ember-io-{i}"))
+            .build()
+            .expect("the disk tier's I/O threads could not start")
+    })
+}
+
+/// A staged miss: `slot` now holds `id`, read from the file; `evicted` is
+/// the changed row it held before, written back first.
+pub(crate) struct Miss {
+    slot: usize,
+    id: u64,
+    evicted: Option<u64>,
+}
+
+/// What staging a batch does besides finding rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// A forward: a new epoch of the LRU clock; lookups counted.
+    Lookup,
+    /// A backward: the rows will change (marked dirty), same epoch.
+    Update,
+}
+
+/// The disk tier of one table: its file and the cache's bookkeeping. The
+/// cached rows and state themselves are the table's (resident) rows.
+#[derive(Debug)]
+pub(crate) struct DiskTier {
+    file: RowFile,
+    /// Bytes of a row in its data type, and of its optimizer state.
+    row_bytes: usize,
+    state_bytes: usize,
+    sets: usize,
+    /// The id each slot holds (`EMPTY` for none).
+    tags: Vec<u64>,
+    /// The epoch each slot was last used in.
+    stamps: Vec<u64>,
+    dirty: Vec<bool>,
+    epoch: u64,
+    stats: TierStats,
+}
+
+impl DiskTier {
+    /// A tier for `rows` rows, its file in `config.dir`, filled by
+    /// `init(first_row, records)` in chunks of `chunk_rows` rows (records
+    /// of `row_bytes + state_bytes`). Returns the tier and its cache's size
+    /// in rows.
+    pub(crate) fn create(
+        config: &DiskTierConfig,
+        table: &str,
+        rows: usize,
+        (row_bytes, state_bytes): (usize, usize),
+        chunk_rows: usize,
+        init: impl Fn(usize, &mut [u8]) + Sync,
+    ) -> Result<(Self, usize), SparseError> {
+        let sets = config.cache_rows / CACHE_WAYS;
+        if sets == 0 {
+            return Err(SparseError::InvalidConfig {
+                table: table.to_string(),
+                reason: format!(
+                    "a disk-tier cache of {} rows is below one set of {CACHE_WAYS}",
+                    config.cache_rows
+                ),
+            });
+        }
+        let slots = sets * CACHE_WAYS;
+        let record = row_bytes + state_bytes;
+        let total = (rows as u64).saturating_mul(record as u64);
+        let file = RowFile::create(&config.dir, table, total)?;
+        // Written in groups of chunks drawn in parallel: 64 MiB at a time.
+        let group_rows = ((64 << 20) / record.max(1)).max(chunk_rows) / chunk_rows * chunk_rows;
+        let mut buf = vec![0u8; group_rows.min(rows) * record];
+        for first in (0..rows).step_by(group_rows) {
+            let n = group_rows.min(rows - first);
+            let bytes = &mut buf[..n * record];
+            bytes
+                .par_chunks_mut(chunk_rows * record)
+                .enumerate()
+                .for_each(|(c, records)| init(first + c * chunk_rows, records));
+            // In pages: the page cache then holds the file in small folios,
+            // and writing back one row later touches one page (in one
+            // large folio it took about 30 us a row on ext4 here).
+            for (p, page) in bytes.chunks(PAGE).enumerate() {
+                file.write(table, page, (first * record + p * PAGE) as u64)?;
+            }
+        }
+        let tier = Self {
+            file,
+            row_bytes,
+            state_bytes,
+            sets,
+            tags: vec![EMPTY; slots],
+            stamps: vec![0; slots],
+            dirty: vec![false; slots],
+            epoch: 0,
+            stats: TierStats::default(),
+        };
+        Ok((tier, slots))
+    }
+
+    pub(crate) fn stats(&self) -> TierStats {
+        self.stats
+    }
+
+    /// The id each slot holds (`u64::MAX` for none): the rows' real places,
+    /// for stochastic rounding.
+    pub(crate) fn slot_ids(&self) -> &[u64] {
+        &self.tags
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.file.path
+    }
+
+    fn set_of(&self, id: u64) -> usize {
+        // A hash of the id scaled to the sets (multiply-shift, no division).
+        ((crate::rng::splitmix(id) as u128 * self.sets as u128) >> 64) as usize
+    }
+
+    pub(crate) fn mark_dirty(&mut self, slot: usize) {
+        self.dirty[slot] = true;
+    }
+
+    /// The slot holding `id`, if any.
+    pub(crate) fn slot_of(&self, id: u64) -> Option<usize> {
+        let base = self.set_of(id) * CACHE_WAYS;
+        (base..base + CACHE_WAYS).find(|&s| self.tags[s] == id)
+    }
+
+    /// Rewrites `ids` (checked to be rows of the table) as the slots that
+    /// will hold them, and returns the misses: rows to read from the file
+    /// (each after writing back the changed row its slot held), for
+    /// [`transfer`]. A batch's rows stay in the cache until the next
+    /// `Lookup`: a set whose 16 slots all hold rows of the batch cannot
+    /// take another, and fails with [`SparseError::CacheFull`] (the cache
+    /// then as it was, less the rows of the failed batch).
+    pub(crate) fn assign(
+        &mut self,
+        table: &str,
+        ids: &mut [i64],
+        stage: Stage,
+    ) -> Result<Vec<Miss>, SparseError> {
+        if stage == Stage::Lookup {
+            self.epoch += 1;
+            self.stats.lookups += ids.len() as u64;
+        }
+        let epoch = self.epoch;
+        let mut misses = Vec::new();
+        for v in ids.iter_mut() {
+            let id = *v as u64;
+            let base = self.set_of(id) * CACHE_WAYS;
+            let ways = base..base + CACHE_WAYS;
+            let slot = match ways.clone().find(|&s| self.tags[s] == id) {
+                Some(slot) => slot,
+                None => {
+                    // An empty slot, else the least recently used one not
+                    // holding a row of this batch.
+                    let victim = ways
+                        .filter(|&s| self.stamps[s] < epoch)
+                        .min_by_key(|&s| (self.tags[s] != EMPTY, self.stamps[s]));
+                    let Some(slot) = victim else {
+                        self.forget(&misses);
+                        return Err(SparseError::CacheFull {
+                            table: table.to_string(),
+                            cache_rows: self.tags.len(),
+                        });
+                    };
+                    let old = self.tags[slot];
+                    misses.push(Miss {
+                        slot,
+                        id,
+                        evicted: (old != EMPTY && self.dirty[slot]).then_some(old),
+                    });
+                    self.tags[slot] = id;
+                    self.dirty[slot] = false;
+                    slot
+                }
+            };
+            self.stamps[slot] = epoch;
+            if stage == Stage::Update {
+                self.dirty[slot] = true;
+            }
+            *v = slot as i64;
+        }
+        if stage == Stage::Lookup {
+            self.stats.misses += misses.len() as u64;
+        }
+        Ok(misses)
+    }
+
+    /// After [`transfer`]: counts the bytes moved, or (when it failed)
+    /// empties the misses' slots, whose rows may not have arrived.
+    pub(crate) fn settle(&mut self, misses: &[Miss], transferred: bool) {
+        if !transferred {
+            return self.forget(misses);
+        }
+        let record = (self.row_bytes + self.state_bytes) as u64;
+        let written = misses.iter().filter(|m| m.evicted.is_some()).count() as u64;
+        self.stats.bytes_read += misses.len() as u64 * record;
+        self.stats.bytes_written += written * record;
+    }
+
+    /// Marks the rows in `slots` changed (the backward of a staged batch).
+    pub(crate) fn mark_changed(&mut self, slots: &[i64]) {
+        for &s in slots {
+            self.dirty[s as usize] = true;
+        }
+    }
+
+    /// Empties the slots of misses whose rows may not have arrived.
+    fn forget(&mut self, misses: &[Miss]) {
+        for m in misses {
+            self.tags[m.slot] = EMPTY;
+            self.dirty[m.slot] = false;
+        }
+    }
+
+    /// Writes every changed cached row (and its state) to the file.
+    pub(crate) fn flush(
+        &mut self,
+        table: &str,
+        rows: &mut TableRows,
+        state: &mut OptimizerState,
+    ) -> Result<(), SparseError> {
+        let dirty: Vec<usize> = (0..self.tags.len()).filter(|&s| self.dirty[s]).collect();
+        let slots = SlotPointers::new(rows, state);
+        let (row_bytes, record) = (self.row_bytes, self.row_bytes + self.state_bytes);
+        io_pool().install(|| {
+            dirty.par_iter().try_for_each_init(
+                || vec![0u8; record],
+                |buf, &s| {
+                    // SAFETY: distinct slots; read only.
+                    let (row, st) = unsafe { slots.slot(s) };
+                    buf[..row_bytes].copy_from_slice(row);
+                    buf[row_bytes..].copy_from_slice(bytemuck::cast_slice(st));
+                    self.file.write(table, buf, self.tags[s] * record as u64)
+                },
+            )
+        })?;
+        for &s in &dirty {
+            self.dirty[s] = false;
+        }
+        self.stats.bytes_written += (dirty.len() * record) as u64;
+        Ok(())
+    }
+
+    /// Row `id`'s bytes and state as stored in the file (not the cache).
+    pub(crate) fn read_record(
+        &self,
+        table: &str,
+        id: u64,
+        out: &mut [u8],
+    ) -> Result<(), SparseError> {
+        let record = (self.row_bytes + self.state_bytes) as u64;
+        self.file.read(table, out, id * record)
+    }
+
+    /// Overwrites row `id`'s bytes (not its state) in the file.
+    pub(crate) fn write_row_bytes(
+        &self,
+        table: &str,
+        id: u64,
+        bytes: &[u8],
+    ) -> Result<(), SparseError> {
+        let record = (self.row_bytes + self.state_bytes) as u64;
+        self.file.write(table, bytes, id * record)
+    }
+}
+
+/// One table's side of a [`transfer`]: its tier, its cache's slots, and
+/// the misses [`DiskTier::assign`] gave.
+pub(crate) struct Transfer<'a> {
+    pub(crate) table: &'a str,
+    pub(crate) tier: &'a DiskTier,
+    pub(crate) slots: SlotPointers,
+    pub(crate) misses: &'a [Miss],
+}
+
+/// Writes back each miss's evicted row, then reads its row: the misses of
+/// every table at once. All write-backs come first: a row evicted by one
+/// miss may be another miss of the same batch, read back after it is
+/// written. Rows already in the page cache are then read on the compute
+/// threads (a read that would wait is not started there); the rest on the
+/// I/O threads, many in flight. Handing every read to the I/O threads cost
+/// a thread switch per row: 2.9 us a miss with the file in the page cache,
+/// where a read itself takes about one.
+pub(crate) fn transfer(tables: &[Transfer<'_>]) -> Result<(), SparseError> {
+    let work: Vec<(usize, usize)> = tables
+        .iter()
+        .enumerate()
+        .flat_map(|(t, x)| (0..x.misses.len()).map(move |m| (t, m)))
+        .collect();
+    if work.is_empty() {
+        return Ok(());
+    }
+    work.par_iter()
+        .try_for_each_init(Vec::new, |buf, &(t, m)| write_back(&tables[t], m, buf))?;
+    // Misses whose read would wait for the disk, for the I/O threads.
+    let waiting: Vec<(usize, usize)> = work
+        .par_iter()
+        .map_init(Vec::new, |buf, &(t, m)| {
+            read_row(&tables[t], m, buf, Read::Cached).map(|done| (!done).then_some((t, m)))
+        })
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    io_pool().install(|| {
+        waiting
+            .par_iter()
+            .try_for_each_init(Vec::new, |buf, &(t, m)| {
+                read_row(&tables[t], m, buf, Read::Any).map(|_| ())
+            })
+    })
+}
+
+/// Miss `m` of `x`: the changed row its slot held, written back.
+fn write_back(x: &Transfer<'_>, m: usize, buf: &mut Vec<u8>) -> Result<(), SparseError> {
+    let (tier, miss) = (x.tier, &x.misses[m]);
+    let Some(old) = miss.evicted else {
+        return Ok(());
+    };
+    let (row_bytes, record) = (tier.row_bytes, (tier.row_bytes + tier.state_bytes) as u64);
+    buf.resize(record as usize, 0);
+    // SAFETY: each miss of a table has its own slot (a slot gets one miss
+    // per stage); this pass only reads it.
+    let (row, st) = unsafe { x.slots.slot(miss.slot) };
+    buf[..row_bytes].copy_from_slice(row);
+    buf[row_bytes..].copy_from_slice(bytemuck::cast_slice(st));
+    tier.file.write(x.table, buf, old * record)
+}
+
+/// Which reads [`read_row`] may do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Only a read served by the page cache at once.
+    Cached,
+    /// Any, waiting for the disk if need be.
+    Any,
+}
+
+/// Miss `m` of `x`: its row read into its slot. Returns whether it is
+/// done (`false`: the read would have waited, under `Read::Cached`).
+fn read_row(
+    x: &Transfer<'_>,
+    m: usize,
+    buf: &mut Vec<u8>,
+    read: Read,
+) -> Result<bool, SparseError> {
+    let (tier, miss) = (x.tier, &x.misses[m]);
+    let (row_bytes, record) = (tier.row_bytes, (tier.row_bytes + tier.state_bytes) as u64);
+    buf.resize(record as usize, 0);
+    // SAFETY: each miss of a table has its own slot, and one task at a
+    // time handles a miss.
+    let (row, st) = unsafe { x.slots.slot(miss.slot) };
+    let at = miss.id * record;
+    match read {
+        Read::Cached => {
+            if !tier.file.read_cached(buf, at) {
+                return Ok(false);
+            }
+        }
+        Read::Any => tier.file.read(x.table, buf, at)?,
+    }
+    row.copy_from_slice(&buf[..row_bytes]);
+    bytemuck::cast_slice_mut(st).copy_from_slice(&buf[row_bytes..]);
+    Ok(true)
+}
+
+/// The cache's rows and state as raw pointers, for tasks that each touch
+/// their own slot.
+#[derive(Clone, Copy)]
+pub(crate) struct SlotPointers {
+    rows: *mut u8,
+    stride: usize,
+    state: *mut f32,
+    per_row: usize,
+}
+// SAFETY: used only by tasks that touch distinct slots (see `slot`).
+unsafe impl Send for SlotPointers {}
+unsafe impl Sync for SlotPointers {}
+
+impl SlotPointers {
+    pub(crate) fn new(rows: &mut TableRows, state: &mut OptimizerState) -> Self {
+        Self {
+            stride: rows.stride(),
+            rows: rows.bytes_mut().as_mut_ptr(),
+            per_row: state.floats_per_row(),
+            state: state.base_ptr(),
+        }
+    }
+
+    /// # Safety
+    /// `slot` is a slot of the cache, and no other task uses it meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slot(&self, slot: usize) -> (&mut [u8], &mut [f32]) {
+        let row = std::slice::from_raw_parts_mut(self.rows.add(slot * self.stride), self.stride);
+        let state = if self.per_row == 0 {
+            &mut [][..]
+        } else {
+            std::slice::from_raw_parts_mut(self.state.add(slot * self.per_row), self.per_row)
+        };
+        (row, state)
+    }
+}

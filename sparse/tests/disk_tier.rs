@@ -1,0 +1,287 @@
+//! The disk tier: tables in a file behind a cache train and pool bit for bit
+//! as the same tables in RAM, whatever the cache size (evictions, rows
+//! written back and read again), and fail with errors that name the table.
+
+use ember_sparse::{
+    DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
+    SparseError, TableOptimizer,
+};
+use proptest::prelude::*;
+
+/// Random bags (duplicates included, optionally weighted) over `tables`,
+/// feature `f{t}` for table `t`, plus a shared feature `s` of table 0.
+fn batch(
+    tables: &[(usize, usize)],
+    size: usize,
+    seed: u64,
+    weighted: bool,
+) -> (KeyedJaggedTensor, usize) {
+    let mut rng = ember_sparse::rng::Rng::new(seed);
+    let mut keys: Vec<String> = (0..tables.len()).map(|t| format!("f{t}")).collect();
+    keys.push("s".into());
+    let (mut lengths, mut values) = (Vec::new(), Vec::new());
+    let rows_of = |k: usize| {
+        if k < tables.len() {
+            tables[k].0
+        } else {
+            tables[0].0
+        }
+    };
+    for k in 0..keys.len() {
+        for _ in 0..size {
+            let len = rng.below(4) as i64;
+            lengths.push(len);
+            // Half the ids from a few hot rows: hits, and duplicates.
+            values.extend((0..len).map(|_| {
+                let rows = rows_of(k) as u64;
+                (if rng.below(2) == 0 {
+                    rng.below(rows.min(8))
+                } else {
+                    rng.below(rows)
+                }) as i64
+            }));
+        }
+    }
+    let weights = weighted.then(|| values.iter().map(|_| rng.next_f32() + 0.5).collect());
+    let width = tables.iter().map(|t| t.1).sum::<usize>() + tables[0].1;
+    (
+        KeyedJaggedTensor::from_lengths(keys, values, &lengths, weights).unwrap(),
+        width,
+    )
+}
+
+fn configs(tables: &[(usize, usize)], dtype: DataType) -> Vec<EmbeddingBagConfig> {
+    tables
+        .iter()
+        .enumerate()
+        .map(|(t, &(rows, dim))| {
+            let name = format!("f{t}");
+            let features: Vec<&str> = if t == 0 {
+                vec![&name, "s"]
+            } else {
+                vec![&name]
+            };
+            EmbeddingBagConfig::new(&format!("t{t}"), rows, dim, &features).with_data_type(dtype)
+        })
+        .collect()
+}
+
+fn all_rows(ebc: &EmbeddingBagCollection) -> Vec<Vec<u32>> {
+    ebc.tables()
+        .iter()
+        .map(|t| {
+            let mut all = Vec::new();
+            let mut row = vec![0f32; t.dim()];
+            for id in 0..t.num_embeddings() {
+                t.read_row(id, &mut row);
+                all.extend(row.iter().map(|x| x.to_bits()));
+            }
+            all
+        })
+        .collect()
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|x| x.to_bits()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Several steps of forward and fused backward, in RAM and on the disk
+    /// tier with a small cache (one to four sets of 16): the same pooled
+    /// outputs and the same rows, bit for bit, for every trainable type and
+    /// optimizer.
+    #[test]
+    fn disk_tier_trains_as_ram(
+        tables in prop::collection::vec((20usize..300, prop_oneof![Just(4usize), Just(16), Just(7)]), 1..3),
+        sets in 2usize..5,
+        dtype in prop_oneof![Just(DataType::Fp32), Just(DataType::Fp16), Just(DataType::Bf16)],
+        optimizer in prop_oneof![
+            Just(TableOptimizer::sgd(0.1)),
+            Just(TableOptimizer::rowwise_adagrad(0.1)),
+            Just(TableOptimizer::adam(0.01)),
+        ],
+        weighted in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ram = EmbeddingBagCollection::new(configs(&tables, dtype), optimizer, seed).unwrap();
+        let tiers = tables.iter().map(|_| Some(DiskTierConfig {
+            dir: dir.path().to_path_buf(),
+            cache_rows: sets * ember_sparse::CACHE_WAYS,
+        })).collect();
+        let mut disk = EmbeddingBagCollection::with_disk_tiers(configs(&tables, dtype), optimizer, seed, tiers).unwrap();
+        prop_assert_eq!(all_rows(&ram), all_rows(&disk));
+        for step in 0..4u64 {
+            // Few enough samples that a batch fits the cache's sets.
+            let (kjt, width) = batch(&tables, 3, seed ^ step, weighted);
+            let expected = ram.forward(&kjt).unwrap();
+            disk.prefetch(&kjt).unwrap();
+            let got = disk.forward(&kjt).unwrap();
+            prop_assert_eq!(bits(expected.values()), bits(got.values()), "forward of step {}", step);
+            let grad: Vec<f32> = (0..kjt.stride() * width).map(|i| ((i * 7 + step as usize) % 11) as f32 / 5.0 - 1.0).collect();
+            ram.backward_update(&kjt, &grad).unwrap();
+            disk.backward_update(&kjt, &grad).unwrap();
+        }
+        prop_assert_eq!(all_rows(&ram), all_rows(&disk), "rows after training");
+        // Flushed, every row comes from the file alone.
+        for t in disk.tables_mut() {
+            t.flush().unwrap();
+        }
+        prop_assert_eq!(all_rows(&ram), all_rows(&disk));
+    }
+}
+
+fn disk_collection(
+    dir: &std::path::Path,
+    rows: usize,
+    cache_rows: usize,
+) -> EmbeddingBagCollection {
+    let configs = vec![EmbeddingBagConfig::new("big", rows, 4, &["f"])];
+    let tier = DiskTierConfig {
+        dir: dir.to_path_buf(),
+        cache_rows,
+    };
+    EmbeddingBagCollection::with_disk_tiers(configs, TableOptimizer::sgd(0.1), 1, vec![Some(tier)])
+        .unwrap()
+}
+
+fn bags(ids: &[i64]) -> KeyedJaggedTensor {
+    KeyedJaggedTensor::from_lengths(vec!["f".into()], ids.to_vec(), &vec![1; ids.len()], None)
+        .unwrap()
+}
+
+#[test]
+fn hit_rates_count_every_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ebc = disk_collection(dir.path(), 1000, 64);
+    let kjt = bags(&[1, 2, 3, 3]);
+    ebc.prefetch(&kjt).unwrap();
+    let s = ebc.tables()[0].tier_stats().unwrap();
+    // 4 lookups, 3 distinct rows read (the second 3 waits on the first).
+    assert_eq!((s.lookups, s.misses), (4, 3));
+    assert_eq!(s.bytes_read, 3 * 4 * 4);
+    ebc.prefetch(&kjt).unwrap();
+    let s = ebc.tables()[0].tier_stats().unwrap();
+    assert_eq!((s.lookups, s.misses), (8, 3));
+    assert!((s.hit_rate() - 5.0 / 8.0).abs() < 1e-12);
+}
+
+#[test]
+fn forward_without_prefetch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ebc = disk_collection(dir.path(), 100, 16);
+    let err = ebc.forward(&bags(&[1])).unwrap_err();
+    assert!(
+        matches!(&err, SparseError::NotPrefetched { table } if table == "big"),
+        "{err}"
+    );
+    ebc.prefetch(&bags(&[2])).unwrap();
+    // Another batch than the one staged is refused too.
+    assert!(ebc.forward(&bags(&[1])).is_err());
+    assert!(ebc.forward(&bags(&[2])).is_ok());
+}
+
+#[test]
+fn bad_ids_and_full_sets_name_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ebc = disk_collection(dir.path(), 100, 16);
+    let err = ebc.prefetch(&bags(&[5, 100])).unwrap_err();
+    assert!(
+        matches!(&err, SparseError::IdOutOfRange { table, id: 100, sample: 1, .. } if table == "big"),
+        "{err}"
+    );
+    // One set of 16: a batch of 17 distinct rows cannot be held at once.
+    let ids: Vec<i64> = (0..17).collect();
+    let err = ebc.prefetch(&bags(&ids)).unwrap_err();
+    assert!(
+        matches!(&err, SparseError::CacheFull { table, cache_rows: 16 } if table == "big"),
+        "{err}"
+    );
+    // The cache still works after the refusal.
+    ebc.prefetch(&bags(&ids[..16])).unwrap();
+    ebc.forward(&bags(&ids[..16])).unwrap();
+}
+
+#[test]
+fn files_are_named_in_errors_and_removed_with_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir");
+    let configs = vec![EmbeddingBagConfig::new("big", 10, 4, &["f"])];
+    let tier = DiskTierConfig {
+        dir: missing.clone(),
+        cache_rows: 16,
+    };
+    let err = EmbeddingBagCollection::with_disk_tiers(
+        configs,
+        TableOptimizer::sgd(0.1),
+        1,
+        vec![Some(tier)],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, SparseError::Disk { table, path, .. } if table == "big" && path.starts_with(&missing)),
+        "{err}"
+    );
+    let ebc = disk_collection(dir.path(), 10, 16);
+    let path = ebc.tables()[0].disk_path().unwrap().to_path_buf();
+    assert!(path.exists());
+    drop(ebc);
+    assert!(!path.exists());
+    let tier = DiskTierConfig {
+        dir: dir.path().to_path_buf(),
+        cache_rows: 15,
+    };
+    let configs = vec![EmbeddingBagConfig::new("small", 10, 4, &["f"])];
+    let err = EmbeddingBagCollection::with_disk_tiers(
+        configs,
+        TableOptimizer::sgd(0.1),
+        1,
+        vec![Some(tier)],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("below one set"), "{err}");
+}
+
+/// A row evicted by one miss and needed again later in the same batch is
+/// read back after its changes are written: one set of 16 full of changed
+/// rows, then batches that each evict a row and ask for it right after.
+#[test]
+fn a_row_evicted_and_wanted_by_one_batch_keeps_its_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = || vec![EmbeddingBagConfig::new("t", 64, 4, &["f"])];
+    let opt = TableOptimizer::sgd(0.5);
+    let tier = DiskTierConfig {
+        dir: dir.path().to_path_buf(),
+        cache_rows: 16,
+    };
+    let mut disk =
+        EmbeddingBagCollection::with_disk_tiers(configs(), opt, 3, vec![Some(tier)]).unwrap();
+    let mut ram = EmbeddingBagCollection::new(configs(), opt, 3).unwrap();
+    let mut step = |ids: Vec<i64>| {
+        let kjt = bags(&ids);
+        let grad: Vec<f32> = (0..ids.len() * 4).map(|i| (i % 5) as f32 - 2.0).collect();
+        disk.prefetch(&kjt).unwrap();
+        let got = disk.forward(&kjt).unwrap();
+        let expected = ram.forward(&kjt).unwrap();
+        assert_eq!(
+            bits(got.values()),
+            bits(expected.values()),
+            "forward of {ids:?}"
+        );
+        disk.backward_update(&kjt, &grad).unwrap();
+        ram.backward_update(&kjt, &grad).unwrap();
+    };
+    for round in 0..8i64 {
+        // 16 rows in the set, all changed by the backward.
+        step((0..16).map(|i| (i + 16 * round) % 64).collect());
+        // Eight new rows evict the eight least recently placed, which the
+        // second half of the batch asks for (read while, on another
+        // thread, the first half writes them back).
+        let new = (0..8).map(|i| (i + 16 * round + 16) % 64);
+        let old = (0..8).map(|i| (i + 16 * round) % 64);
+        step(new.chain(old).collect());
+    }
+    assert_eq!(all_rows(&ram), all_rows(&disk));
+}

@@ -1,0 +1,93 @@
+//! `--disk-dir DIR --cache-memory SIZE|P%`: tables on the disk tier, their
+//! caches sized from one budget (`bench embedding`, `bench dlrm`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use ember_sparse::{DiskTierConfig, EmbeddingBagConfig, TableOptimizer, CACHE_WAYS};
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct TierArgs {
+    /// Put every table on the disk tier: its rows and optimizer state in a
+    /// file in this directory (removed at the end), behind a cache
+    #[arg(long)]
+    pub disk_dir: Option<PathBuf>,
+    /// The disk tier's caches, all tables together: bytes (`4GiB`) or a
+    /// share of the tables' bytes (`25%`) [default: 25%]
+    #[arg(long, requires = "disk_dir")]
+    pub cache_memory: Option<String>,
+}
+
+impl TierArgs {
+    /// One tier per table (all `None` without --disk-dir): each table's
+    /// cache its share of the budget by bytes, in whole sets of
+    /// [`CACHE_WAYS`] rows, no larger than the table.
+    pub fn tiers(
+        &self,
+        tables: &[EmbeddingBagConfig],
+        optimizer: &TableOptimizer,
+    ) -> anyhow::Result<Vec<Option<DiskTierConfig>>> {
+        let Some(dir) = &self.disk_dir else {
+            return Ok(vec![None; tables.len()]);
+        };
+        let record = |t: &EmbeddingBagConfig| {
+            let row = t.data_type.row_bytes(t.embedding_dim).unwrap_or(usize::MAX) as f64;
+            row + 4.0 * optimizer.state_floats_per_row(t.embedding_dim) as f64
+        };
+        let total: f64 = tables
+            .iter()
+            .map(|t| record(t) * t.num_embeddings as f64)
+            .sum();
+        let text = self.cache_memory.as_deref().unwrap_or("25%");
+        let share = match text.strip_suffix('%') {
+            Some(p) => {
+                p.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|p| *p > 0.0 && *p <= 100.0)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--cache-memory {text}: a share is above 0% and at most 100%"
+                        )
+                    })?
+                    / 100.0
+            }
+            None => {
+                let bytes = ember_sharding::topology::parse_bytes(text)
+                    .map_err(|e| anyhow::anyhow!("--cache-memory: {e}"))?;
+                (bytes as f64 / total.max(1.0)).min(1.0)
+            }
+        };
+        tables
+            .iter()
+            .map(|t| {
+                let rows = (t.num_embeddings as f64 * share) as usize;
+                let rows = rows.min(t.num_embeddings.next_multiple_of(CACHE_WAYS)) / CACHE_WAYS
+                    * CACHE_WAYS;
+                anyhow::ensure!(
+                    rows >= CACHE_WAYS,
+                    "--cache-memory {text}: table '{}' would cache {rows} rows, below one set of {CACHE_WAYS}",
+                    t.name
+                );
+                Ok(Some(DiskTierConfig {
+                    dir: dir.clone(),
+                    cache_rows: rows,
+                }))
+            })
+            .collect()
+    }
+}
+
+/// The disk tier's figures, summed over `tables`' disk-tier tables.
+pub fn totals<'a>(
+    tables: impl Iterator<Item = &'a ember_sparse::EmbeddingTable>,
+) -> ember_sparse::TierStats {
+    let mut total = ember_sparse::TierStats::default();
+    for s in tables.filter_map(|t| t.tier_stats()) {
+        total.lookups += s.lookups;
+        total.misses += s.misses;
+        total.bytes_read += s.bytes_read;
+        total.bytes_written += s.bytes_written;
+    }
+    total
+}

@@ -219,10 +219,10 @@ fn bench_embedding_on_the_disk_tier() {
     };
     let ram = run(&[]);
     assert!(ram.get("disk_tier").is_none());
-    let disk = run(&["--disk-dir", dir.to_str().unwrap(), "--cache-memory", "10%"]);
+    let disk = run(&["--disk-dir", dir.to_str().unwrap(), "--cache-memory", "20%"]);
     let tier = &disk["disk_tier"];
-    // 10% of 5000 rows, rounded to whole sets of 16.
-    assert_eq!(tier["cache_rows_per_table"], 496, "{disk}");
+    // 20% of 5000 rows, rounded to whole sets of 16 (8 batches of 64 fit).
+    assert_eq!(tier["cache_rows_per_table"], 992, "{disk}");
     let hit = tier["hit_rate"].as_f64().unwrap();
     assert!(hit > 0.0 && hit < 1.0, "{disk}");
     assert!(
@@ -234,7 +234,8 @@ fn bench_embedding_on_the_disk_tier() {
     std::fs::remove_dir_all(&dir).unwrap();
     for (extra, needle) in [
         (&["--cache-memory", "0%"][..], "--cache-memory"),
-        (&["--cache-memory", "1KiB"][..], "below one set"),
+        (&["--cache-memory", "1KiB?"][..], "--cache-memory"),
+        (&["--cache-memory", "5%"][..], "8 batches"),
         (&["--roofline"][..], "--roofline"),
     ] {
         let mut a = args(&["--disk-dir", dir.to_str().unwrap()]);

@@ -298,7 +298,11 @@ fn run_in_pool(
     args.sharding.validate()?;
     let devices = args.sharding.devices.unwrap_or(0);
     let shape = (args.mini_batch_size / launch.world_size().max(1), pooling);
-    let tiers = args.tier.tiers(&config.tables, &table_optimizer)?;
+    let tiers = args.tier.tiers(
+        &config.tables,
+        &table_optimizer,
+        args.mini_batch_size * resolved.indices_per_lookup,
+    )?;
     if args.tier.disk_dir.is_some() {
         anyhow::ensure!(
             launch.world_size() == 1 && args.sharding.devices.is_none() && args.sharding.plan.is_none(),

@@ -145,10 +145,15 @@ fn tables(
                 .with_data_type(args.table_dtype)
         })
         .collect();
-    let tiers = args.tier.tiers(
-        &configs,
-        &args.optimizer.table_optimizer(args.learning_rate),
-    )?;
+    let optimizer = args.optimizer.table_optimizer(args.learning_rate);
+    let batch_ids = args.batch * args.pooling_factor;
+    let tiers = args.tier.tiers(&configs, &optimizer, batch_ids)?;
+    anyhow::ensure!(
+        args.tier.disk_dir.is_none() || tiers[0].is_some(),
+        "--cache-memory: a cache must hold {} batches' ids ({} rows a table); give it more",
+        super::tier::CACHE_BATCHES,
+        super::tier::CACHE_BATCHES * batch_ids
+    );
     Ok((configs, tiers))
 }
 

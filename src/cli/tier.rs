@@ -6,6 +6,10 @@ use std::path::PathBuf;
 use clap::Args;
 use ember_sparse::{DiskTierConfig, EmbeddingBagConfig, TableOptimizer, CACHE_WAYS};
 
+/// A disk-tier cache holds at least this many batches' ids: a batch's rows
+/// then fill a set of 16 only by a rare chance (about 2 of them a set).
+pub const CACHE_BATCHES: usize = 8;
+
 #[derive(Args, Clone, Debug, Default)]
 pub struct TierArgs {
     /// Put every table on the disk tier: its rows and optimizer state in a
@@ -21,11 +25,14 @@ pub struct TierArgs {
 impl TierArgs {
     /// One tier per table (all `None` without --disk-dir): each table's
     /// cache its share of the budget by bytes, in whole sets of
-    /// [`CACHE_WAYS`] rows, no larger than the table.
+    /// [`CACHE_WAYS`] rows. A table whose cache would not hold
+    /// `CACHE_BATCHES` times the `batch_ids` a batch looks up in it stays in
+    /// RAM (as FBGEMM caches only large tables): its sets would overflow.
     pub fn tiers(
         &self,
         tables: &[EmbeddingBagConfig],
         optimizer: &TableOptimizer,
+        batch_ids: usize,
     ) -> anyhow::Result<Vec<Option<DiskTierConfig>>> {
         let Some(dir) = &self.disk_dir else {
             return Ok(vec![None; tables.len()]);
@@ -58,23 +65,16 @@ impl TierArgs {
                 (bytes as f64 / total.max(1.0)).min(1.0)
             }
         };
-        tables
+        Ok(tables
             .iter()
             .map(|t| {
-                let rows = (t.num_embeddings as f64 * share) as usize;
-                let rows = rows.min(t.num_embeddings.next_multiple_of(CACHE_WAYS)) / CACHE_WAYS
-                    * CACHE_WAYS;
-                anyhow::ensure!(
-                    rows >= CACHE_WAYS,
-                    "--cache-memory {text}: table '{}' would cache {rows} rows, below one set of {CACHE_WAYS}",
-                    t.name
-                );
-                Ok(Some(DiskTierConfig {
+                let rows = (t.num_embeddings as f64 * share) as usize / CACHE_WAYS * CACHE_WAYS;
+                (rows >= (CACHE_BATCHES * batch_ids).max(CACHE_WAYS)).then(|| DiskTierConfig {
                     dir: dir.clone(),
                     cache_rows: rows,
-                }))
+                })
             })
-            .collect()
+            .collect())
     }
 }
 

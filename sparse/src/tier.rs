@@ -95,7 +95,8 @@ impl RowFile {
             .open(&path)
             .map_err(fail)?;
         let this = Self { file, path };
-        // Sized (sparsely) up front, so that a disk too small fails here.
+        // Sized up front (sparsely): the rows written next allocate its
+        // blocks, so a disk too small fails while the table is built.
         this.file
             .set_len(bytes)
             .map_err(|e| disk_error(table, &this.path, "cannot size the file", e))?;

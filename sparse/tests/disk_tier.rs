@@ -285,3 +285,21 @@ fn a_row_evicted_and_wanted_by_one_batch_keeps_its_changes() {
     }
     assert_eq!(all_rows(&ram), all_rows(&disk));
 }
+
+#[test]
+fn a_failed_read_names_the_table_and_file_and_leaves_the_cache_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ebc = disk_collection(dir.path(), 1000, 64);
+    let path = ebc.tables()[0].disk_path().unwrap().to_path_buf();
+    // The file loses its second half (as a disk failing under it would).
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(500 * 4 * 4).unwrap();
+    let err = ebc.prefetch(&bags(&[3, 900])).unwrap_err();
+    assert!(
+        matches!(&err, SparseError::Disk { table, path: p, .. } if table == "big" && *p == path),
+        "{err}"
+    );
+    // Rows still in the file are served, and a forward needs its prefetch.
+    ebc.prefetch(&bags(&[3, 4])).unwrap();
+    ebc.forward(&bags(&[3, 4])).unwrap();
+}

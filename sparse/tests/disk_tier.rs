@@ -303,3 +303,27 @@ fn a_failed_read_names_the_table_and_file_and_leaves_the_cache_usable() {
     ebc.prefetch(&bags(&[3, 4])).unwrap();
     ebc.forward(&bags(&[3, 4])).unwrap();
 }
+
+#[test]
+fn rows_written_by_hand_read_back_from_the_cache_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ebc = disk_collection(dir.path(), 1000, 16);
+    ebc.prefetch(&bags(&[7])).unwrap();
+    let table = &mut ebc.tables_mut()[0];
+    // Row 7 is cached, row 500 only in the file.
+    table.write_row(7, &[1.0, 2.0, 3.0, 4.0]);
+    table.write_row(500, &[5.0, 6.0, 7.0, 8.0]);
+    let mut row = [0f32; 4];
+    table.read_row(7, &mut row);
+    assert_eq!(row, [1.0, 2.0, 3.0, 4.0]);
+    table.read_row(500, &mut row);
+    assert_eq!(row, [5.0, 6.0, 7.0, 8.0]);
+    // The cached row's change reaches the file (flushed, then evicted by
+    // 16 other rows) and comes back from it.
+    table.flush().unwrap();
+    let fresh: Vec<i64> = (100..116).collect();
+    ebc.prefetch(&bags(&fresh)).unwrap();
+    ebc.prefetch(&bags(&[7])).unwrap();
+    let pooled = ebc.forward(&bags(&[7])).unwrap();
+    assert_eq!(pooled.values(), [1.0, 2.0, 3.0, 4.0]);
+}

@@ -249,6 +249,51 @@ fn bench_embedding_on_the_disk_tier() {
 }
 
 #[test]
+fn bench_dlrm_on_the_disk_tier_trains_as_in_ram() {
+    let dir = std::env::temp_dir().join(format!("ember-dlrm-tier-{}", std::process::id()));
+    let d = dir.to_str().unwrap();
+    let base = [
+        "bench",
+        "dlrm",
+        "--arch-embedding-size",
+        "40000-50-30000",
+        "--arch-sparse-feature-size",
+        "4",
+        "--arch-mlp-bot",
+        "13-8-4",
+        "--arch-mlp-top",
+        "8-1",
+        "--mini-batch-size",
+        "64",
+        "--num-batches",
+        "12",
+        "--num-indices-per-lookup",
+        "2",
+        "--data-generation",
+        "learnable",
+        "--id-distribution",
+        "zipf",
+        "--json",
+    ];
+    let ram = json(&base);
+    let mut args = base.to_vec();
+    args.extend(["--disk-dir", d, "--cache-memory", "20%"]);
+    let disk = json(&args);
+    assert_eq!(ram["loss_last"], disk["loss_last"], "{disk}");
+    let hit = disk["disk_tier"]["hit_rate"].as_f64().unwrap();
+    assert!(hit > 0.0 && hit < 1.0, "{disk}");
+    for (extra, needle) in [
+        (&["--save", d][..], "--save"),
+        (&["--devices", "2"][..], "unsharded"),
+    ] {
+        let mut a = args.clone();
+        a.extend_from_slice(extra);
+        assert!(fails(&a).contains(needle), "{extra:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn benches_report_the_id_distribution() {
     let small = ["--iters", "1", "--warmup", "0", "--json"];
     let embedding = |extra: &[&str]| {

@@ -693,6 +693,16 @@ impl std::fmt::Display for DlrmReport {
                 acc * 100.0
             )?;
         }
+        if let Some(d) = &self.disk_tier {
+            writeln!(
+                f,
+                "disk tier: caches {:.2} GiB, hit rate {:.1}%, {:.2} MB read and {:.2} MB written per step",
+                d.cache_bytes as f64 / (1u64 << 30) as f64,
+                d.hit_rate * 100.0,
+                d.bytes_read_per_step / 1e6,
+                d.bytes_written_per_step / 1e6
+            )?;
+        }
         if let Some(sh) = &self.sharding {
             let s = &sh.stage_ms;
             writeln!(

@@ -106,14 +106,7 @@ pub(super) fn new_table(
     let state = OptimizerState::new(optimizer, config.num_embeddings, dim).ok_or_else(|| {
         alloc_error(optimizer.state_floats_per_row(dim) * config.num_embeddings * 4)
     })?;
-    Ok(EmbeddingTable {
-        config,
-        rows,
-        state,
-        part: TablePart::whole(index),
-        scratch: BackwardScratch::default(),
-        tier: None,
-    })
+    Ok(whole_table(config, rows, state, index, None))
 }
 
 /// A disk-tier table: its file written chunk by chunk with the rows `new`
@@ -159,12 +152,29 @@ fn new_disk_table(
     let rows = TableRows::new(dtype, slots, dim).ok_or_else(|| alloc_error(slots * stride))?;
     let state = OptimizerState::new(optimizer, slots, dim)
         .ok_or_else(|| alloc_error(slots * state_bytes))?;
-    Ok(EmbeddingTable {
+    Ok(whole_table(
+        config,
+        rows,
+        state,
+        index,
+        Some(Box::new(disk)),
+    ))
+}
+
+/// Table `index` of its collection, whole (not a shard), from its parts.
+fn whole_table(
+    config: EmbeddingBagConfig,
+    rows: TableRows,
+    state: OptimizerState,
+    index: u64,
+    tier: Option<Box<DiskTier>>,
+) -> EmbeddingTable {
+    EmbeddingTable {
         config,
         rows,
         state,
         part: TablePart::whole(index),
         scratch: BackwardScratch::default(),
-        tier: Some(Box::new(disk)),
-    })
+        tier,
+    }
 }

@@ -280,6 +280,9 @@ fn bench_dlrm_on_the_disk_tier_trains_as_in_ram() {
     args.extend(["--disk-dir", d, "--cache-memory", "20%"]);
     let disk = json(&args);
     assert_eq!(ram["loss_last"], disk["loss_last"], "{disk}");
+    let mut ahead = args.clone();
+    ahead.push("--read-ahead");
+    assert_eq!(ram["loss_last"], json(&ahead)["loss_last"]);
     let hit = disk["disk_tier"]["hit_rate"].as_f64().unwrap();
     assert!(hit > 0.0 && hit < 1.0, "{disk}");
     for (extra, needle) in [

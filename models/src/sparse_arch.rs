@@ -169,6 +169,12 @@ impl SparseArch {
         })
     }
 
+    /// A read-ahead of the disk-tier tables' rows, to run for the next
+    /// batch while this one computes (`None`: no disk-tier table, or sharded).
+    pub fn read_ahead(&self) -> Option<ember_sparse::ReadAhead> {
+        self.local()?.read_ahead()
+    }
+
     /// The local collection (`None` when sharded).
     pub fn local(&self) -> Option<&EmbeddingBagCollection> {
         match self {

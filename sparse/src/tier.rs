@@ -21,7 +21,8 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use rayon::prelude::*;
 
@@ -195,6 +196,94 @@ pub(crate) struct Miss {
     evicted: Option<u64>,
 }
 
+/// The part of a tier another thread may read while its table computes:
+/// the file, and the id each cache slot holds (atomics: staging writes
+/// them while a [`ReadAhead`] reads).
+#[derive(Debug)]
+pub(crate) struct Shared {
+    file: RowFile,
+    sets: usize,
+    /// Bytes of a row's record in the file.
+    record: u64,
+    tags: Vec<AtomicU64>,
+}
+
+impl Shared {
+    fn set_of(&self, id: u64) -> usize {
+        // A hash of the id scaled to the sets (multiply-shift, no division).
+        ((crate::rng::splitmix(id) as u128 * self.sets as u128) >> 64) as usize
+    }
+
+    fn tag(&self, slot: usize) -> u64 {
+        self.tags[slot].load(Ordering::Relaxed)
+    }
+
+    fn set_tag(&self, slot: usize, id: u64) {
+        self.tags[slot].store(id, Ordering::Relaxed)
+    }
+
+    fn slot_of(&self, id: u64) -> Option<usize> {
+        let base = self.set_of(id) * CACHE_WAYS;
+        (base..base + CACHE_WAYS).find(|&s| self.tag(s) == id)
+    }
+
+    /// Asks the kernel to start reading row `id`'s record into the page
+    /// cache, without waiting for it.
+    fn will_need(&self, id: u64) {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let (at, len) = (
+                (id * self.record) as libc::off_t,
+                self.record as libc::off_t,
+            );
+            // SAFETY: a valid descriptor; the advice is only a hint.
+            unsafe {
+                libc::posix_fadvise(
+                    self.file.file.as_raw_fd(),
+                    at,
+                    len,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+            };
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = id;
+    }
+}
+
+/// Reads a batch's disk-tier rows ahead, on any thread, while an earlier
+/// batch computes (FBGEMM's prefetch pipeline): for every id whose row is
+/// not cached, the kernel is asked to bring its record into the page
+/// cache, so that the batch's [`prefetch`](crate::EmbeddingBagCollection::prefetch)
+/// finds it there. It changes nothing in the cache; a row cached or
+/// evicted meanwhile only makes a hint useless.
+#[derive(Clone, Debug)]
+pub struct ReadAhead {
+    /// Per feature of a disk-tier table: its name, tier and rows.
+    pub(crate) features: Vec<(String, Arc<Shared>, u64)>,
+}
+
+impl ReadAhead {
+    /// Hints the rows of `kjt`'s ids that are not cached; returns how many
+    /// (ids out of range are skipped: `prefetch` reports them).
+    pub fn run(&self, kjt: &crate::KeyedJaggedTensor) -> usize {
+        let mut hinted = 0;
+        for (k, key) in kjt.keys().iter().enumerate() {
+            let Some((_, shared, rows)) = self.features.iter().find(|f| &f.0 == key) else {
+                continue;
+            };
+            for &id in &kjt.values()[kjt.key_range(k)] {
+                if id >= 0 && (id as u64) < *rows && shared.slot_of(id as u64).is_none() {
+                    shared.will_need(id as u64);
+                    hinted += 1;
+                }
+            }
+        }
+        hinted
+    }
+}
+
 /// What staging a batch does besides finding rows.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
@@ -208,13 +297,11 @@ pub(crate) enum Stage {
 /// cached rows and state themselves are the table's (resident) rows.
 #[derive(Debug)]
 pub(crate) struct DiskTier {
-    file: RowFile,
+    /// The file and the slots' ids, which a [`ReadAhead`] reads too.
+    shared: Arc<Shared>,
     /// Bytes of a row in its data type, and of its optimizer state.
     row_bytes: usize,
     state_bytes: usize,
-    sets: usize,
-    /// The id each slot holds (`EMPTY` for none).
-    tags: Vec<u64>,
     /// The epoch each slot was last used in.
     stamps: Vec<u64>,
     dirty: Vec<bool>,
@@ -266,12 +353,16 @@ impl DiskTier {
                 file.write(table, page, (first * record + p * PAGE) as u64)?;
             }
         }
-        let tier = Self {
+        let shared = Arc::new(Shared {
             file,
+            sets,
+            record: record as u64,
+            tags: (0..slots).map(|_| AtomicU64::new(EMPTY)).collect(),
+        });
+        let tier = Self {
+            shared,
             row_bytes,
             state_bytes,
-            sets,
-            tags: vec![EMPTY; slots],
             stamps: vec![0; slots],
             dirty: vec![false; slots],
             epoch: 0,
@@ -286,17 +377,17 @@ impl DiskTier {
 
     /// The id each slot holds (`u64::MAX` for none): the rows' real places,
     /// for stochastic rounding.
-    pub(crate) fn slot_ids(&self) -> &[u64] {
-        &self.tags
+    pub(crate) fn slot_ids(&self) -> &[AtomicU64] {
+        &self.shared.tags
+    }
+
+    /// The file and the slots' ids, for reading ahead from another thread.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared)
     }
 
     pub(crate) fn path(&self) -> &Path {
-        &self.file.path
-    }
-
-    fn set_of(&self, id: u64) -> usize {
-        // A hash of the id scaled to the sets (multiply-shift, no division).
-        ((crate::rng::splitmix(id) as u128 * self.sets as u128) >> 64) as usize
+        &self.shared.file.path
     }
 
     pub(crate) fn mark_dirty(&mut self, slot: usize) {
@@ -305,8 +396,7 @@ impl DiskTier {
 
     /// The slot holding `id`, if any.
     pub(crate) fn slot_of(&self, id: u64) -> Option<usize> {
-        let base = self.set_of(id) * CACHE_WAYS;
-        (base..base + CACHE_WAYS).find(|&s| self.tags[s] == id)
+        self.shared.slot_of(id)
     }
 
     /// Rewrites `ids` (checked to be rows of the table) as the slots that
@@ -330,30 +420,30 @@ impl DiskTier {
         let mut misses = Vec::new();
         for v in ids.iter_mut() {
             let id = *v as u64;
-            let base = self.set_of(id) * CACHE_WAYS;
+            let base = self.shared.set_of(id) * CACHE_WAYS;
             let ways = base..base + CACHE_WAYS;
-            let slot = match ways.clone().find(|&s| self.tags[s] == id) {
+            let slot = match ways.clone().find(|&s| self.shared.tag(s) == id) {
                 Some(slot) => slot,
                 None => {
                     // An empty slot, else the least recently used one not
                     // holding a row of this batch.
                     let victim = ways
                         .filter(|&s| self.stamps[s] < epoch)
-                        .min_by_key(|&s| (self.tags[s] != EMPTY, self.stamps[s]));
+                        .min_by_key(|&s| (self.shared.tag(s) != EMPTY, self.stamps[s]));
                     let Some(slot) = victim else {
                         self.forget(&misses);
                         return Err(SparseError::CacheFull {
                             table: table.to_string(),
-                            cache_rows: self.tags.len(),
+                            cache_rows: self.shared.tags.len(),
                         });
                     };
-                    let old = self.tags[slot];
+                    let old = self.shared.tag(slot);
                     misses.push(Miss {
                         slot,
                         id,
                         evicted: (old != EMPTY && self.dirty[slot]).then_some(old),
                     });
-                    self.tags[slot] = id;
+                    self.shared.set_tag(slot, id);
                     self.dirty[slot] = false;
                     slot
                 }
@@ -392,7 +482,7 @@ impl DiskTier {
     /// Empties the slots of misses whose rows may not have arrived.
     fn forget(&mut self, misses: &[Miss]) {
         for m in misses {
-            self.tags[m.slot] = EMPTY;
+            self.shared.set_tag(m.slot, EMPTY);
             self.dirty[m.slot] = false;
         }
     }
@@ -404,7 +494,7 @@ impl DiskTier {
         rows: &mut TableRows,
         state: &mut OptimizerState,
     ) -> Result<(), SparseError> {
-        let dirty: Vec<usize> = (0..self.tags.len()).filter(|&s| self.dirty[s]).collect();
+        let dirty: Vec<usize> = (0..self.dirty.len()).filter(|&s| self.dirty[s]).collect();
         let slots = SlotPointers::new(rows, state);
         let (row_bytes, record) = (self.row_bytes, self.row_bytes + self.state_bytes);
         io_pool().install(|| {
@@ -415,7 +505,9 @@ impl DiskTier {
                     let (row, st) = unsafe { slots.slot(s) };
                     buf[..row_bytes].copy_from_slice(row);
                     buf[row_bytes..].copy_from_slice(bytemuck::cast_slice(st));
-                    self.file.write(table, buf, self.tags[s] * record as u64)
+                    self.shared
+                        .file
+                        .write(table, buf, self.shared.tag(s) * record as u64)
                 },
             )
         })?;
@@ -434,7 +526,7 @@ impl DiskTier {
         out: &mut [u8],
     ) -> Result<(), SparseError> {
         let record = (self.row_bytes + self.state_bytes) as u64;
-        self.file.read(table, out, id * record)
+        self.shared.file.read(table, out, id * record)
     }
 
     /// Overwrites row `id`'s bytes (not its state) in the file.
@@ -445,7 +537,7 @@ impl DiskTier {
         bytes: &[u8],
     ) -> Result<(), SparseError> {
         let record = (self.row_bytes + self.state_bytes) as u64;
-        self.file.write(table, bytes, id * record)
+        self.shared.file.write(table, bytes, id * record)
     }
 }
 
@@ -512,7 +604,7 @@ fn write_back(x: &Transfer<'_>, m: usize, buf: &mut Vec<u8>) -> Result<(), Spars
     let (row, st) = unsafe { x.slots.slot(miss.slot) };
     buf[..row_bytes].copy_from_slice(row);
     buf[row_bytes..].copy_from_slice(bytemuck::cast_slice(st));
-    tier.file.write(x.table, buf, old * record)
+    tier.shared.file.write(x.table, buf, old * record)
 }
 
 /// Which reads [`read_row`] may do.
@@ -541,11 +633,11 @@ fn read_row(
     let at = miss.id * record;
     match read {
         Read::Cached => {
-            if !tier.file.read_cached(buf, at) {
+            if !tier.shared.file.read_cached(buf, at) {
                 return Ok(false);
             }
         }
-        Read::Any => tier.file.read(x.table, buf, at)?,
+        Read::Any => tier.shared.file.read(x.table, buf, at)?,
     }
     row.copy_from_slice(&buf[..row_bytes]);
     bytemuck::cast_slice_mut(st).copy_from_slice(&buf[row_bytes..]);

@@ -327,3 +327,21 @@ fn rows_written_by_hand_read_back_from_the_cache_and_the_file() {
     let pooled = ebc.forward(&bags(&[7])).unwrap();
     assert_eq!(pooled.values(), [1.0, 2.0, 3.0, 4.0]);
 }
+
+#[test]
+fn read_ahead_hints_the_rows_not_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ebc = disk_collection(dir.path(), 1000, 64);
+    let ahead = ebc.read_ahead().expect("a disk-tier table");
+    // Ids past the table are left to prefetch to report.
+    assert_eq!(ahead.run(&bags(&[1, 2, 2, 5000])), 3);
+    ebc.prefetch(&bags(&[1])).unwrap();
+    assert_eq!(ahead.run(&bags(&[1, 2, 2])), 2);
+    let ram = EmbeddingBagCollection::new(
+        vec![EmbeddingBagConfig::new("t", 10, 4, &["f"])],
+        TableOptimizer::sgd(0.1),
+        1,
+    )
+    .unwrap();
+    assert!(ram.read_ahead().is_none());
+}

@@ -49,6 +49,9 @@ pub struct DlrmArgs {
     /// Tables on the disk tier (one process, not sharded, not saved).
     #[command(flatten)]
     pub tier: super::tier::TierArgs,
+    /// Read the next batch's disk-tier rows ahead while a batch computes.
+    #[arg(long, requires = "disk_dir")]
+    pub read_ahead: bool,
     #[arg(long, default_value_t = 2048)]
     pub mini_batch_size: usize,
     #[arg(long, default_value_t = 100)]
@@ -341,13 +344,15 @@ fn run_in_pool(
     let mut model = launch.patiently(|| {
         if let Some(dir) = &args.tier.disk_dir {
             std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-            return Ok(Dlrm::with_disk_tiers(
+            let mut model = Dlrm::with_disk_tiers(
                 config.clone(),
                 optimizers.0,
                 optimizers.1,
                 args.seed,
                 tiers.clone(),
-            )?);
+            )?;
+            model.set_read_ahead(args.read_ahead);
+            return Ok(model);
         }
         Ok(Dlrm::place(
             config,

@@ -95,10 +95,27 @@ pub struct Dlrm {
     /// The input dist of the batch the running step looks up, when it ran
     /// ahead ([`Model::train_step_routed`]).
     routed: Option<RoutedInput>,
+    /// Whether the Trainer's pipeline reads disk-tier rows ahead (see
+    /// [`Dlrm::set_read_ahead`]).
+    read_ahead: bool,
 }
 
 /// [`Model::input_dist`] of a sharded [`Dlrm`]: its tables' input router.
 struct DlrmInputDist(InputRouter);
+
+/// [`Model::input_dist`] of a [`Dlrm`] with disk-tier tables: the next
+/// batch's missing rows read ahead while the current one computes.
+struct DiskReadAhead(ember_sparse::ReadAhead);
+
+/// What [`DiskReadAhead`] hands the step: nothing but that it ran.
+struct ReadAheadDone;
+
+impl InputDist for DiskReadAhead {
+    fn run(&self, batch: &Batch) -> Result<Routed, ModelError> {
+        self.0.run(&batch.sparse);
+        Ok(Box::new(ReadAheadDone))
+    }
+}
 
 impl InputDist for DlrmInputDist {
     fn run(&self, batch: &Batch) -> Result<Routed, ModelError> {
@@ -139,6 +156,15 @@ impl Dlrm {
             tiers,
         )?);
         Self::with_tables(config, sparse_arch, dense_optimizer, seed)
+    }
+
+    /// Whether the Trainer's pipeline reads the next batch's disk-tier rows
+    /// ahead (an [`ember_sparse::ReadAhead`] as its input dist) while a
+    /// batch computes; off by default. On two cores the read-ahead's
+    /// system calls took time from the dense model, and the full MLPerf
+    /// step ran slower with it (see the README).
+    pub fn set_read_ahead(&mut self, on: bool) {
+        self.read_ahead = on;
     }
 
     /// [`Dlrm::new`] as rank `comm.rank()` of a multi-process world: the same
@@ -206,6 +232,7 @@ impl Dlrm {
             world: None,
             compiled: None,
             routed: None,
+            read_ahead: false,
         })
     }
 
@@ -543,8 +570,11 @@ impl Model for Dlrm {
     }
 
     fn input_dist(&self) -> Option<Arc<dyn InputDist>> {
-        let router = self.sparse_arch.input_router()?;
-        Some(Arc::new(DlrmInputDist(router)))
+        if let Some(router) = self.sparse_arch.input_router() {
+            return Some(Arc::new(DlrmInputDist(router)));
+        }
+        let ahead = self.sparse_arch.read_ahead().filter(|_| self.read_ahead)?;
+        Some(Arc::new(DiskReadAhead(ahead)))
     }
 
     fn train_step_routed(
@@ -554,6 +584,10 @@ impl Model for Dlrm {
         routed: Routed,
         mode: ExecMode,
     ) -> Result<StepOutput, ModelError> {
+        if routed.is::<ReadAheadDone>() {
+            // The disk-tier rows were hinted ahead: the step is the plain one.
+            return Model::train_step(self, backend, batch, mode);
+        }
         let routed = routed.downcast::<RoutedInput>().map_err(|_| {
             ModelError::Config("a routed input of another model's input dist".into())
         })?;

@@ -227,7 +227,7 @@ struct UpdateJob<'a> {
     step_key: u64,
     part: super::TablePart,
     /// A disk-tier table's rows are cache slots: the id each one holds.
-    slot_ids: Option<&'a [u64]>,
+    slot_ids: Option<&'a [std::sync::atomic::AtomicU64]>,
 }
 
 multiversion!(fn update_fp32(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp32>);
@@ -304,7 +304,9 @@ fn update_task_body<const D: usize, F: TrainFormat>(
             decode_with::<F>(bytes, decoded);
             update_row(job.optimizer, job.factors, decoded, summed, row_state);
             let part = job.part;
-            let local = job.slot_ids.map_or(id as u64, |ids| ids[id]);
+            let local = job.slot_ids.map_or(id as u64, |ids| {
+                ids[id].load(std::sync::atomic::Ordering::Relaxed)
+            });
             let global_row = part.first_row + local * part.row_step;
             let key = crate::rng::splitmix(job.step_key ^ global_row);
             // SAFETY: as above, this task alone owns the row's bytes.

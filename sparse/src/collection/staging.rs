@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::{EmbeddingBagCollection, EmbeddingTable};
 use crate::tier::{transfer, Miss, SlotPointers, Stage, Transfer};
-use crate::{KeyedJaggedTensor, SparseError};
+use crate::{KeyedJaggedTensor, ReadAhead, SparseError};
 
 /// A batch as staged by [`EmbeddingBagCollection::prefetch`]: the input, and
 /// the same bags with disk-tier ids rewritten as slots.
@@ -28,6 +28,26 @@ impl EmbeddingBagCollection {
     /// Whether any table lives on the disk tier.
     pub fn has_disk_tier(&self) -> bool {
         self.tables.iter().any(|t| t.tier.is_some())
+    }
+
+    /// A [`ReadAhead`] of the disk-tier tables, to run on another thread
+    /// for the next batch while this one computes; `None` when every table
+    /// is in RAM.
+    pub fn read_ahead(&self) -> Option<ReadAhead> {
+        let features: Vec<_> = self
+            .slots
+            .iter()
+            .filter_map(|slot| {
+                let table = &self.tables[slot.table];
+                let tier = table.tier.as_ref()?;
+                Some((
+                    slot.name.clone(),
+                    tier.shared(),
+                    table.num_embeddings() as u64,
+                ))
+            })
+            .collect();
+        (!features.is_empty()).then_some(ReadAhead { features })
     }
 
     /// Brings the rows of `kjt`'s ids into the caches of the disk-tier

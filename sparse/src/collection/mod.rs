@@ -99,9 +99,11 @@ impl EmbeddingTable {
     /// All rows of a fp32 table, row-major `[num_embeddings, dim]`.
     ///
     /// # Panics
-    /// When the table is not fp32: read any table with
-    /// [`read_row`](Self::read_row) or [`row_bytes`](Self::row_bytes).
+    /// When the table is not fp32 or is on the disk tier: read any table
+    /// with [`read_row`](Self::read_row) (or [`row_bytes`](Self::row_bytes)
+    /// in RAM).
     pub fn weights(&self) -> &[f32] {
+        self.assert_in_ram("weights");
         self.rows
             .as_f32()
             .expect("weights(): the table is not fp32")
@@ -109,8 +111,10 @@ impl EmbeddingTable {
     /// All rows of a fp32 table, mutable (to load a checkpoint or a shard's rows).
     ///
     /// # Panics
-    /// When the table is not fp32 (see [`write_row`](Self::write_row)).
+    /// When the table is not fp32 or is on the disk tier (see
+    /// [`write_row`](Self::write_row)).
     pub fn weights_mut(&mut self) -> &mut [f32] {
+        self.assert_in_ram("weights_mut");
         self.rows
             .as_f32_mut()
             .expect("weights_mut(): the table is not fp32")
@@ -118,7 +122,8 @@ impl EmbeddingTable {
     /// Row `id` of a fp32 table: `dim` floats.
     ///
     /// # Panics
-    /// When `id >= num_embeddings()` or the table is not fp32.
+    /// When `id >= num_embeddings()`, or the table is not fp32 or is on the
+    /// disk tier.
     pub fn row(&self, id: usize) -> &[f32] {
         let d = self.dim();
         &self.weights()[id * d..(id + 1) * d]
@@ -127,7 +132,6 @@ impl EmbeddingTable {
     /// forward pools.
     ///
     /// # Panics
-    /// When `id >= num_embeddings()` or `out.len() != dim()`.
     /// When `id >= num_embeddings()`, `out.len() != dim()`, or a disk-tier
     /// table's file cannot be read (see [`try_read_row`](Self::try_read_row)).
     pub fn read_row(&self, id: usize, out: &mut [f32]) {
@@ -160,7 +164,6 @@ impl EmbeddingTable {
     /// type (quantized, for the quantized types).
     ///
     /// # Panics
-    /// When `id >= num_embeddings()` or `values.len() != dim()`.
     /// When `id >= num_embeddings()`, `values.len() != dim()`, or a
     /// disk-tier table's file cannot be written.
     pub fn write_row(&mut self, id: usize, values: &[f32]) {

@@ -155,14 +155,7 @@ impl SparseArch {
     /// local collection, or the shards gathered into a new one (a copy of
     /// every table).
     pub fn unsharded(&self) -> Result<Unsharded<'_>, ModelError> {
-        if let SparseArch::Local(e) = self {
-            if let Some(t) = e.tables().iter().find(|t| t.is_on_disk()) {
-                return Err(ModelError::Config(format!(
-                    "table '{}' is on the disk tier: checkpoints and resharding of disk-tier tables are not supported yet",
-                    t.name()
-                )));
-            }
-        }
+        self.refuse_disk_tier()?;
         Ok(match self {
             SparseArch::Local(e) => Unsharded::Borrowed(e),
             SparseArch::Sharded(s) => Unsharded::Gathered(s.to_collection()?),
@@ -173,6 +166,21 @@ impl SparseArch {
     /// batch while this one computes (`None`: no disk-tier table, or sharded).
     pub fn read_ahead(&self) -> Option<ember_sparse::ReadAhead> {
         self.local()?.read_ahead()
+    }
+
+    /// Checkpoints and sharding read every table's rows in memory: a
+    /// disk-tier table is refused, by name.
+    fn refuse_disk_tier(&self) -> Result<(), ModelError> {
+        let on_disk = self
+            .local()
+            .and_then(|e| e.tables().iter().find(|t| t.is_on_disk()));
+        match on_disk {
+            Some(t) => Err(ModelError::Config(format!(
+                "table '{}' is on the disk tier: checkpoints and resharding of disk-tier tables are not supported yet",
+                t.name()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The local collection (`None` when sharded).
@@ -196,10 +204,8 @@ impl SparseArch {
     pub fn reshard(&mut self, plan: Option<ShardingPlan>) -> Result<(), ModelError> {
         // Build the new placement first: a plan that fails leaves the tables as they were.
         let next = match (&*self, plan) {
-            (SparseArch::Local(_), Some(_)) if self.unsharded().is_err() => {
-                return self.unsharded().map(|_| ());
-            }
             (SparseArch::Local(e), Some(plan)) => {
+                self.refuse_disk_tier()?;
                 SparseArch::Sharded(ShardedEmbeddingBagCollection::from_collection(e, plan)?)
             }
             (SparseArch::Sharded(s), Some(plan)) => SparseArch::Sharded(

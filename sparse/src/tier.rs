@@ -66,6 +66,16 @@ pub struct TierStats {
 }
 
 impl TierStats {
+    /// The figures since `earlier`, a reading of the same cache.
+    pub fn since(&self, earlier: &TierStats) -> TierStats {
+        TierStats {
+            lookups: self.lookups - earlier.lookups,
+            misses: self.misses - earlier.misses,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            bytes_written: self.bytes_written - earlier.bytes_written,
+        }
+    }
+
     /// Share of lookups served from the cache (1 with no lookups).
     pub fn hit_rate(&self) -> f64 {
         if self.lookups == 0 {
@@ -73,6 +83,18 @@ impl TierStats {
         } else {
             1.0 - self.misses as f64 / self.lookups as f64
         }
+    }
+}
+
+/// Several caches' figures together (the tables of a collection).
+impl std::iter::Sum for TierStats {
+    fn sum<I: Iterator<Item = TierStats>>(iter: I) -> TierStats {
+        iter.fold(TierStats::default(), |a, b| TierStats {
+            lookups: a.lookups + b.lookups,
+            misses: a.misses + b.misses,
+            bytes_read: a.bytes_read + b.bytes_read,
+            bytes_written: a.bytes_written + b.bytes_written,
+        })
     }
 }
 
@@ -85,8 +107,8 @@ struct RowFile {
 
 impl RowFile {
     fn create(dir: &Path, table: &str, bytes: u64) -> Result<Self, SparseError> {
-        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let n = SERIAL.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("{table}.{}.{n}.rows", std::process::id()));
         let fail = |e: std::io::Error| disk_error(table, &path, "cannot create the file", e);
         let file = std::fs::OpenOptions::new()
@@ -299,9 +321,6 @@ pub(crate) enum Stage {
 pub(crate) struct DiskTier {
     /// The file and the slots' ids, which a [`ReadAhead`] reads too.
     shared: Arc<Shared>,
-    /// Bytes of a row in its data type, and of its optimizer state.
-    row_bytes: usize,
-    state_bytes: usize,
     /// The epoch each slot was last used in.
     stamps: Vec<u64>,
     dirty: Vec<bool>,
@@ -361,8 +380,6 @@ impl DiskTier {
         });
         let tier = Self {
             shared,
-            row_bytes,
-            state_bytes,
             stamps: vec![0; slots],
             dirty: vec![false; slots],
             epoch: 0,
@@ -388,10 +405,6 @@ impl DiskTier {
 
     pub(crate) fn path(&self) -> &Path {
         &self.shared.file.path
-    }
-
-    pub(crate) fn mark_dirty(&mut self, slot: usize) {
-        self.dirty[slot] = true;
     }
 
     /// The slot holding `id`, if any.
@@ -420,14 +433,13 @@ impl DiskTier {
         let mut misses = Vec::new();
         for v in ids.iter_mut() {
             let id = *v as u64;
-            let base = self.shared.set_of(id) * CACHE_WAYS;
-            let ways = base..base + CACHE_WAYS;
-            let slot = match ways.clone().find(|&s| self.shared.tag(s) == id) {
+            let slot = match self.shared.slot_of(id) {
                 Some(slot) => slot,
                 None => {
                     // An empty slot, else the least recently used one not
                     // holding a row of this batch.
-                    let victim = ways
+                    let base = self.shared.set_of(id) * CACHE_WAYS;
+                    let victim = (base..base + CACHE_WAYS)
                         .filter(|&s| self.stamps[s] < epoch)
                         .min_by_key(|&s| (self.shared.tag(s) != EMPTY, self.stamps[s]));
                     let Some(slot) = victim else {
@@ -466,16 +478,17 @@ impl DiskTier {
         if !transferred {
             return self.forget(misses);
         }
-        let record = (self.row_bytes + self.state_bytes) as u64;
+        let record = self.shared.record;
         let written = misses.iter().filter(|m| m.evicted.is_some()).count() as u64;
         self.stats.bytes_read += misses.len() as u64 * record;
         self.stats.bytes_written += written * record;
     }
 
-    /// Marks the rows in `slots` changed (the backward of a staged batch).
-    pub(crate) fn mark_changed(&mut self, slots: &[i64]) {
-        for &s in slots {
-            self.dirty[s as usize] = true;
+    /// Marks the rows in `slots` changed (the backward of a staged batch,
+    /// a row written by hand).
+    pub(crate) fn mark_changed(&mut self, slots: impl IntoIterator<Item = usize>) {
+        for s in slots {
+            self.dirty[s] = true;
         }
     }
 
@@ -496,25 +509,18 @@ impl DiskTier {
     ) -> Result<(), SparseError> {
         let dirty: Vec<usize> = (0..self.dirty.len()).filter(|&s| self.dirty[s]).collect();
         let slots = SlotPointers::new(rows, state);
-        let (row_bytes, record) = (self.row_bytes, self.row_bytes + self.state_bytes);
         io_pool().install(|| {
-            dirty.par_iter().try_for_each_init(
-                || vec![0u8; record],
-                |buf, &s| {
-                    // SAFETY: distinct slots; read only.
-                    let (row, st) = unsafe { slots.slot(s) };
-                    buf[..row_bytes].copy_from_slice(row);
-                    buf[row_bytes..].copy_from_slice(bytemuck::cast_slice(st));
-                    self.shared
-                        .file
-                        .write(table, buf, self.shared.tag(s) * record as u64)
-                },
-            )
+            dirty.par_iter().try_for_each_init(Vec::new, |buf, &s| {
+                // SAFETY: distinct slots; read only.
+                unsafe { slots.pack(s, buf) };
+                let at = self.shared.tag(s) * self.shared.record;
+                self.shared.file.write(table, buf, at)
+            })
         })?;
         for &s in &dirty {
             self.dirty[s] = false;
         }
-        self.stats.bytes_written += (dirty.len() * record) as u64;
+        self.stats.bytes_written += dirty.len() as u64 * self.shared.record;
         Ok(())
     }
 
@@ -525,8 +531,7 @@ impl DiskTier {
         id: u64,
         out: &mut [u8],
     ) -> Result<(), SparseError> {
-        let record = (self.row_bytes + self.state_bytes) as u64;
-        self.shared.file.read(table, out, id * record)
+        self.shared.file.read(table, out, id * self.shared.record)
     }
 
     /// Overwrites row `id`'s bytes (not its state) in the file.
@@ -536,8 +541,9 @@ impl DiskTier {
         id: u64,
         bytes: &[u8],
     ) -> Result<(), SparseError> {
-        let record = (self.row_bytes + self.state_bytes) as u64;
-        self.shared.file.write(table, bytes, id * record)
+        self.shared
+            .file
+            .write(table, bytes, id * self.shared.record)
     }
 }
 
@@ -597,14 +603,12 @@ fn write_back(x: &Transfer<'_>, m: usize, buf: &mut Vec<u8>) -> Result<(), Spars
     let Some(old) = miss.evicted else {
         return Ok(());
     };
-    let (row_bytes, record) = (tier.row_bytes, (tier.row_bytes + tier.state_bytes) as u64);
-    buf.resize(record as usize, 0);
     // SAFETY: each miss of a table has its own slot (a slot gets one miss
     // per stage); this pass only reads it.
-    let (row, st) = unsafe { x.slots.slot(miss.slot) };
-    buf[..row_bytes].copy_from_slice(row);
-    buf[row_bytes..].copy_from_slice(bytemuck::cast_slice(st));
-    tier.shared.file.write(x.table, buf, old * record)
+    unsafe { x.slots.pack(miss.slot, buf) };
+    tier.shared
+        .file
+        .write(x.table, buf, old * tier.shared.record)
 }
 
 /// Which reads [`read_row`] may do.
@@ -625,12 +629,8 @@ fn read_row(
     read: Read,
 ) -> Result<bool, SparseError> {
     let (tier, miss) = (x.tier, &x.misses[m]);
-    let (row_bytes, record) = (tier.row_bytes, (tier.row_bytes + tier.state_bytes) as u64);
-    buf.resize(record as usize, 0);
-    // SAFETY: each miss of a table has its own slot, and one task at a
-    // time handles a miss.
-    let (row, st) = unsafe { x.slots.slot(miss.slot) };
-    let at = miss.id * record;
+    buf.resize(tier.shared.record as usize, 0);
+    let at = miss.id * tier.shared.record;
     match read {
         Read::Cached => {
             if !tier.shared.file.read_cached(buf, at) {
@@ -639,8 +639,9 @@ fn read_row(
         }
         Read::Any => tier.shared.file.read(x.table, buf, at)?,
     }
-    row.copy_from_slice(&buf[..row_bytes]);
-    bytemuck::cast_slice_mut(st).copy_from_slice(&buf[row_bytes..]);
+    // SAFETY: each miss of a table has its own slot, and one task at a
+    // time handles a miss.
+    unsafe { x.slots.unpack(buf, miss.slot) };
     Ok(true)
 }
 
@@ -665,6 +666,27 @@ impl SlotPointers {
             per_row: state.floats_per_row(),
             state: state.base_ptr(),
         }
+    }
+
+    /// Slot `slot`'s row and state, as one record of the file, into `buf`.
+    ///
+    /// # Safety
+    /// As for [`slot`](Self::slot).
+    unsafe fn pack(&self, slot: usize, buf: &mut Vec<u8>) {
+        let (row, state) = self.slot(slot);
+        buf.clear();
+        buf.extend_from_slice(row);
+        buf.extend_from_slice(bytemuck::cast_slice(state));
+    }
+
+    /// A record of the file (`buf`) into slot `slot`'s row and state.
+    ///
+    /// # Safety
+    /// As for [`slot`](Self::slot); `buf` is one record long.
+    unsafe fn unpack(&self, buf: &[u8], slot: usize) {
+        let (row, state) = self.slot(slot);
+        row.copy_from_slice(&buf[..self.stride]);
+        bytemuck::cast_slice_mut(state).copy_from_slice(&buf[self.stride..]);
     }
 
     /// # Safety

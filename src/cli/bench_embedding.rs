@@ -282,20 +282,14 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
     let total: f64 = times.iter().sum();
     let ids_per_s = (ids_per_batch * times.len()) as f64 / total;
     let disk_tier = cache.map(|cache_rows| {
-        let after = super::tier::totals(ebc.tables().iter());
-        let (lookups, misses) = (after.lookups - before.lookups, after.misses - before.misses);
+        let timed = super::tier::totals(ebc.tables().iter()).since(&before);
         let iters = times.len() as f64;
         DiskTierReport {
             cache_rows_per_table: cache_rows,
             cache_bytes: ebc.bytes() as u64,
-            hit_rate: TierStats {
-                lookups,
-                misses,
-                ..Default::default()
-            }
-            .hit_rate(),
-            bytes_read_per_iter: (after.bytes_read - before.bytes_read) as f64 / iters,
-            bytes_written_per_iter: (after.bytes_written - before.bytes_written) as f64 / iters,
+            hit_rate: timed.hit_rate(),
+            bytes_read_per_iter: timed.bytes_read as f64 / iters,
+            bytes_written_per_iter: timed.bytes_written as f64 / iters,
         }
     });
 

@@ -82,12 +82,5 @@ impl TierArgs {
 pub fn totals<'a>(
     tables: impl Iterator<Item = &'a ember_sparse::EmbeddingTable>,
 ) -> ember_sparse::TierStats {
-    let mut total = ember_sparse::TierStats::default();
-    for s in tables.filter_map(|t| t.tier_stats()) {
-        total.lookups += s.lookups;
-        total.misses += s.misses;
-        total.bytes_read += s.bytes_read;
-        total.bytes_written += s.bytes_written;
-    }
-    total
+    tables.filter_map(|t| t.tier_stats()).sum()
 }

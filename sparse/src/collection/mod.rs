@@ -172,7 +172,7 @@ impl EmbeddingTable {
         };
         assert!(id < self.config.num_embeddings, "write_row: no row {id}");
         if let Some(slot) = tier.slot_of(id as u64) {
-            tier.mark_dirty(slot);
+            tier.mark_changed([slot]);
             return self.rows.write_row(slot, values);
         }
         let mut bytes = vec![0u8; self.rows.stride()];

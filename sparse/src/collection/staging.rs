@@ -102,7 +102,8 @@ impl EmbeddingBagCollection {
                 let keys = self.resolve_keys(kjt)?;
                 for (slot, &k) in self.slots.iter().zip(&keys) {
                     if let Some(tier) = &mut self.tables[slot.table].tier {
-                        tier.mark_changed(&staged.slots.values()[kjt.key_range(k)]);
+                        let slots = &staged.slots.values()[kjt.key_range(k)];
+                        tier.mark_changed(slots.iter().map(|&s| s as usize));
                     }
                 }
                 staged

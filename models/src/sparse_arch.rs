@@ -152,10 +152,10 @@ impl SparseArch {
     }
 
     /// The tables in the unsharded layout, as checkpoints see them: the
-    /// local collection, or the shards gathered into a new one (a copy of
-    /// every table).
+    /// local collection (disk-tier tables as they are: read them with
+    /// `read_stored_rows`), or the shards gathered into a new one (a copy
+    /// of every table).
     pub fn unsharded(&self) -> Result<Unsharded<'_>, ModelError> {
-        self.refuse_disk_tier()?;
         Ok(match self {
             SparseArch::Local(e) => Unsharded::Borrowed(e),
             SparseArch::Sharded(s) => Unsharded::Gathered(s.to_collection()?),
@@ -168,15 +168,15 @@ impl SparseArch {
         self.local()?.read_ahead()
     }
 
-    /// Checkpoints and sharding read every table's rows in memory: a
-    /// disk-tier table is refused, by name.
+    /// Sharding reads every table's rows in memory: a disk-tier table is
+    /// refused, by name.
     fn refuse_disk_tier(&self) -> Result<(), ModelError> {
         let on_disk = self
             .local()
             .and_then(|e| e.tables().iter().find(|t| t.is_on_disk()));
         match on_disk {
             Some(t) => Err(ModelError::Config(format!(
-                "table '{}' is on the disk tier: checkpoints and resharding of disk-tier tables are not supported yet",
+                "table '{}' is on the disk tier: sharding disk-tier tables is not supported yet",
                 t.name()
             ))),
             None => Ok(()),

@@ -1,12 +1,13 @@
 //! A DLRM whose tables are on the disk tier trains bit for bit as the same
-//! model in RAM, and refuses what it cannot do yet (checkpoints, sharding)
-//! with an error naming the table.
+//! model in RAM, and checkpoints (streamed a piece at a time) to the very
+//! file the RAM model writes, from which both resume exactly.
 
 use ember_dense::{DenseOptimizerConfig, NativeBackend};
 use ember_models::{
-    DataGeneration, Dlrm, DlrmConfig, InteractionType, Model, SyntheticConfig, SyntheticData,
+    Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType, Model, SyntheticConfig,
+    SyntheticData,
 };
-use ember_sparse::{DiskTierConfig, TableOptimizer};
+use ember_sparse::{DataType, DiskTierConfig, TableOptimizer};
 
 fn config() -> DlrmConfig {
     DlrmConfig {
@@ -17,10 +18,10 @@ fn config() -> DlrmConfig {
     }
 }
 
-fn model(tiers: Vec<Option<DiskTierConfig>>) -> Dlrm {
+fn model(optimizer: TableOptimizer, tiers: Vec<Option<DiskTierConfig>>) -> Dlrm {
     Dlrm::with_disk_tiers(
         config(),
-        TableOptimizer::rowwise_adagrad(0.05),
+        optimizer,
         DenseOptimizerConfig::sgd(0.05),
         9,
         tiers,
@@ -28,43 +29,151 @@ fn model(tiers: Vec<Option<DiskTierConfig>>) -> Dlrm {
     .unwrap()
 }
 
-#[test]
-fn disk_tier_dlrm_trains_as_in_ram() {
-    let dir = tempfile::tempdir().unwrap();
-    let be = NativeBackend::new(2);
-    let data = SyntheticData::new(SyntheticConfig::for_model(
+fn data() -> SyntheticData {
+    SyntheticData::new(SyntheticConfig::for_model(
         &config(),
         DataGeneration::Learnable,
         3,
         4,
     ))
-    .unwrap();
-    let mut ram = model(Vec::new());
-    // Caches of 256 rows: batches of 64 samples evict and read back rows.
+    .unwrap()
+}
+
+/// Tiers for the first two tables (caches of 256 rows: batches of 64
+/// samples evict and read back rows); the third, small, in RAM.
+fn tiers(dir: &std::path::Path) -> Vec<Option<DiskTierConfig>> {
     let tier = Some(DiskTierConfig {
-        dir: dir.path().to_path_buf(),
+        dir: dir.to_path_buf(),
         cache_rows: 256,
     });
-    let mut disk = model(vec![tier.clone(), tier, None]);
-    for i in 0..12 {
-        let batch = data.batch(i, 64);
-        let a = ram.train_step(&be, &batch).unwrap().loss;
-        let b = disk.train_step(&be, &batch).unwrap().loss;
-        assert_eq!(a.to_bits(), b.to_bits(), "step {i}");
+    vec![tier.clone(), tier, None]
+}
+
+/// A safetensors file's metadata and tensors (name, dtype, shape, bytes;
+/// checksums included), whatever the order of its header.
+type Contents = (
+    Vec<(String, String)>,
+    Vec<(String, String, Vec<usize>, Vec<u8>)>,
+);
+
+fn contents(bytes: &[u8]) -> Contents {
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
+    let mut meta: Vec<_> = header.metadata().clone().unwrap().into_iter().collect();
+    meta.sort();
+    let file = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let mut tensors: Vec<_> = (file.tensors().into_iter())
+        .map(|(n, t)| {
+            (
+                n,
+                format!("{:?}", t.dtype()),
+                t.shape().to_vec(),
+                t.data().to_vec(),
+            )
+        })
+        .collect();
+    tensors.sort();
+    (meta, tensors)
+}
+
+#[test]
+fn disk_tier_dlrm_trains_checkpoints_and_resumes_as_in_ram() {
+    let dir = tempfile::tempdir().unwrap();
+    let be = NativeBackend::new(2);
+    let data = data();
+    for optimizer in [
+        TableOptimizer::rowwise_adagrad(0.05),
+        TableOptimizer::adam(0.01),
+        TableOptimizer::adagrad(0.05),
+    ] {
+        let mut ram = model(optimizer, Vec::new());
+        let mut disk = model(optimizer, tiers(dir.path()));
+        for i in 0..12 {
+            let batch = data.batch(i, 64);
+            let a = ram.train_step(&be, &batch).unwrap().loss;
+            let b = disk.train_step(&be, &batch).unwrap().loss;
+            assert_eq!(a.to_bits(), b.to_bits(), "step {i}");
+        }
+        let tables = disk.sparse_arch().local().unwrap().tables();
+        let stats = tables[0].tier_stats().unwrap();
+        assert!(stats.misses > 0 && stats.bytes_written > 0, "{stats:?}");
+        assert!(tables[2].tier_stats().is_none());
+
+        // The streamed checkpoint holds the RAM model's tensors and
+        // metadata, byte for byte.
+        let saved = |m: &mut Dlrm, name: &str| {
+            let path = m.save_checkpoint(&dir.path().join(name), None).unwrap();
+            contents(&std::fs::read(&path).unwrap())
+        };
+        let file = saved(&mut disk, "disk");
+        assert!(file == saved(&mut ram, "ram"), "{optimizer:?}");
+
+        // Loaded onto the disk tier (and, in place, keeping its tiers), it
+        // trains on exactly as the model that never stopped.
+        let ckpt = Checkpoint::open(&dir.path().join("disk")).unwrap();
+        let dense = DenseOptimizerConfig::sgd(0.05);
+        let mut loaded = ckpt
+            .model_with_disk_tiers(optimizer, dense, tiers(dir.path()))
+            .unwrap();
+        let mut in_place = model(optimizer, tiers(dir.path()));
+        let path = dir.path().join("disk").join("model.safetensors");
+        in_place.load_checkpoint(&path).unwrap();
+        let on_disk = in_place.sparse_arch().local().unwrap().tables();
+        assert!(on_disk[0].is_on_disk() && !on_disk[2].is_on_disk());
+        for i in 12..16 {
+            let batch = data.batch(i, 64);
+            let a = ram.train_step(&be, &batch).unwrap().loss;
+            let b = loaded.train_step(&be, &batch).unwrap().loss;
+            let c = in_place.train_step(&be, &batch).unwrap().loss;
+            assert_eq!(
+                (a.to_bits(), a.to_bits()),
+                (b.to_bits(), c.to_bits()),
+                "step {i}"
+            );
+        }
     }
-    let tables = disk.sparse_arch().local().unwrap().tables();
-    let stats = tables[0].tier_stats().unwrap();
-    assert!(stats.misses > 0 && stats.bytes_written > 0, "{stats:?}");
-    assert!(tables[2].tier_stats().is_none());
-    let out = dir.path().join("ckpt");
-    let err = disk.save_checkpoint(&out, None).unwrap_err();
-    assert!(
-        err.to_string().contains("'t_cat_0' is on the disk tier"),
-        "{err}"
-    );
-    assert_eq!(
-        std::fs::read_dir(&out).map_or(0, |d| d.count()),
-        0,
-        "nothing written"
-    );
+}
+
+#[test]
+fn a_checkpoint_loads_onto_the_disk_tier_cast_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let be = NativeBackend::new(2);
+    let optimizer = TableOptimizer::rowwise_adagrad(0.05);
+    let mut ram = model(optimizer, Vec::new());
+    ram.train_step(&be, &data().batch(0, 64)).unwrap();
+    let path = ram.save_checkpoint(dir.path(), None).unwrap();
+    let dense = DenseOptimizerConfig::sgd(0.05);
+
+    // fp32 rows cast to fp16 as they stream, as into RAM.
+    let mut ckpt = Checkpoint::open(&path).unwrap();
+    ckpt.cast_tables(DataType::Fp16);
+    let mut half_ram = ckpt.model(optimizer, dense).unwrap();
+    let mut half_disk = ckpt
+        .model_with_disk_tiers(optimizer, dense, tiers(dir.path()))
+        .unwrap();
+    let batch = data().batch(1, 64);
+    let a = half_ram.predict(&be, &batch).unwrap().to_vec();
+    let b = half_disk.predict(&be, &batch).unwrap().to_vec();
+    assert_eq!(a, b);
+    drop(half_disk);
+
+    // A corrupt row is found by its checksum, the tensor named.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let json: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
+    let name = "sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight";
+    let at = 8 + header + json[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[at + 100] ^= 1;
+    let bad = dir.path().join("bad.safetensors");
+    std::fs::write(&bad, bytes).unwrap();
+    let err = Checkpoint::open(&bad)
+        .unwrap()
+        .model_with_disk_tiers(optimizer, dense, tiers(dir.path()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains(name) && err.contains("corrupt"), "{err}");
+    let rows_files = (std::fs::read_dir(dir.path()).unwrap())
+        .filter(|e| e.as_ref().unwrap().path().extension() == Some("rows".as_ref()))
+        .count();
+    assert_eq!(rows_files, 0, "the failed load's table files are removed");
 }

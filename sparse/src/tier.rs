@@ -168,6 +168,16 @@ impl RowFile {
             .write_all_at(buf, at)
             .map_err(|e| disk_error(table, &self.path, &format!("write at byte {at} failed"), e))
     }
+    /// [`write`](Self::write) a page at a time, for writes of many rows:
+    /// the page cache then holds the file in small folios, and writing back
+    /// one row later touches one page (in one large folio it took about
+    /// 30 us a row on ext4 here).
+    fn write_pages(&self, table: &str, buf: &[u8], at: u64) -> Result<(), SparseError> {
+        for (p, page) in buf.chunks(PAGE).enumerate() {
+            self.write(table, page, at + (p * PAGE) as u64)?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for RowFile {
@@ -365,12 +375,7 @@ impl DiskTier {
                 .par_chunks_mut(chunk_rows * record)
                 .enumerate()
                 .for_each(|(c, records)| init(first + c * chunk_rows, records));
-            // In pages: the page cache then holds the file in small folios,
-            // and writing back one row later touches one page (in one
-            // large folio it took about 30 us a row on ext4 here).
-            for (p, page) in bytes.chunks(PAGE).enumerate() {
-                file.write(table, page, (first * record + p * PAGE) as u64)?;
-            }
+            file.write_pages(table, bytes, (first * record) as u64)?;
         }
         let shared = Arc::new(Shared {
             file,
@@ -522,6 +527,40 @@ impl DiskTier {
         }
         self.stats.bytes_written += dirty.len() as u64 * self.shared.record;
         Ok(())
+    }
+
+    /// Where the tier is and how many rows its cache holds: the config
+    /// that builds the same tier again.
+    pub(crate) fn config(&self) -> DiskTierConfig {
+        let path = &self.shared.file.path;
+        DiskTierConfig {
+            dir: path.parent().map_or_else(PathBuf::new, Path::to_path_buf),
+            cache_rows: self.shared.tags.len(),
+        }
+    }
+
+    /// The records of rows `first..` as the file stores them (not the
+    /// cache), as many as `buf` holds; one read.
+    pub(crate) fn read_records(
+        &self,
+        table: &str,
+        first: u64,
+        buf: &mut [u8],
+    ) -> Result<(), SparseError> {
+        self.shared
+            .file
+            .read(table, buf, first * self.shared.record)
+    }
+
+    /// Overwrites the records of rows `first..` in the file (not the
+    /// cache), as many as `buf` holds.
+    pub(crate) fn write_records(
+        &self,
+        table: &str,
+        first: u64,
+        buf: &[u8],
+    ) -> Result<(), SparseError> {
+        (self.shared.file).write_pages(table, buf, first * self.shared.record)
     }
 
     /// Row `id`'s bytes and state as stored in the file (not the cache).

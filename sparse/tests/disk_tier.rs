@@ -81,6 +81,27 @@ fn all_rows(ebc: &EmbeddingBagCollection) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// A table's rows and state as stored, read `piece` rows at a time.
+fn stored(table: &ember_sparse::EmbeddingTable, piece: usize) -> (Vec<u8>, Vec<u32>) {
+    let (stride, per_row, rows) = (
+        table.bytes_per_row(),
+        table.state_floats_per_row(),
+        table.num_embeddings(),
+    );
+    let (mut bytes, mut state) = (vec![0u8; rows * stride], vec![0f32; rows * per_row]);
+    for first in (0..rows).step_by(piece) {
+        let n = piece.min(rows - first);
+        table
+            .read_stored_rows(
+                first,
+                &mut bytes[first * stride..(first + n) * stride],
+                &mut state[first * per_row..(first + n) * per_row],
+            )
+            .unwrap();
+    }
+    (bytes, bits(&state))
+}
+
 fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|x| x.to_bits()).collect()
 }
@@ -125,6 +146,46 @@ proptest! {
             disk.backward_update(&kjt, &grad).unwrap();
         }
         prop_assert_eq!(all_rows(&ram), all_rows(&disk), "rows after training");
+        // Rows and state as stored, read in pieces: the cache's newer rows
+        // over the file's.
+        let piece = 1 + (seed % 37) as usize;
+        for (r, d) in ram.tables().iter().zip(disk.tables()) {
+            prop_assert_eq!(stored(r, piece), stored(d, piece), "stored rows of {}", r.name());
+        }
+        // Loaded piece by piece into other tables (another seed, a cache
+        // already holding rows), they train on as the originals.
+        let tiers = tables.iter().map(|_| Some(DiskTierConfig {
+            dir: dir.path().to_path_buf(),
+            cache_rows: sets * ember_sparse::CACHE_WAYS,
+        })).collect();
+        let mut loaded = EmbeddingBagCollection::with_disk_tiers(configs(&tables, dtype), optimizer, !seed, tiers).unwrap();
+        let (kjt, _) = batch(&tables, 3, seed, weighted);
+        loaded.prefetch(&kjt).unwrap();
+        loaded.forward(&kjt).unwrap();
+        for (from, to) in ram.tables().iter().zip(loaded.tables_mut()) {
+            let (rows, state) = stored(from, from.num_embeddings());
+            let state: Vec<f32> = state.into_iter().map(f32::from_bits).collect();
+            let (stride, per_row) = (from.bytes_per_row(), from.state_floats_per_row());
+            for first in (0..from.num_embeddings()).step_by(piece) {
+                let n = piece.min(from.num_embeddings() - first);
+                to.write_stored_rows(
+                    first,
+                    &rows[first * stride..(first + n) * stride],
+                    &state[first * per_row..(first + n) * per_row],
+                ).unwrap();
+            }
+        }
+        (loaded.set_step(ram.step()), loaded.set_rounding_seed(ram.rounding_seed()));
+        let (kjt, width) = batch(&tables, 3, !seed, weighted);
+        let grad: Vec<f32> = (0..kjt.stride() * width).map(|i| (i % 5) as f32 / 4.0 - 0.5).collect();
+        for ebc in [&mut ram, &mut loaded, &mut disk] {
+            ebc.prefetch(&kjt).unwrap();
+            ebc.forward(&kjt).unwrap();
+            ebc.backward_update(&kjt, &grad).unwrap();
+        }
+        for (r, l) in ram.tables().iter().zip(loaded.tables()) {
+            prop_assert_eq!(stored(r, piece), stored(l, piece), "loaded rows of {}", r.name());
+        }
         // Flushed, every row comes from the file alone.
         for t in disk.tables_mut() {
             t.flush().unwrap();

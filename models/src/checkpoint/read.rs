@@ -243,7 +243,22 @@ impl Checkpoint {
         table_optimizer: TableOptimizer,
         dense_optimizer: DenseOptimizerConfig,
     ) -> Result<Dlrm, ModelError> {
-        let mut model = Dlrm::new(self.config.clone(), table_optimizer, dense_optimizer, 0)?;
+        self.model_with_disk_tiers(table_optimizer, dense_optimizer, Vec::new())
+    }
+
+    /// [`model`](Self::model), with the tables whose entry of `tiers` is
+    /// `Some` on the disk tier (as [`Dlrm::with_disk_tiers`]): their rows
+    /// and optimizer state are streamed from the checkpoint into their
+    /// files a piece at a time, so a table larger than memory loads in a
+    /// bounded one (a set's tensors are read whole first).
+    pub fn model_with_disk_tiers(
+        &self,
+        table_optimizer: TableOptimizer,
+        dense_optimizer: DenseOptimizerConfig,
+        tiers: Vec<Option<ember_sparse::DiskTierConfig>>,
+    ) -> Result<Dlrm, ModelError> {
+        let config = self.config.clone();
+        let mut model = Dlrm::with_disk_tiers(config, table_optimizer, dense_optimizer, 0, tiers)?;
         let same_table_opt = self.same_table_optimizer(&table_optimizer);
         let ebc = model
             .sparse_arch_mut()

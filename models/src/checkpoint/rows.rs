@@ -8,6 +8,9 @@ use std::sync::Arc;
 use ember_dense::DenseOptimizerConfig;
 use ember_sharding::{Collective, RowSplit, Shard, ShardSource, ShardingError, ShardingPlan};
 use ember_sparse::{EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
+use safetensors::tensor::Dtype;
+
+use super::store::f32s;
 
 use super::valid::{check_rows, check_values, Allowed};
 use super::{table_weight_name, weight_layout, Checkpoint, OPTIMIZER_PREFIX, TABLE_PREFIX};
@@ -52,6 +55,15 @@ impl Checkpoint {
     ) -> Result<(), ModelError> {
         let config = &self.config.tables[t];
         let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
+        if local.is_on_disk() {
+            if split != RowSplit::All || cols != (0..dim) {
+                return Err(ModelError::Config(format!(
+                    "table '{}' is on the disk tier: its shards are not supported yet",
+                    config.name
+                )));
+            }
+            return self.stream_table(t, (optimizer, restore), local);
+        }
         let name = table_weight_name(&config.name);
         let (dtype, shape) = weight_layout(saved, rows, dim);
         // Quantized rows are read whole (plans never split their columns).
@@ -120,6 +132,91 @@ impl Checkpoint {
         };
         local.optimizer_state_mut().copy_from_slice(&state);
         Ok(())
+    }
+}
+
+impl Checkpoint {
+    /// [`read_table`](Self::read_table) for a whole disk-tier table: its
+    /// weight and optimizer state read and written a piece of rows at a
+    /// time, so the table never sits in memory.
+    fn stream_table(
+        &self,
+        t: usize,
+        (optimizer, restore): (TableOptimizer, bool),
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ModelError> {
+        let config = &self.config.tables[t];
+        let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
+        let weight = table_weight_name(&config.name);
+        let (dtype, shape) = weight_layout(saved, rows, dim);
+        let state_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
+        let (row_shape, moment_shape) = (vec![rows], vec![rows, dim]);
+        // The state tensors, their values allowed, and their floats a row.
+        let states: Vec<(String, &[usize], Allowed)> = match (optimizer, restore) {
+            (_, false) | (TableOptimizer::None | TableOptimizer::Sgd { .. }, _) => Vec::new(),
+            (TableOptimizer::RowWiseAdagrad { .. }, _) => {
+                vec![(state_name("momentum1"), &row_shape, Allowed::NonNegative)]
+            }
+            (TableOptimizer::Adagrad { .. }, _) => {
+                vec![(state_name("momentum1"), &moment_shape, Allowed::NonNegative)]
+            }
+            (TableOptimizer::Adam { .. }, _) => vec![
+                (state_name("momentum1"), &moment_shape, Allowed::Finite),
+                (state_name("momentum2"), &moment_shape, Allowed::NonNegative),
+            ],
+        };
+        let mut tensors: Vec<(&str, Dtype, &[usize])> = vec![(&weight, dtype, &shape)];
+        tensors.extend(states.iter().map(|(n, s, _)| (n.as_str(), Dtype::F32, *s)));
+        let per_row = local.state_floats_per_row();
+        let (stride, local_type) = (local.bytes_per_row(), local.data_type());
+        // About 8 MiB of rows and state a piece.
+        let piece_rows = ((8 << 20) / (stride + 4 * per_row).max(1)).max(1);
+        let (mut converted, mut state, mut values) = (Vec::new(), Vec::new(), vec![0f32; dim]);
+        let fail_on = |name: &str, message: String| ModelError::Checkpoint {
+            path: self.path().to_path_buf(),
+            tensor: Some(name.to_string()),
+            message,
+        };
+        self.store
+            .stream_rows(&tensors, piece_rows, &mut |first, pieces| {
+                let n = pieces[0].len() / saved.row_bytes(dim).unwrap_or(1).max(1);
+                let split = RowSplit::Block {
+                    start: first,
+                    end: first + n,
+                };
+                check_rows(saved, pieces[0], dim, (split, 0)).map_err(|m| fail_on(&weight, m))?;
+                let rows: &[u8] = match local_type == saved {
+                    true => pieces[0],
+                    // A cast: each row converted as it is read.
+                    false => {
+                        converted.resize(n * stride, 0);
+                        let saved_stride = pieces[0].len() / n.max(1);
+                        for (src, dst) in (pieces[0].chunks_exact(saved_stride.max(1)))
+                            .zip(converted.chunks_exact_mut(stride.max(1)))
+                        {
+                            saved.decode_row(src, &mut values);
+                            local_type.encode_row(&values, dst);
+                        }
+                        &converted
+                    }
+                };
+                state.clear();
+                state.resize(n * per_row, 0.0);
+                let mut column = 0;
+                for ((name, shape, allowed), piece) in states.iter().zip(&pieces[1..]) {
+                    let piece = f32s(piece);
+                    let width = shape.get(1).copied().unwrap_or(1);
+                    check_values(&piece, width, (split, 0), *allowed)
+                        .map_err(|m| fail_on(name, m))?;
+                    // FBGEMM keeps Adam's moments of a row together: [m | v].
+                    for (r, v) in piece.chunks_exact(width.max(1)).enumerate() {
+                        state[r * per_row + column..][..width].copy_from_slice(v);
+                    }
+                    column += width;
+                }
+                (local.write_stored_rows(first, rows, &state))
+                    .map_err(|e| fail_on(&weight, e.to_string()))
+            })
     }
 }
 

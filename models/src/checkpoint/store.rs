@@ -53,21 +53,25 @@ impl Checksums {
         Ok(Self(sums))
     }
 
-    /// Whether tensor `name`'s bytes are the ones written (always, in a
-    /// file without checksums; in a file with them, a tensor without one
-    /// has had its name in the checksums corrupted).
-    fn verify(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
+    /// [`verify`](Self::verify) with the bytes' CRC-32 already summed.
+    fn verify_sum(&self, name: &str, got: u32) -> Result<(), String> {
         match self.0.get(name) {
-            Some(&want) if crc32fast::hash(bytes) != want => Err(format!(
-                "its bytes do not match the checksum written with them (crc32 {:08x}, \
-                 expected {want:08x}): the file is corrupt",
-                crc32fast::hash(bytes)
+            Some(&want) if got != want => Err(format!(
+                "its bytes do not match the checksum written with them (crc32 {got:08x}, \
+                 expected {want:08x}): the file is corrupt"
             )),
             None if !self.0.is_empty() => Err(format!(
                 "the file's checksums ({META_CRC32}) have none for it: the file is corrupt"
             )),
             _ => Ok(()),
         }
+    }
+
+    /// Whether tensor `name`'s bytes are the ones written (always, in a
+    /// file without checksums; in a file with them, a tensor without one
+    /// has had its name in the checksums corrupted).
+    fn verify(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
+        self.verify_sum(name, crc32fast::hash(bytes))
     }
 }
 
@@ -119,6 +123,29 @@ pub(crate) trait TensorStore: Send + Sync {
             out = select(bytes, element_bytes(dtype), shape, rows, cols.clone())
         })?;
         Ok(out)
+    }
+
+    /// `read(first_row, pieces)` over rows of `tensors` (each a name,
+    /// dtype and shape of the same number of rows) in order, `piece_rows`
+    /// rows of each at a time, after the checks of `view`: how a table
+    /// larger than memory is loaded, its weight and optimizer state
+    /// together. Checksums are verified at the end, so a corrupt tensor
+    /// fails after its pieces were read. A store that cannot read in
+    /// pieces reads each tensor whole first (a set's pieces).
+    fn stream_rows(
+        &self,
+        tensors: &[(&str, Dtype, &[usize])],
+        piece_rows: usize,
+        read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let whole = (tensors.iter())
+            .map(|&(name, dtype, shape)| {
+                let width = shape.get(1).copied().unwrap_or(1);
+                self.rows_bytes(name, dtype, shape, RowSplit::All, 0..width)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let whole: Vec<&[u8]> = whole.iter().map(Vec::as_slice).collect();
+        in_pieces(&whole, tensors, piece_rows, read, |_, _| ())
     }
 
     /// [`rows_bytes`](Self::rows_bytes) of an F32 tensor, as values.
@@ -181,7 +208,7 @@ impl<B: AsRef<[u8]>> OneFile<B> {
     }
 }
 
-impl<B: AsRef<[u8]> + Send + Sync> TensorStore for OneFile<B> {
+impl<B: AsRef<[u8]> + Release + Send + Sync> TensorStore for OneFile<B> {
     fn path(&self) -> &Path {
         &self.path
     }
@@ -212,6 +239,95 @@ impl<B: AsRef<[u8]> + Send + Sync> TensorStore for OneFile<B> {
             .map(|_| ())
             .map_err(|message| fail_on(&self.path, name, message))
     }
+
+    /// Pieces of the file's bytes, each let go of once read (a mapped
+    /// file's pages then leave the process), the checksums summed on the way.
+    fn stream_rows(
+        &self,
+        tensors: &[(&str, Dtype, &[usize])],
+        piece_rows: usize,
+        read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let all = self.bytes.as_ref();
+        let file = SafeTensors::deserialize(all).map_err(|e| fail_at(&self.path, e.to_string()))?;
+        let views = (tensors.iter())
+            .map(|&(name, dtype, shape)| {
+                let fail = |message: String| fail_on(&self.path, name, message);
+                let view = file.tensor(name).map_err(|_| fail("missing".into()))?;
+                if view.dtype() != dtype || view.shape() != shape {
+                    return Err(fail(format!(
+                        "{:?} of shape {:?}, expected {dtype:?} of {shape:?}",
+                        view.dtype(),
+                        view.shape()
+                    )));
+                }
+                Ok(view.data())
+            })
+            .collect::<Result<Vec<&[u8]>, _>>()?;
+        let mut sums = vec![crc32fast::Hasher::new(); tensors.len()];
+        in_pieces(&views, tensors, piece_rows, read, |t, piece| {
+            sums[t].update(piece);
+            let at = piece.as_ptr() as usize - all.as_ptr() as usize;
+            self.bytes.release(at..at + piece.len());
+        })?;
+        for ((name, _, _), sum) in tensors.iter().zip(sums) {
+            (self.checksums.verify_sum(name, sum.finalize()))
+                .map_err(|message| fail_on(&self.path, name, message))?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes a store can let go of once read.
+pub(crate) trait Release {
+    /// `range` of the bytes will not be read again soon.
+    fn release(&self, range: Range<usize>);
+}
+
+impl Release for Mmap {
+    fn release(&self, range: Range<usize>) {
+        // SAFETY: a read-only file mapping: pages dropped are read from the
+        // file again if touched, so no value the process sees changes.
+        let _ = unsafe {
+            self.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                range.start,
+                range.len(),
+            )
+        };
+    }
+}
+
+impl Release for Vec<u8> {
+    fn release(&self, _: Range<usize>) {}
+}
+
+/// `read(first_row, pieces)` over `bytes` (of `tensors`, their shapes of
+/// the same rows) in pieces of `piece_rows` rows, `done(tensor, piece)`
+/// after each.
+fn in_pieces(
+    bytes: &[&[u8]],
+    tensors: &[(&str, Dtype, &[usize])],
+    piece_rows: usize,
+    read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
+    mut done: impl FnMut(usize, &[u8]),
+) -> Result<(), ModelError> {
+    let rows = tensors
+        .first()
+        .map_or(0, |t| t.2.first().copied().unwrap_or(0));
+    let piece_rows = piece_rows.max(1);
+    let row_bytes: Vec<usize> = bytes.iter().map(|b| b.len() / rows.max(1)).collect();
+    for first in (0..rows).step_by(piece_rows) {
+        let n = piece_rows.min(rows - first);
+        let pieces: Vec<&[u8]> = (bytes.iter().zip(&row_bytes))
+            .map(|(b, &r)| &b[first * r..(first + n) * r])
+            .collect();
+        read(first, &pieces)?;
+        for (t, piece) in pieces.iter().enumerate() {
+            done(t, piece);
+        }
+    }
+    Ok(())
 }
 
 /// A set: its index and the files it names (by name, in `dir`), mapped.

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use ember_dataloader::atomic::AtomicFile;
@@ -22,7 +23,41 @@ use crate::{Dlrm, ModelError};
 pub(super) struct Tensor<'a> {
     pub(super) dtype: Dtype,
     pub(super) shape: Vec<usize>,
-    pub(super) data: Cow<'a, [u8]>,
+    pub(super) data: Data<'a>,
+}
+
+/// A tensor's bytes: in memory, or streamed from a table's stored rows (a
+/// disk-tier table, never whole in memory).
+pub(super) enum Data<'a> {
+    Bytes(Cow<'a, [u8]>),
+    Stored {
+        table: &'a EmbeddingTable,
+        piece: StoredPiece,
+    },
+}
+
+/// What of a table's stored rows a streamed tensor holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum StoredPiece {
+    /// The rows' bytes.
+    Rows,
+    /// State floats `start..end` of each row (one of Adam's moments).
+    State { start: usize, end: usize },
+}
+
+impl Data<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Data::Bytes(b) => b.len(),
+            Data::Stored { table, piece } => {
+                table.num_embeddings()
+                    * match *piece {
+                        StoredPiece::Rows => table.bytes_per_row(),
+                        StoredPiece::State { start, end } => 4 * (end - start),
+                    }
+            }
+        }
+    }
 }
 
 impl<'a> Tensor<'a> {
@@ -35,7 +70,7 @@ impl<'a> Tensor<'a> {
         Self {
             dtype: Dtype::F32,
             shape,
-            data,
+            data: Data::Bytes(data),
         }
     }
 }
@@ -172,25 +207,37 @@ pub(super) fn dense_tensors(model: &mut Dlrm) -> Result<Vec<(String, Tensor<'sta
 }
 
 /// A table, or the rows and columns of it one shard holds: `rows` x `dim`
-/// rows of `dtype` (their bytes) and the optimizer state in the
-/// collection's layout.
+/// rows of `dtype` and the optimizer state in the collection's layout.
 pub(super) struct SavedTable<'a> {
     pub(super) dtype: DataType,
-    pub(super) rows_bytes: &'a [u8],
-    pub(super) state: &'a [f32],
     pub(super) rows: usize,
     pub(super) dim: usize,
+    source: Saved<'a>,
+}
+
+/// Where a saved table's rows are read from.
+enum Saved<'a> {
+    /// Rows' bytes and state in memory, borrowed.
+    InMemory { rows: &'a [u8], state: &'a [f32] },
+    /// A disk-tier table, streamed a piece at a time as it is written.
+    Stored(&'a EmbeddingTable),
 }
 
 impl<'a> SavedTable<'a> {
-    /// All of `table`, borrowed.
+    /// All of `table`: borrowed in RAM, streamed on the disk tier.
     pub(super) fn of(table: &'a EmbeddingTable) -> Self {
+        let source = match table.is_on_disk() {
+            true => Saved::Stored(table),
+            false => Saved::InMemory {
+                rows: table.row_bytes(),
+                state: table.optimizer_state(),
+            },
+        };
         Self {
             dtype: table.data_type(),
-            rows_bytes: table.row_bytes(),
-            state: table.optimizer_state(),
             rows: table.num_embeddings(),
             dim: table.dim(),
+            source,
         }
     }
 }
@@ -204,41 +251,54 @@ pub(super) fn table_tensors<'a>(
     table_opt: &TableOptimizer,
     tensors: &mut Vec<(String, Tensor<'a>)>,
 ) {
-    let (rows, dim, state) = (part.rows, part.dim, part.state);
+    let (rows, dim) = (part.rows, part.dim);
     let (dtype, shape) = weight_layout(part.dtype, rows, dim);
+    // A piece of the table: borrowed or copied from memory, or streamed.
+    let data = |piece: StoredPiece| match part.source {
+        Saved::Stored(table) => Data::Stored { table, piece },
+        Saved::InMemory { rows, state } => Data::Bytes(match piece {
+            StoredPiece::Rows => Cow::Borrowed(rows),
+            StoredPiece::State { start, end } if end - start == state.len() / part.rows.max(1) => {
+                Cow::Borrowed(f32_bytes(state))
+            }
+            StoredPiece::State { start, end } => {
+                let per_row = state.len() / part.rows.max(1);
+                let half: Vec<f32> = (state.chunks_exact(per_row.max(1)))
+                    .flat_map(|r| &r[start..end])
+                    .copied()
+                    .collect();
+                Cow::Owned(f32_bytes(&half).to_vec())
+            }
+        }),
+    };
+    let data = &data;
+    let f32_tensor = |shape: Vec<usize>, start: usize, end: usize| Tensor {
+        dtype: Dtype::F32,
+        shape,
+        data: data(StoredPiece::State { start, end }),
+    };
     tensors.push((
         format!("{base}.weight"),
         Tensor {
             dtype,
             shape,
-            data: Cow::Borrowed(part.rows_bytes),
+            data: data(StoredPiece::Rows),
         },
     ));
     let opt_name = |s: &str| format!("{OPTIMIZER_PREFIX}{base}.{s}");
     match table_opt {
         TableOptimizer::None | TableOptimizer::Sgd { .. } => {}
-        TableOptimizer::RowWiseAdagrad { .. } => tensors.push((
-            opt_name("momentum1"),
-            Tensor::f32(vec![rows], Cow::Borrowed(state)),
-        )),
-        TableOptimizer::Adagrad { .. } => tensors.push((
-            opt_name("momentum1"),
-            Tensor::f32(vec![rows, dim], Cow::Borrowed(state)),
-        )),
+        TableOptimizer::RowWiseAdagrad { .. } => {
+            tensors.push((opt_name("momentum1"), f32_tensor(vec![rows], 0, 1)))
+        }
+        TableOptimizer::Adagrad { .. } => {
+            tensors.push((opt_name("momentum1"), f32_tensor(vec![rows, dim], 0, dim)))
+        }
         TableOptimizer::Adam { .. } => {
             // Kept as [m | v] per row; saved as two tensors.
-            let half = |k: usize| -> Vec<f32> {
-                state
-                    .chunks_exact(2 * dim.max(1))
-                    .flat_map(|r| &r[k * dim..(k + 1) * dim])
-                    .copied()
-                    .collect()
-            };
             for (k, s) in ["momentum1", "momentum2"].iter().enumerate() {
-                tensors.push((
-                    opt_name(s),
-                    Tensor::f32(vec![rows, dim], Cow::Owned(half(k))),
-                ));
+                let moment = f32_tensor(vec![rows, dim], k * dim, (k + 1) * dim);
+                tensors.push((opt_name(s), moment));
             }
         }
     }
@@ -250,57 +310,169 @@ pub(super) fn table_tensors<'a>(
 /// The header comes from the safetensors crate (its `Metadata`, so the
 /// format is the crate's); the file itself is written here, streaming,
 /// because the crate's writer goes through a `.tmpXXXXXX` file of mode
-/// 0600 that a killed run leaves behind unrecognised.
+/// 0600 that a killed run leaves behind unrecognised, and needs every
+/// tensor in memory. Tensors streamed from a disk-tier table are read a
+/// piece at a time (each table once, all its tensors together); their
+/// checksums are known only once written, so the header goes in first with
+/// zeros for them (of the same length) and again at the end.
 pub(super) fn write_file(
     mut tensors: Vec<(String, Tensor<'_>)>,
     mut meta: HashMap<String, String>,
     path: &Path,
 ) -> Result<(), ModelError> {
-    use std::io::Write;
     let fail = |m: String| fail_at(path, m);
     // The crate's order: by descending dtype alignment, then name.
     tensors.sort_by(|(a, x), (b, y)| y.dtype.cmp(&x.dtype).then(a.cmp(b)));
-    let mut sums: BTreeMap<&str, String> = (tensors.iter())
-        .map(|(n, t)| (n.as_str(), format!("{:08x}", crc32fast::hash(&t.data))))
+    let mut sums: BTreeMap<String, u32> = (tensors.iter())
+        .filter_map(|(n, t)| match &t.data {
+            Data::Bytes(b) => Some((n.clone(), crc32fast::hash(b))),
+            Data::Stored { .. } => None,
+        })
         .collect();
-    let meta_sum = format!("{:08x}", metadata_crc(&meta));
-    sums.insert(METADATA_SUM, meta_sum);
-    meta.insert(META_CRC32.into(), json(&sums));
+    let meta_sum = metadata_crc(&meta);
+    let mut offsets = Vec::with_capacity(tensors.len());
     let mut offset = 0;
-    let infos = (tensors.iter())
+    let infos: Vec<(String, TensorInfo)> = (tensors.iter())
         .map(|(name, t)| {
             let info = TensorInfo {
                 dtype: t.dtype,
                 shape: t.shape.clone(),
                 data_offsets: (offset, offset + t.data.len()),
             };
+            offsets.push(offset);
             offset += t.data.len();
             (name.clone(), info)
         })
         .collect();
-    let header = Metadata::new(Some(meta), infos).map_err(|e| fail(e.to_string()))?;
-    let mut header = serde_json::to_vec(&header).map_err(|e| fail(e.to_string()))?;
-    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut header = |sums: &BTreeMap<String, u32>| -> Result<Vec<u8>, ModelError> {
+        let mut hex: BTreeMap<&str, String> = (tensors.iter())
+            .map(|(n, _)| {
+                (
+                    n.as_str(),
+                    format!("{:08x}", sums.get(n).copied().unwrap_or(0)),
+                )
+            })
+            .collect();
+        hex.insert(METADATA_SUM, format!("{meta_sum:08x}"));
+        meta.insert(META_CRC32.into(), json(&hex));
+        let header =
+            Metadata::new(Some(meta.clone()), infos.clone()).map_err(|e| fail(e.to_string()))?;
+        let mut header = serde_json::to_vec(&header).map_err(|e| fail(e.to_string()))?;
+        header.resize(header.len().next_multiple_of(8), b' ');
+        Ok(header)
+    };
+    let first = header(&sums)?;
     // The crate's readers refuse larger headers (its MAX_HEADER_SIZE).
-    if header.len() > 100_000_000 {
+    if first.len() > 100_000_000 {
         return Err(fail(format!(
             "a header of {} bytes (tensor names and metadata): readers take at most 100 MB",
-            header.len()
+            first.len()
         )));
     }
+    let data_start = 8 + first.len() as u64;
 
     let mut out = AtomicFile::create(path).map_err(|e| fail(e.to_string()))?;
     let temp = out.temp().to_path_buf();
-    let written = (|| {
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
-        w.write_all(&(header.len() as u64).to_le_bytes())?;
-        w.write_all(&header)?;
-        for (_, t) in &tensors {
-            w.write_all(&t.data)?;
+    let io_fail =
+        |e: std::io::Error| fail(ember_dataloader::DataError::from_io(&temp, e).to_string());
+    let file: &std::fs::File = out.file();
+    file.write_all_at(&(first.len() as u64).to_le_bytes(), 0)
+        .map_err(io_fail)?;
+    file.write_all_at(&first, 8).map_err(io_fail)?;
+    let mut streamed: Vec<*const EmbeddingTable> = Vec::new();
+    for (i, (_, t)) in tensors.iter().enumerate() {
+        match &t.data {
+            Data::Bytes(b) => file
+                .write_all_at(b, data_start + offsets[i] as u64)
+                .map_err(io_fail)?,
+            Data::Stored { table, .. } => {
+                if streamed.contains(&(*table as *const _)) {
+                    continue;
+                }
+                streamed.push(*table as *const _);
+                // Every tensor of this table, at its place in the file.
+                let parts: Vec<(usize, StoredPiece)> = (tensors.iter().enumerate())
+                    .filter_map(|(j, (_, u))| match &u.data {
+                        Data::Stored {
+                            table: other,
+                            piece,
+                        } if std::ptr::eq(*other, *table) => Some((j, *piece)),
+                        _ => None,
+                    })
+                    .collect();
+                let at: Vec<u64> = (parts.iter())
+                    .map(|&(j, _)| data_start + offsets[j] as u64)
+                    .collect();
+                let got = stream_table(table, &parts, &at, file).map_err(|e| match e {
+                    Streamed::Read(e) => fail(e.to_string()),
+                    Streamed::Write(e) => io_fail(e),
+                })?;
+                for ((j, _), sum) in parts.iter().zip(got) {
+                    sums.insert(tensors[*j].0.clone(), sum);
+                }
+            }
         }
-        w.flush()
-    })();
-    written.map_err(|e| fail(ember_dataloader::DataError::from_io(&temp, e).to_string()))?;
+    }
+    if !streamed.is_empty() {
+        let last = header(&sums)?;
+        if last.len() != first.len() {
+            return Err(fail("the header changed length with its checksums".into()));
+        }
+        file.write_all_at(&last, 8).map_err(io_fail)?;
+    }
     out.commit().map_err(|e| fail(e.to_string()))?;
     Ok(())
+}
+
+/// Why streaming a table's tensors failed.
+enum Streamed {
+    /// Its rows could not be read (a disk-tier table's file).
+    Read(ember_sparse::SparseError),
+    /// The checkpoint could not be written.
+    Write(std::io::Error),
+}
+
+/// Rows of a stored table streamed per piece.
+const STREAM_BYTES: usize = 8 << 20;
+
+/// Writes each of `parts` (a piece of `table`'s stored rows) at its byte
+/// `at` of `file`, reading the table a piece of rows at a time; returns
+/// each part's CRC-32.
+fn stream_table(
+    table: &EmbeddingTable,
+    parts: &[(usize, StoredPiece)],
+    at: &[u64],
+    file: &std::fs::File,
+) -> Result<Vec<u32>, Streamed> {
+    let (stride, per_row) = (table.bytes_per_row(), table.state_floats_per_row());
+    let chunk = (STREAM_BYTES / (stride + 4 * per_row).max(1)).max(1);
+    let (mut rows, mut state) = (vec![0u8; chunk * stride], vec![0f32; chunk * per_row]);
+    let mut sums: Vec<crc32fast::Hasher> = parts.iter().map(|_| Default::default()).collect();
+    let mut written: Vec<u64> = vec![0; parts.len()];
+    let mut out = Vec::new();
+    for first in (0..table.num_embeddings()).step_by(chunk) {
+        let n = chunk.min(table.num_embeddings() - first);
+        let (rows, state) = (&mut rows[..n * stride], &mut state[..n * per_row]);
+        table
+            .read_stored_rows(first, rows, state)
+            .map_err(Streamed::Read)?;
+        for (p, &(_, piece)) in parts.iter().enumerate() {
+            let bytes: &[u8] = match piece {
+                StoredPiece::Rows => rows,
+                StoredPiece::State { start, end } if end - start == per_row => f32_bytes(state),
+                StoredPiece::State { start, end } => {
+                    out.clear();
+                    for r in state.chunks_exact(per_row) {
+                        out.extend_from_slice(f32_bytes(&r[start..end]));
+                    }
+                    &out
+                }
+            };
+            sums[p].update(bytes);
+            file.write_all_at(bytes, at[p] + written[p])
+                .map_err(Streamed::Write)?;
+            written[p] += bytes.len() as u64;
+        }
+    }
+    Ok(sums.into_iter().map(|h| h.finalize()).collect())
 }

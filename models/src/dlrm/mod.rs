@@ -139,8 +139,10 @@ impl Dlrm {
     /// [`Dlrm::new`], with the tables whose entry of `tiers` is `Some` on
     /// the disk tier (see
     /// [`EmbeddingBagCollection::with_disk_tiers`]): each forward first
-    /// brings its batch's rows into their caches. Such a model is not
-    /// sharded or checkpointed yet (both fail with [`ModelError::Config`]).
+    /// brings its batch's rows into their caches. Checkpoints stream such
+    /// tables a piece at a time (load one with
+    /// [`Checkpoint::model_with_disk_tiers`](crate::Checkpoint::model_with_disk_tiers));
+    /// such a model is not sharded yet (that fails with [`ModelError::Config`]).
     pub fn with_disk_tiers(
         config: DlrmConfig,
         table_optimizer: TableOptimizer,
@@ -666,10 +668,18 @@ impl Model for Dlrm {
         }
         let plan = self.sparse_arch.sharded().map(|s| s.plan().clone());
         let optimizers = (self.sparse_arch.optimizer(), self.dense_optimizer.config());
-        // Drop this model's tables before the checkpoint's are built.
+        let tiers: Vec<_> = (self.sparse_arch.local().into_iter())
+            .flat_map(|e| e.tables().iter().map(|t| t.disk_tier()))
+            .collect();
+        let read_ahead = self.read_ahead;
+        // Drop this model's tables (and files) before the checkpoint's are built.
         self.sparse_arch =
             SparseArch::Local(EmbeddingBagCollection::zeroed(Vec::new(), optimizers.0)?);
-        *self = Dlrm::place(&self.config.clone(), optimizers, 0, plan, Some(&ckpt), None)?;
+        *self = match tiers.iter().any(Option::is_some) {
+            true => ckpt.model_with_disk_tiers(optimizers.0, optimizers.1, tiers)?,
+            false => Dlrm::place(&self.config.clone(), optimizers, 0, plan, Some(&ckpt), None)?,
+        };
+        self.read_ahead = read_ahead;
         Ok(ckpt.train_state().cloned())
     }
 }

@@ -181,6 +181,111 @@ impl EmbeddingTable {
             panic!("{e}");
         }
     }
+    /// Rows `first..first + n` as stored (`n` rows of
+    /// [`bytes_per_row`](Self::bytes_per_row) bytes in `rows`, the
+    /// [`row_bytes`](Self::row_bytes) layout) and their optimizer state
+    /// (`n` x [`state_floats_per_row`](Self::state_floats_per_row) floats in
+    /// `state`), in RAM or on the disk tier (its file, with the cache's
+    /// newer rows over it): how a caller streams a table of any size, a
+    /// piece at a time (checkpoints). Fails with [`SparseError::Disk`] when
+    /// the file cannot be read.
+    ///
+    /// # Panics
+    /// When `rows` is not whole rows, `state` does not match it, or the
+    /// rows run past the table.
+    pub fn read_stored_rows(
+        &self,
+        first: usize,
+        rows: &mut [u8],
+        state: &mut [f32],
+    ) -> Result<(), SparseError> {
+        let (n, stride, per_row) = self.stored_range("read_stored_rows", first, rows, state);
+        let Some(tier) = &self.tier else {
+            rows.copy_from_slice(&self.rows.bytes()[first * stride..(first + n) * stride]);
+            let kept = self.state.as_slice();
+            state.copy_from_slice(&kept[first * per_row..(first + n) * per_row]);
+            return Ok(());
+        };
+        let record = stride + 4 * per_row;
+        let mut records = vec![0u8; n * record];
+        tier.read_records(&self.config.name, first as u64, &mut records)?;
+        let state_bytes: &mut [u8] = bytemuck::cast_slice_mut(state);
+        for (r, rec) in records.chunks_exact(record).enumerate() {
+            let (row, st) = (
+                r * stride..(r + 1) * stride,
+                r * 4 * per_row..(r + 1) * 4 * per_row,
+            );
+            match tier.slot_of((first + r) as u64) {
+                // The cache's row is the newer (it may not be written back).
+                Some(slot) => {
+                    rows[row].copy_from_slice(&self.rows.bytes()[slot * stride..][..stride]);
+                    let kept = &self.state.as_slice()[slot * per_row..][..per_row];
+                    state_bytes[st].copy_from_slice(bytemuck::cast_slice(kept));
+                }
+                None => {
+                    rows[row].copy_from_slice(&rec[..stride]);
+                    state_bytes[st].copy_from_slice(&rec[stride..]);
+                }
+            }
+        }
+        Ok(())
+    }
+    /// Sets rows `first..first + n` as stored, and their optimizer state,
+    /// laid out as [`read_stored_rows`](Self::read_stored_rows) gives them:
+    /// a table of any size loaded a piece at a time. A disk-tier table's
+    /// rows go to its file (and to its cache where cached). Fails with
+    /// [`SparseError::Disk`] when the file cannot be written.
+    ///
+    /// # Panics
+    /// As `read_stored_rows`.
+    pub fn write_stored_rows(
+        &mut self,
+        first: usize,
+        rows: &[u8],
+        state: &[f32],
+    ) -> Result<(), SparseError> {
+        let (n, stride, per_row) = self.stored_range("write_stored_rows", first, rows, state);
+        let Some(tier) = &self.tier else {
+            self.rows.bytes_mut()[first * stride..(first + n) * stride].copy_from_slice(rows);
+            let kept = self.state.as_mut_slice();
+            kept[first * per_row..(first + n) * per_row].copy_from_slice(state);
+            return Ok(());
+        };
+        let record = stride + 4 * per_row;
+        let state_bytes: &[u8] = bytemuck::cast_slice(state);
+        let mut records = vec![0u8; n * record];
+        for (r, rec) in records.chunks_exact_mut(record).enumerate() {
+            rec[..stride].copy_from_slice(&rows[r * stride..(r + 1) * stride]);
+            rec[stride..].copy_from_slice(&state_bytes[r * 4 * per_row..(r + 1) * 4 * per_row]);
+            if let Some(slot) = tier.slot_of((first + r) as u64) {
+                self.rows.bytes_mut()[slot * stride..][..stride].copy_from_slice(&rec[..stride]);
+                let kept = &mut self.state.as_mut_slice()[slot * per_row..][..per_row];
+                kept.copy_from_slice(&state[r * per_row..(r + 1) * per_row]);
+            }
+        }
+        tier.write_records(&self.config.name, first as u64, &records)
+    }
+    /// Checks a stored range's buffers; returns its rows, row bytes and
+    /// state floats per row.
+    fn stored_range(
+        &self,
+        what: &str,
+        first: usize,
+        rows: &[u8],
+        state: &[f32],
+    ) -> (usize, usize, usize) {
+        let (stride, per_row) = (self.rows.stride(), self.state.floats_per_row());
+        let n = rows.len() / stride.max(1);
+        assert_eq!(n * stride, rows.len(), "{what}: not whole rows");
+        assert_eq!(n * per_row, state.len(), "{what}: state of other rows");
+        assert!(first + n <= self.num_embeddings(), "{what}: past the table");
+        (n, stride, per_row)
+    }
+    /// Optimizer state floats of each row (0 for SGD; see
+    /// [`optimizer_state`](Self::optimizer_state)).
+    pub fn state_floats_per_row(&self) -> usize {
+        self.state.floats_per_row()
+    }
     /// Bytes per row: [`DataType::row_bytes`] of the dim.
     pub fn bytes_per_row(&self) -> usize {
         self.rows.stride()
@@ -216,6 +321,11 @@ impl EmbeddingTable {
     /// A disk-tier table's file.
     pub fn disk_path(&self) -> Option<&std::path::Path> {
         self.tier.as_ref().map(|t| t.path())
+    }
+    /// A disk-tier table's directory and cache size: the tier to build
+    /// the table on again (from a checkpoint, say).
+    pub fn disk_tier(&self) -> Option<DiskTierConfig> {
+        self.tier.as_ref().map(|t| t.config())
     }
     /// A disk-tier table's cache figures since it was built.
     pub fn tier_stats(&self) -> Option<TierStats> {

@@ -381,6 +381,72 @@ fn predictions(path: &Path) -> (Vec<f32>, Vec<f32>) {
 }
 
 #[test]
+fn a_disk_tier_run_checkpoints_and_resumes_as_in_ram() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let tables = ["3000"; 26].join("-");
+    ember(&[
+        "ingest",
+        "synthetic",
+        "--rows",
+        "4000",
+        "--output",
+        s(&data),
+        "--seed",
+        "3",
+        "--arch-embedding-size",
+        &tables,
+    ]);
+    let run = |ckpt: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--data",
+            s(&data),
+            "--epochs",
+            "2",
+            "--checkpoint-dir",
+            s(ckpt),
+            "--checkpoint-every",
+            "7",
+            "--arch-embedding-size",
+            &tables,
+            "--json",
+        ];
+        args.extend_from_slice(ARCH);
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    let ram = dir.path().join("ram");
+    let a = run(&ram, &[]);
+    // Caches of 40% of each table (1,200 rows for batches of 128 ids a
+    // table): rows are evicted, written back and read again.
+    let tier_dir = dir.path().join("tier");
+    let tier = ["--disk-dir", s(&tier_dir), "--cache-memory", "40%"];
+    let disk = dir.path().join("disk");
+    let stopped = [&tier[..], &["--max-steps", "20"]].concat();
+    let b = run(&disk, &stopped);
+    assert_eq!(b["steps"], 20);
+    let hit = b["disk_tier"]["hit_rate"].as_f64().unwrap();
+    assert!(hit > 0.0 && hit < 1.0, "{b}");
+    assert!(
+        b["disk_tier"]["bytes_written_per_step"].as_f64().unwrap() > 0.0,
+        "{b}"
+    );
+    let c = run(&disk, &[&tier[..], &["--resume"]].concat());
+    assert_eq!(c["resumed_at_step"], 20);
+    assert_eq!(
+        (&c["steps"], &c["loss_last"]),
+        (&a["steps"], &a["loss_last"])
+    );
+    assert_eq!(
+        tensors(&ram.join("model.safetensors")),
+        tensors(&disk.join("model.safetensors"))
+    );
+    // The tables' files went with the runs.
+    assert_eq!(std::fs::read_dir(&tier_dir).unwrap().count(), 0);
+}
+
+#[test]
 fn multi_hot_synthetic_data_is_read_as_lists() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("mh");

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
@@ -46,7 +46,7 @@ pub struct DlrmArgs {
     /// Ids follow --data-generation unless these say otherwise.
     #[command(flatten)]
     pub ids: super::ids::IdArgs,
-    /// Tables on the disk tier (one process, not sharded, not saved).
+    /// Tables on the disk tier (one process, not sharded).
     #[command(flatten)]
     pub tier: super::tier::TierArgs,
     /// Read the next batch's disk-tier rows ahead while a batch computes.
@@ -111,14 +111,6 @@ impl DlrmArgs {
     }
 }
 
-#[derive(Debug, Serialize)]
-pub struct DlrmTierReport {
-    pub cache_bytes: u64,
-    pub hit_rate: f64,
-    pub bytes_read_per_step: f64,
-    pub bytes_written_per_step: f64,
-}
-
 /// Mean milliseconds per step of each phase.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct PhaseMs {
@@ -139,7 +131,7 @@ pub struct DlrmReport {
     /// With --disk-dir: the caches' hit rate over the run and the file
     /// bytes moved per step.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub disk_tier: Option<DlrmTierReport>,
+    pub disk_tier: Option<super::tier::TierReport>,
     pub optimizer: BenchOptimizer,
     /// The tables' data type (the first table's, when they differ).
     pub table_dtype: ember_sparse::DataType,
@@ -306,25 +298,10 @@ fn run_in_pool(
         &table_optimizer,
         args.mini_batch_size * resolved.indices_per_lookup,
     )?;
-    if args.tier.disk_dir.is_some() {
-        anyhow::ensure!(
-            launch.world_size() == 1 && args.sharding.devices.is_none() && args.sharding.plan.is_none(),
-            "--disk-dir: disk-tier tables run in one process, unsharded (no --devices, --plan or mpirun) for now"
-        );
-        anyhow::ensure!(
-            args.save.is_none(),
-            "--disk-dir: --save of disk-tier tables is not supported yet"
-        );
-    }
-    // In memory, a disk-tier table is its cache.
-    let mut resident = config.clone();
-    for (t, tier) in resident.tables.iter_mut().zip(&tiers) {
-        if let Some(tier) = tier {
-            t.num_embeddings = t.num_embeddings.min(tier.cache_rows);
-        }
-    }
+    args.tier
+        .check_unsharded(launch.world_size(), &args.sharding)?;
     super::arch::check_memory(
-        &resident,
+        &super::tier::resident(config, &tiers),
         table_optimizer,
         shape,
         in_flight,
@@ -342,8 +319,7 @@ fn run_in_pool(
     let optimizers = (table_optimizer, args.optim.dense_optimizer());
     let plan = planned.map(|(plan, _)| plan);
     let mut model = launch.patiently(|| {
-        if let Some(dir) = &args.tier.disk_dir {
-            std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+        if args.tier.disk_dir.is_some() {
             let mut model = Dlrm::with_disk_tiers(
                 config.clone(),
                 optimizers.0,
@@ -557,17 +533,7 @@ impl DlrmReport {
             data_generation: args.data_generation,
             // Checked when the data was made.
             id_distribution: args.ids.distribution().ok().flatten(),
-            disk_tier: args.tier.disk_dir.as_ref().and_then(|_| {
-                let tables = model.sparse_arch().local()?.tables();
-                let totals = super::tier::totals(tables.iter());
-                let steps = timed.max(1.0);
-                Some(DlrmTierReport {
-                    cache_bytes: model.sparse_arch().bytes() as u64,
-                    hit_rate: totals.hit_rate(),
-                    bytes_read_per_step: totals.bytes_read as f64 / steps,
-                    bytes_written_per_step: totals.bytes_written as f64 / steps,
-                })
-            }),
+            disk_tier: super::tier::TierReport::of(&model, timed),
             optimizer: args.optim.optimizer,
             table_dtype: (architecture.config.tables.first())
                 .map_or_else(Default::default, |t| t.data_type),
@@ -699,14 +665,7 @@ impl std::fmt::Display for DlrmReport {
             )?;
         }
         if let Some(d) = &self.disk_tier {
-            writeln!(
-                f,
-                "disk tier: caches {:.2} GiB, hit rate {:.1}%, {:.2} MB read and {:.2} MB written per step",
-                d.cache_bytes as f64 / (1u64 << 30) as f64,
-                d.hit_rate * 100.0,
-                d.bytes_read_per_step / 1e6,
-                d.bytes_written_per_step / 1e6
-            )?;
+            writeln!(f, "{d}")?;
         }
         if let Some(sh) = &self.sharding {
             let s = &sh.stage_ms;

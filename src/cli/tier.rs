@@ -1,5 +1,5 @@
 //! `--disk-dir DIR --cache-memory SIZE|P%`: tables on the disk tier, their
-//! caches sized from one budget (`bench embedding`, `bench dlrm`).
+//! caches sized from one budget (`bench embedding`, `bench dlrm`, `train`).
 
 use std::path::PathBuf;
 
@@ -75,6 +75,84 @@ impl TierArgs {
                 })
             })
             .collect())
+    }
+}
+
+impl TierArgs {
+    /// Refuses, with --disk-dir, what disk-tier tables cannot do yet
+    /// (sharding: `devices` or `plan` given, or `world_size` ranks), and
+    /// makes the directory.
+    pub fn check_unsharded(
+        &self,
+        world_size: usize,
+        sharding: &super::sharding::ShardingArgs,
+    ) -> anyhow::Result<()> {
+        let Some(dir) = &self.disk_dir else {
+            return Ok(());
+        };
+        anyhow::ensure!(
+            world_size == 1 && sharding.devices.is_none() && sharding.plan.is_none(),
+            "--disk-dir: disk-tier tables run in one process, unsharded (no --devices, --plan or mpirun) for now"
+        );
+        use anyhow::Context;
+        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())
+    }
+}
+
+/// `config` as it sits in memory: a disk-tier table is its cache.
+pub fn resident(
+    config: &ember_models::DlrmConfig,
+    tiers: &[Option<DiskTierConfig>],
+) -> ember_models::DlrmConfig {
+    let mut resident = config.clone();
+    for (t, tier) in resident.tables.iter_mut().zip(tiers) {
+        if let Some(tier) = tier {
+            t.num_embeddings = t.num_embeddings.min(tier.cache_rows);
+        }
+    }
+    resident
+}
+
+/// The disk tier's figures over a run (`--json`'s `disk_tier`).
+#[derive(Debug, serde::Serialize)]
+pub struct TierReport {
+    /// Bytes of the model's tables in memory (a disk-tier table's: its cache's).
+    pub cache_bytes: u64,
+    /// Share of lookups the caches served.
+    pub hit_rate: f64,
+    pub bytes_read_per_step: f64,
+    pub bytes_written_per_step: f64,
+}
+
+impl TierReport {
+    /// `model`'s caches over its `steps` steps; `None` with no table on the
+    /// disk tier.
+    pub fn of(model: &ember_models::Dlrm, steps: f64) -> Option<Self> {
+        let tables = model.sparse_arch().local()?.tables();
+        if !tables.iter().any(|t| t.is_on_disk()) {
+            return None;
+        }
+        let totals = totals(tables.iter());
+        let steps = steps.max(1.0);
+        Some(Self {
+            cache_bytes: model.sparse_arch().bytes() as u64,
+            hit_rate: totals.hit_rate(),
+            bytes_read_per_step: totals.bytes_read as f64 / steps,
+            bytes_written_per_step: totals.bytes_written as f64 / steps,
+        })
+    }
+}
+
+impl std::fmt::Display for TierReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "disk tier: caches {:.2} GiB, hit rate {:.1}%, {:.2} MB read and {:.2} MB written per step",
+            self.cache_bytes as f64 / (1u64 << 30) as f64,
+            self.hit_rate * 100.0,
+            self.bytes_read_per_step / 1e6,
+            self.bytes_written_per_step / 1e6
+        )
     }
 }
 

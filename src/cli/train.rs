@@ -39,6 +39,10 @@ pub struct TrainArgs {
     /// can resume under another plan or device count).
     #[command(flatten)]
     pub sharding: ShardingArgs,
+    /// Tables on the disk tier (one process, not sharded); checkpoints
+    /// stream them, and --resume loads them back onto the disk tier.
+    #[command(flatten)]
+    pub tier: super::tier::TierArgs,
     #[command(flatten)]
     pub backend: BackendArgs,
     #[command(flatten)]
@@ -128,6 +132,10 @@ pub struct TrainReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<PathBuf>,
     pub resumed_at_step: u64,
+    /// With --disk-dir: the caches' hit rate over this run and the file
+    /// bytes moved per step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_tier: Option<super::tier::TierReport>,
     /// Processes (MPI ranks) the run took; 1 unless under mpirun.
     pub world_size: usize,
     /// Under mpirun: the bytes each rank sent to the others during the run
@@ -188,6 +196,9 @@ impl std::fmt::Display for TrainReport {
         }
         if let Some(p) = &self.checkpoint {
             write!(f, "\ncheckpoint: {}", p.display())?;
+        }
+        if let Some(d) = &self.disk_tier {
+            write!(f, "\n{d}")?;
         }
         Ok(())
     }
@@ -395,8 +406,12 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let devices = args.sharding.devices.unwrap_or(0);
     // Each rank steps its share of the global batch.
     let shape = (args.batch_size(&state) / launch.world_size().max(1), 1.0);
+    // A batch looks up (about) one id per sample in each table.
+    let tiers = args.tier.tiers(&config.tables, &optimizers.0, shape.0)?;
+    args.tier
+        .check_unsharded(launch.world_size(), &args.sharding)?;
     super::arch::check_memory(
-        &config,
+        &super::tier::resident(&config, &tiers),
         optimizers.0,
         shape,
         in_flight,
@@ -404,6 +419,15 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     )?;
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let mut model = launch.patiently(|| {
+        if args.tier.disk_dir.is_some() {
+            let (table, dense) = optimizers;
+            return Ok(match &resume {
+                Some(ckpt) => ckpt.model_with_disk_tiers(table, dense, tiers.clone())?,
+                None => {
+                    Dlrm::with_disk_tiers(config.clone(), table, dense, args.seed, tiers.clone())?
+                }
+            });
+        }
         let plan = args.sharding.plan_for(&config, &options, launch)?;
         let plan = plan.map(|(plan, _)| plan);
         let world = launch.world();
@@ -442,11 +466,12 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         None => None,
         Some(r) => Some(r.comm.all_gather_u64(r.comm.bytes_sent())?),
     };
-    Ok(TrainReport::new(
-        summary,
-        launch.world_size(),
-        per_rank_bytes_sent,
-    ))
+    let steps = summary.steps.saturating_sub(summary.resumed_at_step) as f64;
+    let disk_tier = super::tier::TierReport::of(&model, steps);
+    Ok(TrainReport {
+        disk_tier,
+        ..TrainReport::new(summary, launch.world_size(), per_rank_bytes_sent)
+    })
 }
 
 /// Prints one event of the run: a progress line (rank 0), a JSON line with
@@ -517,6 +542,7 @@ impl TrainReport {
             eval: s.eval.map(MetricsReport::from),
             checkpoint: s.checkpoint,
             resumed_at_step: s.resumed_at_step,
+            disk_tier: None,
             world_size,
             per_rank_bytes_sent,
         }

@@ -442,6 +442,23 @@ fn a_disk_tier_run_checkpoints_and_resumes_as_in_ram() {
         tensors(&ram.join("model.safetensors")),
         tensors(&disk.join("model.safetensors"))
     );
+    // Served from the disk tier, the checkpoint evaluates as from RAM.
+    let eval = |extra: &[&str]| {
+        let ckpt = disk.join("model.safetensors");
+        let args = [
+            "eval",
+            "--checkpoint",
+            s(&ckpt),
+            "--data",
+            s(&data),
+            "--json",
+            // Caches of 1,200 rows hold 8 batches of 100 samples' ids.
+            "--mini-batch-size",
+            "100",
+        ];
+        json(&[&args[..], extra].concat())
+    };
+    assert_eq!(eval(&[]), eval(&tier));
     // The tables' files went with the runs.
     assert_eq!(std::fs::read_dir(&tier_dir).unwrap().count(), 0);
 }

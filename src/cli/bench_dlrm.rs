@@ -299,7 +299,7 @@ fn run_in_pool(
         args.mini_batch_size * resolved.indices_per_lookup,
     )?;
     args.tier
-        .check_unsharded(launch.world_size(), &args.sharding)?;
+        .check_unsharded(launch.world_size() > 1 || args.sharding.is_sharded())?;
     super::arch::check_memory(
         &super::tier::resident(config, &tiers),
         table_optimizer,

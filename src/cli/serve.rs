@@ -28,6 +28,10 @@ pub struct ServeArgs {
     pub mini_batch_size: usize,
     #[command(flatten)]
     pub loader: LoaderArgs,
+    /// Tables on the disk tier: a checkpoint larger than memory is served
+    /// from files, streamed in a piece at a time.
+    #[command(flatten)]
+    pub tier: super::tier::TierArgs,
     #[command(flatten)]
     pub backend: BackendArgs,
     #[arg(long)]
@@ -42,7 +46,12 @@ impl ServeArgs {
             self.mini_batch_size > 0,
             "--mini-batch-size must be at least 1"
         );
-        let model = Checkpoint::open(&self.checkpoint)?.inference_model()?;
+        let ckpt = Checkpoint::open(&self.checkpoint)?;
+        let none = ember_sparse::TableOptimizer::None;
+        let tiers = (self.tier).tiers(&ckpt.config().tables, &none, self.mini_batch_size)?;
+        self.tier.check_unsharded(false)?;
+        let dense = ember_dense::DenseOptimizerConfig::sgd(0.0);
+        let model = ckpt.model_with_disk_tiers(none, dense, tiers)?;
         let config = model.config();
         let spec = self
             .loader

@@ -80,18 +80,14 @@ impl TierArgs {
 
 impl TierArgs {
     /// Refuses, with --disk-dir, what disk-tier tables cannot do yet
-    /// (sharding: `devices` or `plan` given, or `world_size` ranks), and
-    /// makes the directory.
-    pub fn check_unsharded(
-        &self,
-        world_size: usize,
-        sharding: &super::sharding::ShardingArgs,
-    ) -> anyhow::Result<()> {
+    /// (a `sharded` run: --devices, --plan or mpirun), and makes the
+    /// directory.
+    pub fn check_unsharded(&self, sharded: bool) -> anyhow::Result<()> {
         let Some(dir) = &self.disk_dir else {
             return Ok(());
         };
         anyhow::ensure!(
-            world_size == 1 && sharding.devices.is_none() && sharding.plan.is_none(),
+            !sharded,
             "--disk-dir: disk-tier tables run in one process, unsharded (no --devices, --plan or mpirun) for now"
         );
         use anyhow::Context;

@@ -409,7 +409,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     // A batch looks up (about) one id per sample in each table.
     let tiers = args.tier.tiers(&config.tables, &optimizers.0, shape.0)?;
     args.tier
-        .check_unsharded(launch.world_size(), &args.sharding)?;
+        .check_unsharded(launch.world_size() > 1 || args.sharding.is_sharded())?;
     super::arch::check_memory(
         &super::tier::resident(&config, &tiers),
         optimizers.0,

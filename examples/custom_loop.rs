@@ -52,13 +52,14 @@ fn sharded_model() -> Result<Dlrm, Box<dyn std::error::Error>> {
     let (plan, _) =
         ember::sharding::plan(&config().tables, &Topology::uniform(2, 1 << 30), &options)?;
     let optimizers = (table_optimizer, DenseOptimizerConfig::adagrad(0.05));
+    // One process (no world), new (no checkpoint), every table in RAM.
     Ok(Dlrm::place(
         &config(),
         optimizers,
         7,
-        Some(plan),
+        (Some(plan), None),
         None,
-        None,
+        Vec::new(),
     )?)
 }
 

@@ -298,9 +298,13 @@ fn bench_dlrm_on_the_disk_tier_trains_as_in_ram() {
         all
     };
     assert!(saved(&base, "ram") == saved(&args, "disk"));
-    let mut a = args.clone();
-    a.extend_from_slice(&["--devices", "2"]);
-    assert!(fails(&a).contains("unsharded"));
+    // Sharded over two devices, each caching its own shards: as in RAM.
+    let two = ["--devices", "2", "--sharding", "row-wise"];
+    let sharded = |args: &[&str]| json(&[args, &two].concat())["loss_last"].clone();
+    assert_eq!(sharded(&base), sharded(&args));
+    // Their checkpoints (gathered into one process's memory) are refused.
+    let save = ["--save", d];
+    assert!(fails(&[&args[..], &two, &save].concat()).contains("mpirun ranks"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -368,3 +368,78 @@ fn a_dead_or_hung_rank_stops_the_job_and_resume_ends_like_a_run_that_never_stopp
     let out = ok("train on 4 ranks", mpirun(4, &more, &[]));
     assert!(out.contains("26 steps"), "{out}");
 }
+
+#[test]
+fn ranks_cache_their_own_disk_tier_shards_save_them_as_a_set_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let tier = p("tier");
+    // Caches of 30%: 900 and 2,100 rows of the two large tables (at least
+    // 8 batches of 64 single ids); the small ones stay in RAM.
+    let on_disk = ["--disk-dir", &tier, "--cache-memory", "30%"];
+    let data = p("data");
+    ok(
+        "ingest",
+        ember(&[
+            "ingest",
+            "synthetic",
+            "--rows",
+            "2048",
+            "--output",
+            &data,
+            "--row-group-size",
+            "256",
+            "--arch-embedding-size",
+            "3000-40-7000-90",
+        ]),
+    );
+    let train = |ckpt: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--data",
+            &data,
+            "--arch-embedding-size",
+            "3000-40-7000-90",
+            "--arch-sparse-feature-size",
+            "8",
+            "--arch-mlp-bot",
+            "13-16-8",
+            "--arch-mlp-top",
+            "16-1",
+            "--mini-batch-size",
+            "64",
+            "--sharding",
+            "row-wise",
+            "--optimizer",
+            "adagrad",
+            "--checkpoint-dir",
+            ckpt,
+            "--checkpoint-every",
+            "5",
+            "--epochs",
+            "2",
+            "--threads",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&format!("train {extra:?}"), mpirun(2, &args, &[]))
+    };
+    let (ram, disk) = (p("ram"), p("disk"));
+    let a = train(&ram, &[]);
+    let stopped = [&on_disk[..], &["--max-steps", "20"]].concat();
+    let b = train(&disk, &stopped);
+    let hit = b["disk_tier"]["hit_rate"].as_f64().unwrap();
+    assert!(hit > 0.0 && hit < 1.0, "{b}");
+    // Resumed from the set at step 20 onto the ranks' disk tiers: the end
+    // is the RAM run's, bit for bit.
+    let c = train(&disk, &[&on_disk[..], &["--resume"]].concat());
+    assert_eq!(c["resumed_at_step"], 20);
+    assert_eq!(
+        (&c["steps"], &c["loss_last"]),
+        (&a["steps"], &a["loss_last"])
+    );
+    same_model("disk tier on ranks", Path::new(&disk), Path::new(&ram), 0.0);
+    // The tables' files went with the runs.
+    assert_eq!(std::fs::read_dir(&tier).unwrap().count(), 0);
+}

@@ -168,18 +168,12 @@ impl SparseArch {
         self.local()?.read_ahead()
     }
 
-    /// Sharding reads every table's rows in memory: a disk-tier table is
-    /// refused, by name.
-    fn refuse_disk_tier(&self) -> Result<(), ModelError> {
-        let on_disk = self
-            .local()
-            .and_then(|e| e.tables().iter().find(|t| t.is_on_disk()));
-        match on_disk {
-            Some(t) => Err(ModelError::Config(format!(
-                "table '{}' is on the disk tier: sharding disk-tier tables is not supported yet",
-                t.name()
-            ))),
-            None => Ok(()),
+    /// Each table's disk tier (`None`: in RAM), as the model was built
+    /// with it: a sharded table's, not its shards'.
+    pub fn disk_tiers(&self) -> Vec<Option<ember_sparse::DiskTierConfig>> {
+        match self {
+            SparseArch::Local(e) => e.tables().iter().map(|t| t.disk_tier()).collect(),
+            SparseArch::Sharded(s) => s.disk_tiers().to_vec(),
         }
     }
 
@@ -205,7 +199,6 @@ impl SparseArch {
         // Build the new placement first: a plan that fails leaves the tables as they were.
         let next = match (&*self, plan) {
             (SparseArch::Local(e), Some(plan)) => {
-                self.refuse_disk_tier()?;
                 SparseArch::Sharded(ShardedEmbeddingBagCollection::from_collection(e, plan)?)
             }
             (SparseArch::Sharded(s), Some(plan)) => SparseArch::Sharded(

@@ -177,3 +177,70 @@ fn a_checkpoint_loads_onto_the_disk_tier_cast_and_checked() {
         .count();
     assert_eq!(rows_files, 0, "the failed load's table files are removed");
 }
+
+/// A plan of `sharding` over `devices`.
+fn plan(sharding: ember_sharding::ShardingType, devices: usize) -> ember_sharding::ShardingPlan {
+    let options = ember_sharding::PlannerOptions {
+        batch_size: 64,
+        pooling_factor: 1.0,
+        optimizer: TableOptimizer::adam(0.01),
+        sharding: Some(sharding),
+    };
+    let topo = ember_sharding::Topology::uniform(devices, 1 << 30);
+    ember_sharding::plan(&config().tables, &topo, &options)
+        .unwrap()
+        .0
+}
+
+#[test]
+fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
+    use ember_sharding::ShardingType;
+    let dir = tempfile::tempdir().unwrap();
+    let be = NativeBackend::new(2);
+    let data = data();
+    let optimizers = (TableOptimizer::adam(0.01), DenseOptimizerConfig::sgd(0.05));
+    for sharding in [
+        ShardingType::TableWise,
+        ShardingType::RowWise,
+        ShardingType::RowWiseMod,
+        ShardingType::ColumnWise,
+        ShardingType::TableRowWise,
+    ] {
+        let placed = |tiers| {
+            let plan = Some(plan(sharding, 2));
+            Dlrm::place(&config(), optimizers, 9, (plan, None), None, tiers).unwrap()
+        };
+        let (mut ram, mut disk) = (placed(Vec::new()), placed(tiers(dir.path())));
+        // Sharded from a disk-tier model too (resharding copies its rows).
+        let mut moved = model(optimizers.0, tiers(dir.path()));
+        moved.shard(Some(plan(sharding, 2))).unwrap();
+        for i in 0..8 {
+            let batch = data.batch(i, 64);
+            let a = ram.train_step(&be, &batch).unwrap().loss;
+            let b = disk.train_step(&be, &batch).unwrap().loss;
+            let c = moved.train_step(&be, &batch).unwrap().loss;
+            assert_eq!(
+                (a.to_bits(), a.to_bits()),
+                (b.to_bits(), c.to_bits()),
+                "{sharding:?} step {i}"
+            );
+        }
+        let sharded = disk.sparse_arch().sharded().unwrap();
+        let on_disk = sharded
+            .local_shards()
+            .iter()
+            .filter(|s| s.data.is_on_disk())
+            .count();
+        assert!(on_disk >= 2, "{sharding:?}: {on_disk} shards on disk");
+        assert_eq!(disk.sparse_arch().disk_tiers(), tiers(dir.path()));
+        // Gathering them into memory is refused, by name.
+        let err = disk
+            .save_checkpoint(&dir.path().join("ckpt"), None)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("'t_cat_0' has shards on the disk tier"),
+            "{err}"
+        );
+    }
+}

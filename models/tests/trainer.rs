@@ -53,7 +53,15 @@ fn plan(devices: usize) -> Option<ShardingPlan> {
 
 fn model(seed: u64, devices: usize) -> Dlrm {
     let optimizers = (TableOptimizer::adam(0.01), DenseOptimizerConfig::adam(0.01));
-    Dlrm::place(&config(), optimizers, seed, plan(devices), None, None).unwrap()
+    Dlrm::place(
+        &config(),
+        optimizers,
+        seed,
+        (plan(devices), None),
+        None,
+        Vec::new(),
+    )
+    .unwrap()
 }
 
 /// Every weight and optimizer state, tables and dense.

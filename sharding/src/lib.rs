@@ -33,7 +33,7 @@ pub use error::ShardingError;
 pub use plan::{RowSplit, Shard, ShardingPlan, ShardingType, TablePlan};
 pub use planner::{plan, stats, PlanStats, PlannerOptions};
 pub use sharded::{
-    InitialRows, InputRouter, LocalShard, RoutedInput, ShardSource, ShardedEmbeddingBagCollection,
-    ShardingStats,
+    shard_tier, InitialRows, InputRouter, LocalShard, RoutedInput, ShardSource,
+    ShardedEmbeddingBagCollection, ShardingStats, WithDiskTiers,
 };
 pub use topology::Topology;

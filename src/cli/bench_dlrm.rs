@@ -298,8 +298,9 @@ fn run_in_pool(
         &table_optimizer,
         args.mini_batch_size * resolved.indices_per_lookup,
     )?;
+    let threads = launch.world_size() == 1 && args.sharding.is_sharded();
     args.tier
-        .check_unsharded(launch.world_size() > 1 || args.sharding.is_sharded())?;
+        .check_checkpoints(threads && args.save.is_some())?;
     super::arch::check_memory(
         &super::tier::resident(config, &tiers),
         table_optimizer,
@@ -319,25 +320,11 @@ fn run_in_pool(
     let optimizers = (table_optimizer, args.optim.dense_optimizer());
     let plan = planned.map(|(plan, _)| plan);
     let mut model = launch.patiently(|| {
-        if args.tier.disk_dir.is_some() {
-            let mut model = Dlrm::with_disk_tiers(
-                config.clone(),
-                optimizers.0,
-                optimizers.1,
-                args.seed,
-                tiers.clone(),
-            )?;
-            model.set_read_ahead(args.read_ahead);
-            return Ok(model);
-        }
-        Ok(Dlrm::place(
-            config,
-            optimizers,
-            args.seed,
-            plan,
-            None,
-            launch.world(),
-        )?)
+        let placed = (plan, launch.world());
+        let tiers = tiers.clone();
+        let mut model = Dlrm::place(config, optimizers, args.seed, placed, None, tiers)?;
+        model.set_read_ahead(args.read_ahead);
+        Ok(model)
     })?;
     let (train, test) = synthetic_data(args, &resolved, launch)?;
     let trainer = Trainer::new(

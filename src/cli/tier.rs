@@ -80,15 +80,17 @@ impl TierArgs {
 
 impl TierArgs {
     /// Refuses, with --disk-dir, what disk-tier tables cannot do yet
-    /// (a `sharded` run: --devices, --plan or mpirun), and makes the
-    /// directory.
-    pub fn check_unsharded(&self, sharded: bool) -> anyhow::Result<()> {
+    /// (`sharded_checkpoints`: checkpoints of tables sharded over the
+    /// threads of one process), and makes the directory.
+    pub fn check_checkpoints(&self, sharded_checkpoints: bool) -> anyhow::Result<()> {
         let Some(dir) = &self.disk_dir else {
             return Ok(());
         };
         anyhow::ensure!(
-            !sharded,
-            "--disk-dir: disk-tier tables run in one process, unsharded (no --devices, --plan or mpirun) for now"
+            !sharded_checkpoints,
+            "--disk-dir with --devices or --plan: checkpoints of disk-tier tables sharded over \
+             one process's devices are not supported yet (run the devices as mpirun ranks, \
+             whose checkpoints are sets, or unsharded)"
         );
         use anyhow::Context;
         std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())
@@ -121,14 +123,18 @@ pub struct TierReport {
 }
 
 impl TierReport {
-    /// `model`'s caches over its `steps` steps; `None` with no table on the
-    /// disk tier.
+    /// `model`'s caches (a rank's: its shards') over its `steps` steps;
+    /// `None` with no table on the disk tier.
     pub fn of(model: &ember_models::Dlrm, steps: f64) -> Option<Self> {
-        let tables = model.sparse_arch().local()?.tables();
+        let arch = model.sparse_arch();
+        let tables: Vec<&ember_sparse::EmbeddingTable> = match arch.sharded() {
+            Some(s) => s.local_shards().into_iter().map(|l| l.data).collect(),
+            None => arch.local()?.tables().iter().collect(),
+        };
         if !tables.iter().any(|t| t.is_on_disk()) {
             return None;
         }
-        let totals = totals(tables.iter());
+        let totals = totals(tables.into_iter());
         let steps = steps.max(1.0);
         Some(Self {
             cache_bytes: model.sparse_arch().bytes() as u64,

@@ -408,8 +408,9 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let shape = (args.batch_size(&state) / launch.world_size().max(1), 1.0);
     // A batch looks up (about) one id per sample in each table.
     let tiers = args.tier.tiers(&config.tables, &optimizers.0, shape.0)?;
+    let threads = launch.world_size() == 1 && args.sharding.is_sharded();
     args.tier
-        .check_unsharded(launch.world_size() > 1 || args.sharding.is_sharded())?;
+        .check_checkpoints(threads && args.checkpoint_dir.is_some())?;
     super::arch::check_memory(
         &super::tier::resident(&config, &tiers),
         optimizers.0,
@@ -419,25 +420,16 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     )?;
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let mut model = launch.patiently(|| {
-        if args.tier.disk_dir.is_some() {
-            let (table, dense) = optimizers;
-            return Ok(match &resume {
-                Some(ckpt) => ckpt.model_with_disk_tiers(table, dense, tiers.clone())?,
-                None => {
-                    Dlrm::with_disk_tiers(config.clone(), table, dense, args.seed, tiers.clone())?
-                }
-            });
-        }
         let plan = args.sharding.plan_for(&config, &options, launch)?;
-        let plan = plan.map(|(plan, _)| plan);
-        let world = launch.world();
+        let placed = (plan.map(|(plan, _)| plan), launch.world());
+        let (seed, ckpt) = (args.seed, resume.as_ref());
         Ok(Dlrm::place(
             &config,
             optimizers,
-            args.seed,
-            plan,
-            resume.as_ref(),
-            world,
+            seed,
+            placed,
+            ckpt,
+            tiers.clone(),
         )?)
     })?;
     // The model holds the weights now: let go of the old file's mapping

@@ -6,8 +6,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use ember_dense::DenseOptimizerConfig;
-use ember_sharding::{Collective, RowSplit, Shard, ShardSource, ShardingError, ShardingPlan};
-use ember_sparse::{EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
+use ember_sharding::{
+    Collective, RowSplit, Shard, ShardSource, ShardingError, ShardingPlan, WithDiskTiers,
+};
+use ember_sparse::{DiskTierConfig, EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
 use safetensors::tensor::Dtype;
 
 use super::store::f32s;
@@ -19,18 +21,25 @@ use crate::{Dlrm, ModelError};
 impl Checkpoint {
     /// [`Checkpoint::model`] as rank `comm.rank()` of a world under `plan`:
     /// the rank reads only its shards' rows (and their optimizer state).
+    /// The tables whose entry of `tiers` is `Some` (or none: empty) go on
+    /// the rank's disk tier, streamed from the checkpoint (see
+    /// [`ember_sharding::WithDiskTiers`]).
     pub fn model_on_rank(
         &self,
         table_optimizer: TableOptimizer,
         dense_optimizer: DenseOptimizerConfig,
-        plan: ShardingPlan,
-        comm: Arc<dyn Collective>,
+        (plan, comm): (ShardingPlan, Arc<dyn Collective>),
+        tiers: Vec<Option<DiskTierConfig>>,
     ) -> Result<Dlrm, ModelError> {
         let restore = self.same_table_optimizer(&table_optimizer);
-        let source = ShardRows {
+        let rows = ShardRows {
             checkpoint: self,
             optimizer: table_optimizer,
             restore,
+        };
+        let source = WithDiskTiers {
+            source: &rows,
+            tiers,
         };
         let step = if restore { self.sparse_step } else { 0 };
         let tables = (table_optimizer, step, &source as &dyn ShardSource);
@@ -56,13 +65,7 @@ impl Checkpoint {
         let config = &self.config.tables[t];
         let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
         if local.is_on_disk() {
-            if split != RowSplit::All || cols != (0..dim) {
-                return Err(ModelError::Config(format!(
-                    "table '{}' is on the disk tier: its shards are not supported yet",
-                    config.name
-                )));
-            }
-            return self.stream_table(t, (optimizer, restore), local);
+            return self.stream_table(t, (split, cols), (optimizer, restore), local);
         }
         let name = table_weight_name(&config.name);
         let (dtype, shape) = weight_layout(saved, rows, dim);
@@ -136,85 +139,122 @@ impl Checkpoint {
 }
 
 impl Checkpoint {
-    /// [`read_table`](Self::read_table) for a whole disk-tier table: its
-    /// weight and optimizer state read and written a piece of rows at a
-    /// time, so the table never sits in memory.
+    /// [`read_table`](Self::read_table) for a disk-tier table (or shard):
+    /// the whole tensors streamed a piece of rows at a time, the shard's
+    /// rows and columns of each piece written to its file, so the table
+    /// never sits in memory.
     fn stream_table(
         &self,
         t: usize,
+        (split, cols): (RowSplit, Range<usize>),
         (optimizer, restore): (TableOptimizer, bool),
         local: &mut EmbeddingTable,
     ) -> Result<(), ModelError> {
         let config = &self.config.tables[t];
         let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
         let weight = table_weight_name(&config.name);
-        let (dtype, shape) = weight_layout(saved, rows, dim);
-        let state_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
-        let (row_shape, moment_shape) = (vec![rows], vec![rows, dim]);
-        // The state tensors, their values allowed, and their floats a row.
-        let states: Vec<(String, &[usize], Allowed)> = match (optimizer, restore) {
-            (_, false) | (TableOptimizer::None | TableOptimizer::Sgd { .. }, _) => Vec::new(),
-            (TableOptimizer::RowWiseAdagrad { .. }, _) => {
-                vec![(state_name("momentum1"), &row_shape, Allowed::NonNegative)]
-            }
-            (TableOptimizer::Adagrad { .. }, _) => {
-                vec![(state_name("momentum1"), &moment_shape, Allowed::NonNegative)]
-            }
-            (TableOptimizer::Adam { .. }, _) => vec![
-                (state_name("momentum1"), &moment_shape, Allowed::Finite),
-                (state_name("momentum2"), &moment_shape, Allowed::NonNegative),
-            ],
-        };
-        let mut tensors: Vec<(&str, Dtype, &[usize])> = vec![(&weight, dtype, &shape)];
-        tensors.extend(states.iter().map(|(n, s, _)| (n.as_str(), Dtype::F32, *s)));
-        let per_row = local.state_floats_per_row();
-        let (stride, local_type) = (local.bytes_per_row(), local.data_type());
-        // About 8 MiB of rows and state a piece.
-        let piece_rows = ((8 << 20) / (stride + 4 * per_row).max(1)).max(1);
-        let (mut converted, mut state, mut values) = (Vec::new(), Vec::new(), vec![0f32; dim]);
         let fail_on = |name: &str, message: String| ModelError::Checkpoint {
             path: self.path().to_path_buf(),
             tensor: Some(name.to_string()),
             message,
         };
+        let (dtype, shape) = weight_layout(saved, rows, dim);
+        let Some(col_bytes) = saved.column_range(dim, cols.clone()) else {
+            return Err(fail_on(
+                &weight,
+                "a quantized table's columns cannot be split".into(),
+            ));
+        };
+        let state_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
+        let (row_shape, moment_shape) = (vec![rows], vec![rows, dim]);
+        // The state tensors, the values they may hold, and their columns
+        // kept (FBGEMM keeps Adam's moments of a row together: [m | v]).
+        let states: Vec<(String, &[usize], Allowed, Range<usize>)> = match (optimizer, restore) {
+            (_, false) | (TableOptimizer::None | TableOptimizer::Sgd { .. }, _) => Vec::new(),
+            (TableOptimizer::RowWiseAdagrad { .. }, _) => {
+                vec![(
+                    state_name("momentum1"),
+                    &row_shape,
+                    Allowed::NonNegative,
+                    0..1,
+                )]
+            }
+            (TableOptimizer::Adagrad { .. }, _) => {
+                let sums = Allowed::NonNegative;
+                vec![(state_name("momentum1"), &moment_shape, sums, cols.clone())]
+            }
+            (TableOptimizer::Adam { .. }, _) => vec![
+                (
+                    state_name("momentum1"),
+                    &moment_shape,
+                    Allowed::Finite,
+                    cols.clone(),
+                ),
+                (
+                    state_name("momentum2"),
+                    &moment_shape,
+                    Allowed::NonNegative,
+                    cols.clone(),
+                ),
+            ],
+        };
+        let mut tensors: Vec<(&str, Dtype, &[usize])> = vec![(&weight, dtype, &shape)];
+        tensors.extend(
+            states
+                .iter()
+                .map(|(n, s, _, _)| (n.as_str(), Dtype::F32, *s)),
+        );
+        let per_row = local.state_floats_per_row();
+        let (stride, local_type) = (local.bytes_per_row(), local.data_type());
+        let saved_stride = saved.row_bytes(dim).unwrap_or(1).max(1);
+        // About 8 MiB of the tensors' rows a piece.
+        let piece_rows = ((8 << 20) / (saved_stride + 4 * 2 * dim).max(1)).max(1);
+        let (mut bytes, mut state) = (Vec::new(), Vec::new());
+        let mut values = vec![0f32; cols.len()];
         self.store
             .stream_rows(&tensors, piece_rows, &mut |first, pieces| {
-                let n = pieces[0].len() / saved.row_bytes(dim).unwrap_or(1).max(1);
-                let split = RowSplit::Block {
+                let n = pieces[0].len() / saved_stride;
+                // The piece's rows this table holds: consecutive local rows.
+                let held: Vec<(usize, usize)> = (0..n)
+                    .filter_map(|r| split.local(first + r).map(|l| (r, l)))
+                    .collect();
+                let Some(&(_, first_local)) = held.first() else {
+                    return Ok(());
+                };
+                let piece_split = RowSplit::Block {
                     start: first,
                     end: first + n,
                 };
-                check_rows(saved, pieces[0], dim, (split, 0)).map_err(|m| fail_on(&weight, m))?;
-                let rows: &[u8] = match local_type == saved {
-                    true => pieces[0],
-                    // A cast: each row converted as it is read.
-                    false => {
-                        converted.resize(n * stride, 0);
-                        let saved_stride = pieces[0].len() / n.max(1);
-                        for (src, dst) in (pieces[0].chunks_exact(saved_stride.max(1)))
-                            .zip(converted.chunks_exact_mut(stride.max(1)))
-                        {
+                check_rows(saved, pieces[0], dim, (piece_split, 0))
+                    .map_err(|m| fail_on(&weight, m))?;
+                (bytes.clear(), state.clear());
+                bytes.resize(held.len() * stride, 0);
+                state.resize(held.len() * per_row, 0.0);
+                for (i, &(r, _)) in held.iter().enumerate() {
+                    let src = &pieces[0][r * saved_stride..][col_bytes.clone()];
+                    let dst = &mut bytes[i * stride..(i + 1) * stride];
+                    match local_type == saved {
+                        true => dst.copy_from_slice(src),
+                        // A cast: each row converted as it is read.
+                        false => {
                             saved.decode_row(src, &mut values);
                             local_type.encode_row(&values, dst);
                         }
-                        &converted
                     }
-                };
-                state.clear();
-                state.resize(n * per_row, 0.0);
+                }
                 let mut column = 0;
-                for ((name, shape, allowed), piece) in states.iter().zip(&pieces[1..]) {
+                for ((name, shape, allowed, kept), piece) in states.iter().zip(&pieces[1..]) {
                     let piece = f32s(piece);
                     let width = shape.get(1).copied().unwrap_or(1);
-                    check_values(&piece, width, (split, 0), *allowed)
-                        .map_err(|m| fail_on(name, m))?;
-                    // FBGEMM keeps Adam's moments of a row together: [m | v].
-                    for (r, v) in piece.chunks_exact(width.max(1)).enumerate() {
-                        state[r * per_row + column..][..width].copy_from_slice(v);
+                    let check = check_values(&piece, width, (piece_split, 0), *allowed);
+                    check.map_err(|m| fail_on(name, m))?;
+                    for (i, &(r, _)) in held.iter().enumerate() {
+                        let v = &piece[r * width..][kept.clone()];
+                        state[i * per_row + column..][..v.len()].copy_from_slice(v);
                     }
-                    column += width;
+                    column += kept.len();
                 }
-                (local.write_stored_rows(first, rows, &state))
+                (local.write_stored_rows(first_local, &bytes, &state))
                     .map_err(|e| fail_on(&weight, e.to_string()))
             })
     }

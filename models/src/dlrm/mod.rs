@@ -16,7 +16,7 @@ use ember_sharding::{
     Collective, InitialRows, InputRouter, RoutedInput, ShardSource, ShardedEmbeddingBagCollection,
     ShardingPlan,
 };
-use ember_sparse::{EmbeddingBagCollection, KeyedTensor, TableOptimizer};
+use ember_sparse::{DiskTierConfig, EmbeddingBagCollection, KeyedTensor, TableOptimizer};
 use serde::Serialize;
 
 use crate::model::DataParallel;
@@ -520,33 +520,44 @@ impl Dlrm {
         out
     }
 
-    /// The model placed by `plan`, from `checkpoint` or new from `seed`.
-    /// On a rank of `world`, only its shards are ever built (or read);
-    /// alone, the whole model is built, then sharded over threads.
+    /// The model placed by `plan`, from `checkpoint` or new from `seed`,
+    /// the tables whose entry of `tiers` is `Some` (none: empty) on the
+    /// disk tier (their shards too, each device caching its own). On a
+    /// rank of `world`, only its shards are ever built (or read); alone,
+    /// the whole model is built, then sharded over threads.
     pub fn place(
         config: &DlrmConfig,
         (table_optimizer, dense_optimizer): (TableOptimizer, DenseOptimizerConfig),
         seed: u64,
-        plan: Option<ShardingPlan>,
+        (plan, world): (Option<ShardingPlan>, Option<&Arc<dyn Collective>>),
         checkpoint: Option<&crate::Checkpoint>,
-        world: Option<&Arc<dyn Collective>>,
+        tiers: Vec<Option<DiskTierConfig>>,
     ) -> Result<Dlrm, ModelError> {
         Ok(match (checkpoint, plan, world) {
             (Some(ckpt), Some(plan), Some(comm)) => {
-                ckpt.model_on_rank(table_optimizer, dense_optimizer, plan, comm.clone())?
+                let placed = (plan, comm.clone());
+                ckpt.model_on_rank(table_optimizer, dense_optimizer, placed, tiers)?
             }
-            (None, Some(plan), Some(comm)) => Dlrm::new_on_rank(
-                config.clone(),
-                table_optimizer,
-                dense_optimizer,
-                seed,
-                plan,
-                comm.clone(),
-            )?,
+            (None, Some(plan), Some(comm)) => {
+                let rows = InitialRows { seed };
+                let source = ember_sharding::WithDiskTiers {
+                    source: &rows,
+                    tiers,
+                };
+                let tables = (table_optimizer, 0, &source as &dyn ShardSource);
+                let (config, comm) = (config.clone(), comm.clone());
+                Self::on_rank(config, tables, dense_optimizer, seed, plan, comm)?
+            }
             (checkpoint, plan, _) => {
                 let mut model = match checkpoint {
-                    Some(ckpt) => ckpt.model(table_optimizer, dense_optimizer)?,
-                    None => Dlrm::new(config.clone(), table_optimizer, dense_optimizer, seed)?,
+                    Some(ckpt) => {
+                        ckpt.model_with_disk_tiers(table_optimizer, dense_optimizer, tiers)?
+                    }
+                    None => {
+                        let config = config.clone();
+                        let opts = (table_optimizer, dense_optimizer);
+                        Dlrm::with_disk_tiers(config, opts.0, opts.1, seed, tiers)?
+                    }
                 };
                 model.shard(plan)?;
                 model
@@ -668,17 +679,13 @@ impl Model for Dlrm {
         }
         let plan = self.sparse_arch.sharded().map(|s| s.plan().clone());
         let optimizers = (self.sparse_arch.optimizer(), self.dense_optimizer.config());
-        let tiers: Vec<_> = (self.sparse_arch.local().into_iter())
-            .flat_map(|e| e.tables().iter().map(|t| t.disk_tier()))
-            .collect();
+        let tiers = self.sparse_arch.disk_tiers();
         let read_ahead = self.read_ahead;
         // Drop this model's tables (and files) before the checkpoint's are built.
         self.sparse_arch =
             SparseArch::Local(EmbeddingBagCollection::zeroed(Vec::new(), optimizers.0)?);
-        *self = match tiers.iter().any(Option::is_some) {
-            true => ckpt.model_with_disk_tiers(optimizers.0, optimizers.1, tiers)?,
-            false => Dlrm::place(&self.config.clone(), optimizers, 0, plan, Some(&ckpt), None)?,
-        };
+        let config = self.config.clone();
+        *self = Dlrm::place(&config, optimizers, 0, (plan, None), Some(&ckpt), tiers)?;
         self.read_ahead = read_ahead;
         Ok(ckpt.train_state().cloned())
     }

@@ -67,6 +67,12 @@ impl ShardedEmbeddingBagCollection {
         Ok(sharded)
     }
 
+    /// Each table's disk tier, as the collection was made (`None`: in
+    /// RAM); its shards each cache their share (see [`shard_tier`](crate::shard_tier)).
+    pub fn disk_tiers(&self) -> &[Option<ember_sparse::DiskTierConfig>] {
+        &self.tiers
+    }
+
     /// The seed of the stochastic rounding of fp16/bf16 tables (see
     /// [`EmbeddingBagCollection::set_rounding_seed`]): the source
     /// collection's for `from_collection*`, 0 for `on_rank` until set.

@@ -16,6 +16,14 @@ impl ShardedEmbeddingBagCollection {
     /// (data-parallel tables from device 0's replica). On a rank, every rank
     /// must call this together: the shards travel to every rank.
     pub fn to_collection(&self) -> Result<EmbeddingBagCollection, ShardingError> {
+        // Alike on every rank: all refuse together.
+        if let Some(t) = self.tiers.iter().position(Option::is_some) {
+            return Err(ShardingError::Plan(format!(
+                "table '{}' has shards on the disk tier: they are not gathered into memory \
+                 (save them from ranks, each its own, as a set)",
+                self.configs[t].name
+            )));
+        }
         // Zeroed, not initialised: the shards below cover every row and state float.
         let mut ebc = EmbeddingBagCollection::zeroed(self.configs.clone(), self.optimizer)?;
         // (table, shard index, shard) of every shard that is gathered.

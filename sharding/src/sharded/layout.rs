@@ -182,8 +182,26 @@ impl ShardedEmbeddingBagCollection {
             } else {
                 let cfgs: Vec<EmbeddingBagConfig> =
                     tables.iter().map(|(c, _, _)| c.clone()).collect();
+                let tiers = (tables.iter())
+                    .map(|(cfg, t, _)| {
+                        let Some(tier) = source.disk_tier(*t) else {
+                            return Ok(None);
+                        };
+                        let p = plan.table(&configs[*t].name).expect("validated");
+                        if p.sharding == ShardingType::DataParallel {
+                            return Err(ShardingError::Plan(format!(
+                                "table '{}' is on the disk tier: it cannot be data-parallel \
+                                 (a replica on every device); shard it another way",
+                                configs[*t].name
+                            )));
+                        }
+                        let rows = (configs[*t].num_embeddings, cfg.num_embeddings);
+                        Ok(Some(super::source::shard_tier(&tier, rows.0, rows.1)))
+                    })
+                    .collect::<Result<Vec<_>, ShardingError>>()?;
                 // Zeros: every table is filled from the source below.
-                let mut local = EmbeddingBagCollection::zeroed(cfgs, optimizer)?;
+                let mut local =
+                    EmbeddingBagCollection::zeroed_with_disk_tiers(cfgs, optimizer, tiers)?;
                 for ((_, t, k), table) in tables.iter().zip(local.tables_mut()) {
                     let shard = &plan.table(&configs[*t].name).expect("validated").shards[*k];
                     source.fill(*t, &configs[*t], shard, table)?;
@@ -221,6 +239,7 @@ impl ShardedEmbeddingBagCollection {
                     .map_err(|e| ShardingError::Collective(format!("a device thread pool: {e}")))?,
             ),
         };
+        let tiers = (0..configs.len()).map(|t| source.disk_tier(t)).collect();
         Ok(Self {
             configs,
             plan,
@@ -232,6 +251,7 @@ impl ShardedEmbeddingBagCollection {
             routed_bytes: vec![0; n],
             last_forward: None,
             owners: Vec::new(),
+            tiers,
             step,
             rounding_seed: 0,
             stats: ShardingStats {

@@ -39,7 +39,7 @@ use crate::collective::{Collective, InProcess};
 use crate::plan::ShardingPlan;
 
 pub use route::{InputRouter, RoutedInput};
-pub use source::{InitialRows, LocalShard, ShardSource};
+pub use source::{shard_tier, InitialRows, LocalShard, ShardSource, WithDiskTiers};
 
 use layout::Layout;
 use stages::Device;
@@ -91,6 +91,9 @@ pub struct ShardedEmbeddingBagCollection {
     last_forward: Option<(usize, usize)>,
     /// Every device's samples in the last forward (global positions).
     owners: Vec<Range<usize>>,
+    /// Each table's disk tier (its shards'; `None`: in RAM), alike on
+    /// every rank.
+    tiers: Vec<Option<ember_sparse::DiskTierConfig>>,
 }
 
 enum Exec {

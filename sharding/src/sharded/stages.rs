@@ -126,8 +126,11 @@ pub(super) fn device_forward(
     let mut lookups = 0;
     if let (Some(ebc), Some(kjt)) = (&mut dev.ebc, input.kjt) {
         lookups = kjt.values().len() as u64;
-        ctx.pool
-            .install(|| ebc.forward_into(&kjt, &mut dev.pooled))?;
+        // Disk-tier shards bring the batch's rows into their caches first.
+        ctx.pool.install(|| {
+            ebc.prefetch(&kjt)?;
+            ebc.forward_into(&kjt, &mut dev.pooled)
+        })?;
         dev.kjt = Some(kjt);
     }
     times.0[1] = t.elapsed();

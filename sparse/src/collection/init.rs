@@ -20,7 +20,10 @@ const INIT_CHUNK_ROWS: usize = 4096;
 /// in `rows` that `local` maps to a local row `l` has its columns `cols`
 /// written to local row `l` of `out` (rounded to its data type as the whole
 /// table's rows are). Only the chunks holding `rows` are drawn, so a shard
-/// is initialised without the rest of its table in memory.
+/// is initialised without the rest of its table in memory. A disk-tier
+/// `out` gets its rows in runs (their optimizer state zero, as a new
+/// table's), and fails with [`SparseError::Disk`] when its file cannot be
+/// written.
 pub fn initial_rows(
     config: &EmbeddingBagConfig,
     seed: u64,
@@ -29,7 +32,7 @@ pub fn initial_rows(
     local: impl Fn(usize) -> Option<usize> + Sync,
     cols: std::ops::Range<usize>,
     out: &mut EmbeddingTable,
-) {
+) -> Result<(), SparseError> {
     let (lo, hi) = config.init_range();
     let dim = config.embedding_dim;
     let lc = cols.len();
@@ -59,11 +62,42 @@ pub fn initial_rows(
             })
             .collect();
         for (locals, kept) in drawn {
+            if out.is_on_disk() {
+                write_runs(out, &locals, &kept)?;
+                continue;
+            }
             for (l, row) in locals.into_iter().zip(kept.chunks_exact(lc.max(1))) {
                 out.write_row(l, row);
             }
         }
     }
+    Ok(())
+}
+
+/// Rows `values` (packed, fp32) to local rows `locals` of a disk-tier
+/// table, each run of consecutive rows in one write, their state zero.
+fn write_runs(
+    out: &mut EmbeddingTable,
+    locals: &[usize],
+    values: &[f32],
+) -> Result<(), SparseError> {
+    let (dim, stride, per_row) = (out.dim(), out.bytes_per_row(), out.state_floats_per_row());
+    let dtype = out.data_type();
+    let mut start = 0;
+    while start < locals.len() {
+        let mut end = start + 1;
+        while end < locals.len() && locals[end] == locals[end - 1] + 1 {
+            end += 1;
+        }
+        let n = end - start;
+        let mut bytes = vec![0u8; n * stride];
+        for (r, row) in bytes.chunks_exact_mut(stride.max(1)).enumerate() {
+            dtype.encode_row(&values[(start + r) * dim..][..dim], row);
+        }
+        out.write_stored_rows(locals[start], &bytes, &vec![0.0; n * per_row])?;
+        start = end;
+    }
+    Ok(())
 }
 
 /// The initial values of one chunk of `INIT_CHUNK_ROWS` rows (`seed`, table

@@ -519,7 +519,17 @@ impl EmbeddingBagCollection {
         configs: Vec<EmbeddingBagConfig>,
         optimizer: TableOptimizer,
     ) -> Result<Self, SparseError> {
-        Self::build(configs, optimizer, None, Vec::new())
+        Self::zeroed_with_disk_tiers(configs, optimizer, Vec::new())
+    }
+
+    /// [`zeroed`](Self::zeroed), with tables on the disk tier as in
+    /// [`with_disk_tiers`](Self::with_disk_tiers) (their files of zeros).
+    pub fn zeroed_with_disk_tiers(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        tiers: Vec<Option<DiskTierConfig>>,
+    ) -> Result<Self, SparseError> {
+        Self::build(configs, optimizer, None, tiers)
     }
 
     fn build(

@@ -48,6 +48,7 @@ fn sharded_model() -> Result<Dlrm, Box<dyn std::error::Error>> {
         pooling_factor: 1.0,
         optimizer: table_optimizer,
         sharding: None,
+        disk_tier: None,
     };
     let (plan, _) =
         ember::sharding::plan(&config().tables, &Topology::uniform(2, 1 << 30), &options)?;

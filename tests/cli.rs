@@ -298,10 +298,32 @@ fn bench_dlrm_on_the_disk_tier_trains_as_in_ram() {
         all
     };
     assert!(saved(&base, "ram") == saved(&args, "disk"));
-    // Sharded over two devices, each caching its own shards: as in RAM.
-    let two = ["--devices", "2", "--sharding", "row-wise"];
-    let sharded = |args: &[&str]| json(&[args, &two].concat())["loss_last"].clone();
-    assert_eq!(sharded(&base), sharded(&args));
+    // Planned over two devices of 500 KiB: the two large tables (800 and
+    // 600 KB with their state) cannot fit, so the planner puts them on
+    // the disk tier, each device caching its own; table-wise keeps the
+    // unsharded order of sums, so the run ends as in RAM.
+    let two = [
+        "--devices",
+        "2",
+        "--sharding",
+        "table-wise",
+        "--memory-per-device",
+        "500KiB",
+    ];
+    let planned = json(&[&args[..], &two].concat());
+    assert_eq!(ram["loss_last"], planned["loss_last"], "{planned}");
+    let shards = planned["sharding"]["shards"].to_string();
+    assert!(
+        shards.contains("t_cat_0:table_wise+disk") && shards.contains("t_cat_2:table_wise+disk"),
+        "{shards}"
+    );
+    assert!(
+        !shards.contains("t_cat_1:table_wise+disk"),
+        "the small table stays in memory: {shards}"
+    );
+    assert!(planned["disk_tier"]["hit_rate"].as_f64().unwrap() > 0.0);
+    // Without --disk-dir the plan cannot place them.
+    assert!(fails(&[&base[..], &two].concat()).contains("do not fit"));
     // Their checkpoints (gathered into one process's memory) are refused.
     let save = ["--save", d];
     assert!(fails(&[&args[..], &two, &save].concat()).contains("mpirun ranks"));

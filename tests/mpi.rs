@@ -374,10 +374,11 @@ fn ranks_cache_their_own_disk_tier_shards_save_them_as_a_set_and_resume() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     let tier = p("tier");
-    // Caches of 30%: 900 and 2,100 rows of the two large tables (at least
-    // 8 batches of 64 single ids); the small ones stay in RAM.
+    // Caches of 30%: 900 rows of each table of 3,000 (at least 8 batches
+    // of 32 samples' single ids: a rank's share of 64).
     let on_disk = ["--disk-dir", &tier, "--cache-memory", "30%"];
     let data = p("data");
+    let tables = ["3000"; 26].join("-");
     ok(
         "ingest",
         ember(&[
@@ -390,7 +391,7 @@ fn ranks_cache_their_own_disk_tier_shards_save_them_as_a_set_and_resume() {
             "--row-group-size",
             "256",
             "--arch-embedding-size",
-            "3000-40-7000-90",
+            &tables,
         ]),
     );
     let train = |ckpt: &str, extra: &[&str]| {
@@ -399,7 +400,7 @@ fn ranks_cache_their_own_disk_tier_shards_save_them_as_a_set_and_resume() {
             "--data",
             &data,
             "--arch-embedding-size",
-            "3000-40-7000-90",
+            &tables,
             "--arch-sparse-feature-size",
             "8",
             "--arch-mlp-bot",

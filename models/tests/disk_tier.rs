@@ -185,6 +185,7 @@ fn plan(sharding: ember_sharding::ShardingType, devices: usize) -> ember_shardin
         pooling_factor: 1.0,
         optimizer: TableOptimizer::adam(0.01),
         sharding: Some(sharding),
+        disk_tier: None,
     };
     let topo = ember_sharding::Topology::uniform(devices, 1 << 30);
     ember_sharding::plan(&config().tables, &topo, &options)

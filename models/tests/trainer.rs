@@ -43,6 +43,7 @@ fn plan(devices: usize) -> Option<ShardingPlan> {
             pooling_factor: 2.0,
             optimizer: TableOptimizer::adam(0.01),
             sharding: Some(ember_sharding::ShardingType::RowWise),
+            disk_tier: None,
         };
         let topo = Topology::uniform(devices, 1 << 30);
         ember_sharding::plan(&config().tables, &topo, &options)

@@ -31,7 +31,9 @@ mod wire;
 pub use collective::{Collective, InProcess};
 pub use error::ShardingError;
 pub use plan::{RowSplit, Shard, ShardingPlan, ShardingType, TablePlan};
-pub use planner::{plan, stats, PlanStats, PlannerOptions};
+pub use planner::{
+    plan, stats, DiskTierModel, PlanStats, PlannerOptions, DEFAULT_DISK_READS_PER_S,
+};
 pub use sharded::{
     shard_tier, InitialRows, InputRouter, LocalShard, RoutedInput, ShardSource,
     ShardedEmbeddingBagCollection, ShardingStats, WithDiskTiers,

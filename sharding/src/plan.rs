@@ -116,6 +116,11 @@ pub struct TablePlan {
     /// The pieces, together covering every row and column once (a full
     /// replica per device for data-parallel).
     pub shards: Vec<Shard>,
+    /// On the disk tier: each shard's rows in a file on its device, behind
+    /// a cache of its share of this many rows of the table (see
+    /// [`shard_tier`](crate::shard_tier)); `None` (or absent): in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_rows: Option<usize>,
 }
 
 /// Near-equal blocks of `0..n` in `parts` pieces (the first ones one longer).
@@ -137,6 +142,7 @@ impl TablePlan {
             table: table.name.clone(),
             sharding,
             shards,
+            cache_rows: None,
         }
     }
 
@@ -233,6 +239,7 @@ pub const MAX_DEVICES: usize = 4096;
 ///     pooling_factor: 2.0,
 ///     optimizer: TableOptimizer::sgd(0.1),
 ///     sharding: None,
+///     disk_tier: None,
 /// };
 /// // Two devices of 1 GiB each.
 /// let topology = Topology::uniform(2, 1 << 30);
@@ -258,6 +265,30 @@ pub struct ShardingPlan {
 }
 
 impl ShardingPlan {
+    /// The disk tier of each of `tables` the plan puts there (its
+    /// [`cache_rows`](TablePlan::cache_rows)), its files in `dir`; `None`
+    /// for a table in memory: the tiers to build the model with.
+    pub fn disk_tiers(
+        &self,
+        tables: &[EmbeddingBagConfig],
+        dir: &std::path::Path,
+    ) -> Vec<Option<ember_sparse::DiskTierConfig>> {
+        (tables.iter())
+            .map(|t| {
+                let rows = self.table(&t.name)?.cache_rows?;
+                Some(ember_sparse::DiskTierConfig {
+                    dir: dir.to_path_buf(),
+                    cache_rows: rows,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the plan puts any table on the disk tier.
+    pub fn uses_disk_tier(&self) -> bool {
+        self.tables.iter().any(|t| t.cache_rows.is_some())
+    }
+
     /// The plan of the table called `name`, if it is in the plan.
     pub fn table(&self, name: &str) -> Option<&TablePlan> {
         self.tables.iter().find(|t| t.table == name)
@@ -333,6 +364,17 @@ fn validate_table(
 ) -> Result<(), String> {
     if p.shards.is_empty() {
         return Err("no shards".into());
+    }
+    if let Some(rows) = p.cache_rows {
+        if p.sharding == ShardingType::DataParallel {
+            return Err("a data-parallel table cannot be on the disk tier (cache_rows)".into());
+        }
+        if rows < ember_sparse::CACHE_WAYS {
+            return Err(format!(
+                "cache_rows {rows} is below one cache set of {}",
+                ember_sparse::CACHE_WAYS
+            ));
+        }
     }
     for s in &p.shards {
         if s.device >= devices {

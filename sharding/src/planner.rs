@@ -17,7 +17,12 @@
 //! - exchange time: the share `(N-1)/N` of the ids (8-byte id + 4-byte
 //!   index), pooled rows and gradients that cross devices / device bandwidth;
 //!   a data-parallel table instead all-gathers every device's bags and
-//!   gradients.
+//!   gradients;
+//! - on the disk tier (with [`PlannerOptions::disk_tier`]): a shard keeps
+//!   its cache's rows in memory and all its rows on disk, and each miss
+//!   (the lookups the cache does not serve, from the ids' Zipf skew) costs
+//!   one random read at the disk's rate. A table goes there only when no
+//!   in-memory option fits.
 
 use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
 use serde::Serialize;
@@ -37,6 +42,50 @@ pub struct PlannerOptions {
     pub optimizer: TableOptimizer,
     /// Use only this type for every table (`None`: choose per table).
     pub sharding: Option<ShardingType>,
+    /// The disk tier (up to each device's
+    /// [`disk_bytes`](crate::topology::Device::disk_bytes)): a table that
+    /// does not fit in memory goes there, with a cache (`None`: never).
+    /// In memory is always cheaper, so a table that fits stays there.
+    pub disk_tier: Option<DiskTierModel>,
+}
+
+/// What the planner assumes of the disk tier: how much of a table its
+/// cache holds, and what a miss costs.
+#[derive(Clone, Debug)]
+pub struct DiskTierModel {
+    /// Share of a disk-tier table's rows its cache holds, in (0, 1].
+    pub cache_share: f64,
+    /// The fewest rows a cache may hold (its batches' ids must fit): a
+    /// table whose share is fewer stays in memory.
+    pub min_cache_rows: usize,
+    /// Random record reads a second each device's disk serves, many in
+    /// flight ([`DEFAULT_DISK_READS_PER_S`]).
+    pub reads_per_s: f64,
+    /// The ids' skew, for the hit rate: a Zipf exponent (0: uniform).
+    pub zipf_alpha: f64,
+}
+
+/// [`DiskTierModel::reads_per_s`]'s default: the development machine's
+/// cloud disk, about 48k random 4 KiB reads/s at queue depth 64.
+pub const DEFAULT_DISK_READS_PER_S: f64 = 48_000.0;
+
+impl DiskTierModel {
+    /// The share of lookups a cache of the hottest `share` of `rows` rows
+    /// serves under Zipf(`zipf_alpha`) ids: `H(share * rows) / H(rows)`,
+    /// `H` the generalised harmonic number (an LRU cache holds about the
+    /// hottest rows). Uniform ids give `share`.
+    pub fn hit_rate(&self, rows: usize) -> f64 {
+        let (a, n) = (self.zipf_alpha, rows.max(1) as f64);
+        let c = (self.cache_share * n).clamp(1.0, n);
+        // Integral approximation of sum_{k=1..n} k^-a, plus Euler's
+        // constant for the first terms.
+        let h = |n: f64| match a {
+            a if a <= 0.0 => n,
+            a if (a - 1.0).abs() < 1e-9 => n.ln() + 0.5772,
+            a => (n.powf(1.0 - a) - 1.0) / (1.0 - a) + 0.5772,
+        };
+        (h(c) / h(n)).clamp(0.0, 1.0)
+    }
 }
 
 /// One device's share of a plan.
@@ -47,6 +96,8 @@ pub struct DeviceLoad {
     pub storage_bytes: u64,
     /// The device's memory in bytes (its capacity in the topology).
     pub memory_bytes: u64,
+    /// Estimated bytes of disk-tier shards here, on disk.
+    pub disk_bytes: u64,
     /// Estimated seconds per step (lookups and exchanges).
     pub cost_s: f64,
     /// `table:sharding` of every shard placed here.
@@ -66,15 +117,17 @@ impl std::fmt::Display for PlanStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{:>6} {:>12} {:>12} {:>12}  shards",
-            "device", "storage MiB", "memory MiB", "est. ms/step"
+            "{:>6} {:>12} {:>12} {:>12} {:>12}  shards (+disk: on the disk tier)",
+            "device", "storage MiB", "memory MiB", "disk MiB", "est. ms/step"
         )?;
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
         for (d, l) in self.devices.iter().enumerate() {
             writeln!(
                 f,
-                "{d:>6} {:>12.1} {:>12.1} {:>12.3}  {}",
-                l.storage_bytes as f64 / (1 << 20) as f64,
-                l.memory_bytes as f64 / (1 << 20) as f64,
+                "{d:>6} {:>12.1} {:>12.1} {:>12.1} {:>12.3}  {}",
+                mib(l.storage_bytes),
+                mib(l.memory_bytes),
+                mib(l.disk_bytes),
                 l.cost_s * 1e3,
                 l.shards.join(" ")
             )?;
@@ -87,19 +140,26 @@ impl std::fmt::Display for PlanStats {
     }
 }
 
-/// Storage and cost a table plan puts on each device.
-fn loads(
-    t: &EmbeddingBagConfig,
-    p: &TablePlan,
-    topo: &Topology,
-    o: &PlannerOptions,
-) -> Vec<(u64, f64)> {
+/// What a table plan puts on one device.
+#[derive(Clone, Copy, Debug, Default)]
+struct Load {
+    /// Bytes in memory: rows and state (a disk-tier shard's cache), and
+    /// the pooled output and its gradient.
+    memory: u64,
+    /// Estimated seconds per step.
+    cost: f64,
+    /// Bytes on the disk tier.
+    disk: u64,
+}
+
+/// The loads a table plan puts on each device.
+fn loads(t: &EmbeddingBagConfig, p: &TablePlan, topo: &Topology, o: &PlannerOptions) -> Vec<Load> {
     let n = topo.num_devices();
     let features = t.feature_names.len() as f64;
     let batch = o.batch_size as f64;
     let ids = batch * o.pooling_factor * features;
     let cross = (n as f64 - 1.0) / n as f64;
-    let mut out = vec![(0u64, 0f64); n];
+    let mut out = vec![Load::default(); n];
     for s in &p.shards {
         let rows = s.rows.count(t.num_embeddings) as u64;
         let cols = (s.columns[1] - s.columns[0]) as u64;
@@ -108,9 +168,22 @@ fn loads(
             .data_type
             .row_bytes(cols as usize)
             .map_or(u64::MAX, |b| b as u64);
+        let record = row_bytes.saturating_add(state * 4);
         let buffers = 2 * o.batch_size as u64 * t.feature_names.len() as u64 * cols * 4;
-        let storage =
-            (rows.saturating_mul(row_bytes.saturating_add(state * 4))).saturating_add(buffers);
+        // A disk-tier shard keeps its cache's rows in memory, the rest on disk.
+        let (in_memory, on_disk, hit_rate) = match (p.cache_rows, &o.disk_tier) {
+            (Some(cache), Some(model)) => {
+                let tier = ember_sparse::DiskTierConfig {
+                    dir: Default::default(),
+                    cache_rows: cache,
+                };
+                let cached = crate::shard_tier(&tier, t.num_embeddings, rows as usize).cache_rows;
+                let cached = (cached as u64).min(rows);
+                (cached, rows, model.hit_rate(t.num_embeddings))
+            }
+            _ => (rows, 0, 1.0),
+        };
+        let storage = (in_memory.saturating_mul(record)).saturating_add(buffers);
         let (hit, exchanged) = if p.sharding == ShardingType::DataParallel {
             let own = ids / n as f64;
             // All-gather of every other device's bags and gradients.
@@ -126,10 +199,20 @@ fn loads(
             )
         };
         let dev = &topo.devices[s.device];
-        let cost =
-            hit * row_bytes as f64 * 3.0 / dev.memory_bandwidth + exchanged / topo.device_bandwidth;
-        out[s.device].0 += storage;
-        out[s.device].1 += cost;
+        // A miss reads its record from the disk (its changed row written
+        // back about as often).
+        let misses = o.disk_tier.as_ref().map_or(0.0, |m| {
+            (on_disk > 0)
+                .then(|| hit * (1.0 - hit_rate) / m.reads_per_s)
+                .unwrap_or(0.0)
+        });
+        let cost = hit * row_bytes as f64 * 3.0 / dev.memory_bandwidth
+            + exchanged / topo.device_bandwidth
+            + misses;
+        let load = &mut out[s.device];
+        load.memory = load.memory.saturating_add(storage);
+        load.cost += cost;
+        load.disk = load.disk.saturating_add(on_disk.saturating_mul(record));
     }
     out
 }
@@ -162,11 +245,28 @@ fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<T
     if want(ShardingType::DataParallel) {
         out.push(TablePlan::data_parallel(t, n));
     }
+    // Each option again on the disk tier, where the table's cache would
+    // hold its batches' ids.
+    if let Some(model) = &o.disk_tier {
+        let rows = (t.num_embeddings as f64 * model.cache_share) as usize
+            / ember_sparse::CACHE_WAYS
+            * ember_sparse::CACHE_WAYS;
+        if rows >= model.min_cache_rows.max(ember_sparse::CACHE_WAYS) && rows < t.num_embeddings {
+            let on_disk: Vec<TablePlan> = (out.iter())
+                .filter(|p| p.sharding != ShardingType::DataParallel)
+                .map(|p| TablePlan {
+                    cache_rows: Some(rows),
+                    ..p.clone()
+                })
+                .collect();
+            out.extend(on_disk);
+        }
+    }
     out
 }
 
 /// An option with its score (lower is better) and per-device loads.
-type Candidate = ((f64, f64), TablePlan, Vec<(u64, f64)>);
+type Candidate = ((f64, f64), TablePlan, Vec<Load>);
 
 /// One greedy pass: tables largest first, each where the score after it is
 /// lowest. `storage_first` scores by the fullest device's storage (then
@@ -178,7 +278,7 @@ fn greedy(
     storage_first: bool,
 ) -> Greedy {
     let n = topo.num_devices();
-    let mut used = vec![(0u64, 0f64); n];
+    let mut used = vec![Load::default(); n];
     let mut placed: Vec<Option<TablePlan>> = vec![None; tables.len()];
     let mut unplaced = Vec::new();
     // Largest first: the hardest to place go where there is room.
@@ -195,7 +295,7 @@ fn greedy(
                 ..o.clone()
             };
             (options(t, topo, &all).iter())
-                .map(|p| loads(t, p, topo, o).iter().map(|l| l.0).sum::<u64>())
+                .map(|p| loads(t, p, topo, o).iter().map(|l| l.memory).sum::<u64>())
                 .min()
                 .unwrap_or(0)
         })
@@ -209,15 +309,26 @@ fn greedy(
         let mut smallest = u64::MAX;
         for option in options(t, topo, o) {
             let add = loads(t, &option, topo, o);
-            smallest = smallest.min(add.iter().map(|a| a.0).max().unwrap_or(0));
-            let fits = (0..n).all(|d| used[d].0 + add[d].0 <= topo.devices[d].memory_bytes);
-            let total_used: u64 = (0..n).map(|d| used[d].0 + add[d].0).sum();
+            smallest = smallest.min(add.iter().map(|a| a.memory).max().unwrap_or(0));
+            let fits = (0..n).all(|d| {
+                let dev = &topo.devices[d];
+                used[d].memory + add[d].memory <= dev.memory_bytes
+                    && dev
+                        .disk_bytes
+                        .is_none_or(|cap| used[d].disk + add[d].disk <= cap)
+            });
+            let total_used: u64 = (0..n).map(|d| used[d].memory + add[d].memory).sum();
             if !fits || total_used + still_needed > capacity {
                 continue;
             }
-            let max_cost = (0..n).map(|d| used[d].1 + add[d].1).fold(0.0, f64::max);
-            let max_storage = (0..n).map(|d| used[d].0 + add[d].0).max().unwrap_or(0) as f64;
-            let total_cost: f64 = add.iter().map(|a| a.1).sum();
+            let max_cost = (0..n)
+                .map(|d| used[d].cost + add[d].cost)
+                .fold(0.0, f64::max);
+            let max_storage = (0..n)
+                .map(|d| used[d].memory + add[d].memory)
+                .max()
+                .unwrap_or(0) as f64;
+            let total_cost: f64 = add.iter().map(|a| a.cost).sum();
             // The cheapest sharding in all, on the least loaded devices (as
             // TorchRec proposes by cost, then partitions greedily).
             let key = match storage_first {
@@ -231,8 +342,9 @@ fn greedy(
         match best {
             Some((_, option, add)) => {
                 for d in 0..n {
-                    used[d].0 += add[d].0;
-                    used[d].1 += add[d].1;
+                    used[d].memory += add[d].memory;
+                    used[d].cost += add[d].cost;
+                    used[d].disk += add[d].disk;
                 }
                 placed[i] = Some(option);
             }
@@ -250,8 +362,8 @@ struct Greedy {
     placed: Vec<Option<TablePlan>>,
     /// Tables that found no room, with their smallest per-device footprint.
     unplaced: Vec<(String, u64)>,
-    /// Storage and cost per device.
-    used: Vec<(u64, f64)>,
+    /// What is placed on each device.
+    used: Vec<Load>,
 }
 
 /// The planner: places every table on `topo` (see the module docs for the
@@ -271,6 +383,7 @@ struct Greedy {
 ///     pooling_factor: 1.0,
 ///     optimizer: TableOptimizer::sgd(0.1),
 ///     sharding: None,
+///     disk_tier: None,
 /// };
 /// // 1M rows x 64 columns x 4 bytes = 256 MB of weights, on two devices of
 /// // 1 MiB each.
@@ -315,7 +428,7 @@ pub fn plan(
         let share = need.div_ceil(n as u64);
         let devices = (0..n)
             .map(|d| {
-                let free = topo.devices[d].memory_bytes.saturating_sub(used[d].0);
+                let free = topo.devices[d].memory_bytes.saturating_sub(used[d].memory);
                 (free, share.saturating_sub(free))
             })
             .collect();
@@ -355,15 +468,17 @@ pub fn stats(
         .iter()
         .filter_map(|t| plan.table(&t.name).map(|p| (t, p)))
     {
-        for (d, (storage, cost)) in loads(t, p, topo, o).into_iter().enumerate().take(n) {
-            if storage > 0 {
-                devices[d].storage_bytes += storage;
-                devices[d].cost_s += cost;
+        for (d, load) in loads(t, p, topo, o).into_iter().enumerate().take(n) {
+            if load.memory > 0 {
+                devices[d].storage_bytes += load.memory;
+                devices[d].disk_bytes += load.disk;
+                devices[d].cost_s += load.cost;
                 let kind = serde_json::to_value(p.sharding)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default();
-                devices[d].shards.push(format!("{}:{kind}", t.name));
+                let tier = if p.cache_rows.is_some() { "+disk" } else { "" };
+                devices[d].shards.push(format!("{}:{kind}{tier}", t.name));
             }
         }
     }

@@ -12,6 +12,11 @@ pub struct Device {
     pub memory_bytes: u64,
     /// Bytes per second of random row reads (the planner's lookup cost).
     pub memory_bandwidth: f64,
+    /// Disk for disk-tier shards, in bytes (`None`, the default: as much as
+    /// they need). The planner uses it only when given a disk tier
+    /// ([`PlannerOptions::disk_tier`](crate::PlannerOptions::disk_tier)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
 }
 
 /// Devices grouped into hosts of `devices_per_host` (table-row-wise keeps a
@@ -45,6 +50,7 @@ impl Topology {
                 Device {
                     memory_bytes,
                     memory_bandwidth: DEFAULT_MEMORY_BANDWIDTH,
+                    disk_bytes: None,
                 };
                 n
             ],

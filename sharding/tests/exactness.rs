@@ -349,7 +349,7 @@ proptest! {
         let mut topo = Topology::uniform(devices, memory_mib << 20);
         topo.devices_per_host = per_host;
         let opt = optimizer(optimizer_kind);
-        let o = PlannerOptions { batch_size: 256, pooling_factor: 2.0, optimizer: opt, sharding: TYPES.get(kind).copied() };
+        let o = PlannerOptions { batch_size: 256, pooling_factor: 2.0, optimizer: opt, sharding: TYPES.get(kind).copied(), disk_tier: None };
         match plan(&cfgs, &topo, &o) {
             Ok((p, stats)) => {
                 p.validate(&cfgs, &opt).map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -26,6 +26,7 @@ fn options() -> PlannerOptions {
         pooling_factor: 2.0,
         optimizer: TableOptimizer::rowwise_adagrad(0.1),
         sharding: None,
+        disk_tier: None,
     }
 }
 

@@ -20,6 +20,7 @@ use super::bench_embedding::{median, BenchOptimizer};
 use super::sharding::{mean_ids_per_bag, planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::{peak_rss_bytes, Progress};
+use ember_sharding::PlannerOptions;
 
 /// Test batches are numbered from here, apart from training batches.
 const TEST_BATCH_BASE: u64 = 1 << 40;
@@ -281,7 +282,19 @@ fn run_in_pool(
     let config = &resolved.config;
     let table_optimizer = args.optim.table_optimizer();
     let pooling = mean_ids_per_bag(resolved.indices_per_lookup, resolved.fixed_indices);
-    let options = planner_options(table_optimizer, args.mini_batch_size, pooling);
+    let batch_ids = args.mini_batch_size * resolved.indices_per_lookup;
+    // The planner's hit rates: the ids' skew (the generators' own is about
+    // Zipf 1: log-uniform for learnable; random is uniform).
+    let alpha = match args.ids.distribution()? {
+        Some(ember_sparse::IdDistribution::Zipf { alpha }) => alpha,
+        Some(ember_sparse::IdDistribution::Uniform) => 0.0,
+        None if matches!(args.data_generation, DataKind::Random) => 0.0,
+        None => 1.0,
+    };
+    let options = PlannerOptions {
+        disk_tier: (args.tier).planner_model(&config.tables, &table_optimizer, batch_ids, alpha)?,
+        ..planner_options(table_optimizer, args.mini_batch_size, pooling)
+    };
     anyhow::ensure!(
         args.mini_batch_size >= launch.world_size(),
         "--mini-batch-size {} is the global batch: it needs at least one sample for each of the {} ranks",
@@ -293,11 +306,9 @@ fn run_in_pool(
     args.sharding.validate()?;
     let devices = args.sharding.devices.unwrap_or(0);
     let shape = (args.mini_batch_size / launch.world_size().max(1), pooling);
-    let tiers = args.tier.tiers(
-        &config.tables,
-        &table_optimizer,
-        args.mini_batch_size * resolved.indices_per_lookup,
-    )?;
+    let planned = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
+    let plan = planned.as_ref().map(|(plan, _)| plan);
+    let tiers = (args.tier).tiers_for(plan, &config.tables, &table_optimizer, batch_ids)?;
     let threads = launch.world_size() == 1 && args.sharding.is_sharded();
     args.tier
         .check_checkpoints(threads && args.save.is_some())?;
@@ -308,7 +319,6 @@ fn run_in_pool(
         in_flight,
         (devices, launch.world_size()),
     )?;
-    let planned = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
     let estimated_ms = planned.as_ref().map(|(_, s)| s.max_cost_s * 1e3);
     let shards = planned.as_ref().map(|(_, s)| {
         s.devices

@@ -56,6 +56,10 @@ pub struct ShardingArgs {
     /// Memory of each device, e.g. 16GiB [default: 16GiB].
     #[arg(long)]
     pub memory_per_device: Option<String>,
+    /// Disk of each device for disk-tier shards, e.g. 500GB (with
+    /// --disk-dir) [default: as much as they need].
+    #[arg(long)]
+    pub disk_per_device: Option<String>,
     /// Devices per host, for table-row-wise [default: all on one host].
     #[arg(long)]
     pub devices_per_host: Option<usize>,
@@ -97,6 +101,12 @@ impl ShardingArgs {
         let memory = parse_bytes(self.memory_per_device.as_deref().unwrap_or("16GiB"))
             .map_err(|e| anyhow::anyhow!("--memory-per-device: {e}"))?;
         let mut topo = Topology::uniform(devices, memory);
+        if let Some(text) = &self.disk_per_device {
+            let disk = parse_bytes(text).map_err(|e| anyhow::anyhow!("--disk-per-device: {e}"))?;
+            for d in &mut topo.devices {
+                d.disk_bytes = Some(disk);
+            }
+        }
         if let Some(per_host) = self.devices_per_host {
             topo.devices_per_host = per_host;
         }
@@ -192,6 +202,10 @@ pub struct PlanArgs {
     pub optim: OptimArgs,
     #[command(flatten)]
     pub sharding: ShardingArgs,
+    /// With --disk-dir, a table that does not fit a device's memory goes
+    /// on the disk tier, with a cache of --cache-memory.
+    #[command(flatten)]
+    pub tier: super::tier::TierArgs,
     /// Global batch size the cost model assumes.
     #[arg(long, default_value_t = 2048)]
     pub mini_batch_size: usize,
@@ -230,6 +244,7 @@ pub fn planner_options(optimizer: TableOptimizer, batch: usize, pooling: f64) ->
         pooling_factor: pooling,
         optimizer,
         sharding: None,
+        disk_tier: None,
     }
 }
 
@@ -246,7 +261,13 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanReport> {
     args.optim.validate()?;
     let (config, lookups, fixed) = args.arch.resolve()?;
     let pooling = (args.num_indices_per_lookup).unwrap_or(mean_ids_per_bag(lookups, fixed));
-    let options = planner_options(args.optim.table_optimizer(), args.mini_batch_size, pooling);
+    let optimizer = args.optim.table_optimizer();
+    // Ids as skewed as Criteo's (Zipf 1) for the caches' hit rates.
+    let batch_ids = (args.mini_batch_size as f64 * pooling) as usize;
+    let options = PlannerOptions {
+        disk_tier: (args.tier).planner_model(&config.tables, &optimizer, batch_ids, 1.0)?,
+        ..planner_options(optimizer, args.mini_batch_size, pooling)
+    };
     let sharding = ShardingArgs {
         devices: Some(args.sharding.devices.unwrap_or(1)),
         ..args.sharding.clone()

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use ember_sharding::{DiskTierModel, ShardingPlan};
 use ember_sparse::{DiskTierConfig, EmbeddingBagConfig, TableOptimizer, CACHE_WAYS};
 
 /// A disk-tier cache holds at least this many batches' ids: a batch's rows
@@ -37,6 +38,72 @@ impl TierArgs {
         let Some(dir) = &self.disk_dir else {
             return Ok(vec![None; tables.len()]);
         };
+        let share = self.cache_share(tables, optimizer)?;
+        Ok(tables
+            .iter()
+            .map(|t| {
+                let rows = (t.num_embeddings as f64 * share) as usize / CACHE_WAYS * CACHE_WAYS;
+                (rows >= (CACHE_BATCHES * batch_ids).max(CACHE_WAYS)).then(|| DiskTierConfig {
+                    dir: dir.clone(),
+                    cache_rows: rows,
+                })
+            })
+            .collect())
+    }
+
+    /// The tiers of a run: under a `plan`, the tables it puts on the disk
+    /// tier (which needs --disk-dir); without one, [`tiers`](Self::tiers).
+    pub fn tiers_for(
+        &self,
+        plan: Option<&ShardingPlan>,
+        tables: &[EmbeddingBagConfig],
+        optimizer: &TableOptimizer,
+        batch_ids: usize,
+    ) -> anyhow::Result<Vec<Option<DiskTierConfig>>> {
+        let Some(plan) = plan else {
+            return self.tiers(tables, optimizer, batch_ids);
+        };
+        match (
+            &self.disk_dir,
+            plan.tables.iter().find(|t| t.cache_rows.is_some()),
+        ) {
+            (Some(dir), _) => Ok(plan.disk_tiers(tables, dir)),
+            (None, Some(t)) => anyhow::bail!(
+                "the plan puts table '{}' on the disk tier: give --disk-dir for its files",
+                t.table
+            ),
+            (None, None) => Ok(vec![None; tables.len()]),
+        }
+    }
+
+    /// What the planner assumes of the disk tier with these flags (`None`
+    /// without --disk-dir): the caches' share of the tables, at least
+    /// `CACHE_BATCHES` times the `batch_ids` of a table, misses at the
+    /// disk's rate, ids of Zipf exponent `zipf_alpha`.
+    pub fn planner_model(
+        &self,
+        tables: &[EmbeddingBagConfig],
+        optimizer: &TableOptimizer,
+        batch_ids: usize,
+        zipf_alpha: f64,
+    ) -> anyhow::Result<Option<DiskTierModel>> {
+        if self.disk_dir.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(DiskTierModel {
+            cache_share: self.cache_share(tables, optimizer)?,
+            min_cache_rows: CACHE_BATCHES * batch_ids,
+            reads_per_s: ember_sharding::DEFAULT_DISK_READS_PER_S,
+            zipf_alpha,
+        }))
+    }
+
+    /// --cache-memory as a share of `tables`' bytes (rows and state).
+    fn cache_share(
+        &self,
+        tables: &[EmbeddingBagConfig],
+        optimizer: &TableOptimizer,
+    ) -> anyhow::Result<f64> {
         let record = |t: &EmbeddingBagConfig| {
             let row = t.data_type.row_bytes(t.embedding_dim).unwrap_or(usize::MAX) as f64;
             row + 4.0 * optimizer.state_floats_per_row(t.embedding_dim) as f64
@@ -46,7 +113,7 @@ impl TierArgs {
             .map(|t| record(t) * t.num_embeddings as f64)
             .sum();
         let text = self.cache_memory.as_deref().unwrap_or("25%");
-        let share = match text.strip_suffix('%') {
+        Ok(match text.strip_suffix('%') {
             Some(p) => {
                 p.trim()
                     .parse::<f64>()
@@ -64,17 +131,7 @@ impl TierArgs {
                     .map_err(|e| anyhow::anyhow!("--cache-memory: {e}"))?;
                 (bytes as f64 / total.max(1.0)).min(1.0)
             }
-        };
-        Ok(tables
-            .iter()
-            .map(|t| {
-                let rows = (t.num_embeddings as f64 * share) as usize / CACHE_WAYS * CACHE_WAYS;
-                (rows >= (CACHE_BATCHES * batch_ids).max(CACHE_WAYS)).then(|| DiskTierConfig {
-                    dir: dir.clone(),
-                    cache_rows: rows,
-                })
-            })
-            .collect())
+        })
     }
 }
 

@@ -18,6 +18,7 @@ use super::data::LoaderArgs;
 use super::sharding::{planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::Progress;
+use ember_sharding::PlannerOptions;
 
 use ember_models::checkpoint::CHECKPOINT_FILE;
 
@@ -398,7 +399,14 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
             (config, spec, optimizers, state)
         }
     };
-    let options = planner_options(optimizers.0, args.mini_batch_size, 1.0);
+    // A batch looks up (about) one id per sample in each table, of ids
+    // about as skewed as Criteo's (Zipf 1).
+    let batch_ids = args.batch_size(&state);
+    let disk_tier = (args.tier).planner_model(&config.tables, &optimizers.0, batch_ids, 1.0)?;
+    let options = PlannerOptions {
+        disk_tier,
+        ..planner_options(optimizers.0, args.mini_batch_size, 1.0)
+    };
     // The finished batches queued and the step's (the decoding queues of
     // row groups are the loader's own estimate).
     let in_flight = args.loader.prefetch.saturating_add(1);
@@ -406,8 +414,9 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let devices = args.sharding.devices.unwrap_or(0);
     // Each rank steps its share of the global batch.
     let shape = (args.batch_size(&state) / launch.world_size().max(1), 1.0);
-    // A batch looks up (about) one id per sample in each table.
-    let tiers = args.tier.tiers(&config.tables, &optimizers.0, shape.0)?;
+    let plan = launch.patiently(|| args.sharding.plan_for(&config, &options, launch))?;
+    let plan = plan.map(|(plan, _)| plan);
+    let tiers = (args.tier).tiers_for(plan.as_ref(), &config.tables, &optimizers.0, shape.0)?;
     let threads = launch.world_size() == 1 && args.sharding.is_sharded();
     args.tier
         .check_checkpoints(threads && args.checkpoint_dir.is_some())?;
@@ -420,8 +429,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     )?;
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let mut model = launch.patiently(|| {
-        let plan = args.sharding.plan_for(&config, &options, launch)?;
-        let placed = (plan.map(|(plan, _)| plan), launch.world());
+        let placed = (plan.clone(), launch.world());
         let (seed, ckpt) = (args.seed, resume.as_ref());
         Ok(Dlrm::place(
             &config,

@@ -374,9 +374,17 @@ fn ranks_cache_their_own_disk_tier_shards_save_them_as_a_set_and_resume() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     let tier = p("tier");
-    // Caches of 30%: 900 rows of each table of 3,000 (at least 8 batches
-    // of 32 samples' single ids: a rank's share of 64).
-    let on_disk = ["--disk-dir", &tier, "--cache-memory", "30%"];
+    // Devices of 1 MiB cannot hold the 26 tables of 3,000 rows (5 MB with
+    // their state): the planner puts most on the disk tier, caches of 30%
+    // (900 rows, at least 8 batches of 64 ids), each rank caching its own.
+    let on_disk = [
+        "--disk-dir",
+        &tier,
+        "--cache-memory",
+        "30%",
+        "--memory-per-device",
+        "1MiB",
+    ];
     let data = p("data");
     let tables = ["3000"; 26].join("-");
     ok(

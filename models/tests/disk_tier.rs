@@ -235,13 +235,46 @@ fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
         assert!(on_disk >= 2, "{sharding:?}: {on_disk} shards on disk");
         assert_eq!(disk.sparse_arch().disk_tiers(), tiers(dir.path()));
         // Gathering them into memory is refused, by name.
-        let err = disk
-            .save_checkpoint(&dir.path().join("ckpt"), None)
-            .unwrap_err();
+        let err = match disk.sparse_arch().sharded().unwrap().to_collection() {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{sharding:?}: gathered"),
+        };
         assert!(
-            err.to_string()
-                .contains("'t_cat_0' has shards on the disk tier"),
+            err.contains("'t_cat_0' has shards on the disk tier"),
             "{err}"
         );
+        // Saved, they stream into a set of this process's shards; built
+        // from it under the plan (and loaded in place), the model trains
+        // on as the one that never stopped.
+        let saved = dir.path().join(format!("{sharding:?}"));
+        let index = disk.save_checkpoint(&saved, None).unwrap();
+        assert!(
+            index.ends_with(ember_models::checkpoint::INDEX_FILE),
+            "{index:?}"
+        );
+        let ckpt = Checkpoint::open(&saved).unwrap();
+        let placed = (Some(plan(sharding, 2)), None);
+        let mut resumed = Dlrm::place(
+            &config(),
+            optimizers,
+            0,
+            placed,
+            Some(&ckpt),
+            tiers(dir.path()),
+        )
+        .unwrap();
+        moved.load_checkpoint(&index).unwrap();
+        assert!(moved.sparse_arch().sharded().is_some());
+        for i in 8..11 {
+            let batch = data.batch(i, 64);
+            let a = ram.train_step(&be, &batch).unwrap().loss;
+            let b = resumed.train_step(&be, &batch).unwrap().loss;
+            let c = moved.train_step(&be, &batch).unwrap().loss;
+            assert_eq!(
+                (a.to_bits(), a.to_bits()),
+                (b.to_bits(), c.to_bits()),
+                "{sharding:?} step {i}"
+            );
+        }
     }
 }

@@ -309,9 +309,7 @@ fn run_in_pool(
     let planned = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
     let plan = planned.as_ref().map(|(plan, _)| plan);
     let tiers = (args.tier).tiers_for(plan, &config.tables, &table_optimizer, batch_ids)?;
-    let threads = launch.world_size() == 1 && args.sharding.is_sharded();
-    args.tier
-        .check_checkpoints(threads && args.save.is_some())?;
+    args.tier.make_dir()?;
     super::arch::check_memory(
         &super::tier::resident(config, &tiers),
         table_optimizer,

@@ -49,7 +49,7 @@ impl ServeArgs {
         let ckpt = Checkpoint::open(&self.checkpoint)?;
         let none = ember_sparse::TableOptimizer::None;
         let tiers = (self.tier).tiers(&ckpt.config().tables, &none, self.mini_batch_size)?;
-        self.tier.check_checkpoints(false)?;
+        self.tier.make_dir()?;
         let dense = ember_dense::DenseOptimizerConfig::sgd(0.0);
         let model = ckpt.model_with_disk_tiers(none, dense, tiers)?;
         let config = model.config();

@@ -13,8 +13,9 @@ pub const CACHE_BATCHES: usize = 8;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct TierArgs {
-    /// Put every table on the disk tier: its rows and optimizer state in a
-    /// file in this directory (removed at the end), behind a cache
+    /// Put every table on the disk tier (sharded: those the plan cannot fit
+    /// in memory): its rows and optimizer state in a file in this directory
+    /// (removed at the end), behind a cache
     #[arg(long)]
     pub disk_dir: Option<PathBuf>,
     /// The disk tier's caches, all tables together: bytes (`4GiB`) or a
@@ -136,19 +137,11 @@ impl TierArgs {
 }
 
 impl TierArgs {
-    /// Refuses, with --disk-dir, what disk-tier tables cannot do yet
-    /// (`sharded_checkpoints`: checkpoints of tables sharded over the
-    /// threads of one process), and makes the directory.
-    pub fn check_checkpoints(&self, sharded_checkpoints: bool) -> anyhow::Result<()> {
+    /// Makes --disk-dir's directory (if given).
+    pub fn make_dir(&self) -> anyhow::Result<()> {
         let Some(dir) = &self.disk_dir else {
             return Ok(());
         };
-        anyhow::ensure!(
-            !sharded_checkpoints,
-            "--disk-dir with --devices or --plan: checkpoints of disk-tier tables sharded over \
-             one process's devices are not supported yet (run the devices as mpirun ranks, \
-             whose checkpoints are sets, or unsharded)"
-        );
         use anyhow::Context;
         std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())
     }

@@ -417,9 +417,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let plan = launch.patiently(|| args.sharding.plan_for(&config, &options, launch))?;
     let plan = plan.map(|(plan, _)| plan);
     let tiers = (args.tier).tiers_for(plan.as_ref(), &config.tables, &optimizers.0, shape.0)?;
-    let threads = launch.world_size() == 1 && args.sharding.is_sharded();
-    args.tier
-        .check_checkpoints(threads && args.checkpoint_dir.is_some())?;
+    args.tier.make_dir()?;
     super::arch::check_memory(
         &super::tier::resident(&config, &tiers),
         optimizers.0,

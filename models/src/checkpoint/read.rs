@@ -249,8 +249,8 @@ impl Checkpoint {
     /// [`model`](Self::model), with the tables whose entry of `tiers` is
     /// `Some` on the disk tier (as [`Dlrm::with_disk_tiers`]): their rows
     /// and optimizer state are streamed from the checkpoint into their
-    /// files a piece at a time, so a table larger than memory loads in a
-    /// bounded one (a set's tensors are read whole first).
+    /// files a piece at a time (from one file or a set's pieces), so a
+    /// table larger than memory loads in a bounded one.
     pub fn model_with_disk_tiers(
         &self,
         table_optimizer: TableOptimizer,

@@ -63,21 +63,25 @@ struct Written {
 /// Writes this rank's file of the set in `dir` and, on rank 0, the index
 /// naming every rank's file; returns the index's path. Every rank of the
 /// model's world calls this together; it returns once the index is written.
+/// A model sharded over one process's devices (no world) writes a set of
+/// one file holding every shard: how its disk-tier shards are saved, each
+/// streamed, never gathered into memory.
 pub fn save_set(
     model: &mut Dlrm,
     dir: &Path,
     train: Option<&TrainState>,
 ) -> Result<PathBuf, ModelError> {
-    let comm = model.world().cloned().ok_or_else(|| {
-        ModelError::Config("a checkpoint set is written by the ranks of a world".into())
-    })?;
-    let (rank, size) = (comm.rank(), comm.world_size());
+    let comm = model.world().cloned();
+    let (rank, size) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
     let steps = train.map_or(model.dense_optimizer().steps(), |t| t.steps);
     // A name no earlier set used (two saves can be of one step), from rank 0.
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let stamp = comm.all_gather_u64(stamp)?[0];
+    let stamp = match &comm {
+        Some(comm) => comm.all_gather_u64(stamp)?[0],
+        None => stamp,
+    };
     let file = format!(
         "model-s{steps}-{stamp:016x}-{:05}-of-{size:05}.safetensors",
         rank + 1
@@ -96,7 +100,7 @@ pub fn save_set(
     let table_opt = model.sparse_arch().optimizer();
     let config = model.config().clone();
     let sharded = (model.sparse_arch().sharded())
-        .ok_or_else(|| ModelError::Config("a rank's tables are sharded".into()))?;
+        .ok_or_else(|| ModelError::Config("a set holds sharded tables".into()))?;
     for local in sharded.local_shards() {
         let part = SavedTable::of(local.data);
         let dim = (config.tables.iter())
@@ -142,7 +146,10 @@ pub fn save_set(
     };
     write_file(tensors, file_meta, &path)?;
     let json = serde_json::to_vec(&written).expect("serialisable");
-    let all = comm.all_gather(json)?;
+    let all = match &comm {
+        Some(comm) => comm.all_gather(json)?,
+        None => vec![json],
+    };
     let index_path = dir.join(INDEX_FILE);
     if rank == 0 {
         let mut index = Index {
@@ -174,7 +181,9 @@ pub fn save_set(
             .map_err(|e| fail_at(&index_path, e.to_string()))?;
         remove_stale(dir, &files);
     }
-    comm.barrier()?;
+    if let Some(comm) = &comm {
+        comm.barrier()?;
+    }
     Ok(index_path)
 }
 

@@ -130,23 +130,13 @@ pub(crate) trait TensorStore: Send + Sync {
     /// rows of each at a time, after the checks of `view`: how a table
     /// larger than memory is loaded, its weight and optimizer state
     /// together. Checksums are verified at the end, so a corrupt tensor
-    /// fails after its pieces were read. A store that cannot read in
-    /// pieces reads each tensor whole first (a set's pieces).
+    /// fails after its pieces were read.
     fn stream_rows(
         &self,
         tensors: &[(&str, Dtype, &[usize])],
         piece_rows: usize,
         read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
-    ) -> Result<(), ModelError> {
-        let whole = (tensors.iter())
-            .map(|&(name, dtype, shape)| {
-                let width = shape.get(1).copied().unwrap_or(1);
-                self.rows_bytes(name, dtype, shape, RowSplit::All, 0..width)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let whole: Vec<&[u8]> = whole.iter().map(Vec::as_slice).collect();
-        in_pieces(&whole, tensors, piece_rows, read, |_, _| ())
-    }
+    ) -> Result<(), ModelError>;
 
     /// [`rows_bytes`](Self::rows_bytes) of an F32 tensor, as values.
     fn rows_of(
@@ -369,9 +359,154 @@ impl SetStore {
     }
 }
 
+/// One file's part of a tensor being streamed from a set: which of the
+/// tensor's rows and columns it holds, its bytes, and its checksum so far.
+struct Part<'a> {
+    file: &'a str,
+    tensor: &'a str,
+    rows: RowSplit,
+    cols: Range<usize>,
+    data: &'a [u8],
+    sum: crc32fast::Hasher,
+}
+
+impl SetStore {
+    /// The parts of tensor `name` (`dtype`, `shape`): the file holding it
+    /// whole, or each of its pieces, checked for dtype and shape.
+    fn parts<'a>(
+        &'a self,
+        name: &'a str,
+        dtype: Dtype,
+        shape: &[usize],
+    ) -> Result<Vec<Part<'a>>, ModelError> {
+        let (rows, width) = (shape[0], shape.get(1).copied().unwrap_or(1));
+        let whole = self.index.weight_map.get_key_value(name).map(|(_, file)| {
+            let all = (RowSplit::All, 0..width, name);
+            vec![(file.as_str(), all)]
+        });
+        let pieces = || {
+            (self.index.pieces.get(name).into_iter().flatten())
+                .map(|p| {
+                    let cols = match shape.len() {
+                        1 => 0..1,
+                        _ => p.columns[0]..p.columns[1],
+                    };
+                    (p.file.as_str(), (p.rows, cols, p.tensor.as_str()))
+                })
+                .collect::<Vec<_>>()
+        };
+        let listed = whole.unwrap_or_else(pieces);
+        if listed.is_empty() {
+            return Err(fail_on(&self.path, name, "missing".into()));
+        }
+        listed
+            .into_iter()
+            .map(|(file, (split, cols, tensor))| {
+                let fail = |m: String| fail_on(&self.dir.join(file), tensor, m);
+                let bytes = self.files.get(file).ok_or_else(|| fail("not mapped".into()))?;
+                let st = SafeTensors::deserialize(bytes).map_err(|e| fail(e.to_string()))?;
+                let view = st.tensor(tensor).map_err(|_| fail("missing".into()))?;
+                let want: Vec<usize> = match shape.len() {
+                    1 => vec![split.count(rows)],
+                    _ => vec![split.count(rows), cols.len()],
+                };
+                if view.dtype() != dtype || view.shape() != want || cols.end > width {
+                    return Err(fail(format!(
+                        "{:?} of shape {:?}, expected {dtype:?} of {want:?} (columns {cols:?} of {width})",
+                        view.dtype(),
+                        view.shape()
+                    )));
+                }
+                Ok(Part {
+                    file,
+                    tensor,
+                    rows: split,
+                    cols,
+                    data: view.data(),
+                    sum: crc32fast::Hasher::new(),
+                })
+            })
+            .collect()
+    }
+}
+
 impl TensorStore for SetStore {
     fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Each piece of rows put together from the files' parts (a part's
+    /// rows are visited in order, so its checksum sums on the way), and
+    /// each part's pages let go of once read.
+    fn stream_rows(
+        &self,
+        tensors: &[(&str, Dtype, &[usize])],
+        piece_rows: usize,
+        read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let mut parts = (tensors.iter())
+            .map(|&(name, dtype, shape)| self.parts(name, dtype, shape))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = tensors
+            .first()
+            .map_or(0, |t| t.2.first().copied().unwrap_or(0));
+        let widths: Vec<(usize, usize)> = (tensors.iter())
+            .map(|&(_, dtype, shape)| (shape.get(1).copied().unwrap_or(1), element_bytes(dtype)))
+            .collect();
+        let piece_rows = piece_rows.max(1);
+        let mut buffers: Vec<Vec<u8>> = vec![Vec::new(); tensors.len()];
+        let mut covered = vec![0usize; tensors.len()];
+        for first in (0..rows).step_by(piece_rows) {
+            let n = piece_rows.min(rows - first);
+            for (t, buf) in buffers.iter_mut().enumerate() {
+                let (width, size) = widths[t];
+                buf.clear();
+                buf.resize(n * width * size, 0);
+                for part in &mut parts[t] {
+                    let row = part.cols.len() * size;
+                    let (mut lo, mut hi) = (usize::MAX, 0);
+                    for g in first..first + n {
+                        let Some(l) = part.rows.local(g) else {
+                            continue;
+                        };
+                        let src = &part.data[l * row..(l + 1) * row];
+                        part.sum.update(src);
+                        let at = ((g - first) * width + part.cols.start) * size;
+                        buf[at..at + row].copy_from_slice(src);
+                        covered[t] += part.cols.len();
+                        (lo, hi) = (lo.min(l), hi.max(l + 1));
+                    }
+                    if lo < hi {
+                        let base =
+                            part.data.as_ptr() as usize - self.files[part.file].as_ptr() as usize;
+                        self.files[part.file].release(base + lo * row..base + hi * row);
+                    }
+                }
+            }
+            let pieces: Vec<&[u8]> = buffers.iter().map(Vec::as_slice).collect();
+            read(first, &pieces)?;
+        }
+        for ((t, &(name, _, _)), parts) in tensors.iter().enumerate().zip(parts) {
+            if covered[t] != rows * widths[t].0 {
+                return Err(fail_on(
+                    &self.path,
+                    name,
+                    format!(
+                        "the pieces cover {} of its {} values",
+                        covered[t],
+                        rows * widths[t].0
+                    ),
+                ));
+            }
+            for part in parts {
+                let sums = self.checksums.get(part.file);
+                if let Some(sums) = sums {
+                    (sums.verify_sum(part.tensor, part.sum.finalize()))
+                        .map_err(|m| fail_on(&self.dir.join(part.file), part.tensor, m))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn metadata(&self) -> &HashMap<String, String> {

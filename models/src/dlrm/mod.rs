@@ -634,7 +634,8 @@ impl Model for Dlrm {
 
     /// One file (`model.safetensors`) from one process; a set (an index and
     /// one file per rank, each rank writing its own shards) from the ranks
-    /// of a world. Either replaces the other.
+    /// of a world, and from one process whose disk-tier tables are sharded
+    /// (one file of every shard). Either replaces the other.
     fn save_checkpoint(
         &mut self,
         dir: &Path,
@@ -643,7 +644,15 @@ impl Model for Dlrm {
         self.sync_to_host()?;
         let file = dir.join(crate::checkpoint::CHECKPOINT_FILE);
         std::fs::create_dir_all(dir).map_err(|e| crate::checkpoint::fail_at(dir, e.to_string()))?;
+        let disk_shards = self.sparse_arch.sharded().is_some()
+            && self.sparse_arch.disk_tiers().iter().any(Option::is_some);
         match self.world().map(|c| c.rank()) {
+            // Disk-tier shards are never gathered: a set of this process's.
+            None if disk_shards => {
+                let index = crate::checkpoint::save_set(self, dir, train)?;
+                let _ = std::fs::remove_file(&file);
+                Ok(index)
+            }
             None => {
                 crate::checkpoint::save(self, &file, train)?;
                 crate::checkpoint::remove_set(dir);

@@ -162,7 +162,12 @@ fn a_set_reads_back_exactly(dtype: DataType) {
     let read = on_ranks(3, |comm| {
         let ckpt = Checkpoint::open(Path::new(&index)).unwrap();
         let mut m = ckpt
-            .model_on_rank(table_opt, dense_opt, plan_of_three(&config), comm)
+            .model_on_rank(
+                table_opt,
+                dense_opt,
+                (plan_of_three(&config), comm),
+                Vec::new(),
+            )
             .unwrap();
         tensors(&mut m)
     });

@@ -201,11 +201,10 @@ fn loads(t: &EmbeddingBagConfig, p: &TablePlan, topo: &Topology, o: &PlannerOpti
         let dev = &topo.devices[s.device];
         // A miss reads its record from the disk (its changed row written
         // back about as often).
-        let misses = o.disk_tier.as_ref().map_or(0.0, |m| {
-            (on_disk > 0)
-                .then(|| hit * (1.0 - hit_rate) / m.reads_per_s)
-                .unwrap_or(0.0)
-        });
+        let misses = match &o.disk_tier {
+            Some(m) if on_disk > 0 => hit * (1.0 - hit_rate) / m.reads_per_s,
+            _ => 0.0,
+        };
         let cost = hit * row_bytes as f64 * 3.0 / dev.memory_bandwidth
             + exchanged / topo.device_bandwidth
             + misses;

@@ -175,7 +175,8 @@ proptest! {
                 ).unwrap();
             }
         }
-        (loaded.set_step(ram.step()), loaded.set_rounding_seed(ram.rounding_seed()));
+        loaded.set_step(ram.step());
+        loaded.set_rounding_seed(ram.rounding_seed());
         let (kjt, width) = batch(&tables, 3, !seed, weighted);
         let grad: Vec<f32> = (0..kjt.stride() * width).map(|i| (i % 5) as f32 / 4.0 - 0.5).collect();
         for ebc in [&mut ram, &mut loaded, &mut disk] {

@@ -528,7 +528,7 @@ impl DlrmReport {
             data_generation: args.data_generation,
             // Checked when the data was made.
             id_distribution: args.ids.distribution().ok().flatten(),
-            disk_tier: super::tier::TierReport::of(&model, timed),
+            disk_tier: super::tier::TierReport::of(model, timed),
             optimizer: args.optim.optimizer,
             table_dtype: (architecture.config.tables.first())
                 .map_or_else(Default::default, |t| t.data_type),

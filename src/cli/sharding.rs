@@ -79,11 +79,6 @@ fn check_devices(devices: usize) -> anyhow::Result<()> {
 }
 
 impl ShardingArgs {
-    /// Whether the flags shard the tables (--devices or --plan).
-    pub fn is_sharded(&self) -> bool {
-        self.devices.is_some() || self.plan.is_some()
-    }
-
     /// Checks the flags that need no plan: the device count's range.
     pub fn validate(&self) -> anyhow::Result<()> {
         self.devices.map_or(Ok(()), check_devices)

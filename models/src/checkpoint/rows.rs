@@ -227,7 +227,8 @@ impl Checkpoint {
                 };
                 check_rows(saved, pieces[0], dim, (piece_split, 0))
                     .map_err(|m| fail_on(&weight, m))?;
-                (bytes.clear(), state.clear());
+                bytes.clear();
+                state.clear();
                 bytes.resize(held.len() * stride, 0);
                 state.resize(held.len() * per_row, 0.0);
                 for (i, &(r, _)) in held.iter().enumerate() {

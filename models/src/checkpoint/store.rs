@@ -75,6 +75,10 @@ impl Checksums {
     }
 }
 
+/// What a streamed read does with each piece of rows: `(first row, each
+/// tensor's bytes of those rows)`.
+pub(crate) type PieceReader<'a> = dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError> + 'a;
+
 /// A checkpoint's tensors, read by name: each read checks the tensor's
 /// presence, dtype and shape first. Errors name the tensor and the file at
 /// fault. Tensors are `[rows]` or `[rows, columns]` of one dtype.
@@ -135,7 +139,7 @@ pub(crate) trait TensorStore: Send + Sync {
         &self,
         tensors: &[(&str, Dtype, &[usize])],
         piece_rows: usize,
-        read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
+        read: &mut PieceReader<'_>,
     ) -> Result<(), ModelError>;
 
     /// [`rows_bytes`](Self::rows_bytes) of an F32 tensor, as values.
@@ -236,7 +240,7 @@ impl<B: AsRef<[u8]> + Release + Send + Sync> TensorStore for OneFile<B> {
         &self,
         tensors: &[(&str, Dtype, &[usize])],
         piece_rows: usize,
-        read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
+        read: &mut PieceReader<'_>,
     ) -> Result<(), ModelError> {
         let all = self.bytes.as_ref();
         let file = SafeTensors::deserialize(all).map_err(|e| fail_at(&self.path, e.to_string()))?;
@@ -299,7 +303,7 @@ fn in_pieces(
     bytes: &[&[u8]],
     tensors: &[(&str, Dtype, &[usize])],
     piece_rows: usize,
-    read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
+    read: &mut PieceReader<'_>,
     mut done: impl FnMut(usize, &[u8]),
 ) -> Result<(), ModelError> {
     let rows = tensors
@@ -442,7 +446,7 @@ impl TensorStore for SetStore {
         &self,
         tensors: &[(&str, Dtype, &[usize])],
         piece_rows: usize,
-        read: &mut dyn FnMut(usize, &[&[u8]]) -> Result<(), ModelError>,
+        read: &mut PieceReader<'_>,
     ) -> Result<(), ModelError> {
         let mut parts = (tensors.iter())
             .map(|&(name, dtype, shape)| self.parts(name, dtype, shape))

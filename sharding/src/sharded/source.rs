@@ -176,7 +176,8 @@ fn copy_rows(
         grows.resize(span * gstride, 0);
         gstate.resize(span * gs, 0.0);
         global.read_stored_rows(g0, &mut grows, &mut gstate)?;
-        (lrows.clear(), lstate.clear());
+        lrows.clear();
+        lstate.clear();
         for r in (0..span).step_by(step) {
             lrows.extend_from_slice(&grows[r * gstride..][bytes.clone()]);
             let at = lstate.len();

@@ -159,13 +159,13 @@ impl EmbeddingTable {
     ) {
         // The unsafe row writes below rely on these sizes.
         let rows = self.resident_rows();
-        let stride = self.rows.stride();
-        assert_eq!(self.rows.bytes().len(), rows * stride);
-        assert_eq!(
-            self.state.as_slice().len(),
-            rows * self.state.floats_per_row()
-        );
-        let dtype = self.rows.dtype();
+        let (table_rows, state, tier) = self.store.parts_mut();
+        let stride = table_rows.stride();
+        assert_eq!(table_rows.bytes().len(), rows * stride);
+        let per_row = state.floats_per_row();
+        assert_eq!(state.as_slice().len(), rows * per_row);
+        let dtype = table_rows.dtype();
+        let (rows_at, state_at) = (table_rows.bytes_mut().as_mut_ptr(), state.base_ptr());
         let job = UpdateJob {
             optimizer,
             factors,
@@ -174,14 +174,14 @@ impl EmbeddingTable {
             grad,
             width,
             dim: self.config.embedding_dim,
-            per_row: self.state.floats_per_row(),
+            per_row,
             stride,
-            rows: SharedMut(self.rows.bytes_mut().as_mut_ptr()),
-            state: SharedMut(self.state.base_ptr()),
+            rows: SharedMut(rows_at),
+            state: SharedMut(state_at),
             // One key per table and step; each row's is one hash more.
             step_key: crate::rng::mix(&[rounding.seed, self.part.table, rounding.step]),
             part: self.part,
-            slot_ids: self.tier.as_ref().map(|t| t.slot_ids()),
+            slot_ids: tier.map(|t| &*t).map(|t| t.slot_ids()),
         };
         let segments = job.starts.len() - 1;
         (0..segments.div_ceil(SEGMENTS_PER_TASK))

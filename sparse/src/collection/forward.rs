@@ -149,8 +149,9 @@ fn pool_block(
     for (i, slot) in job.slots.iter().enumerate() {
         let table = &job.tables[slot.table];
         // A disk-tier table's ids are its cache's slots by now.
-        let (num_rows, stride) = (table.resident_rows() as u64, table.rows.stride());
-        let base = table.rows.as_ptr();
+        let resident = table.rows();
+        let (num_rows, stride) = (table.resident_rows() as u64, resident.stride());
+        let base = resident.as_ptr();
         // A feature's bags for consecutive samples are contiguous in `values`.
         let (start, end) = (job.bag(i, first).0, job.bag(i, first + samples - 1).1);
         for (p, &id) in (start..end).zip(&values[start..end]) {
@@ -225,7 +226,7 @@ fn gather_feature<const D: usize, F: RowFormat>(
     // bag otherwise: measured 1.6x slower at dim 128).
     let dim = if D > 0 { D } else { table.dim() };
     // A constant too, for the prefetch: one register less in the loop.
-    let stride = crate::rows::fixed_stride::<F, D>(table.rows.stride());
+    let stride = crate::rows::fixed_stride::<F, D>(table.rows().stride());
     let weights = job.kjt.weights();
     let end_sample = samples.end;
     for s in samples {

@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use super::backward::BackwardScratch;
+use super::store::{InMemory, OnDisk, TableStore};
 use super::{EmbeddingTable, TablePart};
 use crate::optimizer::OptimizerState;
 use crate::rows::{encode, TableRows};
@@ -140,7 +141,11 @@ pub(super) fn new_table(
     let state = OptimizerState::new(optimizer, config.num_embeddings, dim).ok_or_else(|| {
         alloc_error(optimizer.state_floats_per_row(dim) * config.num_embeddings * 4)
     })?;
-    Ok(whole_table(config, rows, state, index, None))
+    Ok(whole_table(
+        config,
+        Box::new(InMemory { rows, state }),
+        index,
+    ))
 }
 
 /// A disk-tier table: its file written chunk by chunk with the rows `new`
@@ -186,29 +191,24 @@ fn new_disk_table(
     let rows = TableRows::new(dtype, slots, dim).ok_or_else(|| alloc_error(slots * stride))?;
     let state = OptimizerState::new(optimizer, slots, dim)
         .ok_or_else(|| alloc_error(slots * state_bytes))?;
-    Ok(whole_table(
-        config,
+    let store = OnDisk {
         rows,
         state,
-        index,
-        Some(Box::new(disk)),
-    ))
+        tier: disk,
+    };
+    Ok(whole_table(config, Box::new(store), index))
 }
 
-/// Table `index` of its collection, whole (not a shard), from its parts.
+/// Table `index` of its collection, whole (not a shard), in `store`.
 fn whole_table(
     config: EmbeddingBagConfig,
-    rows: TableRows,
-    state: OptimizerState,
+    store: Box<dyn TableStore>,
     index: u64,
-    tier: Option<Box<DiskTier>>,
 ) -> EmbeddingTable {
     EmbeddingTable {
         config,
-        rows,
-        state,
+        store,
         part: TablePart::whole(index),
         scratch: BackwardScratch::default(),
-        tier,
     }
 }

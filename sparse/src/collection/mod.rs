@@ -2,9 +2,7 @@
 //! scatter with the optimizer fused in. This file holds the table and collection
 //! types, their construction and accessors, and the helpers the kernels share.
 
-use crate::optimizer::OptimizerState;
 use crate::rows::TableRows;
-use crate::tier::DiskTier;
 use crate::{
     DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError,
     TableOptimizer, TierStats,
@@ -29,22 +27,22 @@ mod backward;
 mod forward;
 mod init;
 mod staging;
+mod store;
 
 use backward::BackwardScratch;
 pub use init::initial_rows;
 use init::new_table;
+use store::TableStore;
 
-/// One table: its rows (in its data type), its optimizer state and scratch
-/// for the backward pass. A table on the disk tier keeps its rows and state
-/// in a file; `rows` and `state` are then its cache's slots.
+/// One table: its storage (its rows, in its data type, and their
+/// optimizer state: in memory, or on the disk tier behind a cache) and
+/// scratch for the backward pass.
 #[derive(Debug)]
 pub struct EmbeddingTable {
     config: EmbeddingBagConfig,
-    rows: TableRows,
-    state: OptimizerState,
+    store: Box<dyn TableStore>,
     part: TablePart,
     scratch: BackwardScratch,
-    tier: Option<Box<DiskTier>>,
 }
 
 /// Where a table's rows sit in the whole table they are part of: a shard's
@@ -94,7 +92,11 @@ impl EmbeddingTable {
     }
     /// The rows' data type (`config().data_type`).
     pub fn data_type(&self) -> DataType {
-        self.rows.dtype()
+        self.rows().dtype()
+    }
+    /// The rows the kernels address: the table's, or its cache's slots.
+    pub(crate) fn rows(&self) -> &TableRows {
+        self.store.resident().0
     }
     /// All rows of a fp32 table, row-major `[num_embeddings, dim]`.
     ///
@@ -104,7 +106,7 @@ impl EmbeddingTable {
     /// in RAM).
     pub fn weights(&self) -> &[f32] {
         self.assert_in_ram("weights");
-        self.rows
+        self.rows()
             .as_f32()
             .expect("weights(): the table is not fp32")
     }
@@ -115,7 +117,7 @@ impl EmbeddingTable {
     /// [`write_row`](Self::write_row)).
     pub fn weights_mut(&mut self) -> &mut [f32] {
         self.assert_in_ram("weights_mut");
-        self.rows
+        (self.store.parts_mut().0)
             .as_f32_mut()
             .expect("weights_mut(): the table is not fp32")
     }
@@ -145,20 +147,14 @@ impl EmbeddingTable {
     /// # Panics
     /// When `id >= num_embeddings()` or `out.len() != dim()`.
     pub fn try_read_row(&self, id: usize, out: &mut [f32]) -> Result<(), SparseError> {
-        let Some(tier) = &self.tier else {
-            self.rows.read_row(id, out);
-            return Ok(());
-        };
         assert!(id < self.num_embeddings(), "read_row: no row {id}");
-        if let Some(slot) = tier.slot_of(id as u64) {
-            self.rows.read_row(slot, out);
-            return Ok(());
-        }
-        let stride = self.rows.stride();
-        let mut record = vec![0u8; stride + 4 * self.state.floats_per_row()];
-        tier.read_record(&self.config.name, id as u64, &mut record)?;
-        self.data_type().decode_row(&record[..stride], out);
-        Ok(())
+        assert_eq!(
+            out.len(),
+            self.dim(),
+            "read_row: a row of {} values",
+            self.dim()
+        );
+        self.store.read_row(&self.config.name, id, out)
     }
     /// Sets row `id` to `values`, rounded to the nearest value of the data
     /// type (quantized, for the quantized types).
@@ -167,17 +163,14 @@ impl EmbeddingTable {
     /// When `id >= num_embeddings()`, `values.len() != dim()`, or a
     /// disk-tier table's file cannot be written.
     pub fn write_row(&mut self, id: usize, values: &[f32]) {
-        let Some(tier) = &mut self.tier else {
-            return self.rows.write_row(id, values);
-        };
         assert!(id < self.config.num_embeddings, "write_row: no row {id}");
-        if let Some(slot) = tier.slot_of(id as u64) {
-            tier.mark_changed([slot]);
-            return self.rows.write_row(slot, values);
-        }
-        let mut bytes = vec![0u8; self.rows.stride()];
-        crate::rows::encode(self.config.data_type, values, &mut bytes);
-        if let Err(e) = tier.write_row_bytes(&self.config.name, id as u64, &bytes) {
+        assert_eq!(
+            values.len(),
+            self.dim(),
+            "write_row: a row of {} values",
+            self.dim()
+        );
+        if let Err(e) = self.store.write_row(&self.config.name, id, values) {
             panic!("{e}");
         }
     }
@@ -199,36 +192,9 @@ impl EmbeddingTable {
         rows: &mut [u8],
         state: &mut [f32],
     ) -> Result<(), SparseError> {
-        let (n, stride, per_row) = self.stored_range("read_stored_rows", first, rows, state);
-        let Some(tier) = &self.tier else {
-            rows.copy_from_slice(&self.rows.bytes()[first * stride..(first + n) * stride]);
-            let kept = self.state.as_slice();
-            state.copy_from_slice(&kept[first * per_row..(first + n) * per_row]);
-            return Ok(());
-        };
-        let record = stride + 4 * per_row;
-        let mut records = vec![0u8; n * record];
-        tier.read_records(&self.config.name, first as u64, &mut records)?;
-        let state_bytes: &mut [u8] = bytemuck::cast_slice_mut(state);
-        for (r, rec) in records.chunks_exact(record).enumerate() {
-            let (row, st) = (
-                r * stride..(r + 1) * stride,
-                r * 4 * per_row..(r + 1) * 4 * per_row,
-            );
-            match tier.slot_of((first + r) as u64) {
-                // The cache's row is the newer (it may not be written back).
-                Some(slot) => {
-                    rows[row].copy_from_slice(&self.rows.bytes()[slot * stride..][..stride]);
-                    let kept = &self.state.as_slice()[slot * per_row..][..per_row];
-                    state_bytes[st].copy_from_slice(bytemuck::cast_slice(kept));
-                }
-                None => {
-                    rows[row].copy_from_slice(&rec[..stride]);
-                    state_bytes[st].copy_from_slice(&rec[stride..]);
-                }
-            }
-        }
-        Ok(())
+        self.stored_range("read_stored_rows", first, rows, state);
+        self.store
+            .read_stored(&self.config.name, first, rows, state)
     }
     /// Sets rows `first..first + n` as stored, and their optimizer state,
     /// laid out as [`read_stored_rows`](Self::read_stored_rows) gives them:
@@ -244,51 +210,26 @@ impl EmbeddingTable {
         rows: &[u8],
         state: &[f32],
     ) -> Result<(), SparseError> {
-        let (n, stride, per_row) = self.stored_range("write_stored_rows", first, rows, state);
-        let Some(tier) = &self.tier else {
-            self.rows.bytes_mut()[first * stride..(first + n) * stride].copy_from_slice(rows);
-            let kept = self.state.as_mut_slice();
-            kept[first * per_row..(first + n) * per_row].copy_from_slice(state);
-            return Ok(());
-        };
-        let record = stride + 4 * per_row;
-        let state_bytes: &[u8] = bytemuck::cast_slice(state);
-        let mut records = vec![0u8; n * record];
-        for (r, rec) in records.chunks_exact_mut(record).enumerate() {
-            rec[..stride].copy_from_slice(&rows[r * stride..(r + 1) * stride]);
-            rec[stride..].copy_from_slice(&state_bytes[r * 4 * per_row..(r + 1) * 4 * per_row]);
-            if let Some(slot) = tier.slot_of((first + r) as u64) {
-                self.rows.bytes_mut()[slot * stride..][..stride].copy_from_slice(&rec[..stride]);
-                let kept = &mut self.state.as_mut_slice()[slot * per_row..][..per_row];
-                kept.copy_from_slice(&state[r * per_row..(r + 1) * per_row]);
-            }
-        }
-        tier.write_records(&self.config.name, first as u64, &records)
+        self.stored_range("write_stored_rows", first, rows, state);
+        self.store
+            .write_stored(&self.config.name, first, rows, state)
     }
-    /// Checks a stored range's buffers; returns its rows, row bytes and
-    /// state floats per row.
-    fn stored_range(
-        &self,
-        what: &str,
-        first: usize,
-        rows: &[u8],
-        state: &[f32],
-    ) -> (usize, usize, usize) {
-        let (stride, per_row) = (self.rows.stride(), self.state.floats_per_row());
+    /// Checks a stored range's buffers.
+    fn stored_range(&self, what: &str, first: usize, rows: &[u8], state: &[f32]) {
+        let (stride, per_row) = (self.bytes_per_row(), self.state_floats_per_row());
         let n = rows.len() / stride.max(1);
         assert_eq!(n * stride, rows.len(), "{what}: not whole rows");
         assert_eq!(n * per_row, state.len(), "{what}: state of other rows");
         assert!(first + n <= self.num_embeddings(), "{what}: past the table");
-        (n, stride, per_row)
     }
     /// Optimizer state floats of each row (0 for SGD; see
     /// [`optimizer_state`](Self::optimizer_state)).
     pub fn state_floats_per_row(&self) -> usize {
-        self.state.floats_per_row()
+        self.store.resident().1.floats_per_row()
     }
     /// Bytes per row: [`DataType::row_bytes`] of the dim.
     pub fn bytes_per_row(&self) -> usize {
-        self.rows.stride()
+        self.rows().stride()
     }
     /// The rows as stored, row-major, [`DataType::row_bytes`] each (the
     /// layouts are documented there); native byte order.
@@ -297,7 +238,7 @@ impl EmbeddingTable {
     /// When the table is on the disk tier (read it row by row).
     pub fn row_bytes(&self) -> &[u8] {
         self.assert_in_ram("row_bytes");
-        self.rows.bytes()
+        self.rows().bytes()
     }
     /// The rows as stored, mutable (to load them in their own type).
     ///
@@ -305,43 +246,40 @@ impl EmbeddingTable {
     /// When the table is on the disk tier.
     pub fn row_bytes_mut(&mut self) -> &mut [u8] {
         self.assert_in_ram("row_bytes_mut");
-        self.rows.bytes_mut()
+        self.store.parts_mut().0.bytes_mut()
     }
     fn assert_in_ram(&self, what: &str) {
         assert!(
-            self.tier.is_none(),
+            self.store.tier().is_none(),
             "{what}(): table '{}' is on the disk tier",
             self.config.name
         );
     }
     /// Whether the table lives on the disk tier.
     pub fn is_on_disk(&self) -> bool {
-        self.tier.is_some()
+        self.store.tier().is_some()
     }
     /// A disk-tier table's file.
     pub fn disk_path(&self) -> Option<&std::path::Path> {
-        self.tier.as_ref().map(|t| t.path())
+        self.store.tier().map(|t| t.path())
     }
     /// A disk-tier table's directory and cache size: the tier to build
     /// the table on again (from a checkpoint, say).
     pub fn disk_tier(&self) -> Option<DiskTierConfig> {
-        self.tier.as_ref().map(|t| t.config())
+        self.store.tier().map(|t| t.config())
     }
     /// A disk-tier table's cache figures since it was built.
     pub fn tier_stats(&self) -> Option<TierStats> {
-        self.tier.as_ref().map(|t| t.stats())
+        self.store.tier().map(|t| t.stats())
     }
     /// Rows the kernels address: the table's, or its cache's slots.
     pub(crate) fn resident_rows(&self) -> usize {
-        self.rows.bytes().len() / self.rows.stride()
+        self.rows().bytes().len() / self.rows().stride()
     }
     /// Writes a disk-tier table's changed cached rows to its file (nothing
     /// for a table in RAM).
     pub fn flush(&mut self) -> Result<(), SparseError> {
-        match &mut self.tier {
-            Some(tier) => tier.flush(&self.config.name, &mut self.rows, &mut self.state),
-            None => Ok(()),
-        }
+        self.store.flush(&self.config.name)
     }
     /// Where this table's rows sit in the table they are part of.
     pub fn part(&self) -> TablePart {
@@ -359,7 +297,7 @@ impl EmbeddingTable {
     /// When the table is on the disk tier.
     pub fn optimizer_state(&self) -> &[f32] {
         self.assert_in_ram("optimizer_state");
-        self.state.as_slice()
+        self.store.resident().1.as_slice()
     }
     /// Optimizer state, mutable; laid out as
     /// [`optimizer_state`](Self::optimizer_state).
@@ -368,7 +306,7 @@ impl EmbeddingTable {
     /// When the table is on the disk tier.
     pub fn optimizer_state_mut(&mut self) -> &mut [f32] {
         self.assert_in_ram("optimizer_state_mut");
-        self.state.as_mut_slice()
+        self.store.parts_mut().1.as_mut_slice()
     }
     /// The error for `id`, found in `feature`'s bag of `sample`.
     fn id_error(&self, feature: &str, sample: usize, id: i64) -> SparseError {
@@ -384,7 +322,8 @@ impl EmbeddingTable {
     /// Bytes of rows plus optimizer state in memory (a disk-tier table's:
     /// its cache's).
     pub fn bytes(&self) -> usize {
-        self.rows.bytes().len() + std::mem::size_of_val(self.state.as_slice())
+        let (rows, state) = self.store.resident();
+        rows.bytes().len() + std::mem::size_of_val(state.as_slice())
     }
 }
 

@@ -27,7 +27,7 @@ impl Staged {
 impl EmbeddingBagCollection {
     /// Whether any table lives on the disk tier.
     pub fn has_disk_tier(&self) -> bool {
-        self.tables.iter().any(|t| t.tier.is_some())
+        self.tables.iter().any(|t| t.is_on_disk())
     }
 
     /// A [`ReadAhead`] of the disk-tier tables, to run on another thread
@@ -39,7 +39,7 @@ impl EmbeddingBagCollection {
             .iter()
             .filter_map(|slot| {
                 let table = &self.tables[slot.table];
-                let tier = table.tier.as_ref()?;
+                let tier = table.store.tier()?;
                 Some((
                     slot.name.clone(),
                     tier.shared(),
@@ -75,7 +75,7 @@ impl EmbeddingBagCollection {
         &'a self,
         kjt: &'a KeyedJaggedTensor,
     ) -> Result<&'a KeyedJaggedTensor, SparseError> {
-        let Some(first) = self.tables.iter().find(|t| t.tier.is_some()) else {
+        let Some(first) = self.tables.iter().find(|t| t.is_on_disk()) else {
             return Ok(kjt);
         };
         match &self.staged {
@@ -101,7 +101,7 @@ impl EmbeddingBagCollection {
             Some(staged) if staged.input == *kjt => {
                 let keys = self.resolve_keys(kjt)?;
                 for (slot, &k) in self.slots.iter().zip(&keys) {
-                    if let Some(tier) = &mut self.tables[slot.table].tier {
+                    if let (_, _, Some(tier)) = self.tables[slot.table].store.parts_mut() {
                         let slots = &staged.slots.values()[kjt.key_range(k)];
                         tier.mark_changed(slots.iter().map(|&s| s as usize));
                     }
@@ -137,7 +137,7 @@ impl EmbeddingBagCollection {
             .tables
             .iter_mut()
             .enumerate()
-            .filter(|(_, table)| table.tier.is_some())
+            .filter(|(_, table)| table.is_on_disk())
             .map(|(t, table)| {
                 let ranges = slots
                     .iter()
@@ -173,7 +173,8 @@ impl EmbeddingBagCollection {
                     }
                 }
                 let name = &table.config.name;
-                let tier = table.tier.as_mut().expect("a disk-tier table");
+                let (_, _, tier) = table.store.parts_mut();
+                let tier = tier.expect("a disk-tier table");
                 *misses = tier.assign(name, ids, stage)?;
                 Ok(())
             },
@@ -182,10 +183,11 @@ impl EmbeddingBagCollection {
             .iter_mut()
             .map(|TableStage { table, misses, .. }| {
                 let table = &mut **table;
+                let (rows, state, tier) = table.store.parts_mut();
                 Transfer {
                     table: &table.config.name,
-                    slots: SlotPointers::new(&mut table.rows, &mut table.state),
-                    tier: table.tier.as_deref().expect("a disk-tier table"),
+                    slots: SlotPointers::new(rows, state),
+                    tier: tier.expect("a disk-tier table"),
                     misses,
                 }
             })
@@ -200,10 +202,8 @@ impl EmbeddingBagCollection {
             misses,
         } in &mut work
         {
-            table
-                .tier
-                .as_mut()
-                .expect("a disk-tier table")
+            let (_, _, tier) = table.store.parts_mut();
+            tier.expect("a disk-tier table")
                 .settle(misses, result.is_ok());
             let mut staged = ids.iter();
             for range in ranges.iter() {

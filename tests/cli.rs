@@ -324,6 +324,38 @@ fn bench_dlrm_on_the_disk_tier_trains_as_in_ram() {
     assert!(planned["disk_tier"]["hit_rate"].as_f64().unwrap() > 0.0);
     // Without --disk-dir the plan cannot place them.
     assert!(fails(&[&base[..], &two].concat()).contains("do not fit"));
+    // `ember plan` writes the same placement; a run under it needs
+    // --disk-dir for the files.
+    let plan_file = dir.join("plan.json");
+    let plan = [
+        "plan",
+        "--output",
+        plan_file.to_str().unwrap(),
+        "--arch-embedding-size",
+        "40000-50-30000",
+        "--arch-sparse-feature-size",
+        "4",
+        "--arch-mlp-bot",
+        "13-8-4",
+        "--arch-mlp-top",
+        "8-1",
+        "--mini-batch-size",
+        "64",
+        "--num-indices-per-lookup",
+        "2",
+        "--disk-dir",
+        d,
+        "--cache-memory",
+        "20%",
+        "--json",
+    ];
+    json(&[&plan[..], &two].concat());
+    let text = std::fs::read_to_string(&plan_file).unwrap();
+    assert!(text.contains("\"cache_rows\""), "{text}");
+    let under = ["--plan", plan_file.to_str().unwrap()];
+    assert!(fails(&[&base[..], &under].concat()).contains("give --disk-dir"));
+    let planned_run = json(&[&args[..], &under].concat());
+    assert_eq!(ram["loss_last"], planned_run["loss_last"]);
     // Saved, the shards stream into a set (never gathered into memory).
     let out = dir.join("sharded");
     let save = ["--save", out.to_str().unwrap()];

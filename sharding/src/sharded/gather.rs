@@ -18,9 +18,9 @@ impl ShardedEmbeddingBagCollection {
     pub fn to_collection(&self) -> Result<EmbeddingBagCollection, ShardingError> {
         // Alike on every rank: all refuse together.
         if let Some(t) = self.tiers.iter().position(Option::is_some) {
-            return Err(ShardingError::Plan(format!(
+            return Err(ShardingError::Source(format!(
                 "table '{}' has shards on the disk tier: they are not gathered into memory \
-                 (save them from ranks, each its own, as a set)",
+                 (their checkpoint is a set of the shards, each streamed)",
                 self.configs[t].name
             )));
         }

@@ -47,7 +47,7 @@ pub struct DlrmArgs {
     /// Ids follow --data-generation unless these say otherwise.
     #[command(flatten)]
     pub ids: super::ids::IdArgs,
-    /// Tables on the disk tier (one process, not sharded).
+    /// Tables on the disk tier (sharded: those the plan cannot fit in memory).
     #[command(flatten)]
     pub tier: super::tier::TierArgs,
     /// Read the next batch's disk-tier rows ahead while a batch computes.

@@ -40,7 +40,7 @@ pub struct TrainArgs {
     /// can resume under another plan or device count).
     #[command(flatten)]
     pub sharding: ShardingArgs,
-    /// Tables on the disk tier (one process, not sharded); checkpoints
+    /// Tables on the disk tier (sharded: those the plan cannot fit); checkpoints
     /// stream them, and --resume loads them back onto the disk tier.
     #[command(flatten)]
     pub tier: super::tier::TierArgs,

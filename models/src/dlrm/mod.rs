@@ -141,8 +141,9 @@ impl Dlrm {
     /// [`EmbeddingBagCollection::with_disk_tiers`]): each forward first
     /// brings its batch's rows into their caches. Checkpoints stream such
     /// tables a piece at a time (load one with
-    /// [`Checkpoint::model_with_disk_tiers`](crate::Checkpoint::model_with_disk_tiers));
-    /// such a model is not sharded yet (that fails with [`ModelError::Config`]).
+    /// [`Checkpoint::model_with_disk_tiers`](crate::Checkpoint::model_with_disk_tiers)),
+    /// and [`shard`](Self::shard) puts their shards on the disk tier too
+    /// (or build it sharded: [`Dlrm::place`]).
     pub fn with_disk_tiers(
         config: DlrmConfig,
         table_optimizer: TableOptimizer,

@@ -341,15 +341,17 @@ pub(crate) struct DiskTier {
 impl DiskTier {
     /// A tier for `rows` rows, its file in `config.dir`, filled by
     /// `init(first_row, records)` in chunks of `chunk_rows` rows (records
-    /// of `row_bytes + state_bytes`). Returns the tier and its cache's size
-    /// in rows.
+    /// of `row_bytes + state_bytes`). Without `init` the file is left
+    /// unwritten (sparse: zeros), for a caller that writes every record
+    /// (a checkpoint's load, a shard's copy). Returns the tier and its
+    /// cache's size in rows.
     pub(crate) fn create(
         config: &DiskTierConfig,
         table: &str,
         rows: usize,
         (row_bytes, state_bytes): (usize, usize),
         chunk_rows: usize,
-        init: impl Fn(usize, &mut [u8]) + Sync,
+        init: Option<&(dyn Fn(usize, &mut [u8]) + Sync)>,
     ) -> Result<(Self, usize), SparseError> {
         let sets = config.cache_rows / CACHE_WAYS;
         if sets == 0 {
@@ -367,8 +369,10 @@ impl DiskTier {
         let file = RowFile::create(&config.dir, table, total)?;
         // Written in groups of chunks drawn in parallel: 64 MiB at a time.
         let group_rows = ((64 << 20) / record.max(1)).max(chunk_rows) / chunk_rows * chunk_rows;
-        let mut buf = vec![0u8; group_rows.min(rows) * record];
-        for first in (0..rows).step_by(group_rows) {
+        let groups = if init.is_some() { rows } else { 0 };
+        let mut buf = vec![0u8; group_rows.min(groups) * record];
+        for first in (0..groups).step_by(group_rows) {
+            let init = init.expect("groups only with an init");
             let n = group_rows.min(rows - first);
             let bytes = &mut buf[..n * record];
             bytes

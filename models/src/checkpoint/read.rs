@@ -6,7 +6,7 @@ use std::path::Path;
 
 use ember_dense::{DenseOptimizerConfig, HasParams};
 use ember_sharding::RowSplit;
-use ember_sparse::{DataType, TableOptimizer};
+use ember_sparse::{DataType, EmbeddingBagCollection, TableOptimizer};
 use safetensors::tensor::Dtype;
 
 use super::names::{dense_shapes, infer_config, table_weight_name, weight_layout};
@@ -16,6 +16,7 @@ use super::{
     TrainState, CHECKPOINT_FILE, INDEX_FILE, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
     META_ROUNDING_SEED, META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
 };
+use crate::sparse_arch::SparseArch;
 use crate::{Dlrm, DlrmConfig, ModelError};
 
 /// A checkpoint (one file, or a set of files with an index), mapped and checked.
@@ -257,8 +258,19 @@ impl Checkpoint {
         dense_optimizer: DenseOptimizerConfig,
         tiers: Vec<Option<ember_sparse::DiskTierConfig>>,
     ) -> Result<Dlrm, ModelError> {
-        let config = self.config.clone();
-        let mut model = Dlrm::with_disk_tiers(config, table_optimizer, dense_optimizer, 0, tiers)?;
+        // Zeroed, not drawn: every table is read in below (a disk-tier
+        // table's file is then written once).
+        let tables = EmbeddingBagCollection::zeroed_with_disk_tiers(
+            self.config.tables.clone(),
+            table_optimizer,
+            tiers,
+        )?;
+        let mut model = Dlrm::with_tables(
+            self.config.clone(),
+            SparseArch::Local(tables),
+            dense_optimizer,
+            0,
+        )?;
         let same_table_opt = self.same_table_optimizer(&table_optimizer);
         let ebc = model
             .sparse_arch_mut()

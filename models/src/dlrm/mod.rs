@@ -216,7 +216,8 @@ impl Dlrm {
         Ok(model)
     }
 
-    fn with_tables(
+    /// A model of `sparse_arch`'s tables, its dense part new from `seed`.
+    pub(crate) fn with_tables(
         config: DlrmConfig,
         sparse_arch: SparseArch,
         dense_optimizer: DenseOptimizerConfig,

@@ -149,7 +149,8 @@ pub(super) fn new_table(
 }
 
 /// A disk-tier table: its file written chunk by chunk with the rows `new`
-/// would draw in RAM (and zero state), then an empty cache.
+/// would draw in RAM (and zero state), or (without a seed) left for the
+/// caller to fill; then an empty cache.
 fn new_disk_table(
     config: EmbeddingBagConfig,
     optimizer: &TableOptimizer,
@@ -163,26 +164,32 @@ fn new_disk_table(
     let stride = dtype.row_bytes(dim).unwrap_or(usize::MAX);
     let state_bytes = 4 * optimizer.state_floats_per_row(dim);
     let record = stride + state_bytes;
+    let draw = |first: usize, records: &mut [u8]| {
+        // `first` is a multiple of INIT_CHUNK_ROWS: one chunk of draws.
+        debug_assert_eq!(first % INIT_CHUNK_ROWS, 0);
+        let rows = records.len() / record;
+        let mut values = vec![0f32; rows * dim];
+        if let Some(seed) = seed {
+            let chunk = (first / INIT_CHUNK_ROWS) as u64;
+            draw_chunk((lo, hi), [seed, index, chunk], &mut values);
+        }
+        for (r, rec) in records.chunks_exact_mut(record).enumerate() {
+            encode(dtype, &values[r * dim..(r + 1) * dim], &mut rec[..stride]);
+            rec[stride..].fill(0);
+        }
+    };
+    // Zeroed tables are filled by their caller: their files stay sparse
+    // until then (no pass of zeros written first).
+    let init = seed
+        .is_some()
+        .then_some(&draw as &(dyn Fn(usize, &mut [u8]) + Sync));
     let (disk, slots) = DiskTier::create(
         tier,
         &config.name,
         config.num_embeddings,
         (stride, state_bytes),
         INIT_CHUNK_ROWS,
-        |first, records| {
-            // `first` is a multiple of INIT_CHUNK_ROWS: one chunk of draws.
-            debug_assert_eq!(first % INIT_CHUNK_ROWS, 0);
-            let rows = records.len() / record;
-            let mut values = vec![0f32; rows * dim];
-            if let Some(seed) = seed {
-                let chunk = (first / INIT_CHUNK_ROWS) as u64;
-                draw_chunk((lo, hi), [seed, index, chunk], &mut values);
-            }
-            for (r, rec) in records.chunks_exact_mut(record).enumerate() {
-                encode(dtype, &values[r * dim..(r + 1) * dim], &mut rec[..stride]);
-                rec[stride..].fill(0);
-            }
-        },
+        init,
     )?;
     let alloc_error = |bytes| SparseError::Allocation {
         table: config.name.clone(),

@@ -325,6 +325,9 @@ pub(crate) enum Stage {
     Update,
 }
 
+/// Fills a chunk of a new file's records: `(first row, records)`.
+pub(crate) type FillRecords<'a> = dyn Fn(usize, &mut [u8]) + Sync + 'a;
+
 /// The disk tier of one table: its file and the cache's bookkeeping. The
 /// cached rows and state themselves are the table's (resident) rows.
 #[derive(Debug)]
@@ -351,7 +354,7 @@ impl DiskTier {
         rows: usize,
         (row_bytes, state_bytes): (usize, usize),
         chunk_rows: usize,
-        init: Option<&(dyn Fn(usize, &mut [u8]) + Sync)>,
+        init: Option<&FillRecords<'_>>,
     ) -> Result<(Self, usize), SparseError> {
         let sets = config.cache_rows / CACHE_WAYS;
         if sets == 0 {

@@ -8,7 +8,7 @@ use super::store::{InMemory, OnDisk, TableStore};
 use super::{EmbeddingTable, TablePart};
 use crate::optimizer::OptimizerState;
 use crate::rows::{encode, TableRows};
-use crate::tier::DiskTier;
+use crate::tier::{DiskTier, FillRecords};
 use crate::{DiskTierConfig, EmbeddingBagConfig, SparseError, TableOptimizer};
 
 /// Rows initialised per independently seeded chunk (keeps init reproducible
@@ -180,9 +180,7 @@ fn new_disk_table(
     };
     // Zeroed tables are filled by their caller: their files stay sparse
     // until then (no pass of zeros written first).
-    let init = seed
-        .is_some()
-        .then_some(&draw as &(dyn Fn(usize, &mut [u8]) + Sync));
+    let init = seed.is_some().then_some(&draw as &FillRecords<'_>);
     let (disk, slots) = DiskTier::create(
         tier,
         &config.name,

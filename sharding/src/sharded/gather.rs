@@ -14,18 +14,26 @@ use crate::ShardingError;
 impl ShardedEmbeddingBagCollection {
     /// The unsharded collection: every shard's rows and state gathered back
     /// (data-parallel tables from device 0's replica). On a rank, every rank
-    /// must call this together: the shards travel to every rank.
+    /// must call this together: the shards travel to every rank. A table
+    /// sharded on the disk tier comes back on the disk tier (its tier as
+    /// the collection was made), copied a piece at a time; on ranks that
+    /// is refused (its rows would travel to every rank's memory).
     pub fn to_collection(&self) -> Result<EmbeddingBagCollection, ShardingError> {
+        let on_disk = self.tiers.iter().position(Option::is_some);
         // Alike on every rank: all refuse together.
-        if let Some(t) = self.tiers.iter().position(Option::is_some) {
+        if let (Some(t), Exec::Rank(_)) = (on_disk, &self.exec) {
             return Err(ShardingError::Source(format!(
-                "table '{}' has shards on the disk tier: they are not gathered into memory \
-                 (their checkpoint is a set of the shards, each streamed)",
+                "table '{}' has shards on the disk tier: they are not gathered into every \
+                 rank's memory (their checkpoint is a set of the shards, each streamed)",
                 self.configs[t].name
             )));
         }
         // Zeroed, not initialised: the shards below cover every row and state float.
-        let mut ebc = EmbeddingBagCollection::zeroed(self.configs.clone(), self.optimizer)?;
+        let mut ebc = EmbeddingBagCollection::zeroed_with_disk_tiers(
+            self.configs.clone(),
+            self.optimizer,
+            self.tiers.clone(),
+        )?;
         // (table, shard index, shard) of every shard that is gathered.
         let wanted: Vec<(usize, usize, &crate::plan::Shard)> = (self.configs.iter().enumerate())
             .flat_map(|(t, c)| {
@@ -46,8 +54,13 @@ impl ShardedEmbeddingBagCollection {
             Exec::Threads(_) => {
                 for &(t, k, shard) in &wanted {
                     let l = local(t, k, shard.device);
+                    let global = &mut ebc.tables_mut()[t];
+                    if l.is_on_disk() || global.is_on_disk() {
+                        stream_rows_back(l, global, shard, &self.optimizer)?;
+                        continue;
+                    }
                     let rows = (l.row_bytes(), l.optimizer_state(), l.num_embeddings());
-                    copy_rows_back(rows, &mut ebc.tables_mut()[t], shard, &self.optimizer);
+                    copy_rows_back(rows, global, shard, &self.optimizer);
                 }
             }
             Exec::Rank(comm) => {
@@ -91,6 +104,55 @@ impl ShardedEmbeddingBagCollection {
         ebc.set_rounding_seed(self.rounding_seed);
         Ok(ebc)
     }
+}
+
+/// [`copy_rows_back`] for a shard or a table on the disk tier: a piece of
+/// the shard's rows at a time, each over the span of global rows it falls
+/// in (read, its rows and columns set, written back), so neither is ever
+/// whole in memory.
+fn stream_rows_back(
+    local: &EmbeddingTable,
+    global: &mut EmbeddingTable,
+    shard: &crate::plan::Shard,
+    opt: &TableOptimizer,
+) -> Result<(), ShardingError> {
+    let (rows, cols) = (shard.rows, shard.column_range());
+    let (dim, lc) = (global.dim(), cols.len());
+    let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
+    let map = state_map(opt, dim, cols.clone());
+    let bytes = (global.data_type())
+        .column_range(dim, cols)
+        .expect("plans split the columns of fp32, fp16 and bf16 tables only");
+    let (gstride, lstride) = (global.bytes_per_row(), bytes.len());
+    let step = match rows {
+        crate::plan::RowSplit::Mod { modulus, .. } => modulus,
+        _ => 1,
+    };
+    // About 8 MiB of the global table's rows a piece.
+    let piece = ((8 << 20) / ((gstride + 4 * gs) * step).max(1)).max(1);
+    let (mut lrows, mut lstate, mut grows, mut gstate) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for first in (0..local.num_embeddings()).step_by(piece) {
+        let n = piece.min(local.num_embeddings() - first);
+        lrows.resize(n * lstride, 0);
+        lstate.resize(n * ls, 0.0);
+        local.read_stored_rows(first, &mut lrows, &mut lstate)?;
+        let (g0, span) = (rows.global(first), (n - 1) * step + 1);
+        grows.resize(span * gstride, 0);
+        gstate.resize(span * gs, 0.0);
+        global.read_stored_rows(g0, &mut grows, &mut gstate)?;
+        for r in 0..n {
+            let g = r * step;
+            let at = g * gstride;
+            grows[at + bytes.start..at + bytes.end]
+                .copy_from_slice(&lrows[r * lstride..(r + 1) * lstride]);
+            for &(l, s) in &map {
+                gstate[g * gs + s] = lstate[r * ls + l];
+            }
+        }
+        global.write_stored_rows(g0, &grows, &gstate)?;
+    }
+    Ok(())
 }
 
 /// Copies a shard's rows and optimizer state (`(row bytes, state, rows)` of

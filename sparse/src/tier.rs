@@ -570,16 +570,6 @@ impl DiskTier {
         (self.shared.file).write_pages(table, buf, first * self.shared.record)
     }
 
-    /// Row `id`'s bytes and state as stored in the file (not the cache).
-    pub(crate) fn read_record(
-        &self,
-        table: &str,
-        id: u64,
-        out: &mut [u8],
-    ) -> Result<(), SparseError> {
-        self.shared.file.read(table, out, id * self.shared.record)
-    }
-
     /// Overwrites row `id`'s bytes (not its state) in the file.
     pub(crate) fn write_row_bytes(
         &self,

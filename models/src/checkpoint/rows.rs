@@ -105,34 +105,27 @@ impl Checkpoint {
         if !restore {
             return Ok(());
         }
-        let name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
-        let read = |s: &str, shape: &[usize], cols: Range<usize>, allowed| {
-            let values = self.store.rows_of(&name(s), shape, split, cols.clone())?;
-            check_values(&values, cols.len(), (split, cols.start), allowed).map_err(|message| {
-                ModelError::Checkpoint {
-                    path: self.path().to_path_buf(),
-                    tensor: Some(name(s)),
-                    message,
-                }
+        // Each state tensor's kept columns, side by side in a row (FBGEMM
+        // keeps both of Adam's moments of a row together: [m | v]).
+        let states = state_tensors(&config.name, optimizer, (rows, dim), cols);
+        let mut parts = Vec::new();
+        for st in &states {
+            let values = (self.store).rows_of(&st.name, &st.shape, split, st.kept.clone())?;
+            let check = check_values(&values, st.kept.len(), (split, st.kept.start), st.allowed);
+            check.map_err(|message| ModelError::Checkpoint {
+                path: self.path().to_path_buf(),
+                tensor: Some(st.name.clone()),
+                message,
             })?;
-            Ok::<_, ModelError>(values)
-        };
-        let sums = Allowed::NonNegative;
-        let state = match optimizer {
-            TableOptimizer::None | TableOptimizer::Sgd { .. } => return Ok(()),
-            TableOptimizer::RowWiseAdagrad { .. } => read("momentum1", &[rows], 0..1, sums)?,
-            TableOptimizer::Adagrad { .. } => read("momentum1", &[rows, dim], cols, sums)?,
-            TableOptimizer::Adam { .. } => {
-                // FBGEMM keeps both moments of a row together: [m | v].
-                let lc = cols.len().max(1);
-                let m = read("momentum1", &[rows, dim], cols.clone(), Allowed::Finite)?;
-                let v = read("momentum2", &[rows, dim], cols, sums)?;
-                (m.chunks_exact(lc).zip(v.chunks_exact(lc)))
-                    .flat_map(|(m, v)| m.iter().chain(v))
-                    .copied()
-                    .collect()
-            }
-        };
+            parts.push((values, st.kept.len()));
+        }
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let state: Vec<f32> = (0..local.num_embeddings())
+            .flat_map(|r| parts.iter().flat_map(move |(v, w)| &v[r * w..(r + 1) * w]))
+            .copied()
+            .collect();
         local.optimizer_state_mut().copy_from_slice(&state);
         Ok(())
     }
@@ -165,44 +158,15 @@ impl Checkpoint {
                 "a quantized table's columns cannot be split".into(),
             ));
         };
-        let state_name = |s: &str| format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{}.{s}", config.name);
-        let (row_shape, moment_shape) = (vec![rows], vec![rows, dim]);
-        // The state tensors, the values they may hold, and their columns
-        // kept (FBGEMM keeps Adam's moments of a row together: [m | v]).
-        let states: Vec<(String, &[usize], Allowed, Range<usize>)> = match (optimizer, restore) {
-            (_, false) | (TableOptimizer::None | TableOptimizer::Sgd { .. }, _) => Vec::new(),
-            (TableOptimizer::RowWiseAdagrad { .. }, _) => {
-                vec![(
-                    state_name("momentum1"),
-                    &row_shape,
-                    Allowed::NonNegative,
-                    0..1,
-                )]
-            }
-            (TableOptimizer::Adagrad { .. }, _) => {
-                let sums = Allowed::NonNegative;
-                vec![(state_name("momentum1"), &moment_shape, sums, cols.clone())]
-            }
-            (TableOptimizer::Adam { .. }, _) => vec![
-                (
-                    state_name("momentum1"),
-                    &moment_shape,
-                    Allowed::Finite,
-                    cols.clone(),
-                ),
-                (
-                    state_name("momentum2"),
-                    &moment_shape,
-                    Allowed::NonNegative,
-                    cols.clone(),
-                ),
-            ],
+        let states = match restore {
+            true => state_tensors(&config.name, optimizer, (rows, dim), cols.clone()),
+            false => Vec::new(),
         };
         let mut tensors: Vec<(&str, Dtype, &[usize])> = vec![(&weight, dtype, &shape)];
         tensors.extend(
             states
                 .iter()
-                .map(|(n, s, _, _)| (n.as_str(), Dtype::F32, *s)),
+                .map(|st| (st.name.as_str(), Dtype::F32, &st.shape[..])),
         );
         let per_row = local.state_floats_per_row();
         let (stride, local_type) = (local.bytes_per_row(), local.data_type());
@@ -244,20 +208,56 @@ impl Checkpoint {
                     }
                 }
                 let mut column = 0;
-                for ((name, shape, allowed, kept), piece) in states.iter().zip(&pieces[1..]) {
+                for (st, piece) in states.iter().zip(&pieces[1..]) {
                     let piece = f32s(piece);
-                    let width = shape.get(1).copied().unwrap_or(1);
-                    let check = check_values(&piece, width, (piece_split, 0), *allowed);
-                    check.map_err(|m| fail_on(name, m))?;
+                    let width = st.shape.get(1).copied().unwrap_or(1);
+                    let check = check_values(&piece, width, (piece_split, 0), st.allowed);
+                    check.map_err(|m| fail_on(&st.name, m))?;
                     for (i, &(r, _)) in held.iter().enumerate() {
-                        let v = &piece[r * width..][kept.clone()];
+                        let v = &piece[r * width..][st.kept.clone()];
                         state[i * per_row + column..][..v.len()].copy_from_slice(v);
                     }
-                    column += kept.len();
+                    column += st.kept.len();
                 }
                 (local.write_stored_rows(first_local, &bytes, &state))
                     .map_err(|e| fail_on(&weight, e.to_string()))
             })
+    }
+}
+
+/// One optimizer-state tensor of a table as a shard reads it.
+struct StateTensor {
+    name: String,
+    shape: Vec<usize>,
+    allowed: Allowed,
+    /// The columns the shard keeps.
+    kept: Range<usize>,
+}
+
+/// The state tensors of table `table` (`rows` x `dim`) under `optimizer`,
+/// in the order a row of the collection's state holds them, for a shard
+/// of columns `cols`.
+fn state_tensors(
+    table: &str,
+    optimizer: TableOptimizer,
+    (rows, dim): (usize, usize),
+    cols: Range<usize>,
+) -> Vec<StateTensor> {
+    let tensor = |s: &str, shape: Vec<usize>, allowed, kept| StateTensor {
+        name: format!("{OPTIMIZER_PREFIX}{TABLE_PREFIX}{table}.{s}"),
+        shape,
+        allowed,
+        kept,
+    };
+    let sums = Allowed::NonNegative;
+    match optimizer {
+        TableOptimizer::None | TableOptimizer::Sgd { .. } => Vec::new(),
+        TableOptimizer::RowWiseAdagrad { .. } => vec![tensor("momentum1", vec![rows], sums, 0..1)],
+        TableOptimizer::Adagrad { .. } => vec![tensor("momentum1", vec![rows, dim], sums, cols)],
+        TableOptimizer::Adam { .. } => vec![
+            tensor("momentum1", vec![rows, dim], Allowed::Finite, cols.clone()),
+            tensor("momentum2", vec![rows, dim], sums, cols),
+        ],
     }
 }
 

@@ -5,7 +5,7 @@ use ember_sparse::{EmbeddingBagCollection, EmbeddingTable, TableOptimizer};
 
 use super::codec::wire_err;
 use super::layout::local_name;
-use super::source::state_map;
+use super::source::{copy_rows_back, state_map};
 use super::{Exec, ShardedEmbeddingBagCollection};
 use crate::plan::ShardingType;
 use crate::wire::{Reader, Writer};
@@ -55,12 +55,8 @@ impl ShardedEmbeddingBagCollection {
                 for &(t, k, shard) in &wanted {
                     let l = local(t, k, shard.device);
                     let global = &mut ebc.tables_mut()[t];
-                    if l.is_on_disk() || global.is_on_disk() {
-                        stream_rows_back(l, global, shard, &self.optimizer)?;
-                        continue;
-                    }
-                    let rows = (l.row_bytes(), l.optimizer_state(), l.num_embeddings());
-                    copy_rows_back(rows, global, shard, &self.optimizer);
+                    let (rows, cols) = (shard.rows, shard.column_range());
+                    copy_rows_back(l, global, rows, cols, &self.optimizer)?;
                 }
             }
             Exec::Rank(comm) => {
@@ -91,7 +87,7 @@ impl ShardedEmbeddingBagCollection {
                             weights.len()
                         )));
                     }
-                    copy_rows_back(
+                    copy_bytes_back(
                         (&weights, &state, rows),
                         &mut ebc.tables_mut()[t],
                         shard,
@@ -106,58 +102,10 @@ impl ShardedEmbeddingBagCollection {
     }
 }
 
-/// [`copy_rows_back`] for a shard or a table on the disk tier: a piece of
-/// the shard's rows at a time, each over the span of global rows it falls
-/// in (read, its rows and columns set, written back), so neither is ever
-/// whole in memory.
-fn stream_rows_back(
-    local: &EmbeddingTable,
-    global: &mut EmbeddingTable,
-    shard: &crate::plan::Shard,
-    opt: &TableOptimizer,
-) -> Result<(), ShardingError> {
-    let (rows, cols) = (shard.rows, shard.column_range());
-    let (dim, lc) = (global.dim(), cols.len());
-    let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
-    let map = state_map(opt, dim, cols.clone());
-    let bytes = (global.data_type())
-        .column_range(dim, cols)
-        .expect("plans split the columns of fp32, fp16 and bf16 tables only");
-    let (gstride, lstride) = (global.bytes_per_row(), bytes.len());
-    let step = match rows {
-        crate::plan::RowSplit::Mod { modulus, .. } => modulus,
-        _ => 1,
-    };
-    // About 8 MiB of the global table's rows a piece.
-    let piece = ((8 << 20) / ((gstride + 4 * gs) * step).max(1)).max(1);
-    let (mut lrows, mut lstate, mut grows, mut gstate) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for first in (0..local.num_embeddings()).step_by(piece) {
-        let n = piece.min(local.num_embeddings() - first);
-        lrows.resize(n * lstride, 0);
-        lstate.resize(n * ls, 0.0);
-        local.read_stored_rows(first, &mut lrows, &mut lstate)?;
-        let (g0, span) = (rows.global(first), (n - 1) * step + 1);
-        grows.resize(span * gstride, 0);
-        gstate.resize(span * gs, 0.0);
-        global.read_stored_rows(g0, &mut grows, &mut gstate)?;
-        for r in 0..n {
-            let g = r * step;
-            let at = g * gstride;
-            grows[at + bytes.start..at + bytes.end]
-                .copy_from_slice(&lrows[r * lstride..(r + 1) * lstride]);
-            for &(l, s) in &map {
-                gstate[g * gs + s] = lstate[r * ls + l];
-            }
-        }
-        global.write_stored_rows(g0, &grows, &gstate)?;
-    }
-    Ok(())
-}
-
 /// Copies a shard's rows and optimizer state (`(row bytes, state, rows)` of
-/// its local table) back into the global table.
-fn copy_rows_back(
+/// its local table, in memory, or gathered from a rank) back into the
+/// global table in memory.
+fn copy_bytes_back(
     (weights, state, num_rows): (&[u8], &[f32], usize),
     global: &mut EmbeddingTable,
     shard: &crate::plan::Shard,

@@ -152,43 +152,158 @@ fn copy_rows(
     cols: Range<usize>,
     opt: &TableOptimizer,
 ) -> Result<(), ShardingError> {
-    let (dim, lc) = (global.dim(), cols.len());
-    let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
-    let map = state_map(opt, dim, cols.clone());
-    let dtype = global.data_type();
-    let bytes = dtype
-        .column_range(dim, cols)
-        .expect("plans split the columns of fp32, fp16 and bf16 tables only");
-    let gstride = global.bytes_per_row();
-    // Global rows between consecutive local rows.
-    let step = match rows {
-        RowSplit::Mod { modulus, .. } => modulus,
-        RowSplit::All | RowSplit::Block { .. } => 1,
-    };
-    // About 8 MiB of the global table's rows read a piece.
-    let piece = ((8 << 20) / ((gstride + 4 * gs) * step).max(1)).max(1);
-    let (mut grows, mut gstate, mut lrows, mut lstate) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for first in (0..local.num_embeddings()).step_by(piece) {
-        let n = piece.min(local.num_embeddings() - first);
-        // The global rows from this piece's first to its last.
-        let (g0, span) = (rows.global(first), (n - 1) * step + 1);
-        grows.resize(span * gstride, 0);
-        gstate.resize(span * gs, 0.0);
-        global.read_stored_rows(g0, &mut grows, &mut gstate)?;
-        lrows.clear();
-        lstate.clear();
-        for r in (0..span).step_by(step) {
-            lrows.extend_from_slice(&grows[r * gstride..][bytes.clone()]);
-            let at = lstate.len();
-            lstate.resize(at + ls, 0.0);
-            for &(l, g) in &map {
-                lstate[at + l] = gstate[r * gs + g];
-            }
-        }
-        local.write_stored_rows(first, &lrows, &lstate)?;
+    let shard = ShardSpan::new(global, rows, cols, opt);
+    let mut buffers = Buffers::default();
+    for (first, n, g0) in shard.pieces(local.num_embeddings()) {
+        buffers.read_global(global, g0, shard.span(n))?;
+        shard.to_local(&mut buffers, n);
+        local.write_stored_rows(first, &buffers.lrows, &buffers.lstate)?;
     }
     Ok(())
+}
+
+/// Copies a shard's rows and state back into the global table the same
+/// way: each piece over the span of global rows it falls in (read, its
+/// rows and columns set, written back), neither table ever whole in memory.
+pub(super) fn copy_rows_back(
+    local: &EmbeddingTable,
+    global: &mut EmbeddingTable,
+    rows: RowSplit,
+    cols: Range<usize>,
+    opt: &TableOptimizer,
+) -> Result<(), ShardingError> {
+    let shard = ShardSpan::new(global, rows, cols, opt);
+    let mut buffers = Buffers::default();
+    for (first, n, g0) in shard.pieces(local.num_embeddings()) {
+        buffers.lrows.resize(n * shard.lstride, 0);
+        buffers.lstate.resize(n * shard.ls, 0.0);
+        local.read_stored_rows(first, &mut buffers.lrows, &mut buffers.lstate)?;
+        buffers.read_global(global, g0, shard.span(n))?;
+        shard.to_global(&mut buffers, n);
+        global.write_stored_rows(g0, &buffers.grows, &buffers.gstate)?;
+    }
+    Ok(())
+}
+
+/// Where a shard's rows and state floats sit in its table's, and the
+/// pieces the copies between them go in.
+struct ShardSpan {
+    /// A local row's bytes within a global row's.
+    bytes: Range<usize>,
+    /// (local, global) state floats.
+    map: Vec<(usize, usize)>,
+    /// Bytes and state floats of a global and of a local row.
+    gstride: usize,
+    lstride: usize,
+    gs: usize,
+    ls: usize,
+    rows: RowSplit,
+    /// Global rows between consecutive local rows.
+    step: usize,
+    /// Local rows a piece: about 8 MiB of the global rows it spans.
+    piece: usize,
+}
+
+impl ShardSpan {
+    fn new(
+        global: &EmbeddingTable,
+        rows: RowSplit,
+        cols: Range<usize>,
+        opt: &TableOptimizer,
+    ) -> Self {
+        let (dim, lc) = (global.dim(), cols.len());
+        let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
+        let map = state_map(opt, dim, cols.clone());
+        let bytes = (global.data_type())
+            .column_range(dim, cols)
+            .expect("plans split the columns of fp32, fp16 and bf16 tables only");
+        let gstride = global.bytes_per_row();
+        let step = match rows {
+            RowSplit::Mod { modulus, .. } => modulus,
+            RowSplit::All | RowSplit::Block { .. } => 1,
+        };
+        let piece = ((8 << 20) / ((gstride + 4 * gs) * step).max(1)).max(1);
+        Self {
+            lstride: bytes.len(),
+            bytes,
+            map,
+            gstride,
+            gs,
+            ls,
+            rows,
+            step,
+            piece,
+        }
+    }
+
+    /// `(first local row, rows, first global row)` of each piece of a
+    /// shard of `local_rows` rows.
+    fn pieces(&self, local_rows: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..local_rows).step_by(self.piece).map(move |first| {
+            (
+                first,
+                self.piece.min(local_rows - first),
+                self.rows.global(first),
+            )
+        })
+    }
+
+    /// Global rows from a piece of `n` local rows' first to its last.
+    fn span(&self, n: usize) -> usize {
+        (n - 1) * self.step + 1
+    }
+
+    /// The piece's local rows and state, out of the global span.
+    fn to_local(&self, b: &mut Buffers, n: usize) {
+        b.lrows.clear();
+        b.lstate.clear();
+        for r in 0..n {
+            let g = r * self.step;
+            b.lrows
+                .extend_from_slice(&b.grows[g * self.gstride..][self.bytes.clone()]);
+            let at = b.lstate.len();
+            b.lstate.resize(at + self.ls, 0.0);
+            for &(l, s) in &self.map {
+                b.lstate[at + l] = b.gstate[g * self.gs + s];
+            }
+        }
+    }
+
+    /// The piece's local rows and state, into the global span.
+    fn to_global(&self, b: &mut Buffers, n: usize) {
+        for r in 0..n {
+            let at = r * self.step * self.gstride;
+            b.grows[at + self.bytes.start..at + self.bytes.end]
+                .copy_from_slice(&b.lrows[r * self.lstride..(r + 1) * self.lstride]);
+            for &(l, s) in &self.map {
+                b.gstate[r * self.step * self.gs + s] = b.lstate[r * self.ls + l];
+            }
+        }
+    }
+}
+
+/// A piece's rows and state: the shard's and the global span's.
+#[derive(Default)]
+struct Buffers {
+    lrows: Vec<u8>,
+    lstate: Vec<f32>,
+    grows: Vec<u8>,
+    gstate: Vec<f32>,
+}
+
+impl Buffers {
+    /// `span` global rows from `g0` (and their state).
+    fn read_global(
+        &mut self,
+        global: &EmbeddingTable,
+        g0: usize,
+        span: usize,
+    ) -> Result<(), ShardingError> {
+        self.grows.resize(span * global.bytes_per_row(), 0);
+        self.gstate
+            .resize(span * global.state_floats_per_row(), 0.0);
+        Ok(global.read_stored_rows(g0, &mut self.grows, &mut self.gstate)?)
+    }
 }
 
 /// (local, global) positions of a row's state floats for a column range.

@@ -134,7 +134,7 @@ impl TableStore for OnDisk {
         }
         let (row, state) = self.sizes();
         let mut record = vec![0u8; row + state];
-        self.tier.read_record(name, id as u64, &mut record)?;
+        self.tier.read_records(name, id as u64, &mut record)?;
         self.rows.dtype().decode_row(&record[..row], out);
         Ok(())
     }

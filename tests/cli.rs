@@ -283,6 +283,11 @@ fn bench_dlrm_on_the_disk_tier_trains_as_in_ram() {
     let mut ahead = args.clone();
     ahead.push("--read-ahead");
     assert_eq!(ram["loss_last"], json(&ahead)["loss_last"]);
+    // Under LFU too: a policy chooses only which rows are read.
+    let lfu = json(&[&args[..], &["--cache-policy", "lfu"]].concat());
+    assert_eq!(ram["loss_last"], lfu["loss_last"]);
+    assert_eq!(disk["disk_tier"]["cache_policy"], "lru", "{disk}");
+    assert_eq!(lfu["disk_tier"]["cache_policy"], "lfu", "{lfu}");
     let hit = disk["disk_tier"]["hit_rate"].as_f64().unwrap();
     assert!(hit > 0.0 && hit < 1.0, "{disk}");
     // Saved, the disk-tier tables stream into the RAM run's checkpoint.

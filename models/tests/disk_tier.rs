@@ -7,7 +7,7 @@ use ember_models::{
     Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType, Model, SyntheticConfig,
     SyntheticData,
 };
-use ember_sparse::{DataType, DiskTierConfig, TableOptimizer};
+use ember_sparse::{CachePolicy, DataType, DiskTierConfig, TableOptimizer};
 
 fn config() -> DlrmConfig {
     DlrmConfig {
@@ -40,13 +40,17 @@ fn data() -> SyntheticData {
 }
 
 /// Tiers for the first two tables (caches of 256 rows: batches of 64
-/// samples evict and read back rows); the third, small, in RAM.
+/// samples evict and read back rows), one of each policy; the third,
+/// small, in RAM.
 fn tiers(dir: &std::path::Path) -> Vec<Option<DiskTierConfig>> {
-    let tier = Some(DiskTierConfig {
-        dir: dir.to_path_buf(),
-        cache_rows: 256,
-    });
-    vec![tier.clone(), tier, None]
+    let tier = |policy| {
+        Some(DiskTierConfig {
+            dir: dir.to_path_buf(),
+            cache_rows: 256,
+            policy,
+        })
+    };
+    vec![tier(CachePolicy::Lru), tier(CachePolicy::Lfu), None]
 }
 
 /// A safetensors file's metadata and tensors (name, dtype, shape, bytes;

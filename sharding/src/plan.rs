@@ -266,12 +266,14 @@ pub struct ShardingPlan {
 
 impl ShardingPlan {
     /// The disk tier of each of `tables` the plan puts there (its
-    /// [`cache_rows`](TablePlan::cache_rows)), its files in `dir`; `None`
-    /// for a table in memory: the tiers to build the model with.
+    /// [`cache_rows`](TablePlan::cache_rows)), its files in `dir`, its
+    /// cache under `policy`; `None` for a table in memory: the tiers to
+    /// build the model with.
     pub fn disk_tiers(
         &self,
         tables: &[EmbeddingBagConfig],
         dir: &std::path::Path,
+        policy: ember_sparse::CachePolicy,
     ) -> Vec<Option<ember_sparse::DiskTierConfig>> {
         (tables.iter())
             .map(|t| {
@@ -279,6 +281,7 @@ impl ShardingPlan {
                 Some(ember_sparse::DiskTierConfig {
                     dir: dir.to_path_buf(),
                     cache_rows: rows,
+                    policy,
                 })
             })
             .collect()

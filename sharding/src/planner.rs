@@ -63,6 +63,8 @@ pub struct DiskTierModel {
     pub reads_per_s: f64,
     /// The ids' skew, for the hit rate: a Zipf exponent (0: uniform).
     pub zipf_alpha: f64,
+    /// The caches' policy: LFU keeps a count per row in memory too.
+    pub policy: ember_sparse::CachePolicy,
 }
 
 /// [`DiskTierModel::reads_per_s`]'s default: the development machine's
@@ -176,6 +178,7 @@ fn loads(t: &EmbeddingBagConfig, p: &TablePlan, topo: &Topology, o: &PlannerOpti
                 let tier = ember_sparse::DiskTierConfig {
                     dir: Default::default(),
                     cache_rows: cache,
+                    policy: model.policy,
                 };
                 let cached = crate::shard_tier(&tier, t.num_embeddings, rows as usize).cache_rows;
                 let cached = (cached as u64).min(rows);
@@ -183,7 +186,13 @@ fn loads(t: &EmbeddingBagConfig, p: &TablePlan, topo: &Topology, o: &PlannerOpti
             }
             _ => (rows, 0, 1.0),
         };
-        let storage = (in_memory.saturating_mul(record)).saturating_add(buffers);
+        let counts = match &o.disk_tier {
+            Some(m) if on_disk > 0 => on_disk * m.policy.bytes_per_table_row() as u64,
+            _ => 0,
+        };
+        let storage = (in_memory.saturating_mul(record))
+            .saturating_add(buffers)
+            .saturating_add(counts);
         let (hit, exchanged) = if p.sharding == ShardingType::DataParallel {
             let own = ids / n as f64;
             // All-gather of every other device's bags and gradients.

@@ -6,7 +6,7 @@
 use ember_sharding::{
     plan, DiskTierModel, PlannerOptions, ShardingError, ShardingPlan, ShardingType, Topology,
 };
-use ember_sparse::{EmbeddingBagConfig, TableOptimizer};
+use ember_sparse::{CachePolicy, EmbeddingBagConfig, TableOptimizer};
 
 fn options(disk: Option<f64>) -> PlannerOptions {
     PlannerOptions {
@@ -19,6 +19,7 @@ fn options(disk: Option<f64>) -> PlannerOptions {
             min_cache_rows: 8 * 1024,
             reads_per_s: ember_sharding::DEFAULT_DISK_READS_PER_S,
             zipf_alpha: 1.0,
+            policy: CachePolicy::Lru,
         }),
     }
 }
@@ -57,6 +58,16 @@ fn a_table_too_large_for_memory_goes_on_the_disk_tier() {
     }
     let on_disk: u64 = stats.devices.iter().map(|d| d.disk_bytes).sum();
     assert_eq!(on_disk, 10_000_000 * 68, "every row of the big table, once");
+    // LFU's counts (4 bytes a row of the table) are memory too.
+    let mut lfu = options(Some(0.25));
+    if let Some(m) = &mut lfu.disk_tier {
+        m.policy = CachePolicy::Lfu;
+    }
+    let (_, lfu_stats) = plan(&tables(), &topo, &lfu).unwrap();
+    let storage = |s: &ember_sharding::PlanStats| -> u64 {
+        s.devices.iter().map(|d| d.storage_bytes).sum()
+    };
+    assert_eq!(storage(&lfu_stats) - storage(&stats), 10_000_000 * 4);
     assert!(stats
         .devices
         .iter()
@@ -65,8 +76,9 @@ fn a_table_too_large_for_memory_goes_on_the_disk_tier() {
     let text = p.to_json();
     assert!(text.contains("\"cache_rows\""), "{text}");
     assert_eq!(ShardingPlan::from_json(&text).unwrap(), p);
-    let tiers = p.disk_tiers(&tables(), std::path::Path::new("/ssd"));
+    let tiers = p.disk_tiers(&tables(), std::path::Path::new("/ssd"), CachePolicy::Lfu);
     assert_eq!(tiers[0].as_ref().unwrap().cache_rows, 2_500_000);
+    assert_eq!(tiers[0].as_ref().unwrap().policy, CachePolicy::Lfu);
     assert!(tiers[1].is_none());
 
     // Disks too small for it: the capacity error again.
@@ -117,6 +129,7 @@ fn hit_rates_follow_the_ids_skew() {
         min_cache_rows: 16,
         reads_per_s: 48_000.0,
         zipf_alpha: alpha,
+        policy: CachePolicy::Lru,
     };
     let rows = 40_000_000;
     assert!(

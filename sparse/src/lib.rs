@@ -29,4 +29,4 @@ pub use error::SparseError;
 pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};
 pub use optimizer::TableOptimizer;
-pub use tier::{DiskTierConfig, ReadAhead, TierStats, CACHE_WAYS};
+pub use tier::{CachePolicy, DiskTierConfig, ReadAhead, TierStats, CACHE_WAYS};

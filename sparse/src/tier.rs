@@ -28,6 +28,7 @@ use rayon::prelude::*;
 
 use crate::optimizer::OptimizerState;
 use crate::rows::TableRows;
+use crate::storage::prefetch_every;
 use crate::SparseError;
 
 /// Ways of each cache set: a row may sit in any of 16 slots.
@@ -38,18 +39,79 @@ pub const CACHE_WAYS: usize = 16;
 const IO_THREADS: usize = 64;
 /// A slot holding no row.
 const EMPTY: u64 = u64::MAX;
+/// The bit of a slot's meta word that says its row changed.
+const DIRTY: u64 = 1 << 63;
+/// How many ids ahead staging fetches a set's lines.
+const ASSIGN_AHEAD: usize = 16;
 /// Bytes of a page: the unit the file is first written in.
 const PAGE: usize = 4096;
 
-/// Where a disk-tier table lives: a directory for its file, and how many
-/// rows its cache holds (a multiple of [`CACHE_WAYS`], rounded down; at
-/// least one set).
+/// Where a disk-tier table lives: a directory for its file, how many rows
+/// its cache holds (a multiple of [`CACHE_WAYS`], rounded down; at least
+/// one set), and which row a miss evicts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskTierConfig {
     /// Directory of the table's file (`<table>.<pid>.<n>.rows`).
     pub dir: PathBuf,
     /// Rows the cache holds in memory.
     pub cache_rows: usize,
+    /// Which cached row a miss replaces.
+    pub policy: CachePolicy,
+}
+
+/// Which cached row of its set a miss replaces, as FBGEMM's
+/// `CacheAlgorithm`. Either way only rows the batch does not use are
+/// candidates, an empty slot goes first, and the choice never changes
+/// results: only which rows are read and written back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CachePolicy {
+    /// The row looked up longest ago (FBGEMM's default).
+    #[default]
+    Lru,
+    /// The row looked up fewest times since the table was built, ties to
+    /// the least recent: as FBGEMM's LFU, a count per row of the table
+    /// (`lfu_state`; 4 bytes a row here, in memory beside the cache).
+    /// It keeps a stationary skew's hot rows better than LRU; counts never
+    /// decay, so LRU follows ids whose popularity drifts sooner.
+    Lfu,
+}
+
+impl CachePolicy {
+    /// Both, in order.
+    pub const ALL: [CachePolicy; 2] = [CachePolicy::Lru, CachePolicy::Lfu];
+
+    /// The name flags and reports use: `lru`, `lfu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CachePolicy::Lru => "lru",
+            CachePolicy::Lfu => "lfu",
+        }
+    }
+
+    /// Memory the policy keeps per row of the table, besides the cache.
+    pub fn bytes_per_table_row(self) -> usize {
+        match self {
+            CachePolicy::Lru => 0,
+            CachePolicy::Lfu => std::mem::size_of::<u32>(),
+        }
+    }
+}
+
+impl std::fmt::Display for CachePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CachePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown cache policy '{s}' (one of lru, lfu)"))
+    }
 }
 
 /// How a disk-tier table's cache has done since it was built.
@@ -133,34 +195,84 @@ impl RowFile {
             .map_err(|e| disk_error(table, &self.path, &format!("read at byte {at} failed"), e))
     }
 
-    /// Reads `buf` at byte `at` if the page cache holds it all, without
-    /// waiting for the disk; `false` when it would have waited (or failed:
-    /// the waiting read then reports it).
-    fn read_cached(&self, buf: &mut [u8], at: u64) -> bool {
+    /// Reads one record at byte `at` into `parts` (a slot's row and state,
+    /// in the record's order), one system call. With `nowait` only if the
+    /// page cache holds it all (`Ok(false)` when it would have waited).
+    /// Short reads (a signal) are read again whole through `scratch`.
+    fn read_parts(
+        &self,
+        table: &str,
+        mut parts: [&mut [u8]; 2],
+        at: u64,
+        nowait: bool,
+        scratch: &mut Vec<u8>,
+    ) -> Result<bool, SparseError> {
+        let len = parts[0].len() + parts[1].len();
         #[cfg(target_os = "linux")]
         {
             use std::os::fd::AsRawFd;
-            let iov = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            };
-            // SAFETY: one iovec over `buf`, valid for its length.
+            let iov = parts.each_mut().map(|p| libc::iovec {
+                iov_base: p.as_mut_ptr().cast(),
+                iov_len: p.len(),
+            });
+            let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+            // SAFETY: two iovecs over the two parts, valid for their lengths.
             let n = unsafe {
                 libc::preadv2(
                     self.file.as_raw_fd(),
-                    &iov,
-                    1,
+                    iov.as_ptr(),
+                    2,
                     at as libc::off_t,
-                    libc::RWF_NOWAIT,
+                    flags,
                 )
             };
-            n == buf.len() as isize
+            if n == len as isize {
+                return Ok(true);
+            }
+            if nowait {
+                return Ok(false);
+            }
         }
         #[cfg(not(target_os = "linux"))]
-        {
-            let _ = (buf, at);
-            false
+        if nowait {
+            return Ok(false);
         }
+        scratch.resize(len, 0);
+        self.read(table, scratch, at)?;
+        let (row, state) = scratch.split_at(parts[0].len());
+        let [a, b] = parts;
+        a.copy_from_slice(row);
+        b.copy_from_slice(state);
+        Ok(true)
+    }
+
+    /// Writes one record (`parts`: a slot's row and state) at byte `at`,
+    /// one system call; a short write is finished through `scratch`.
+    fn write_parts(
+        &self,
+        table: &str,
+        parts: [&[u8]; 2],
+        at: u64,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), SparseError> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let iov = parts.map(|p| libc::iovec {
+                iov_base: p.as_ptr().cast_mut().cast(),
+                iov_len: p.len(),
+            });
+            // SAFETY: two iovecs over the two parts, read only.
+            let n =
+                unsafe { libc::pwritev(self.file.as_raw_fd(), iov.as_ptr(), 2, at as libc::off_t) };
+            if n == (parts[0].len() + parts[1].len()) as isize {
+                return Ok(());
+            }
+        }
+        scratch.clear();
+        scratch.extend_from_slice(parts[0]);
+        scratch.extend_from_slice(parts[1]);
+        self.write(table, scratch, at)
     }
 
     fn write(&self, table: &str, buf: &[u8], at: u64) -> Result<(), SparseError> {
@@ -221,11 +333,13 @@ fn io_pool() -> &'static rayon::ThreadPool {
 }
 
 /// A staged miss: `slot` now holds `id`, read from the file; `evicted` is
-/// the changed row it held before, written back first.
+/// the changed row it held before, written back first. `before` is the
+/// slot's row and meta word before, for undoing a refused batch.
 pub(crate) struct Miss {
     slot: usize,
     id: u64,
     evicted: Option<u64>,
+    before: (u64, u64),
 }
 
 /// The part of a tier another thread may read while its table computes:
@@ -325,6 +439,15 @@ pub(crate) enum Stage {
     Update,
 }
 
+/// LFU's lookup counts: each table row's, kept up to date when its row
+/// leaves the cache, and each slot's (its row's count, counted on while
+/// cached), so that a lookup and a victim's choice touch only the set.
+#[derive(Debug)]
+struct Counts {
+    rows: Vec<u32>,
+    slots: Vec<u32>,
+}
+
 /// Fills a chunk of a new file's records: `(first row, records)`.
 pub(crate) type FillRecords<'a> = dyn Fn(usize, &mut [u8]) + Sync + 'a;
 
@@ -334,9 +457,12 @@ pub(crate) type FillRecords<'a> = dyn Fn(usize, &mut [u8]) + Sync + 'a;
 pub(crate) struct DiskTier {
     /// The file and the slots' ids, which a [`ReadAhead`] reads too.
     shared: Arc<Shared>,
-    /// The epoch each slot was last used in.
-    stamps: Vec<u64>,
-    dirty: Vec<bool>,
+    /// Per slot: the epoch it was last used in, and [`DIRTY`] when its
+    /// row changed since it was read. One word, so that a lookup and the
+    /// backward's marking touch one line of a set, not two arrays.
+    meta: Vec<u64>,
+    /// Under [`CachePolicy::Lfu`], the lookup counts.
+    lfu: Option<Counts>,
     epoch: u64,
     stats: TierStats,
 }
@@ -392,12 +518,22 @@ impl DiskTier {
         });
         let tier = Self {
             shared,
-            stamps: vec![0; slots],
-            dirty: vec![false; slots],
+            meta: vec![0; slots],
+            lfu: (config.policy == CachePolicy::Lfu).then(|| Counts {
+                rows: vec![0; rows],
+                slots: vec![0; slots],
+            }),
             epoch: 0,
             stats: TierStats::default(),
         };
         Ok((tier, slots))
+    }
+
+    /// Bytes the cache's policy keeps in memory (LFU's counts).
+    pub(crate) fn policy_bytes(&self) -> usize {
+        self.lfu.as_ref().map_or(0, |c| {
+            std::mem::size_of_val(c.rows.as_slice()) + std::mem::size_of_val(c.slots.as_slice())
+        })
     }
 
     pub(crate) fn stats(&self) -> TierStats {
@@ -430,7 +566,7 @@ impl DiskTier {
     /// [`transfer`]. A batch's rows stay in the cache until the next
     /// `Lookup`: a set whose 16 slots all hold rows of the batch cannot
     /// take another, and fails with [`SparseError::CacheFull`] (the cache
-    /// then as it was, less the rows of the failed batch).
+    /// then holds the rows it held before the batch).
     pub(crate) fn assign(
         &mut self,
         table: &str,
@@ -442,40 +578,68 @@ impl DiskTier {
             self.stats.lookups += ids.len() as u64;
         }
         let epoch = self.epoch;
+        // Each id's set first, so that the sets' tags and stamps (random
+        // lines, a DRAM miss each) are fetched a few ids ahead of use.
+        let sets: Vec<usize> = ids.iter().map(|&v| self.shared.set_of(v as u64)).collect();
         let mut misses = Vec::new();
-        for v in ids.iter_mut() {
+        for (i, v) in ids.iter_mut().enumerate() {
+            if let Some(&ahead) = sets.get(i + ASSIGN_AHEAD) {
+                self.prefetch_set(ahead);
+            }
             let id = *v as u64;
-            let slot = match self.shared.slot_of(id) {
-                Some(slot) => slot,
+            let base = sets[i] * CACHE_WAYS;
+            let counted = u32::from(stage == Stage::Lookup);
+            let slot = match (base..base + CACHE_WAYS).find(|&s| self.shared.tag(s) == id) {
+                Some(slot) => {
+                    if let Some(lfu) = &mut self.lfu {
+                        lfu.slots[slot] = lfu.slots[slot].saturating_add(counted);
+                    }
+                    slot
+                }
                 None => {
-                    // An empty slot, else the least recently used one not
-                    // holding a row of this batch.
-                    let base = self.shared.set_of(id) * CACHE_WAYS;
-                    let victim = (base..base + CACHE_WAYS)
-                        .filter(|&s| self.stamps[s] < epoch)
-                        .min_by_key(|&s| (self.shared.tag(s) != EMPTY, self.stamps[s]));
+                    // An empty slot, else by the policy among the slots
+                    // not holding a row of this batch.
+                    let meta = &self.meta;
+                    let free = (base..base + CACHE_WAYS).filter(|&s| meta[s] & !DIRTY < epoch);
+                    let victim = match &self.lfu {
+                        None => {
+                            free.min_by_key(|&s| (self.shared.tag(s) != EMPTY, meta[s] & !DIRTY))
+                        }
+                        Some(lfu) => free.min_by_key(|&s| {
+                            (self.shared.tag(s) != EMPTY, lfu.slots[s], meta[s] & !DIRTY)
+                        }),
+                    };
                     let Some(slot) = victim else {
-                        self.forget(&misses);
+                        self.undo(&misses);
                         return Err(SparseError::CacheFull {
                             table: table.to_string(),
                             cache_rows: self.shared.tags.len(),
                         });
                     };
                     let old = self.shared.tag(slot);
+                    if let Some(lfu) = &mut self.lfu {
+                        if old != EMPTY {
+                            lfu.rows[old as usize] = lfu.slots[slot];
+                        }
+                        lfu.slots[slot] = lfu.rows[id as usize].saturating_add(counted);
+                    }
                     misses.push(Miss {
                         slot,
                         id,
-                        evicted: (old != EMPTY && self.dirty[slot]).then_some(old),
+                        evicted: (old != EMPTY && self.meta[slot] & DIRTY != 0).then_some(old),
+                        before: (old, self.meta[slot]),
                     });
                     self.shared.set_tag(slot, id);
-                    self.dirty[slot] = false;
+                    self.meta[slot] &= !DIRTY;
                     slot
                 }
             };
-            self.stamps[slot] = epoch;
-            if stage == Stage::Update {
-                self.dirty[slot] = true;
-            }
+            let dirty = if stage == Stage::Update {
+                DIRTY
+            } else {
+                self.meta[slot] & DIRTY
+            };
+            self.meta[slot] = epoch | dirty;
             *v = slot as i64;
         }
         if stage == Stage::Lookup {
@@ -498,17 +662,57 @@ impl DiskTier {
 
     /// Marks the rows in `slots` changed (the backward of a staged batch,
     /// a row written by hand).
-    pub(crate) fn mark_changed(&mut self, slots: impl IntoIterator<Item = usize>) {
-        for s in slots {
-            self.dirty[s] = true;
+    pub(crate) fn mark_changed(&mut self, slots: &[i64]) {
+        for (i, &s) in slots.iter().enumerate() {
+            if let Some(&ahead) = slots.get(i + ASSIGN_AHEAD) {
+                prefetch_every(self.meta.as_ptr().wrapping_add(ahead as usize), 8, 64);
+            }
+            self.meta[s as usize] |= DIRTY;
         }
     }
 
-    /// Empties the slots of misses whose rows may not have arrived.
+    /// Starts fetching set `set`'s tags and stamps into the CPU's cache.
+    fn prefetch_set(&self, set: usize) {
+        let base = set * CACHE_WAYS;
+        prefetch_every(
+            self.shared.tags.as_ptr().wrapping_add(base),
+            CACHE_WAYS * 8,
+            64,
+        );
+        prefetch_every(self.meta.as_ptr().wrapping_add(base), CACHE_WAYS * 8, 64);
+        if let Some(lfu) = &self.lfu {
+            prefetch_every(lfu.slots.as_ptr().wrapping_add(base), CACHE_WAYS * 4, 64);
+        }
+    }
+
+    /// Puts back the rows the misses of a batch refused before any transfer
+    /// replaced: their slots still hold them, changes and all (last miss
+    /// first, though a slot takes one miss a batch).
+    fn undo(&mut self, misses: &[Miss]) {
+        for m in misses.iter().rev() {
+            let (old, meta) = m.before;
+            if let Some(lfu) = &mut self.lfu {
+                lfu.rows[m.id as usize] = lfu.slots[m.slot];
+                lfu.slots[m.slot] = if old == EMPTY {
+                    0
+                } else {
+                    lfu.rows[old as usize]
+                };
+            }
+            self.shared.set_tag(m.slot, old);
+            self.meta[m.slot] = meta;
+        }
+    }
+
+    /// Empties the slots of misses whose rows may not have arrived (their
+    /// lookups stay counted).
     fn forget(&mut self, misses: &[Miss]) {
         for m in misses {
+            if let Some(lfu) = &mut self.lfu {
+                lfu.rows[m.id as usize] = lfu.slots[m.slot];
+            }
             self.shared.set_tag(m.slot, EMPTY);
-            self.dirty[m.slot] = false;
+            self.meta[m.slot] &= !DIRTY;
         }
     }
 
@@ -519,18 +723,20 @@ impl DiskTier {
         rows: &mut TableRows,
         state: &mut OptimizerState,
     ) -> Result<(), SparseError> {
-        let dirty: Vec<usize> = (0..self.dirty.len()).filter(|&s| self.dirty[s]).collect();
+        let dirty: Vec<usize> = (0..self.meta.len())
+            .filter(|&s| self.meta[s] & DIRTY != 0)
+            .collect();
         let slots = SlotPointers::new(rows, state);
         io_pool().install(|| {
-            dirty.par_iter().try_for_each_init(Vec::new, |buf, &s| {
+            dirty.par_iter().try_for_each_init(Vec::new, |scratch, &s| {
                 // SAFETY: distinct slots; read only.
-                unsafe { slots.pack(s, buf) };
+                let (row, state) = unsafe { slots.slot(s) };
                 let at = self.shared.tag(s) * self.shared.record;
-                self.shared.file.write(table, buf, at)
+                (self.shared.file).write_parts(table, [row, state], at, scratch)
             })
         })?;
         for &s in &dirty {
-            self.dirty[s] = false;
+            self.meta[s] &= !DIRTY;
         }
         self.stats.bytes_written += dirty.len() as u64 * self.shared.record;
         Ok(())
@@ -543,6 +749,11 @@ impl DiskTier {
         DiskTierConfig {
             dir: path.parent().map_or_else(PathBuf::new, Path::to_path_buf),
             cache_rows: self.shared.tags.len(),
+            policy: if self.lfu.is_some() {
+                CachePolicy::Lfu
+            } else {
+                CachePolicy::Lru
+            },
         }
     }
 
@@ -634,17 +845,16 @@ pub(crate) fn transfer(tables: &[Transfer<'_>]) -> Result<(), SparseError> {
 }
 
 /// Miss `m` of `x`: the changed row its slot held, written back.
-fn write_back(x: &Transfer<'_>, m: usize, buf: &mut Vec<u8>) -> Result<(), SparseError> {
+fn write_back(x: &Transfer<'_>, m: usize, scratch: &mut Vec<u8>) -> Result<(), SparseError> {
     let (tier, miss) = (x.tier, &x.misses[m]);
     let Some(old) = miss.evicted else {
         return Ok(());
     };
     // SAFETY: each miss of a table has its own slot (a slot gets one miss
     // per stage); this pass only reads it.
-    unsafe { x.slots.pack(miss.slot, buf) };
-    tier.shared
-        .file
-        .write(x.table, buf, old * tier.shared.record)
+    let (row, state) = unsafe { x.slots.slot(miss.slot) };
+    let at = old * tier.shared.record;
+    (tier.shared.file).write_parts(x.table, [row, state], at, scratch)
 }
 
 /// Which reads [`read_row`] may do.
@@ -656,29 +866,21 @@ enum Read {
     Any,
 }
 
-/// Miss `m` of `x`: its row read into its slot. Returns whether it is
-/// done (`false`: the read would have waited, under `Read::Cached`).
+/// Miss `m` of `x`: its row read into its slot, straight from the file.
+/// Returns whether it is done (`false`: the read would have waited, under
+/// `Read::Cached`).
 fn read_row(
     x: &Transfer<'_>,
     m: usize,
-    buf: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
     read: Read,
 ) -> Result<bool, SparseError> {
     let (tier, miss) = (x.tier, &x.misses[m]);
-    buf.resize(tier.shared.record as usize, 0);
-    let at = miss.id * tier.shared.record;
-    match read {
-        Read::Cached => {
-            if !tier.shared.file.read_cached(buf, at) {
-                return Ok(false);
-            }
-        }
-        Read::Any => tier.shared.file.read(x.table, buf, at)?,
-    }
     // SAFETY: each miss of a table has its own slot, and one task at a
     // time handles a miss.
-    unsafe { x.slots.unpack(buf, miss.slot) };
-    Ok(true)
+    let (row, state) = unsafe { x.slots.slot(miss.slot) };
+    let at = miss.id * tier.shared.record;
+    (tier.shared.file).read_parts(x.table, [row, state], at, read == Read::Cached, scratch)
 }
 
 /// The cache's rows and state as raw pointers, for tasks that each touch
@@ -704,37 +906,16 @@ impl SlotPointers {
         }
     }
 
-    /// Slot `slot`'s row and state, as one record of the file, into `buf`.
-    ///
-    /// # Safety
-    /// As for [`slot`](Self::slot).
-    unsafe fn pack(&self, slot: usize, buf: &mut Vec<u8>) {
-        let (row, state) = self.slot(slot);
-        buf.clear();
-        buf.extend_from_slice(row);
-        buf.extend_from_slice(bytemuck::cast_slice(state));
-    }
-
-    /// A record of the file (`buf`) into slot `slot`'s row and state.
-    ///
-    /// # Safety
-    /// As for [`slot`](Self::slot); `buf` is one record long.
-    unsafe fn unpack(&self, buf: &[u8], slot: usize) {
-        let (row, state) = self.slot(slot);
-        row.copy_from_slice(&buf[..self.stride]);
-        bytemuck::cast_slice_mut(state).copy_from_slice(&buf[self.stride..]);
-    }
-
     /// # Safety
     /// `slot` is a slot of the cache, and no other task uses it meanwhile.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn slot(&self, slot: usize) -> (&mut [u8], &mut [f32]) {
+    unsafe fn slot(&self, slot: usize) -> (&mut [u8], &mut [u8]) {
         let row = std::slice::from_raw_parts_mut(self.rows.add(slot * self.stride), self.stride);
         let state = if self.per_row == 0 {
             &mut [][..]
         } else {
             std::slice::from_raw_parts_mut(self.state.add(slot * self.per_row), self.per_row)
         };
-        (row, state)
+        (row, bytemuck::cast_slice_mut(state))
     }
 }

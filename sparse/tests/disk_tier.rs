@@ -3,8 +3,8 @@
 //! written back and read again), and fail with errors that name the table.
 
 use ember_sparse::{
-    DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
-    SparseError, TableOptimizer,
+    CachePolicy, DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig,
+    KeyedJaggedTensor, SparseError, TableOptimizer,
 };
 use proptest::prelude::*;
 
@@ -124,6 +124,7 @@ proptest! {
             Just(TableOptimizer::adam(0.01)),
         ],
         weighted in any::<bool>(),
+        policy in prop_oneof![Just(CachePolicy::Lru), Just(CachePolicy::Lfu)],
         seed in any::<u64>(),
     ) {
         let dir = tempfile::tempdir().unwrap();
@@ -131,6 +132,7 @@ proptest! {
         let tiers = tables.iter().map(|_| Some(DiskTierConfig {
             dir: dir.path().to_path_buf(),
             cache_rows: sets * ember_sparse::CACHE_WAYS,
+            policy,
         })).collect();
         let mut disk = EmbeddingBagCollection::with_disk_tiers(configs(&tables, dtype), optimizer, seed, tiers).unwrap();
         prop_assert_eq!(all_rows(&ram), all_rows(&disk));
@@ -157,6 +159,7 @@ proptest! {
         let tiers = tables.iter().map(|_| Some(DiskTierConfig {
             dir: dir.path().to_path_buf(),
             cache_rows: sets * ember_sparse::CACHE_WAYS,
+            policy,
         })).collect();
         let mut loaded = EmbeddingBagCollection::with_disk_tiers(configs(&tables, dtype), optimizer, !seed, tiers).unwrap();
         let (kjt, _) = batch(&tables, 3, seed, weighted);
@@ -204,6 +207,7 @@ fn disk_collection(
     let tier = DiskTierConfig {
         dir: dir.to_path_buf(),
         cache_rows,
+        policy: CachePolicy::Lru,
     };
     EmbeddingBagCollection::with_disk_tiers(configs, TableOptimizer::sgd(0.1), 1, vec![Some(tier)])
         .unwrap()
@@ -266,6 +270,44 @@ fn bad_ids_and_full_sets_name_the_table() {
     ebc.forward(&bags(&ids[..16])).unwrap();
 }
 
+/// A batch refused for a full set leaves the cache as it was: the changed
+/// rows its misses would have evicted are kept (they were not yet written
+/// back), under either policy.
+#[test]
+fn a_refused_batch_loses_no_changed_row() {
+    for policy in CachePolicy::ALL {
+        let dir = tempfile::tempdir().unwrap();
+        let configs = || vec![EmbeddingBagConfig::new("t", 100, 4, &["f"])];
+        let opt = TableOptimizer::sgd(0.5);
+        let tier = DiskTierConfig {
+            dir: dir.path().to_path_buf(),
+            cache_rows: 16,
+            policy,
+        };
+        let mut disk =
+            EmbeddingBagCollection::with_disk_tiers(configs(), opt, 3, vec![Some(tier)]).unwrap();
+        let mut ram = EmbeddingBagCollection::new(configs(), opt, 3).unwrap();
+        // 16 rows in the set, all changed.
+        let kjt = bags(&(0..16).collect::<Vec<_>>());
+        let grad = vec![1.0; 16 * 4];
+        disk.prefetch(&kjt).unwrap();
+        disk.forward(&kjt).unwrap();
+        disk.backward_update(&kjt, &grad).unwrap();
+        ram.backward_update(&kjt, &grad).unwrap();
+        // 17 other rows: refused after evicting all 16.
+        let err = disk
+            .prefetch(&bags(&(50..67).collect::<Vec<_>>()))
+            .unwrap_err();
+        assert!(matches!(err, SparseError::CacheFull { .. }), "{err}");
+        // Those 16 are still cached (no read), then as RAM's once flushed.
+        disk.prefetch(&kjt).unwrap();
+        let s = disk.tables()[0].tier_stats().unwrap();
+        assert_eq!(s.misses, 16, "{policy}: misses");
+        disk.tables_mut()[0].flush().unwrap();
+        assert_eq!(all_rows(&ram), all_rows(&disk), "{policy}");
+    }
+}
+
 #[test]
 fn files_are_named_in_errors_and_removed_with_the_table() {
     let dir = tempfile::tempdir().unwrap();
@@ -274,6 +316,7 @@ fn files_are_named_in_errors_and_removed_with_the_table() {
     let tier = DiskTierConfig {
         dir: missing.clone(),
         cache_rows: 16,
+        policy: CachePolicy::Lru,
     };
     let err = EmbeddingBagCollection::with_disk_tiers(
         configs,
@@ -294,6 +337,7 @@ fn files_are_named_in_errors_and_removed_with_the_table() {
     let tier = DiskTierConfig {
         dir: dir.path().to_path_buf(),
         cache_rows: 15,
+        policy: CachePolicy::Lru,
     };
     let configs = vec![EmbeddingBagConfig::new("small", 10, 4, &["f"])];
     let err = EmbeddingBagCollection::with_disk_tiers(
@@ -317,6 +361,7 @@ fn a_row_evicted_and_wanted_by_one_batch_keeps_its_changes() {
     let tier = DiskTierConfig {
         dir: dir.path().to_path_buf(),
         cache_rows: 16,
+        policy: CachePolicy::Lru,
     };
     let mut disk =
         EmbeddingBagCollection::with_disk_tiers(configs(), opt, 3, vec![Some(tier)]).unwrap();

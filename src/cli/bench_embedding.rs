@@ -129,6 +129,7 @@ pub struct EmbeddingReport {
 #[derive(Debug, Serialize)]
 pub struct DiskTierReport {
     pub cache_rows_per_table: usize,
+    pub cache_policy: String,
     pub cache_bytes: u64,
     pub hit_rate: f64,
     pub bytes_read_per_iter: f64,
@@ -286,6 +287,7 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
         let iters = times.len() as f64;
         DiskTierReport {
             cache_rows_per_table: cache_rows,
+            cache_policy: args.tier.cache_policy.to_string(),
             cache_bytes: ebc.bytes() as u64,
             hit_rate: timed.hit_rate(),
             bytes_read_per_iter: timed.bytes_read as f64 / iters,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use ember_sharding::{DiskTierModel, ShardingPlan};
-use ember_sparse::{DiskTierConfig, EmbeddingBagConfig, TableOptimizer, CACHE_WAYS};
+use ember_sparse::{CachePolicy, DiskTierConfig, EmbeddingBagConfig, TableOptimizer, CACHE_WAYS};
 
 /// A disk-tier cache holds at least this many batches' ids: a batch's rows
 /// then fill a set of 16 only by a rare chance (about 2 of them a set).
@@ -22,6 +22,10 @@ pub struct TierArgs {
     /// share of the tables' bytes (`25%`) [default: 25%]
     #[arg(long, requires = "disk_dir")]
     pub cache_memory: Option<String>,
+    /// Which cached row a miss replaces: `lru` (FBGEMM's default) or `lfu`
+    /// (a lookup count per table row, 4 bytes each, in memory)
+    #[arg(long, default_value = "lru", requires = "disk_dir")]
+    pub cache_policy: CachePolicy,
 }
 
 impl TierArgs {
@@ -47,6 +51,7 @@ impl TierArgs {
                 (rows >= (CACHE_BATCHES * batch_ids).max(CACHE_WAYS)).then(|| DiskTierConfig {
                     dir: dir.clone(),
                     cache_rows: rows,
+                    policy: self.cache_policy,
                 })
             })
             .collect())
@@ -68,7 +73,7 @@ impl TierArgs {
             &self.disk_dir,
             plan.tables.iter().find(|t| t.cache_rows.is_some()),
         ) {
-            (Some(dir), _) => Ok(plan.disk_tiers(tables, dir)),
+            (Some(dir), _) => Ok(plan.disk_tiers(tables, dir, self.cache_policy)),
             (None, Some(t)) => anyhow::bail!(
                 "the plan puts table '{}' on the disk tier: give --disk-dir for its files",
                 t.table
@@ -96,6 +101,7 @@ impl TierArgs {
             min_cache_rows: CACHE_BATCHES * batch_ids,
             reads_per_s: ember_sharding::DEFAULT_DISK_READS_PER_S,
             zipf_alpha,
+            policy: self.cache_policy,
         }))
     }
 
@@ -164,8 +170,11 @@ pub fn resident(
 /// The disk tier's figures over a run (`--json`'s `disk_tier`).
 #[derive(Debug, serde::Serialize)]
 pub struct TierReport {
-    /// Bytes of the model's tables in memory (a disk-tier table's: its cache's).
+    /// Bytes of the model's tables in memory (a disk-tier table's: its
+    /// cache's, and LFU's counts).
     pub cache_bytes: u64,
+    /// The caches' policy: `lru` or `lfu`.
+    pub cache_policy: String,
     /// Share of lookups the caches served.
     pub hit_rate: f64,
     pub bytes_read_per_step: f64,
@@ -184,10 +193,12 @@ impl TierReport {
         if !tables.iter().any(|t| t.is_on_disk()) {
             return None;
         }
+        let policy = tables.iter().find_map(|t| t.disk_tier()).map(|c| c.policy);
         let totals = totals(tables.into_iter());
         let steps = steps.max(1.0);
         Some(Self {
             cache_bytes: model.sparse_arch().bytes() as u64,
+            cache_policy: policy.unwrap_or_default().to_string(),
             hit_rate: totals.hit_rate(),
             bytes_read_per_step: totals.bytes_read as f64 / steps,
             bytes_written_per_step: totals.bytes_written as f64 / steps,
@@ -199,8 +210,9 @@ impl std::fmt::Display for TierReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "disk tier: caches {:.2} GiB, hit rate {:.1}%, {:.2} MB read and {:.2} MB written per step",
+            "disk tier: caches {:.2} GiB ({}), hit rate {:.1}%, {:.2} MB read and {:.2} MB written per step",
             self.cache_bytes as f64 / (1u64 << 30) as f64,
+            self.cache_policy,
             self.hit_rate * 100.0,
             self.bytes_read_per_step / 1e6,
             self.bytes_written_per_step / 1e6

@@ -107,6 +107,7 @@ pub fn shard_tier(tier: &DiskTierConfig, table_rows: usize, shard_rows: usize) -
     DiskTierConfig {
         dir: tier.dir.clone(),
         cache_rows: rows,
+        policy: tier.policy,
     }
 }
 

@@ -320,10 +320,11 @@ impl EmbeddingTable {
     }
 
     /// Bytes of rows plus optimizer state in memory (a disk-tier table's:
-    /// its cache's).
+    /// its cache's, and its policy's counts).
     pub fn bytes(&self) -> usize {
         let (rows, state) = self.store.resident();
-        rows.bytes().len() + std::mem::size_of_val(state.as_slice())
+        let policy = self.store.tier().map_or(0, |t| t.policy_bytes());
+        rows.bytes().len() + std::mem::size_of_val(state.as_slice()) + policy
     }
 }
 

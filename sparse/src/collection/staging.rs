@@ -103,7 +103,7 @@ impl EmbeddingBagCollection {
                 for (slot, &k) in self.slots.iter().zip(&keys) {
                     if let (_, _, Some(tier)) = self.tables[slot.table].store.parts_mut() {
                         let slots = &staged.slots.values()[kjt.key_range(k)];
-                        tier.mark_changed(slots.iter().map(|&s| s as usize));
+                        tier.mark_changed(slots);
                     }
                 }
                 staged

@@ -140,7 +140,7 @@ impl TableStore for OnDisk {
     }
     fn write_row(&mut self, name: &str, id: usize, values: &[f32]) -> Result<(), SparseError> {
         if let Some(slot) = self.tier.slot_of(id as u64) {
-            self.tier.mark_changed([slot]);
+            self.tier.mark_changed(&[slot as i64]);
             self.rows.write_row(slot, values);
             return Ok(());
         }

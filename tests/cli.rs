@@ -248,6 +248,27 @@ fn bench_embedding_on_the_disk_tier() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A disk that refuses the tables' files (here a file size limit, with
+/// its signal ignored as a full disk has none): an error naming the table
+/// and its file, exit code 1, and no file left behind.
+#[test]
+fn a_disk_tier_file_the_disk_refuses_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("ember-tier-full-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let command = format!(
+        "trap '' XFSZ; ulimit -f 64; exec {} bench embedding --tables 1 --rows 100000 --dim 16 \
+         --batch 64 --iters 1 --input-batches 8 --disk-dir {}",
+        env!("CARGO_BIN_EXE_ember"),
+        dir.display()
+    );
+    let out = Command::new("sh").args(["-c", &command]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("t0") && err.contains(".rows"), "{err}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bench_dlrm_on_the_disk_tier_trains_as_in_ram() {
     let dir = std::env::temp_dir().join(format!("ember-dlrm-tier-{}", std::process::id()));

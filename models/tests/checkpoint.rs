@@ -355,6 +355,12 @@ fn read(path: &Path) -> Vec<(String, Vec<u8>)> {
     v
 }
 
+/// The metadata of safetensors `bytes`.
+fn st_meta(bytes: &[u8]) -> std::collections::HashMap<String, String> {
+    let (_, meta) = SafeTensors::read_metadata(bytes).unwrap();
+    meta.metadata().clone().unwrap()
+}
+
 /// The byte range of tensor `name`'s data in safetensors `bytes`.
 fn data_range(bytes: &[u8], name: &str) -> std::ops::Range<usize> {
     let (header, meta) = SafeTensors::read_metadata(bytes).unwrap();
@@ -378,9 +384,9 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
     save(&mut model, &ours, None).unwrap();
     let good = std::fs::read(&ours).unwrap();
     let t1 = table_weight_name("t_cat_1");
-    let load_error = |path: &Path| {
-        let model = Checkpoint::open(path).unwrap().inference_model();
-        model.err().map_or(String::new(), |e| e.to_string())
+    let load_error = |path: &Path| match Checkpoint::open(path) {
+        Ok(ckpt) => (ckpt.inference_model().err()).map_or(String::new(), |e| e.to_string()),
+        Err(e) => e.to_string(),
     };
 
     // One flipped bit in a table's rows: the checksum names the tensor.
@@ -409,6 +415,37 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
     let mut served = Checkpoint::open(&plain).unwrap().inference_model().unwrap();
     let want = model.predict(&be, &batch).unwrap().to_vec();
     assert_eq!(served.predict(&be, &batch).unwrap(), &want[..]);
+
+    // A corrupted name in the metadata must not pass for a file without
+    // checksums, nor for one whose metadata has no checksum: the checksums
+    // under another key, or the metadata's own checksum under another name,
+    // with a flipped row or step beside them (found by the fuzz test).
+    let rewritten = |edit: &dyn Fn(&mut std::collections::HashMap<String, String>)| {
+        let mut meta = st_meta(&good);
+        edit(&mut meta);
+        let path = dir.path().join("edited.safetensors");
+        let st = SafeTensors::deserialize(&good).unwrap();
+        safetensors::serialize_to_file(st.tensors(), Some(meta), &path).unwrap();
+        path
+    };
+    let renamed = rewritten(&|meta| {
+        let sums = meta.remove("ember.crc32").unwrap();
+        meta.insert("ember.crc33".into(), sums);
+    });
+    let mut flipped = std::fs::read(&renamed).unwrap();
+    let at = data_range(&flipped, &t1).start;
+    flipped[at] ^= 1;
+    std::fs::write(&renamed, &flipped).unwrap();
+    let e = load_error(&renamed);
+    assert!(e.contains("ember.crc33") && e.contains("corrupt"), "{e}");
+    let unsummed = rewritten(&|meta| {
+        let sums = meta["ember.crc32"].replace("\"__metadata__\"", "\"__metadatb__\"");
+        meta.insert("ember.crc32".into(), sums);
+        let step: u64 = meta["ember.sparse_step"].parse().unwrap();
+        meta.insert("ember.sparse_step".into(), (step + 1).to_string());
+    });
+    let e = load_error(&unsummed);
+    assert!(e.contains("(__metadata__)") && e.contains("corrupt"), "{e}");
 
     // Values no training produces: NaN rows, a NaN parameter, negative sums
     // of squares; each refused with the tensor, row and column.

@@ -64,9 +64,8 @@ fn a_table_too_large_for_memory_goes_on_the_disk_tier() {
         m.policy = CachePolicy::Lfu;
     }
     let (_, lfu_stats) = plan(&tables(), &topo, &lfu).unwrap();
-    let storage = |s: &ember_sharding::PlanStats| -> u64 {
-        s.devices.iter().map(|d| d.storage_bytes).sum()
-    };
+    let storage =
+        |s: &ember_sharding::PlanStats| -> u64 { s.devices.iter().map(|d| d.storage_bytes).sum() };
     assert_eq!(storage(&lfu_stats) - storage(&stats), 10_000_000 * 4);
     assert!(stats
         .devices

@@ -189,7 +189,7 @@ impl StateFile {
         Ok(Self {
             path: path.to_path_buf(),
             mmap,
-            checksums: Checksums::of(&metadata, path)?,
+            checksums: Checksums::of(&header, path)?,
             metadata,
         })
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use ember_sharding::RowSplit;
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::{Dtype, Metadata, TensorView};
 use safetensors::SafeTensors;
 
 use super::set::{self, Index};
@@ -23,14 +23,40 @@ use crate::ModelError;
 pub(crate) struct Checksums(HashMap<String, u32>);
 
 impl Checksums {
-    /// The checksums in `metadata` (of the file at `path`).
-    pub(super) fn of(metadata: &HashMap<String, String>, path: &Path) -> Result<Self, ModelError> {
+    /// The checksums in `header`'s metadata (of the file at `path`). A
+    /// corrupted name must not pass for a file without checksums, or for
+    /// one whose metadata is not checksummed: the checksums under another
+    /// key, or without the metadata's own, are an error.
+    pub(super) fn of(header: &Metadata, path: &Path) -> Result<Self, ModelError> {
+        let empty = HashMap::new();
+        let metadata = header.metadata().as_ref().unwrap_or(&empty);
         let Some(text) = metadata.get(META_CRC32) else {
+            // Ember's checksums are a JSON object that holds the metadata's
+            // own under this name; no other writer's metadata does.
+            let quoted = format!("\"{METADATA_SUM}\"");
+            if let Some(key) = metadata
+                .iter()
+                .find_map(|(k, v)| v.contains(&quoted).then_some(k))
+            {
+                return Err(fail_at(
+                    path,
+                    format!(
+                        "metadata '{key}' holds checksums, which belong under \
+                         {META_CRC32}: the file is corrupt"
+                    ),
+                ));
+            }
             return Ok(Self::default());
         };
         let bad = |m: String| fail_at(path, format!("metadata {META_CRC32}: {m}"));
         let hex: HashMap<String, String> =
             serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if !hex.contains_key(METADATA_SUM) {
+            return Err(bad(format!(
+                "no checksum of the metadata ({METADATA_SUM}) among them: the file is corrupt \
+                 (or written before Ember checked its metadata)"
+            )));
+        }
         let sums = (hex.into_iter())
             .map(|(name, h)| match u32::from_str_radix(&h, 16) {
                 Ok(v) if h.len() == 8 => Ok((name, v)),
@@ -195,7 +221,7 @@ impl<B: AsRef<[u8]>> OneFile<B> {
         Ok(Self {
             path: path.to_path_buf(),
             bytes,
-            checksums: Checksums::of(&metadata, path)?,
+            checksums: Checksums::of(&header, path)?,
             metadata,
             shapes,
         })
@@ -348,8 +374,7 @@ impl SetStore {
                 let bytes = map(&path)?;
                 let (_, header) = SafeTensors::read_metadata(&bytes)
                     .map_err(|e| fail_at(&path, format!("not a safetensors file: {e}")))?;
-                let meta = header.metadata().clone().unwrap_or_default();
-                checksums.insert(name.clone(), Checksums::of(&meta, &path)?);
+                checksums.insert(name.clone(), Checksums::of(&header, &path)?);
                 files.insert(name.clone(), bytes);
             }
         }

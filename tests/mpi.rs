@@ -402,7 +402,7 @@ fn ranks_cache_their_own_disk_tier_shards_save_them_as_a_set_and_resume() {
             &tables,
         ]),
     );
-    let train = |ckpt: &str, extra: &[&str]| {
+    let train = |ranks: usize, ckpt: &str, extra: &[&str]| {
         let mut args = vec![
             "train",
             "--data",
@@ -432,17 +432,32 @@ fn ranks_cache_their_own_disk_tier_shards_save_them_as_a_set_and_resume() {
             "--json",
         ];
         args.extend_from_slice(extra);
-        json(&format!("train {extra:?}"), mpirun(2, &args, &[]))
+        json(&format!("train {extra:?}"), mpirun(ranks, &args, &[]))
     };
     let (ram, disk) = (p("ram"), p("disk"));
-    let a = train(&ram, &[]);
+    let a = train(2, &ram, &[]);
     let stopped = [&on_disk[..], &["--max-steps", "20"]].concat();
-    let b = train(&disk, &stopped);
+    let b = train(2, &disk, &stopped);
     let hit = b["disk_tier"]["hit_rate"].as_f64().unwrap();
     assert!(hit > 0.0 && hit < 1.0, "{b}");
+    // Resharded on ranks through its set: the same checkpoint resumed on 4
+    // ranks (another plan), each reading only its shards' pieces onto its
+    // disk tier, trains on.
+    let moved = p("moved");
+    std::fs::create_dir(&moved).unwrap();
+    for f in std::fs::read_dir(&disk).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, Path::new(&moved).join(f.file_name().unwrap())).unwrap();
+    }
+    let r = train(4, &moved, &[&on_disk[..], &["--resume"]].concat());
+    assert_eq!(r["resumed_at_step"], 20);
+    // The rest of epoch 0 is skipped (its position counts 2 ranks'
+    // batches); epoch 1 is whole: 32 batches of 64.
+    assert_eq!(r["steps"], 20 + 32, "{r}");
+    assert!(r["disk_tier"]["hit_rate"].as_f64().unwrap() > 0.0, "{r}");
     // Resumed from the set at step 20 onto the ranks' disk tiers: the end
     // is the RAM run's, bit for bit.
-    let c = train(&disk, &[&on_disk[..], &["--resume"]].concat());
+    let c = train(2, &disk, &[&on_disk[..], &["--resume"]].concat());
     assert_eq!(c["resumed_at_step"], 20);
     assert_eq!(
         (&c["steps"], &c["loss_last"]),

@@ -332,14 +332,21 @@ fn io_pool() -> &'static rayon::ThreadPool {
     })
 }
 
-/// A staged miss: `slot` now holds `id`, read from the file; `evicted` is
-/// the changed row it held before, written back first. `before` is the
-/// slot's row and meta word before, for undoing a refused batch.
+/// A staged miss: `slot` now holds `id`, read from the file; `before` is
+/// the row it held and its meta word (for [`evicted`](Self::evicted), and
+/// for undoing a refused batch).
 pub(crate) struct Miss {
     slot: usize,
     id: u64,
-    evicted: Option<u64>,
     before: (u64, u64),
+}
+
+impl Miss {
+    /// The changed row the slot held, to write back first.
+    fn evicted(&self) -> Option<u64> {
+        let (old, meta) = self.before;
+        (old != EMPTY && meta & DIRTY != 0).then_some(old)
+    }
 }
 
 /// The part of a tier another thread may read while its table computes:
@@ -581,6 +588,7 @@ impl DiskTier {
         // Each id's set first, so that the sets' tags and stamps (random
         // lines, a DRAM miss each) are fetched a few ids ahead of use.
         let sets: Vec<usize> = ids.iter().map(|&v| self.shared.set_of(v as u64)).collect();
+        let counted = u32::from(stage == Stage::Lookup);
         let mut misses = Vec::new();
         for (i, v) in ids.iter_mut().enumerate() {
             if let Some(&ahead) = sets.get(i + ASSIGN_AHEAD) {
@@ -588,7 +596,6 @@ impl DiskTier {
             }
             let id = *v as u64;
             let base = sets[i] * CACHE_WAYS;
-            let counted = u32::from(stage == Stage::Lookup);
             let slot = match (base..base + CACHE_WAYS).find(|&s| self.shared.tag(s) == id) {
                 Some(slot) => {
                     if let Some(lfu) = &mut self.lfu {
@@ -626,7 +633,6 @@ impl DiskTier {
                     misses.push(Miss {
                         slot,
                         id,
-                        evicted: (old != EMPTY && self.meta[slot] & DIRTY != 0).then_some(old),
                         before: (old, self.meta[slot]),
                     });
                     self.shared.set_tag(slot, id);
@@ -655,7 +661,7 @@ impl DiskTier {
             return self.forget(misses);
         }
         let record = self.shared.record;
-        let written = misses.iter().filter(|m| m.evicted.is_some()).count() as u64;
+        let written = misses.iter().filter(|m| m.evicted().is_some()).count() as u64;
         self.stats.bytes_read += misses.len() as u64 * record;
         self.stats.bytes_written += written * record;
     }
@@ -847,7 +853,7 @@ pub(crate) fn transfer(tables: &[Transfer<'_>]) -> Result<(), SparseError> {
 /// Miss `m` of `x`: the changed row its slot held, written back.
 fn write_back(x: &Transfer<'_>, m: usize, scratch: &mut Vec<u8>) -> Result<(), SparseError> {
     let (tier, miss) = (x.tier, &x.misses[m]);
-    let Some(old) = miss.evicted else {
+    let Some(old) = miss.evicted() else {
         return Ok(());
     };
     // SAFETY: each miss of a table has its own slot (a slot gets one miss

@@ -1,11 +1,11 @@
 //! Gather-back: every shard's rows and optimizer state copied back into the
 //! unsharded collection (`to_collection`), across ranks when on a rank.
 
-use ember_sparse::{EmbeddingBagCollection, EmbeddingTable, TableOptimizer};
+use ember_sparse::EmbeddingBagCollection;
 
 use super::codec::wire_err;
 use super::layout::local_name;
-use super::source::{copy_rows_back, state_map};
+use super::source::{copy_rows_back, ShardRows};
 use super::{Exec, ShardedEmbeddingBagCollection};
 use crate::plan::ShardingType;
 use crate::wire::{Reader, Writer};
@@ -56,7 +56,7 @@ impl ShardedEmbeddingBagCollection {
                     let l = local(t, k, shard.device);
                     let global = &mut ebc.tables_mut()[t];
                     let (rows, cols) = (shard.rows, shard.column_range());
-                    copy_rows_back(l, global, rows, cols, &self.optimizer)?;
+                    copy_rows_back(ShardRows::Table(l), global, rows, cols, &self.optimizer)?;
                 }
             }
             Exec::Rank(comm) => {
@@ -79,53 +79,32 @@ impl ShardedEmbeddingBagCollection {
                         .data_type
                         .column_range(config.embedding_dim, shard.column_range())
                         .map(|r| r.len());
-                    if row_bytes.map(|b| b * rows) != Some(weights.len()) {
+                    let state_floats = self
+                        .optimizer
+                        .state_floats_per_row(shard.column_range().len());
+                    if row_bytes.map(|b| b * rows) != Some(weights.len())
+                        || state.len() != state_floats * rows
+                    {
                         return Err(wire_err(format!(
-                            "rank {}: shard {k} of table '{}' has {} bytes of rows",
+                            "rank {}: shard {k} of table '{}' has {} bytes of rows and {} state floats",
                             shard.device,
                             config.name,
-                            weights.len()
+                            weights.len(),
+                            state.len()
                         )));
                     }
-                    copy_bytes_back(
-                        (&weights, &state, rows),
-                        &mut ebc.tables_mut()[t],
-                        shard,
-                        &self.optimizer,
-                    );
+                    let local = ShardRows::Bytes {
+                        rows: &weights,
+                        state: &state,
+                    };
+                    let global = &mut ebc.tables_mut()[t];
+                    let cols = shard.column_range();
+                    copy_rows_back(local, global, shard.rows, cols, &self.optimizer)?;
                 }
             }
         }
         ebc.set_step(self.step);
         ebc.set_rounding_seed(self.rounding_seed);
         Ok(ebc)
-    }
-}
-
-/// Copies a shard's rows and optimizer state (`(row bytes, state, rows)` of
-/// its local table, in memory, or gathered from a rank) back into the
-/// global table in memory.
-fn copy_bytes_back(
-    (weights, state, num_rows): (&[u8], &[f32], usize),
-    global: &mut EmbeddingTable,
-    shard: &crate::plan::Shard,
-    opt: &TableOptimizer,
-) {
-    let (rows, cols) = (shard.rows, shard.column_range());
-    let (dim, lc) = (global.dim(), cols.len());
-    let (gs, ls) = (opt.state_floats_per_row(dim), opt.state_floats_per_row(lc));
-    let map = state_map(opt, dim, cols.clone());
-    let bytes = (global.data_type())
-        .column_range(dim, cols)
-        .expect("plans split the columns of fp32, fp16 and bf16 tables only");
-    let (gstride, lstride) = (global.bytes_per_row(), bytes.len());
-    for lr in 0..num_rows {
-        let at = rows.global(lr) * gstride;
-        global.row_bytes_mut()[at + bytes.start..at + bytes.end]
-            .copy_from_slice(&weights[lr * lstride..(lr + 1) * lstride]);
-        let gr = rows.global(lr);
-        for &(l, g) in &map {
-            global.optimizer_state_mut()[gr * gs + g] = state[lr * ls + l];
-        }
     }
 }

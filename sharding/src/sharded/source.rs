@@ -163,22 +163,47 @@ fn copy_rows(
     Ok(())
 }
 
+/// A shard's rows and state to copy back: its local table, or the bytes
+/// and state a rank sent of it.
+pub(super) enum ShardRows<'a> {
+    Table(&'a EmbeddingTable),
+    Bytes { rows: &'a [u8], state: &'a [f32] },
+}
+
 /// Copies a shard's rows and state back into the global table the same
 /// way: each piece over the span of global rows it falls in (read, its
 /// rows and columns set, written back), neither table ever whole in memory.
 pub(super) fn copy_rows_back(
-    local: &EmbeddingTable,
+    local: ShardRows<'_>,
     global: &mut EmbeddingTable,
     rows: RowSplit,
     cols: Range<usize>,
     opt: &TableOptimizer,
 ) -> Result<(), ShardingError> {
     let shard = ShardSpan::new(global, rows, cols, opt);
+    let local_rows = match &local {
+        ShardRows::Table(t) => t.num_embeddings(),
+        ShardRows::Bytes { rows, .. } => rows.len() / shard.lstride.max(1),
+    };
     let mut buffers = Buffers::default();
-    for (first, n, g0) in shard.pieces(local.num_embeddings()) {
-        buffers.lrows.resize(n * shard.lstride, 0);
-        buffers.lstate.resize(n * shard.ls, 0.0);
-        local.read_stored_rows(first, &mut buffers.lrows, &mut buffers.lstate)?;
+    for (first, n, g0) in shard.pieces(local_rows) {
+        match &local {
+            ShardRows::Table(t) => {
+                buffers.lrows.resize(n * shard.lstride, 0);
+                buffers.lstate.resize(n * shard.ls, 0.0);
+                t.read_stored_rows(first, &mut buffers.lrows, &mut buffers.lstate)?;
+            }
+            ShardRows::Bytes { rows, state } => {
+                buffers.lrows.clear();
+                buffers
+                    .lrows
+                    .extend_from_slice(&rows[first * shard.lstride..][..n * shard.lstride]);
+                buffers.lstate.clear();
+                buffers
+                    .lstate
+                    .extend_from_slice(&state[first * shard.ls..][..n * shard.ls]);
+            }
+        }
         buffers.read_global(global, g0, shard.span(n))?;
         shard.to_global(&mut buffers, n);
         global.write_stored_rows(g0, &buffers.grows, &buffers.gstate)?;
@@ -308,11 +333,7 @@ impl Buffers {
 }
 
 /// (local, global) positions of a row's state floats for a column range.
-pub(super) fn state_map(
-    opt: &TableOptimizer,
-    dim: usize,
-    cols: Range<usize>,
-) -> Vec<(usize, usize)> {
+fn state_map(opt: &TableOptimizer, dim: usize, cols: Range<usize>) -> Vec<(usize, usize)> {
     let lc = cols.len();
     match opt {
         TableOptimizer::None | TableOptimizer::Sgd { .. } => vec![],

@@ -18,7 +18,9 @@
 //! when the table is built, and removed when the table is dropped: it is
 //! the table's working storage, not a checkpoint.
 
+use std::collections::HashMap;
 use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,10 +47,14 @@ const DIRTY: u64 = 1 << 63;
 const ASSIGN_AHEAD: usize = 16;
 /// Bytes of a page: the unit the file is first written in.
 const PAGE: usize = 4096;
+/// Under LFU, one slot in this many at least is kept for rows not
+/// admitted to their set ([`Bypass`]).
+const BYPASS_SHARE: usize = 32;
 
 /// Where a disk-tier table lives: a directory for its file, how many rows
-/// its cache holds (a multiple of [`CACHE_WAYS`], rounded down; at least
-/// one set), and which row a miss evicts.
+/// its cache holds (at least one set of [`CACHE_WAYS`]: the sets take a
+/// multiple of it, and under LFU the rest, one row in 32 at least, are
+/// bypass slots), and which row a miss evicts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskTierConfig {
     /// Directory of the table's file (`<table>.<pid>.<n>.rows`).
@@ -70,7 +76,10 @@ pub enum CachePolicy {
     Lru,
     /// The row looked up fewest times since the table was built, ties to
     /// the least recent: as FBGEMM's LFU, a count per row of the table
-    /// (`lfu_state`; 4 bytes a row here, in memory beside the cache).
+    /// (`lfu_state`; 4 bytes a row here, in memory beside the cache). As
+    /// there, a row looked up less often than every candidate of its set
+    /// is not admitted: it is served for its batch from one of the
+    /// cache's bypass slots (one slot in 32), and the set keeps its rows.
     /// It keeps a stationary skew's hot rows better than LRU; counts never
     /// decay, so LRU follows ids whose popularity drifts sooner.
     Lfu,
@@ -470,8 +479,100 @@ pub(crate) struct DiskTier {
     meta: Vec<u64>,
     /// Under [`CachePolicy::Lfu`], the lookup counts.
     lfu: Option<Counts>,
+    /// Slots for rows LFU does not admit to their set (none under LRU).
+    bypass: Bypass,
+    /// The cache's rows as configured (sets and bypass slots).
+    cache_rows: usize,
     epoch: u64,
     stats: TierStats,
+}
+
+/// The slots after the sets', for rows LFU leaves out of their set (as
+/// FBGEMM's `lfu_cache_insert`, which serves those from the table itself):
+/// a slot serves the batch that looked its row up, and keeps the row until
+/// a later miss takes the slot (round robin), so a row found here is a
+/// hit. A batch that finds no free slot here admits its rows as LRU would.
+#[derive(Debug, Default)]
+struct Bypass {
+    first: usize,
+    len: usize,
+    /// The next slot to try.
+    next: usize,
+    /// The epoch of the tries, and how many slots were tried in it.
+    tried: (u64, usize),
+    /// The slot holding each row.
+    of: HashMap<u64, usize, BuildHasherDefault<IdHasher>>,
+}
+
+impl Bypass {
+    fn new(first: usize, len: usize) -> Self {
+        Self {
+            first,
+            len,
+            of: HashMap::with_capacity_and_hasher(len, Default::default()),
+            ..Self::default()
+        }
+    }
+
+    fn holds(&self, slot: usize) -> bool {
+        (self.first..self.first + self.len).contains(&slot)
+    }
+
+    fn slot_of(&self, id: u64) -> Option<usize> {
+        if self.len == 0 {
+            return None;
+        }
+        self.of.get(&id).copied()
+    }
+
+    /// A slot no row of this epoch's batches uses, if one is left.
+    fn take(&mut self, meta: &[u64], epoch: u64) -> Option<usize> {
+        if self.tried.0 != epoch {
+            self.tried = (epoch, 0);
+        }
+        // Slots found in use stay in use this epoch: one round at most.
+        while self.tried.1 < self.len {
+            let slot = self.first + self.next;
+            self.next = (self.next + 1) % self.len;
+            self.tried.1 += 1;
+            if meta[slot] & !DIRTY < epoch {
+                return Some(slot);
+            }
+        }
+        None
+    }
+
+    /// `slot` now holds `id` in place of `old`.
+    fn replace(&mut self, slot: usize, old: u64, id: u64) {
+        if old != EMPTY {
+            self.of.remove(&old);
+        }
+        if id != EMPTY {
+            self.of.insert(id, slot);
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.of.capacity() * (std::mem::size_of::<(u64, usize)>() + 1)
+    }
+}
+
+/// Hashes a row id (already spread: [`crate::rng::splitmix`]).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = crate::rng::splitmix(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, id: u64) {
+        self.0 = crate::rng::splitmix(id);
+    }
 }
 
 impl DiskTier {
@@ -489,7 +590,11 @@ impl DiskTier {
         chunk_rows: usize,
         init: Option<&FillRecords<'_>>,
     ) -> Result<(Self, usize), SparseError> {
-        let sets = config.cache_rows / CACHE_WAYS;
+        // Under LFU the rows the sets leave (one in 32 at least) are bypass
+        // slots; under LRU they are not used.
+        let lfu = config.policy == CachePolicy::Lfu;
+        let kept = usize::from(lfu) * (config.cache_rows / BYPASS_SHARE);
+        let sets = (config.cache_rows - kept) / CACHE_WAYS;
         if sets == 0 {
             return Err(SparseError::InvalidConfig {
                 table: table.to_string(),
@@ -499,7 +604,9 @@ impl DiskTier {
                 ),
             });
         }
-        let slots = sets * CACHE_WAYS;
+        let set_slots = sets * CACHE_WAYS;
+        let bypass = usize::from(lfu) * (config.cache_rows - set_slots);
+        let slots = set_slots + bypass;
         let record = row_bytes + state_bytes;
         let total = (rows as u64).saturating_mul(record as u64);
         let file = RowFile::create(&config.dir, table, total)?;
@@ -526,10 +633,12 @@ impl DiskTier {
         let tier = Self {
             shared,
             meta: vec![0; slots],
-            lfu: (config.policy == CachePolicy::Lfu).then(|| Counts {
+            lfu: lfu.then(|| Counts {
                 rows: vec![0; rows],
-                slots: vec![0; slots],
+                slots: vec![0; set_slots],
             }),
+            bypass: Bypass::new(set_slots, bypass),
+            cache_rows: config.cache_rows,
             epoch: 0,
             stats: TierStats::default(),
         };
@@ -540,7 +649,7 @@ impl DiskTier {
     pub(crate) fn policy_bytes(&self) -> usize {
         self.lfu.as_ref().map_or(0, |c| {
             std::mem::size_of_val(c.rows.as_slice()) + std::mem::size_of_val(c.slots.as_slice())
-        })
+        }) + self.bypass.bytes()
     }
 
     pub(crate) fn stats(&self) -> TierStats {
@@ -564,7 +673,7 @@ impl DiskTier {
 
     /// The slot holding `id`, if any.
     pub(crate) fn slot_of(&self, id: u64) -> Option<usize> {
-        self.shared.slot_of(id)
+        self.shared.slot_of(id).or_else(|| self.bypass.slot_of(id))
     }
 
     /// Rewrites `ids` (checked to be rows of the table) as the slots that
@@ -573,7 +682,8 @@ impl DiskTier {
     /// [`transfer`]. A batch's rows stay in the cache until the next
     /// `Lookup`: a set whose 16 slots all hold rows of the batch cannot
     /// take another, and fails with [`SparseError::CacheFull`] (the cache
-    /// then holds the rows it held before the batch).
+    /// then holds the rows it held before the batch), unless a bypass slot
+    /// takes it (LFU).
     pub(crate) fn assign(
         &mut self,
         table: &str,
@@ -603,42 +713,30 @@ impl DiskTier {
                     }
                     slot
                 }
-                None => {
-                    // An empty slot, else by the policy among the slots
-                    // not holding a row of this batch.
-                    let meta = &self.meta;
-                    let free = (base..base + CACHE_WAYS).filter(|&s| meta[s] & !DIRTY < epoch);
-                    let victim = match &self.lfu {
-                        None => {
-                            free.min_by_key(|&s| (self.shared.tag(s) != EMPTY, meta[s] & !DIRTY))
+                None => match self.bypass.slot_of(id) {
+                    // Left out of its set earlier, still held.
+                    Some(slot) => {
+                        if let Some(lfu) = &mut self.lfu {
+                            let count = &mut lfu.rows[id as usize];
+                            *count = count.saturating_add(counted);
                         }
-                        Some(lfu) => free.min_by_key(|&s| {
-                            (self.shared.tag(s) != EMPTY, lfu.slots[s], meta[s] & !DIRTY)
-                        }),
-                    };
-                    let Some(slot) = victim else {
-                        self.undo(&misses);
-                        return Err(SparseError::CacheFull {
-                            table: table.to_string(),
-                            cache_rows: self.shared.tags.len(),
-                        });
-                    };
-                    let old = self.shared.tag(slot);
-                    if let Some(lfu) = &mut self.lfu {
-                        if old != EMPTY {
-                            lfu.rows[old as usize] = lfu.slots[slot];
-                        }
-                        lfu.slots[slot] = lfu.rows[id as usize].saturating_add(counted);
+                        slot
                     }
-                    misses.push(Miss {
-                        slot,
-                        id,
-                        before: (old, self.meta[slot]),
-                    });
-                    self.shared.set_tag(slot, id);
-                    self.meta[slot] &= !DIRTY;
-                    slot
-                }
+                    None => match self.miss(id, sets[i], epoch, counted) {
+                        Some(miss) => {
+                            let slot = miss.slot;
+                            misses.push(miss);
+                            slot
+                        }
+                        None => {
+                            self.undo(&misses);
+                            return Err(SparseError::CacheFull {
+                                table: table.to_string(),
+                                cache_rows: self.shared.tags.len(),
+                            });
+                        }
+                    },
+                },
             };
             let dirty = if stage == Stage::Update {
                 DIRTY
@@ -652,6 +750,56 @@ impl DiskTier {
             self.stats.misses += misses.len() as u64;
         }
         Ok(misses)
+    }
+
+    /// Gives row `id` (not cached) a slot in set `set`, or under LFU a
+    /// bypass slot when the row is looked up less often than the set's
+    /// candidate (FBGEMM's LFU admission) or the set has none; `None`
+    /// when no slot is free.
+    fn miss(&mut self, id: u64, set: usize, epoch: u64, counted: u32) -> Option<Miss> {
+        // An empty slot, else by the policy among the slots not holding a
+        // row of this batch.
+        let base = set * CACHE_WAYS;
+        let (meta, shared) = (&self.meta, &self.shared);
+        let free = (base..base + CACHE_WAYS).filter(|&s| meta[s] & !DIRTY < epoch);
+        let victim = match &self.lfu {
+            None => free.min_by_key(|&s| (shared.tag(s) != EMPTY, meta[s] & !DIRTY)),
+            Some(lfu) => {
+                free.min_by_key(|&s| (shared.tag(s) != EMPTY, lfu.slots[s], meta[s] & !DIRTY))
+            }
+        };
+        let admitted = match (victim, &self.lfu) {
+            (Some(_), None) => victim,
+            (Some(s), Some(lfu)) => (shared.tag(s) == EMPTY
+                || lfu.slots[s] <= lfu.rows[id as usize].saturating_add(counted))
+            .then_some(s),
+            (None, _) => None,
+        };
+        let slot = match admitted {
+            Some(slot) => slot,
+            None => self.bypass.take(&self.meta, epoch).or(victim)?,
+        };
+        let old = self.shared.tag(slot);
+        if let Some(lfu) = &mut self.lfu {
+            if self.bypass.holds(slot) {
+                self.bypass.replace(slot, old, id);
+                let count = &mut lfu.rows[id as usize];
+                *count = count.saturating_add(counted);
+            } else {
+                if old != EMPTY {
+                    lfu.rows[old as usize] = lfu.slots[slot];
+                }
+                lfu.slots[slot] = lfu.rows[id as usize].saturating_add(counted);
+            }
+        }
+        let miss = Miss {
+            slot,
+            id,
+            before: (old, self.meta[slot]),
+        };
+        self.shared.set_tag(slot, id);
+        self.meta[slot] &= !DIRTY;
+        Some(miss)
     }
 
     /// After [`transfer`]: counts the bytes moved, or (when it failed)
@@ -697,7 +845,10 @@ impl DiskTier {
     fn undo(&mut self, misses: &[Miss]) {
         for m in misses.iter().rev() {
             let (old, meta) = m.before;
-            if let Some(lfu) = &mut self.lfu {
+            if self.bypass.holds(m.slot) {
+                // The lookup stays counted (in the row's count already).
+                self.bypass.replace(m.slot, m.id, old);
+            } else if let Some(lfu) = &mut self.lfu {
                 lfu.rows[m.id as usize] = lfu.slots[m.slot];
                 lfu.slots[m.slot] = if old == EMPTY {
                     0
@@ -714,7 +865,9 @@ impl DiskTier {
     /// lookups stay counted).
     fn forget(&mut self, misses: &[Miss]) {
         for m in misses {
-            if let Some(lfu) = &mut self.lfu {
+            if self.bypass.holds(m.slot) {
+                self.bypass.replace(m.slot, m.id, EMPTY);
+            } else if let Some(lfu) = &mut self.lfu {
                 lfu.rows[m.id as usize] = lfu.slots[m.slot];
             }
             self.shared.set_tag(m.slot, EMPTY);
@@ -754,7 +907,7 @@ impl DiskTier {
         let path = &self.shared.file.path;
         DiskTierConfig {
             dir: path.parent().map_or_else(PathBuf::new, Path::to_path_buf),
-            cache_rows: self.shared.tags.len(),
+            cache_rows: self.cache_rows,
             policy: if self.lfu.is_some() {
                 CachePolicy::Lfu
             } else {

@@ -452,3 +452,65 @@ fn read_ahead_hints_the_rows_not_cached() {
     .unwrap();
     assert!(ram.read_ahead().is_none());
 }
+
+/// LFU admits a row to its set only over a row looked up no more often, as
+/// FBGEMM's; the others are served from bypass slots, where a later batch
+/// finds them again. A cache of 31 rows: one set of 16 and, under LFU, 15
+/// bypass slots; trained beside the same table in RAM.
+#[test]
+fn lfu_serves_rarely_used_rows_beside_their_set() {
+    let run = |policy: CachePolicy| {
+        let dir = tempfile::tempdir().unwrap();
+        let configs = || vec![EmbeddingBagConfig::new("t", 1000, 4, &["f"])];
+        let opt = TableOptimizer::rowwise_adagrad(0.5);
+        let tier = DiskTierConfig {
+            dir: dir.path().to_path_buf(),
+            cache_rows: 31,
+            policy,
+        };
+        let mut disk =
+            EmbeddingBagCollection::with_disk_tiers(configs(), opt, 3, vec![Some(tier)]).unwrap();
+        let mut ram = EmbeddingBagCollection::new(configs(), opt, 3).unwrap();
+        let mut misses = Vec::new();
+        let mut step = |ids: std::ops::Range<i64>| -> Result<(), SparseError> {
+            let kjt = bags(&ids.collect::<Vec<_>>());
+            let before = disk.tables()[0].tier_stats().unwrap().misses;
+            disk.prefetch(&kjt)?;
+            assert_eq!(disk.forward(&kjt)?.values(), ram.forward(&kjt)?.values());
+            let grad: Vec<f32> = (0..kjt.stride() * 4)
+                .map(|i| (i % 7) as f32 - 3.0)
+                .collect();
+            disk.backward_update(&kjt, &grad)?;
+            ram.backward_update(&kjt, &grad)?;
+            misses.push(disk.tables()[0].tier_stats().unwrap().misses - before);
+            Ok(())
+        };
+        // 16 hot rows, three times; 10 cold rows; the hot ones again; the
+        // cold ones again; then 20 new rows at once.
+        for _ in 0..3 {
+            step(0..16).unwrap();
+        }
+        step(100..110).unwrap();
+        step(0..16).unwrap();
+        step(100..110).unwrap();
+        let wide = step(200..220);
+        assert_eq!(all_rows(&ram), all_rows(&disk), "{policy}: rows, cached");
+        disk.tables_mut()[0].flush().unwrap();
+        assert_eq!(all_rows(&ram), all_rows(&disk), "{policy}: rows, flushed");
+        (misses, wide)
+    };
+    let (lfu, wide) = run(CachePolicy::Lfu);
+    // The cold rows go to bypass slots: the hot ones stay (no misses), and
+    // the cold ones are found there again.
+    assert_eq!(lfu, [16, 0, 0, 10, 0, 0, 20]);
+    assert!(wide.is_ok(), "{wide:?}");
+    let (lru, wide) = run(CachePolicy::Lru);
+    // LRU has the same set and no bypass: the cold rows evict hot ones
+    // (which then evict each other, the oldest first), and 20 rows cannot
+    // be held by 16 slots at once.
+    assert_eq!(lru, [16, 0, 0, 10, 16, 10]);
+    assert!(
+        matches!(wide, Err(SparseError::CacheFull { .. })),
+        "{wide:?}"
+    );
+}

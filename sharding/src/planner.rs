@@ -187,7 +187,7 @@ fn loads(t: &EmbeddingBagConfig, p: &TablePlan, topo: &Topology, o: &PlannerOpti
             _ => (rows, 0, 1.0),
         };
         let counts = match &o.disk_tier {
-            Some(m) if on_disk > 0 => on_disk * m.policy.bytes_per_table_row() as u64,
+            Some(m) if on_disk > 0 => m.policy.bookkeeping_bytes(on_disk, in_memory),
             _ => 0,
         };
         let storage = (in_memory.saturating_mul(record))

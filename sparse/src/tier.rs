@@ -97,13 +97,40 @@ impl CachePolicy {
         }
     }
 
-    /// Memory the policy keeps per row of the table, besides the cache.
-    pub fn bytes_per_table_row(self) -> usize {
+    /// Memory a disk-tier table of `table_rows` rows keeps beside its
+    /// cache of `cache_rows` rows: a bit per row (whether it was ever
+    /// cached), and under LFU a count per row and per set slot, and the
+    /// bypass slots' map.
+    pub fn bookkeeping_bytes(self, table_rows: u64, cache_rows: u64) -> u64 {
+        let bits = table_rows.div_ceil(64) * 8;
+        let (set_slots, bypass) = cache_layout(self, cache_rows as usize);
         match self {
-            CachePolicy::Lru => 0,
-            CachePolicy::Lfu => std::mem::size_of::<u32>(),
+            CachePolicy::Lru => bits,
+            CachePolicy::Lfu => {
+                bits + 4 * (table_rows + set_slots as u64) + bypass_map_bytes(bypass) as u64
+            }
         }
     }
+}
+
+/// A cache of `cache_rows` rows as its set slots and bypass slots: under
+/// LFU the rows the sets leave (one in 32 at least) are bypass slots; under
+/// LRU they are not used.
+fn cache_layout(policy: CachePolicy, cache_rows: usize) -> (usize, usize) {
+    let lfu = policy == CachePolicy::Lfu;
+    let kept = usize::from(lfu) * (cache_rows / BYPASS_SHARE);
+    let set_slots = (cache_rows - kept) / CACHE_WAYS * CACHE_WAYS;
+    (set_slots, usize::from(lfu) * (cache_rows - set_slots))
+}
+
+/// Bytes of a map made for `n` rows (the standard hash map's table: a
+/// power of two of buckets, at most 7/8 full, 16 bytes and a control byte
+/// each).
+fn bypass_map_bytes(n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    (n * 8 / 7 + 1).next_power_of_two() * 17
 }
 
 impl std::fmt::Display for CachePolicy {
@@ -130,6 +157,10 @@ pub struct TierStats {
     pub lookups: u64,
     /// Lookups whose row was not in the cache and was read from the file.
     pub misses: u64,
+    /// Of the misses, those of rows never cached before (a row's first
+    /// lookup since the table was built): no cache, of any policy or size,
+    /// avoids them.
+    pub first_misses: u64,
     /// Bytes read from the file.
     pub bytes_read: u64,
     /// Bytes written to the file (evicted rows that had changed, flushes).
@@ -142,6 +173,7 @@ impl TierStats {
         TierStats {
             lookups: self.lookups - earlier.lookups,
             misses: self.misses - earlier.misses,
+            first_misses: self.first_misses - earlier.first_misses,
             bytes_read: self.bytes_read - earlier.bytes_read,
             bytes_written: self.bytes_written - earlier.bytes_written,
         }
@@ -155,6 +187,16 @@ impl TierStats {
             1.0 - self.misses as f64 / self.lookups as f64
         }
     }
+
+    /// The best hit rate any cache could have had on these lookups: one
+    /// that missed only rows looked up for the first time.
+    pub fn hit_rate_bound(&self) -> f64 {
+        if self.lookups == 0 {
+            1.0
+        } else {
+            1.0 - self.first_misses as f64 / self.lookups as f64
+        }
+    }
 }
 
 /// Several caches' figures together (the tables of a collection).
@@ -163,6 +205,7 @@ impl std::iter::Sum for TierStats {
         iter.fold(TierStats::default(), |a, b| TierStats {
             lookups: a.lookups + b.lookups,
             misses: a.misses + b.misses,
+            first_misses: a.first_misses + b.first_misses,
             bytes_read: a.bytes_read + b.bytes_read,
             bytes_written: a.bytes_written + b.bytes_written,
         })
@@ -481,6 +524,9 @@ pub(crate) struct DiskTier {
     lfu: Option<Counts>,
     /// Slots for rows LFU does not admit to their set (none under LRU).
     bypass: Bypass,
+    /// A bit per row of the table: whether it was ever cached (for
+    /// [`TierStats::first_misses`]).
+    cached_once: Vec<u64>,
     /// The cache's rows as configured (sets and bypass slots).
     cache_rows: usize,
     epoch: u64,
@@ -553,7 +599,7 @@ impl Bypass {
     }
 
     fn bytes(&self) -> usize {
-        self.of.capacity() * (std::mem::size_of::<(u64, usize)>() + 1)
+        bypass_map_bytes(self.len)
     }
 }
 
@@ -590,12 +636,8 @@ impl DiskTier {
         chunk_rows: usize,
         init: Option<&FillRecords<'_>>,
     ) -> Result<(Self, usize), SparseError> {
-        // Under LFU the rows the sets leave (one in 32 at least) are bypass
-        // slots; under LRU they are not used.
-        let lfu = config.policy == CachePolicy::Lfu;
-        let kept = usize::from(lfu) * (config.cache_rows / BYPASS_SHARE);
-        let sets = (config.cache_rows - kept) / CACHE_WAYS;
-        if sets == 0 {
+        let (set_slots, bypass) = cache_layout(config.policy, config.cache_rows);
+        if set_slots == 0 {
             return Err(SparseError::InvalidConfig {
                 table: table.to_string(),
                 reason: format!(
@@ -604,9 +646,7 @@ impl DiskTier {
                 ),
             });
         }
-        let set_slots = sets * CACHE_WAYS;
-        let bypass = usize::from(lfu) * (config.cache_rows - set_slots);
-        let slots = set_slots + bypass;
+        let (sets, slots) = (set_slots / CACHE_WAYS, set_slots + bypass);
         let record = row_bytes + state_bytes;
         let total = (rows as u64).saturating_mul(record as u64);
         let file = RowFile::create(&config.dir, table, total)?;
@@ -633,11 +673,12 @@ impl DiskTier {
         let tier = Self {
             shared,
             meta: vec![0; slots],
-            lfu: lfu.then(|| Counts {
+            lfu: (config.policy == CachePolicy::Lfu).then(|| Counts {
                 rows: vec![0; rows],
                 slots: vec![0; set_slots],
             }),
             bypass: Bypass::new(set_slots, bypass),
+            cached_once: vec![0; rows.div_ceil(64)],
             cache_rows: config.cache_rows,
             epoch: 0,
             stats: TierStats::default(),
@@ -645,11 +686,13 @@ impl DiskTier {
         Ok((tier, slots))
     }
 
-    /// Bytes the cache's policy keeps in memory (LFU's counts).
-    pub(crate) fn policy_bytes(&self) -> usize {
-        self.lfu.as_ref().map_or(0, |c| {
+    /// Bytes the cache keeps in memory beside its rows: LFU's counts and
+    /// bypass map, and a bit per row of the table.
+    pub(crate) fn bookkeeping_bytes(&self) -> usize {
+        let lfu = self.lfu.as_ref().map_or(0, |c| {
             std::mem::size_of_val(c.rows.as_slice()) + std::mem::size_of_val(c.slots.as_slice())
-        }) + self.bypass.bytes()
+        });
+        lfu + self.bypass.bytes() + std::mem::size_of_val(self.cached_once.as_slice())
     }
 
     pub(crate) fn stats(&self) -> TierStats {
@@ -746,8 +789,15 @@ impl DiskTier {
             self.meta[slot] = epoch | dirty;
             *v = slot as i64;
         }
+        let mut first = 0;
+        for m in &misses {
+            let (word, bit) = (m.id as usize / 64, 1u64 << (m.id % 64));
+            first += u64::from(self.cached_once[word] & bit == 0);
+            self.cached_once[word] |= bit;
+        }
         if stage == Stage::Lookup {
             self.stats.misses += misses.len() as u64;
+            self.stats.first_misses += first;
         }
         Ok(misses)
     }

@@ -232,6 +232,18 @@ fn hit_rates_count_every_lookup() {
     let s = ebc.tables()[0].tier_stats().unwrap();
     assert_eq!((s.lookups, s.misses), (8, 3));
     assert!((s.hit_rate() - 5.0 / 8.0).abs() < 1e-12);
+    // 64 rows of cache, 4 sets: 100 distinct rows evict some of 1, 2, 3,
+    // whose misses then are not first lookups.
+    for first in [10, 35, 60, 85] {
+        ebc.prefetch(&bags(&(first..first + 25).collect::<Vec<_>>()))
+            .unwrap();
+    }
+    let before = ebc.tables()[0].tier_stats().unwrap();
+    assert_eq!(before.first_misses, 103);
+    ebc.prefetch(&kjt).unwrap();
+    let s = ebc.tables()[0].tier_stats().unwrap().since(&before);
+    assert!(s.misses > 0 && s.first_misses == 0, "{s:?}");
+    assert_eq!(s.hit_rate_bound(), 1.0);
 }
 
 #[test]

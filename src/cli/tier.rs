@@ -171,12 +171,15 @@ pub fn resident(
 #[derive(Debug, serde::Serialize)]
 pub struct TierReport {
     /// Bytes of the model's tables in memory (a disk-tier table's: its
-    /// cache's, and LFU's counts).
+    /// cache's and its bookkeeping).
     pub cache_bytes: u64,
     /// The caches' policy: `lru` or `lfu`.
     pub cache_policy: String,
     /// Share of lookups the caches served.
     pub hit_rate: f64,
+    /// The best hit rate any cache could have had: misses only of rows
+    /// looked up for the first time.
+    pub hit_rate_bound: f64,
     pub bytes_read_per_step: f64,
     pub bytes_written_per_step: f64,
 }
@@ -200,6 +203,7 @@ impl TierReport {
             cache_bytes: model.sparse_arch().bytes() as u64,
             cache_policy: policy.unwrap_or_default().to_string(),
             hit_rate: totals.hit_rate(),
+            hit_rate_bound: totals.hit_rate_bound(),
             bytes_read_per_step: totals.bytes_read as f64 / steps,
             bytes_written_per_step: totals.bytes_written as f64 / steps,
         })
@@ -210,10 +214,11 @@ impl std::fmt::Display for TierReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "disk tier: caches {:.2} GiB ({}), hit rate {:.1}%, {:.2} MB read and {:.2} MB written per step",
+            "disk tier: caches {:.2} GiB ({}), hit rate {:.1}% (at most {:.1}%: first lookups), {:.2} MB read and {:.2} MB written per step",
             self.cache_bytes as f64 / (1u64 << 30) as f64,
             self.cache_policy,
             self.hit_rate * 100.0,
+            self.hit_rate_bound * 100.0,
             self.bytes_read_per_step / 1e6,
             self.bytes_written_per_step / 1e6
         )

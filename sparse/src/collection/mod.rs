@@ -320,11 +320,11 @@ impl EmbeddingTable {
     }
 
     /// Bytes of rows plus optimizer state in memory (a disk-tier table's:
-    /// its cache's, and its policy's counts).
+    /// its cache's, and the cache's bookkeeping: LFU's counts, a bit a row).
     pub fn bytes(&self) -> usize {
         let (rows, state) = self.store.resident();
-        let policy = self.store.tier().map_or(0, |t| t.policy_bytes());
-        rows.bytes().len() + std::mem::size_of_val(state.as_slice()) + policy
+        let kept = self.store.tier().map_or(0, |t| t.bookkeeping_bytes());
+        rows.bytes().len() + std::mem::size_of_val(state.as_slice()) + kept
     }
 }
 

@@ -232,13 +232,38 @@ impl RowFile {
             .open(&path)
             .map_err(fail)?;
         let this = Self { file, path };
-        // Sized up front (sparsely): the rows written next allocate its
-        // blocks, so a disk too small fails while the table is built.
+        // Sized, and its blocks reserved, up front: rows are written long
+        // after (when they first leave the cache), and a disk too small
+        // fails while the table is built.
         this.file
             .set_len(bytes)
             .map_err(|e| disk_error(table, &this.path, "cannot size the file", e))?;
+        this.reserve(bytes)
+            .map_err(|e| disk_error(table, &this.path, "cannot reserve the file's space", e))?;
         advise_random(&this.file);
         Ok(this)
+    }
+
+    /// Allocates the file's blocks (unwritten: they read as zeros), where
+    /// the file system can; elsewhere its space is taken as rows are
+    /// written.
+    fn reserve(&self, bytes: u64) -> std::io::Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            if bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: a valid descriptor; mode 0 allocates and extends.
+            let r = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
+            let e = std::io::Error::last_os_error();
+            if r != 0 && e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(e);
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = bytes;
+        Ok(())
     }
 
     fn read(&self, table: &str, buf: &mut [u8], at: u64) -> Result<(), SparseError> {
@@ -507,8 +532,39 @@ struct Counts {
     slots: Vec<u32>,
 }
 
-/// Fills a chunk of a new file's records: `(first row, records)`.
-pub(crate) type FillRecords<'a> = dyn Fn(usize, &mut [u8]) + Sync + 'a;
+/// Makes a row's initial bytes (in the table's type): `(row, bytes)`.
+pub(crate) type MakeRow = dyn Fn(u64, &mut [u8]) + Send + Sync;
+
+/// A bit per row of a table.
+#[derive(Debug)]
+struct RowBits(Vec<u64>);
+
+impl RowBits {
+    fn new(rows: usize, set: bool) -> Self {
+        Self(vec![if set { u64::MAX } else { 0 }; rows.div_ceil(64)])
+    }
+    fn get(&self, row: u64) -> bool {
+        self.0[row as usize / 64] & (1 << (row % 64)) != 0
+    }
+    /// Sets the bit; returns whether it was set before.
+    fn set(&mut self, row: u64) -> bool {
+        let was = self.get(row);
+        self.0[row as usize / 64] |= 1 << (row % 64);
+        was
+    }
+    fn bytes(&self) -> usize {
+        std::mem::size_of_val(self.0.as_slice())
+    }
+}
+
+/// A table's [`MakeRow`].
+struct RowMaker(Box<MakeRow>);
+
+impl std::fmt::Debug for RowMaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RowMaker")
+    }
+}
 
 /// The disk tier of one table: its file and the cache's bookkeeping. The
 /// cached rows and state themselves are the table's (resident) rows.
@@ -524,9 +580,15 @@ pub(crate) struct DiskTier {
     lfu: Option<Counts>,
     /// Slots for rows LFU does not admit to their set (none under LRU).
     bypass: Bypass,
-    /// A bit per row of the table: whether it was ever cached (for
+    /// Whether each row of the table was ever cached (for
     /// [`TierStats::first_misses`]).
-    cached_once: Vec<u64>,
+    cached_once: RowBits,
+    /// Whether each row's record is in the file; the others are made by
+    /// `make` (drawn from the table's seed) when they are looked up.
+    stored: RowBits,
+    make: Option<RowMaker>,
+    /// Bytes of a row in the file's records (the state follows).
+    row_bytes: usize,
     /// The cache's rows as configured (sets and bypass slots).
     cache_rows: usize,
     epoch: u64,
@@ -622,19 +684,20 @@ impl Hasher for IdHasher {
 }
 
 impl DiskTier {
-    /// A tier for `rows` rows, its file in `config.dir`, filled by
-    /// `init(first_row, records)` in chunks of `chunk_rows` rows (records
-    /// of `row_bytes + state_bytes`). Without `init` the file is left
-    /// unwritten (sparse: zeros), for a caller that writes every record
-    /// (a checkpoint's load, a shard's copy). Returns the tier and its
-    /// cache's size in rows.
+    /// A tier for `rows` rows, its file in `config.dir` (records of
+    /// `row_bytes + state_bytes`), its disk space reserved. With `make`, a
+    /// row's record is written when the row first leaves the cache changed
+    /// (or is flushed), and until then the row is made by `make` (its
+    /// state zero) when looked up: a new table costs no writes. Without,
+    /// the file is zeros for a caller that writes every record (a
+    /// checkpoint's load, a shard's copy). Returns the tier and its cache's
+    /// size in rows.
     pub(crate) fn create(
         config: &DiskTierConfig,
         table: &str,
         rows: usize,
         (row_bytes, state_bytes): (usize, usize),
-        chunk_rows: usize,
-        init: Option<&FillRecords<'_>>,
+        make: Option<Box<MakeRow>>,
     ) -> Result<(Self, usize), SparseError> {
         let (set_slots, bypass) = cache_layout(config.policy, config.cache_rows);
         if set_slots == 0 {
@@ -650,20 +713,6 @@ impl DiskTier {
         let record = row_bytes + state_bytes;
         let total = (rows as u64).saturating_mul(record as u64);
         let file = RowFile::create(&config.dir, table, total)?;
-        // Written in groups of chunks drawn in parallel: 64 MiB at a time.
-        let group_rows = ((64 << 20) / record.max(1)).max(chunk_rows) / chunk_rows * chunk_rows;
-        let groups = if init.is_some() { rows } else { 0 };
-        let mut buf = vec![0u8; group_rows.min(groups) * record];
-        for first in (0..groups).step_by(group_rows) {
-            let init = init.expect("groups only with an init");
-            let n = group_rows.min(rows - first);
-            let bytes = &mut buf[..n * record];
-            bytes
-                .par_chunks_mut(chunk_rows * record)
-                .enumerate()
-                .for_each(|(c, records)| init(first + c * chunk_rows, records));
-            file.write_pages(table, bytes, (first * record) as u64)?;
-        }
         let shared = Arc::new(Shared {
             file,
             sets,
@@ -678,7 +727,10 @@ impl DiskTier {
                 slots: vec![0; set_slots],
             }),
             bypass: Bypass::new(set_slots, bypass),
-            cached_once: vec![0; rows.div_ceil(64)],
+            cached_once: RowBits::new(rows, false),
+            stored: RowBits::new(rows, make.is_none()),
+            make: make.map(RowMaker),
+            row_bytes,
             cache_rows: config.cache_rows,
             epoch: 0,
             stats: TierStats::default(),
@@ -692,7 +744,7 @@ impl DiskTier {
         let lfu = self.lfu.as_ref().map_or(0, |c| {
             std::mem::size_of_val(c.rows.as_slice()) + std::mem::size_of_val(c.slots.as_slice())
         });
-        lfu + self.bypass.bytes() + std::mem::size_of_val(self.cached_once.as_slice())
+        lfu + self.bypass.bytes() + self.cached_once.bytes() + self.stored.bytes()
     }
 
     pub(crate) fn stats(&self) -> TierStats {
@@ -789,17 +841,25 @@ impl DiskTier {
             self.meta[slot] = epoch | dirty;
             *v = slot as i64;
         }
+        Ok(misses)
+    }
+
+    /// Keeps the misses [`assign`](Self::assign) gave, once every table of
+    /// the batch has its slots: counts them, and marks the rows they evict
+    /// as stored (they are written back before any miss is read, see
+    /// [`transfer`]).
+    pub(crate) fn commit(&mut self, misses: &[Miss], stage: Stage) {
         let mut first = 0;
-        for m in &misses {
-            let (word, bit) = (m.id as usize / 64, 1u64 << (m.id % 64));
-            first += u64::from(self.cached_once[word] & bit == 0);
-            self.cached_once[word] |= bit;
+        for m in misses {
+            first += u64::from(!self.cached_once.set(m.id));
+            if let Some(old) = m.evicted() {
+                self.stored.set(old);
+            }
         }
         if stage == Stage::Lookup {
             self.stats.misses += misses.len() as u64;
             self.stats.first_misses += first;
         }
-        Ok(misses)
     }
 
     /// Gives row `id` (not cached) a slot in set `set`, or under LFU a
@@ -860,7 +920,9 @@ impl DiskTier {
         }
         let record = self.shared.record;
         let written = misses.iter().filter(|m| m.evicted().is_some()).count() as u64;
-        self.stats.bytes_read += misses.len() as u64 * record;
+        // Rows not stored were made, not read.
+        let read = misses.iter().filter(|m| self.stored.get(m.id)).count() as u64;
+        self.stats.bytes_read += read * record;
         self.stats.bytes_written += written * record;
     }
 
@@ -890,9 +952,10 @@ impl DiskTier {
     }
 
     /// Puts back the rows the misses of a batch refused before any transfer
-    /// replaced: their slots still hold them, changes and all (last miss
-    /// first, though a slot takes one miss a batch).
-    fn undo(&mut self, misses: &[Miss]) {
+    /// replaced (by this table or another of the batch): their slots still
+    /// hold them, changes and all (last miss first, though a slot takes one
+    /// miss a batch).
+    pub(crate) fn undo(&mut self, misses: &[Miss]) {
         for m in misses.iter().rev() {
             let (old, meta) = m.before;
             if self.bypass.holds(m.slot) {
@@ -946,6 +1009,7 @@ impl DiskTier {
         })?;
         for &s in &dirty {
             self.meta[s] &= !DIRTY;
+            self.stored.set(self.shared.tag(s));
         }
         self.stats.bytes_written += dirty.len() as u64 * self.shared.record;
         Ok(())
@@ -967,39 +1031,63 @@ impl DiskTier {
     }
 
     /// The records of rows `first..` as the file stores them (not the
-    /// cache), as many as `buf` holds; one read.
+    /// cache), as many as `buf` holds: one read, and rows not stored yet
+    /// made (no read when none is stored).
     pub(crate) fn read_records(
         &self,
         table: &str,
         first: u64,
         buf: &mut [u8],
     ) -> Result<(), SparseError> {
-        self.shared
-            .file
-            .read(table, buf, first * self.shared.record)
+        let record = self.shared.record as usize;
+        let rows = first..first + (buf.len() / record) as u64;
+        if rows.clone().any(|r| self.stored.get(r)) {
+            self.shared.file.read(table, buf, first * record as u64)?;
+        }
+        for (r, rec) in rows.zip(buf.chunks_exact_mut(record)) {
+            if !self.stored.get(r) {
+                self.make(r, rec);
+            }
+        }
+        Ok(())
+    }
+
+    /// Row `row`'s initial record: its bytes made, its state zero.
+    fn make(&self, row: u64, record: &mut [u8]) {
+        let (bytes, state) = record.split_at_mut(self.row_bytes);
+        let make = self.make.as_ref().expect("a row not stored has a maker");
+        (make.0)(row, bytes);
+        state.fill(0);
     }
 
     /// Overwrites the records of rows `first..` in the file (not the
     /// cache), as many as `buf` holds.
     pub(crate) fn write_records(
-        &self,
+        &mut self,
         table: &str,
         first: u64,
         buf: &[u8],
     ) -> Result<(), SparseError> {
-        (self.shared.file).write_pages(table, buf, first * self.shared.record)
+        (self.shared.file).write_pages(table, buf, first * self.shared.record)?;
+        for r in first..first + buf.len() as u64 / self.shared.record {
+            self.stored.set(r);
+        }
+        Ok(())
     }
 
     /// Overwrites row `id`'s bytes (not its state) in the file.
     pub(crate) fn write_row_bytes(
-        &self,
+        &mut self,
         table: &str,
         id: u64,
         bytes: &[u8],
     ) -> Result<(), SparseError> {
+        // A row not stored has a zero state in the file (unwritten) too.
         self.shared
             .file
-            .write(table, bytes, id * self.shared.record)
+            .write(table, bytes, id * self.shared.record)?;
+        self.stored.set(id);
+        Ok(())
     }
 }
 
@@ -1088,6 +1176,12 @@ fn read_row(
     // SAFETY: each miss of a table has its own slot, and one task at a
     // time handles a miss.
     let (row, state) = unsafe { x.slots.slot(miss.slot) };
+    if !tier.stored.get(miss.id) {
+        let make = tier.make.as_ref().expect("a row not stored has a maker");
+        (make.0)(miss.id, row);
+        state.fill(0);
+        return Ok(true);
+    }
     let at = miss.id * tier.shared.record;
     (tier.shared.file).read_parts(x.table, [row, state], at, read == Read::Cached, scratch)
 }

@@ -225,9 +225,10 @@ fn hit_rates_count_every_lookup() {
     let kjt = bags(&[1, 2, 3, 3]);
     ebc.prefetch(&kjt).unwrap();
     let s = ebc.tables()[0].tier_stats().unwrap();
-    // 4 lookups, 3 distinct rows read (the second 3 waits on the first).
+    // 4 lookups, 3 distinct rows missed (the second 3 waits on the
+    // first), made from the seed: a new table's rows are not in its file.
     assert_eq!((s.lookups, s.misses), (4, 3));
-    assert_eq!(s.bytes_read, 3 * 4 * 4);
+    assert_eq!(s.bytes_read, 0);
     ebc.prefetch(&kjt).unwrap();
     let s = ebc.tables()[0].tier_stats().unwrap();
     assert_eq!((s.lookups, s.misses), (8, 3));
@@ -410,6 +411,10 @@ fn a_failed_read_names_the_table_and_file_and_leaves_the_cache_usable() {
     let dir = tempfile::tempdir().unwrap();
     let mut ebc = disk_collection(dir.path(), 1000, 64);
     let path = ebc.tables()[0].disk_path().unwrap().to_path_buf();
+    // Rows in the file (a new table's are made, not read).
+    for id in [3, 4, 900] {
+        ebc.tables_mut()[0].write_row(id, &[1.0; 4]);
+    }
     // The file loses its second half (as a disk failing under it would).
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.set_len(500 * 4 * 4).unwrap();
@@ -525,4 +530,57 @@ fn lfu_serves_rarely_used_rows_beside_their_set() {
         matches!(wide, Err(SparseError::CacheFull { .. })),
         "{wide:?}"
     );
+}
+
+/// A batch one table refuses leaves the other tables' caches as they were:
+/// their changed rows, which its misses would have evicted, are kept.
+#[test]
+fn a_batch_refused_by_one_table_loses_no_row_of_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = || {
+        vec![
+            EmbeddingBagConfig::new("t0", 200, 4, &["f0"]),
+            EmbeddingBagConfig::new("t1", 200, 4, &["f1"]),
+        ]
+    };
+    let opt = TableOptimizer::sgd(0.5);
+    let tier = Some(DiskTierConfig {
+        dir: dir.path().to_path_buf(),
+        cache_rows: 16,
+        policy: CachePolicy::Lru,
+    });
+    let mut disk =
+        EmbeddingBagCollection::with_disk_tiers(configs(), opt, 3, vec![tier.clone(), tier])
+            .unwrap();
+    let mut ram = EmbeddingBagCollection::new(configs(), opt, 3).unwrap();
+    // 16 samples; t1's first bag takes the ids beyond 16.
+    let two = |a: Vec<i64>, b: Vec<i64>| {
+        let mut lengths = vec![1; 32];
+        lengths[16] += b.len() as i64 - 16;
+        let keys = vec!["f0".into(), "f1".into()];
+        KeyedJaggedTensor::from_lengths(keys, [a, b].concat(), &lengths, None).unwrap()
+    };
+    let kjt = two((0..16).collect(), (0..16).collect());
+    let grad = vec![1.0; 16 * 8];
+    disk.prefetch(&kjt).unwrap();
+    disk.forward(&kjt).unwrap();
+    disk.backward_update(&kjt, &grad).unwrap();
+    ram.backward_update(&kjt, &grad).unwrap();
+    // t0 could take its 16 new rows (evicting its 16 changed ones); t1
+    // cannot hold 17 at once, an out-of-range id, and the batch is refused.
+    let wide = two((100..116).collect(), (0..17).collect());
+    let err = disk.prefetch(&wide).unwrap_err();
+    assert!(matches!(err, SparseError::CacheFull { .. }), "{err}");
+    let bad = two(
+        (100..116).collect(),
+        [vec![500], (1..16).collect()].concat(),
+    );
+    let err = disk.prefetch(&bad).unwrap_err();
+    assert!(matches!(err, SparseError::IdOutOfRange { .. }), "{err}");
+    disk.prefetch(&kjt).unwrap();
+    assert_eq!(disk.forward(&kjt).unwrap(), ram.forward(&kjt).unwrap());
+    for t in disk.tables_mut() {
+        t.flush().unwrap();
+    }
+    assert_eq!(all_rows(&ram), all_rows(&disk));
 }

@@ -1,5 +1,6 @@
-//! Initial rows: tables drawn chunk by independently seeded chunk, and
-//! `initial_rows`, which draws only the chunks a shard holds, bit for bit alike.
+//! Initial rows: each row drawn alone from its own seed, so that a table in
+//! RAM, a shard (`initial_rows`) and a disk-tier table that makes a row when
+//! it is first looked up all hold the same bits.
 
 use rayon::prelude::*;
 
@@ -8,11 +9,10 @@ use super::store::{InMemory, OnDisk, TableStore};
 use super::{EmbeddingTable, TablePart};
 use crate::optimizer::OptimizerState;
 use crate::rows::{encode, TableRows};
-use crate::tier::{DiskTier, FillRecords};
+use crate::tier::{DiskTier, MakeRow};
 use crate::{DiskTierConfig, EmbeddingBagConfig, SparseError, TableOptimizer};
 
-/// Rows initialised per independently seeded chunk (keeps init reproducible
-/// whatever the thread count).
+/// Rows a task of the initialisation draws.
 const INIT_CHUNK_ROWS: usize = 4096;
 
 /// Part of a table's initial weights, exactly as
@@ -20,8 +20,8 @@ const INIT_CHUNK_ROWS: usize = 4096;
 /// with `seed` initialises the table at position `index`: every global row
 /// in `rows` that `local` maps to a local row `l` has its columns `cols`
 /// written to local row `l` of `out` (rounded to its data type as the whole
-/// table's rows are). Only the chunks holding `rows` are drawn, so a shard
-/// is initialised without the rest of its table in memory. A disk-tier
+/// table's rows are). Only the rows it holds are drawn, so a shard is
+/// initialised without the rest of its table in memory. A disk-tier
 /// `out` gets its rows in runs (their optimizer state zero, as a new
 /// table's), and fails with [`SparseError::Disk`] when its file cannot be
 /// written.
@@ -49,14 +49,14 @@ pub fn initial_rows(
             .map(|&chunk| {
                 let first = chunk * INIT_CHUNK_ROWS;
                 let n = INIT_CHUNK_ROWS.min(config.num_embeddings - first);
-                let mut values = vec![0f32; n * dim];
-                draw_chunk((lo, hi), [seed, index, chunk as u64], &mut values);
+                let mut values = vec![0f32; dim];
                 // The wanted rows' columns, packed, and where they go.
                 let (mut locals, mut kept) = (Vec::new(), Vec::new());
                 for r in first.max(rows.start)..(first + n).min(end) {
                     if let Some(l) = local(r) {
+                        draw_row((lo, hi), [seed, index, r as u64], &mut values);
                         locals.push(l);
-                        kept.extend_from_slice(&values[(r - first) * dim..][cols.clone()]);
+                        kept.extend_from_slice(&values[cols.clone()]);
                     }
                 }
                 (locals, kept)
@@ -101,13 +101,26 @@ fn write_runs(
     Ok(())
 }
 
-/// The initial values of one chunk of `INIT_CHUNK_ROWS` rows (`seed`, table
-/// index, chunk index): the one draw both [`new_table`] and [`initial_rows`]
-/// make, so they agree bit for bit.
-fn draw_chunk((lo, hi): (f32, f32), key: [u64; 3], out: &mut [f32]) {
+/// The initial values of one row (`seed`, table index, row): the one draw
+/// [`new_table`], [`initial_rows`] and a disk tier's first lookup of the
+/// row make, so they agree bit for bit.
+fn draw_row((lo, hi): (f32, f32), key: [u64; 3], out: &mut [f32]) {
     let mut rng = crate::rng::Rng::new(crate::rng::mix(&key));
     for x in out {
         *x = lo + (hi - lo) * rng.next_f32();
+    }
+}
+
+/// [`draw_row`] for the consecutive rows from `first` that `out` holds.
+fn draw_rows(
+    range: (f32, f32),
+    [seed, index]: [u64; 2],
+    first: usize,
+    out: &mut [f32],
+    dim: usize,
+) {
+    for (r, row) in out.chunks_exact_mut(dim.max(1)).enumerate() {
+        draw_row(range, [seed, index, (first + r) as u64], row);
     }
 }
 
@@ -135,7 +148,13 @@ pub(super) fn new_table(
         .ok_or_else(|| alloc_error(bytes))?;
     if let Some(seed) = seed {
         rows.fill(INIT_CHUNK_ROWS, |chunk, values| {
-            draw_chunk((lo, hi), [seed, index, chunk as u64], values)
+            draw_rows(
+                (lo, hi),
+                [seed, index],
+                chunk * INIT_CHUNK_ROWS,
+                values,
+                dim,
+            )
         });
     }
     let state = OptimizerState::new(optimizer, config.num_embeddings, dim).ok_or_else(|| {
@@ -148,9 +167,9 @@ pub(super) fn new_table(
     ))
 }
 
-/// A disk-tier table: its file written chunk by chunk with the rows `new`
-/// would draw in RAM (and zero state), or (without a seed) left for the
-/// caller to fill; then an empty cache.
+/// A disk-tier table: an empty cache in front of a file whose rows are
+/// made when first looked up (the rows `new` would draw in RAM, and zero
+/// state), or (without a seed) left for the caller to fill.
 fn new_disk_table(
     config: EmbeddingBagConfig,
     optimizer: &TableOptimizer,
@@ -163,31 +182,21 @@ fn new_disk_table(
     // validate() checked that a row's size fits.
     let stride = dtype.row_bytes(dim).unwrap_or(usize::MAX);
     let state_bytes = 4 * optimizer.state_floats_per_row(dim);
-    let record = stride + state_bytes;
-    let draw = |first: usize, records: &mut [u8]| {
-        // `first` is a multiple of INIT_CHUNK_ROWS: one chunk of draws.
-        debug_assert_eq!(first % INIT_CHUNK_ROWS, 0);
-        let rows = records.len() / record;
-        let mut values = vec![0f32; rows * dim];
-        if let Some(seed) = seed {
-            let chunk = (first / INIT_CHUNK_ROWS) as u64;
-            draw_chunk((lo, hi), [seed, index, chunk], &mut values);
-        }
-        for (r, rec) in records.chunks_exact_mut(record).enumerate() {
-            encode(dtype, &values[r * dim..(r + 1) * dim], &mut rec[..stride]);
-            rec[stride..].fill(0);
-        }
-    };
-    // Zeroed tables are filled by their caller: their files stay sparse
-    // until then (no pass of zeros written first).
-    let init = seed.is_some().then_some(&draw as &FillRecords<'_>);
+    // A row is made (drawn and encoded) when first looked up, not written
+    // to the file first; zeroed tables are filled by their caller.
+    let make = seed.map(|seed| -> Box<MakeRow> {
+        Box::new(move |row, out| {
+            let mut values = vec![0f32; dim];
+            draw_row((lo, hi), [seed, index, row], &mut values);
+            encode(dtype, &values, out);
+        })
+    });
     let (disk, slots) = DiskTier::create(
         tier,
         &config.name,
         config.num_embeddings,
         (stride, state_bytes),
-        INIT_CHUNK_ROWS,
-        init,
+        make,
     )?;
     let alloc_error = |bytes| SparseError::Allocation {
         table: config.name.clone(),

@@ -153,32 +153,53 @@ impl EmbeddingBagCollection {
                 }
             })
             .collect();
-        work.par_iter_mut().try_for_each(
-            |TableStage {
-                 table,
-                 ranges,
-                 ids,
-                 misses,
-             }| {
-                for range in ranges.iter() {
-                    for p in range.clone() {
-                        let id = kjt.values()[p];
-                        if id < 0 || id as u64 >= table.num_embeddings() as u64 {
-                            let k = (0..kjt.keys().len())
-                                .find(|&k| kjt.key_range(k).contains(&p))
-                                .expect("a value lies in some key's range");
-                            return Err(table.id_error(&kjt.keys()[k], sample_of(kjt, k, p), id));
+        // Every table's slots, then (if any table refused the batch) every
+        // table's undone: a refused batch leaves every cache as it was.
+        let assigned: Vec<Result<(), SparseError>> = work
+            .par_iter_mut()
+            .map(
+                |TableStage {
+                     table,
+                     ranges,
+                     ids,
+                     misses,
+                 }| {
+                    for range in ranges.iter() {
+                        for p in range.clone() {
+                            let id = kjt.values()[p];
+                            if id < 0 || id as u64 >= table.num_embeddings() as u64 {
+                                let k = (0..kjt.keys().len())
+                                    .find(|&k| kjt.key_range(k).contains(&p))
+                                    .expect("a value lies in some key's range");
+                                return Err(table.id_error(
+                                    &kjt.keys()[k],
+                                    sample_of(kjt, k, p),
+                                    id,
+                                ));
+                            }
+                            ids.push(id);
                         }
-                        ids.push(id);
                     }
+                    let name = &table.config.name;
+                    let (_, _, tier) = table.store.parts_mut();
+                    let tier = tier.expect("a disk-tier table");
+                    *misses = tier.assign(name, ids, stage)?;
+                    Ok(())
+                },
+            )
+            .collect();
+        if let Some(Err(e)) = assigned.iter().find(|r| r.is_err()) {
+            let e = e.clone();
+            for (w, ok) in work.iter_mut().zip(&assigned) {
+                if ok.is_ok() {
+                    disk_tier(w.table).undo(&w.misses);
                 }
-                let name = &table.config.name;
-                let (_, _, tier) = table.store.parts_mut();
-                let tier = tier.expect("a disk-tier table");
-                *misses = tier.assign(name, ids, stage)?;
-                Ok(())
-            },
-        )?;
+            }
+            return Err(e);
+        }
+        for w in &mut work {
+            disk_tier(w.table).commit(&w.misses, stage);
+        }
         let transfers: Vec<Transfer<'_>> = work
             .iter_mut()
             .map(|TableStage { table, misses, .. }| {
@@ -231,4 +252,9 @@ fn sample_of(kjt: &KeyedJaggedTensor, k: usize, p: usize) -> usize {
     let b = kjt.stride();
     let ends = &kjt.offsets()[k * b + 1..=(k + 1) * b];
     ends.partition_point(|&end| end <= p)
+}
+
+/// The tier of a table known to be on the disk tier.
+fn disk_tier(table: &mut EmbeddingTable) -> &mut crate::tier::DiskTier {
+    table.store.parts_mut().2.expect("a disk-tier table")
 }

@@ -375,7 +375,7 @@ impl ParquetSink {
         let Some(open) = self.open.take() else {
             return Ok(());
         };
-        let file = (open.writer.into_inner()).map_err(DataError::parquet(open.out.temp()))?;
+        let file = finish_parquet(open.writer, open.out.temp())?;
         let path = open.out.path().to_path_buf();
         self.bytes_written += open.out.commit_file(file)?;
         self.files.push(path);
@@ -432,8 +432,20 @@ impl PredictionWriter {
 
     /// Closes, fsyncs and renames the file; returns the rows written.
     pub fn finish(self) -> Result<u64, DataError> {
-        let file = (self.writer.into_inner()).map_err(DataError::parquet(self.out.temp()))?;
+        let file = finish_parquet(self.writer, self.out.temp())?;
         self.out.commit_file(file)?;
         Ok(self.rows)
     }
+}
+
+/// Writes the footer and flushes, then hands the file back (a second
+/// descriptor of it). Finished so, a failed write (a full disk) keeps its
+/// I/O error; left to `into_inner`, the last flush's error reaches us only
+/// as text.
+fn finish_parquet(
+    mut writer: ArrowWriter<std::fs::File>,
+    temp: &std::path::Path,
+) -> Result<std::fs::File, DataError> {
+    writer.finish().map_err(DataError::parquet(temp))?;
+    writer.inner().try_clone().map_err(DataError::io(temp))
 }

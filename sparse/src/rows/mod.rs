@@ -14,9 +14,7 @@ use rayon::prelude::*;
 use crate::storage::AlignedBuffer;
 use crate::DataType;
 use half::rounding_bits;
-use half::{
-    bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_stochastic, f32_to_f16, f32_to_f16_stochastic,
-};
+use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_stochastic, f32_to_f16_stochastic};
 pub(crate) use quant::{Fp8, Mxfp4, NBit};
 
 /// How the kernels read one row format: a header read once per row (scale,
@@ -273,14 +271,22 @@ pub(crate) fn decode_with<F: RowFormat>(src: &[u8], out: &mut [f32]) {
 pub(crate) fn encode(dtype: DataType, src: &[f32], dst: &mut [u8]) {
     match dtype {
         DataType::Fp32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
-        DataType::Fp16 | DataType::Bf16 => {
-            let narrow = if dtype == DataType::Fp16 {
-                f32_to_f16
-            } else {
-                f32_to_bf16
-            };
+        DataType::Fp16 => {
+            // The half crate's slice conversion: F16C 8 values at a time
+            // where the CPU has it (the same nearest values as one by one).
+            use ::half::slice::HalfFloatSliceExt;
+            let mut narrow = [::half::f16::ZERO; 64];
+            for (src, dst) in src.chunks(64).zip(dst.chunks_mut(128)) {
+                let narrow = &mut narrow[..src.len()];
+                narrow.convert_from_f32_slice(src);
+                for (out, x) in dst.chunks_exact_mut(2).zip(narrow.iter()) {
+                    out.copy_from_slice(&x.to_bits().to_ne_bytes());
+                }
+            }
+        }
+        DataType::Bf16 => {
             for (out, &x) in dst.chunks_exact_mut(2).zip(src) {
-                out.copy_from_slice(&narrow(x).to_ne_bytes());
+                out.copy_from_slice(&f32_to_bf16(x).to_ne_bytes());
             }
         }
         DataType::Int8 => quant::quantize_nbit::<8>(src, dst),
@@ -408,6 +414,36 @@ impl TableRows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// fp16 rows are encoded to the nearest value, as one value at a time
+    /// would: normals, subnormals, ties, overflow, infinities, NaNs, in rows
+    /// longer and shorter than the conversion's chunk.
+    #[test]
+    fn fp16_encoding_is_the_nearest_value() {
+        let mut rng = crate::rng::Rng::new(7);
+        for len in [1usize, 7, 64, 100, 200] {
+            let src: Vec<f32> = (0..len)
+                .map(|i| match i % 5 {
+                    0 => f32::from_bits(rng.next_u64() as u32),
+                    1 => (rng.next_f32() - 0.5) * 1e-5,
+                    2 => f32::from_bits(0x3f80_1000 + (i as u32 % 3) * 0x1000),
+                    3 => [65520.0, -1e9, f32::INFINITY, f32::NAN][i / 5 % 4],
+                    _ => rng.next_f32() - 0.5,
+                })
+                .collect();
+            let mut dst = vec![0u8; 2 * len];
+            encode(DataType::Fp16, &src, &mut dst);
+            for (x, out) in src.iter().zip(dst.chunks_exact(2)) {
+                let got = u16::from_ne_bytes([out[0], out[1]]);
+                let want = super::half::f32_to_f16(*x);
+                let nan = |b: u16| b & 0x7c00 == 0x7c00 && b & 0x3ff != 0;
+                assert!(
+                    got == want || (nan(got) && nan(want)),
+                    "{x}: {got:#x} {want:#x}"
+                );
+            }
+        }
+    }
 
     /// F16C reads every fp16 value as the portable widening does: in rows
     /// with whole 8-column chunks and a tail, and in the fixed-dim sum.

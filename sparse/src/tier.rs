@@ -436,6 +436,9 @@ pub(crate) struct Shared {
     /// Bytes of a row's record in the file.
     record: u64,
     tags: Vec<AtomicU64>,
+    /// Whether each row's record is in the file; the others are made (by
+    /// the tier's maker, from the table's seed) when they are looked up.
+    stored: RowBits,
 }
 
 impl Shared {
@@ -504,8 +507,10 @@ impl ReadAhead {
                 continue;
             };
             for &id in &kjt.values()[kjt.key_range(k)] {
-                if id >= 0 && (id as u64) < *rows && shared.slot_of(id as u64).is_none() {
-                    shared.will_need(id as u64);
+                // A row not stored is made, not read: nothing to hint.
+                let id = id as u64;
+                if id < *rows && shared.stored.get(id) && shared.slot_of(id).is_none() {
+                    shared.will_need(id);
                     hinted += 1;
                 }
             }
@@ -535,22 +540,27 @@ struct Counts {
 /// Makes a row's initial bytes (in the table's type): `(row, bytes)`.
 pub(crate) type MakeRow = dyn Fn(u64, &mut [u8]) + Send + Sync;
 
-/// A bit per row of a table.
+/// A bit per row of a table (atomics: a [`ReadAhead`] reads them while
+/// staging sets them).
 #[derive(Debug)]
-struct RowBits(Vec<u64>);
+struct RowBits(Vec<AtomicU64>);
 
 impl RowBits {
     fn new(rows: usize, set: bool) -> Self {
-        Self(vec![if set { u64::MAX } else { 0 }; rows.div_ceil(64)])
+        let word = if set { u64::MAX } else { 0 };
+        Self(
+            (0..rows.div_ceil(64))
+                .map(|_| AtomicU64::new(word))
+                .collect(),
+        )
     }
     fn get(&self, row: u64) -> bool {
-        self.0[row as usize / 64] & (1 << (row % 64)) != 0
+        self.0[row as usize / 64].load(Ordering::Relaxed) & (1 << (row % 64)) != 0
     }
     /// Sets the bit; returns whether it was set before.
-    fn set(&mut self, row: u64) -> bool {
-        let was = self.get(row);
-        self.0[row as usize / 64] |= 1 << (row % 64);
-        was
+    fn set(&self, row: u64) -> bool {
+        let bit = 1 << (row % 64);
+        self.0[row as usize / 64].fetch_or(bit, Ordering::Relaxed) & bit != 0
     }
     fn bytes(&self) -> usize {
         std::mem::size_of_val(self.0.as_slice())
@@ -583,9 +593,6 @@ pub(crate) struct DiskTier {
     /// Whether each row of the table was ever cached (for
     /// [`TierStats::first_misses`]).
     cached_once: RowBits,
-    /// Whether each row's record is in the file; the others are made by
-    /// `make` (drawn from the table's seed) when they are looked up.
-    stored: RowBits,
     make: Option<RowMaker>,
     /// Bytes of a row in the file's records (the state follows).
     row_bytes: usize,
@@ -718,6 +725,7 @@ impl DiskTier {
             sets,
             record: record as u64,
             tags: (0..slots).map(|_| AtomicU64::new(EMPTY)).collect(),
+            stored: RowBits::new(rows, make.is_none()),
         });
         let tier = Self {
             shared,
@@ -728,7 +736,6 @@ impl DiskTier {
             }),
             bypass: Bypass::new(set_slots, bypass),
             cached_once: RowBits::new(rows, false),
-            stored: RowBits::new(rows, make.is_none()),
             make: make.map(RowMaker),
             row_bytes,
             cache_rows: config.cache_rows,
@@ -744,7 +751,7 @@ impl DiskTier {
         let lfu = self.lfu.as_ref().map_or(0, |c| {
             std::mem::size_of_val(c.rows.as_slice()) + std::mem::size_of_val(c.slots.as_slice())
         });
-        lfu + self.bypass.bytes() + self.cached_once.bytes() + self.stored.bytes()
+        lfu + self.bypass.bytes() + self.cached_once.bytes() + self.shared.stored.bytes()
     }
 
     pub(crate) fn stats(&self) -> TierStats {
@@ -853,7 +860,7 @@ impl DiskTier {
         for m in misses {
             first += u64::from(!self.cached_once.set(m.id));
             if let Some(old) = m.evicted() {
-                self.stored.set(old);
+                self.shared.stored.set(old);
             }
         }
         if stage == Stage::Lookup {
@@ -921,7 +928,10 @@ impl DiskTier {
         let record = self.shared.record;
         let written = misses.iter().filter(|m| m.evicted().is_some()).count() as u64;
         // Rows not stored were made, not read.
-        let read = misses.iter().filter(|m| self.stored.get(m.id)).count() as u64;
+        let read = misses
+            .iter()
+            .filter(|m| self.shared.stored.get(m.id))
+            .count() as u64;
         self.stats.bytes_read += read * record;
         self.stats.bytes_written += written * record;
     }
@@ -1009,7 +1019,7 @@ impl DiskTier {
         })?;
         for &s in &dirty {
             self.meta[s] &= !DIRTY;
-            self.stored.set(self.shared.tag(s));
+            self.shared.stored.set(self.shared.tag(s));
         }
         self.stats.bytes_written += dirty.len() as u64 * self.shared.record;
         Ok(())
@@ -1041,11 +1051,11 @@ impl DiskTier {
     ) -> Result<(), SparseError> {
         let record = self.shared.record as usize;
         let rows = first..first + (buf.len() / record) as u64;
-        if rows.clone().any(|r| self.stored.get(r)) {
+        if rows.clone().any(|r| self.shared.stored.get(r)) {
             self.shared.file.read(table, buf, first * record as u64)?;
         }
         for (r, rec) in rows.zip(buf.chunks_exact_mut(record)) {
-            if !self.stored.get(r) {
+            if !self.shared.stored.get(r) {
                 self.make(r, rec);
             }
         }
@@ -1070,7 +1080,7 @@ impl DiskTier {
     ) -> Result<(), SparseError> {
         (self.shared.file).write_pages(table, buf, first * self.shared.record)?;
         for r in first..first + buf.len() as u64 / self.shared.record {
-            self.stored.set(r);
+            self.shared.stored.set(r);
         }
         Ok(())
     }
@@ -1086,7 +1096,7 @@ impl DiskTier {
         self.shared
             .file
             .write(table, bytes, id * self.shared.record)?;
-        self.stored.set(id);
+        self.shared.stored.set(id);
         Ok(())
     }
 }
@@ -1176,7 +1186,7 @@ fn read_row(
     // SAFETY: each miss of a table has its own slot, and one task at a
     // time handles a miss.
     let (row, state) = unsafe { x.slots.slot(miss.slot) };
-    if !tier.stored.get(miss.id) {
+    if !tier.shared.stored.get(miss.id) {
         let make = tier.make.as_ref().expect("a row not stored has a maker");
         (make.0)(miss.id, row);
         state.fill(0);

@@ -593,6 +593,8 @@ pub(crate) struct DiskTier {
     /// Whether each row of the table was ever cached (for
     /// [`TierStats::first_misses`]).
     cached_once: RowBits,
+    /// Makes the rows whose record is not in the file (none for a table
+    /// its caller fills: every record is then stored).
     make: Option<RowMaker>,
     /// Bytes of a row in the file's records (the state follows).
     row_bytes: usize,

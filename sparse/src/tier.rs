@@ -257,7 +257,10 @@ impl RowFile {
             // SAFETY: a valid descriptor; mode 0 allocates and extends.
             let r = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
             let e = std::io::Error::last_os_error();
-            if r != 0 && e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            // A file system that cannot reserve (EOPNOTSUPP, EINVAL, ...)
+            // is not an error: only no room is.
+            let no_room = [libc::ENOSPC, libc::EDQUOT, libc::EFBIG, libc::EIO];
+            if r != 0 && e.raw_os_error().is_some_and(|c| no_room.contains(&c)) {
                 return Err(e);
             }
         }

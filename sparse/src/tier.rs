@@ -15,8 +15,11 @@
 //!
 //! The file holds one record per row: the row's bytes in its data type,
 //! then its optimizer state (fp32), at `id * record` bytes. It is created
-//! when the table is built, and removed when the table is dropped: it is
-//! the table's working storage, not a checkpoint.
+//! (its space reserved) when the table is built, and removed when the table
+//! is dropped: it is the table's working storage, not a checkpoint. A new
+//! table's records are not written up front: a row not yet stored is made
+//! from the table's seed when looked up, and written when it first leaves
+//! the cache changed.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -1061,15 +1064,15 @@ impl DiskTier {
         }
         for (r, rec) in rows.zip(buf.chunks_exact_mut(record)) {
             if !self.shared.stored.get(r) {
-                self.make(r, rec);
+                let (bytes, state) = rec.split_at_mut(self.row_bytes);
+                self.make(r, bytes, state);
             }
         }
         Ok(())
     }
 
-    /// Row `row`'s initial record: its bytes made, its state zero.
-    fn make(&self, row: u64, record: &mut [u8]) {
-        let (bytes, state) = record.split_at_mut(self.row_bytes);
+    /// Row `row`'s initial bytes and state (zero), for a row not stored.
+    fn make(&self, row: u64, bytes: &mut [u8], state: &mut [u8]) {
         let make = self.make.as_ref().expect("a row not stored has a maker");
         (make.0)(row, bytes);
         state.fill(0);
@@ -1078,7 +1081,7 @@ impl DiskTier {
     /// Overwrites the records of rows `first..` in the file (not the
     /// cache), as many as `buf` holds.
     pub(crate) fn write_records(
-        &mut self,
+        &self,
         table: &str,
         first: u64,
         buf: &[u8],
@@ -1092,7 +1095,7 @@ impl DiskTier {
 
     /// Overwrites row `id`'s bytes (not its state) in the file.
     pub(crate) fn write_row_bytes(
-        &mut self,
+        &self,
         table: &str,
         id: u64,
         bytes: &[u8],
@@ -1192,9 +1195,7 @@ fn read_row(
     // time handles a miss.
     let (row, state) = unsafe { x.slots.slot(miss.slot) };
     if !tier.shared.stored.get(miss.id) {
-        let make = tier.make.as_ref().expect("a row not stored has a maker");
-        (make.0)(miss.id, row);
-        state.fill(0);
+        tier.make(miss.id, row, state);
         return Ok(true);
     }
     let at = miss.id * tier.shared.record;

@@ -15,6 +15,12 @@ use crate::{DiskTierConfig, EmbeddingBagConfig, SparseError, TableOptimizer};
 /// Rows a task of the initialisation draws.
 const INIT_CHUNK_ROWS: usize = 4096;
 
+thread_local! {
+    /// A row's draws as a disk tier makes it on a miss (no allocation per
+    /// miss).
+    static DRAWN: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Part of a table's initial weights, exactly as
 /// [`EmbeddingBagCollection::new`](super::EmbeddingBagCollection::new)
 /// with `seed` initialises the table at position `index`: every global row
@@ -186,9 +192,11 @@ fn new_disk_table(
     // to the file first; zeroed tables are filled by their caller.
     let make = seed.map(|seed| -> Box<MakeRow> {
         Box::new(move |row, out| {
-            let mut values = vec![0f32; dim];
-            draw_row((lo, hi), [seed, index, row], &mut values);
-            encode(dtype, &values, out);
+            DRAWN.with_borrow_mut(|values| {
+                values.resize(dim, 0.0);
+                draw_row((lo, hi), [seed, index, row], values);
+                encode(dtype, values, out);
+            })
         })
     });
     let (disk, slots) = DiskTier::create(

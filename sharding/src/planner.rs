@@ -220,7 +220,11 @@ fn loads(t: &EmbeddingBagConfig, p: &TablePlan, topo: &Topology, o: &PlannerOpti
         let load = &mut out[s.device];
         load.memory = load.memory.saturating_add(storage);
         load.cost += cost;
-        load.disk = load.disk.saturating_add(on_disk.saturating_mul(record));
+        let file = match on_disk {
+            0 => 0,
+            rows => ember_sparse::disk_tier_file_bytes(rows, record),
+        };
+        load.disk = load.disk.saturating_add(file);
     }
     out
 }

@@ -29,4 +29,6 @@ pub use error::SparseError;
 pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};
 pub use optimizer::TableOptimizer;
-pub use tier::{CachePolicy, DiskTierConfig, ReadAhead, TierStats, CACHE_WAYS};
+pub use tier::{
+    disk_tier_file_bytes, CachePolicy, DiskTierConfig, ReadAhead, TierStats, CACHE_WAYS,
+};

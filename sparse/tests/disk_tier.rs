@@ -415,9 +415,11 @@ fn a_failed_read_names_the_table_and_file_and_leaves_the_cache_usable() {
     for id in [3, 4, 900] {
         ebc.tables_mut()[0].write_row(id, &[1.0; 4]);
     }
-    // The file loses its second half (as a disk failing under it would).
+    // The file loses all but its first two records, rows 3 and 4 (as a
+    // disk failing under it would): a record is a 4-byte header and the
+    // row (sgd keeps no state).
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    file.set_len(500 * 4 * 4).unwrap();
+    file.set_len(2 * (4 + 4 * 4)).unwrap();
     let err = ebc.prefetch(&bags(&[3, 900])).unwrap_err();
     assert!(
         matches!(&err, SparseError::Disk { table, path: p, .. } if table == "big" && *p == path),

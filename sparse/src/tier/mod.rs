@@ -13,18 +13,19 @@
 //! rounding draws by each slot's real id, so a disk-tier table trains bit
 //! for bit as the same table in RAM.
 //!
-//! The file holds one record per row: the row's bytes in its data type,
-//! then its optimizer state (fp32), at `id * record` bytes. It is created
-//! (its space reserved) when the table is built, and removed when the table
-//! is dropped: it is the table's working storage, not a checkpoint. A new
-//! table's records are not written up front: a row not yet stored is made
-//! from the table's seed when looked up, and written when it first leaves
-//! the cache changed.
+//! The file is a log of records (see [`log`]): a record is a row's bytes
+//! in its data type, then its optimizer state (fp32), and a changed row
+//! leaving the cache is appended, its older record left to be cleaned. It
+//! is created (its space reserved) when the table is built, and removed
+//! when the table is dropped: it is the table's working storage, not a
+//! checkpoint. A new table's records are not written up front: a row not
+//! yet stored is made from the table's seed when looked up, and written
+//! when it first leaves the cache changed.
+
+mod log;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -35,6 +36,8 @@ use crate::optimizer::OptimizerState;
 use crate::rows::TableRows;
 use crate::storage::prefetch_every;
 use crate::SparseError;
+pub use log::file_bytes as disk_tier_file_bytes;
+use log::RowLog;
 
 /// Ways of each cache set: a row may sit in any of 16 slots.
 pub const CACHE_WAYS: usize = 16;
@@ -48,8 +51,6 @@ const EMPTY: u64 = u64::MAX;
 const DIRTY: u64 = 1 << 63;
 /// How many ids ahead staging fetches a set's lines.
 const ASSIGN_AHEAD: usize = 16;
-/// Bytes of a page: the unit the file is first written in.
-const PAGE: usize = 4096;
 /// Under LFU, one slot in this many at least is kept for rows not
 /// admitted to their set ([`Bypass`]).
 const BYPASS_SHARE: usize = 32;
@@ -101,11 +102,11 @@ impl CachePolicy {
     }
 
     /// Memory a disk-tier table of `table_rows` rows keeps beside its
-    /// cache of `cache_rows` rows: a bit per row (whether it was ever
-    /// cached), and under LFU a count per row and per set slot, and the
-    /// bypass slots' map.
+    /// cache of `cache_rows` rows: per row, where the file holds its
+    /// record (4 bytes) and whether it was ever cached (a bit), and under
+    /// LFU a count per row and per set slot, and the bypass slots' map.
     pub fn bookkeeping_bytes(self, table_rows: u64, cache_rows: u64) -> u64 {
-        let bits = table_rows.div_ceil(64) * 8;
+        let bits = table_rows.div_ceil(64) * 8 + 4 * table_rows;
         let (set_slots, bypass) = cache_layout(self, cache_rows as usize);
         match self {
             CachePolicy::Lru => bits,
@@ -215,193 +216,6 @@ impl std::iter::Sum for TierStats {
     }
 }
 
-/// A table's file, one record per row; removed on drop.
-#[derive(Debug)]
-struct RowFile {
-    file: File,
-    path: PathBuf,
-}
-
-impl RowFile {
-    fn create(dir: &Path, table: &str, bytes: u64) -> Result<Self, SparseError> {
-        static SERIAL: AtomicU64 = AtomicU64::new(0);
-        let n = SERIAL.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("{table}.{}.{n}.rows", std::process::id()));
-        let fail = |e: std::io::Error| disk_error(table, &path, "cannot create the file", e);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(fail)?;
-        let this = Self { file, path };
-        // Sized, and its blocks reserved, up front: rows are written long
-        // after (when they first leave the cache), and a disk too small
-        // fails while the table is built.
-        this.file
-            .set_len(bytes)
-            .map_err(|e| disk_error(table, &this.path, "cannot size the file", e))?;
-        this.reserve(bytes)
-            .map_err(|e| disk_error(table, &this.path, "cannot reserve the file's space", e))?;
-        advise_random(&this.file);
-        Ok(this)
-    }
-
-    /// Allocates the file's blocks (unwritten: they read as zeros), where
-    /// the file system can; elsewhere its space is taken as rows are
-    /// written.
-    fn reserve(&self, bytes: u64) -> std::io::Result<()> {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            if bytes == 0 {
-                return Ok(());
-            }
-            // SAFETY: a valid descriptor; mode 0 allocates and extends.
-            let r = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
-            let e = std::io::Error::last_os_error();
-            // A file system that cannot reserve (EOPNOTSUPP, EINVAL, ...)
-            // is not an error: only no room is.
-            let no_room = [libc::ENOSPC, libc::EDQUOT, libc::EFBIG, libc::EIO];
-            if r != 0 && e.raw_os_error().is_some_and(|c| no_room.contains(&c)) {
-                return Err(e);
-            }
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = bytes;
-        Ok(())
-    }
-
-    fn read(&self, table: &str, buf: &mut [u8], at: u64) -> Result<(), SparseError> {
-        self.file
-            .read_exact_at(buf, at)
-            .map_err(|e| disk_error(table, &self.path, &format!("read at byte {at} failed"), e))
-    }
-
-    /// Reads one record at byte `at` into `parts` (a slot's row and state,
-    /// in the record's order), one system call. With `nowait` only if the
-    /// page cache holds it all (`Ok(false)` when it would have waited).
-    /// Short reads (a signal) are read again whole through `scratch`.
-    fn read_parts(
-        &self,
-        table: &str,
-        mut parts: [&mut [u8]; 2],
-        at: u64,
-        nowait: bool,
-        scratch: &mut Vec<u8>,
-    ) -> Result<bool, SparseError> {
-        let len = parts[0].len() + parts[1].len();
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            let iov = parts.each_mut().map(|p| libc::iovec {
-                iov_base: p.as_mut_ptr().cast(),
-                iov_len: p.len(),
-            });
-            let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
-            // SAFETY: two iovecs over the two parts, valid for their lengths.
-            let n = unsafe {
-                libc::preadv2(
-                    self.file.as_raw_fd(),
-                    iov.as_ptr(),
-                    2,
-                    at as libc::off_t,
-                    flags,
-                )
-            };
-            if n == len as isize {
-                return Ok(true);
-            }
-            if nowait {
-                return Ok(false);
-            }
-        }
-        #[cfg(not(target_os = "linux"))]
-        if nowait {
-            return Ok(false);
-        }
-        scratch.resize(len, 0);
-        self.read(table, scratch, at)?;
-        let (row, state) = scratch.split_at(parts[0].len());
-        let [a, b] = parts;
-        a.copy_from_slice(row);
-        b.copy_from_slice(state);
-        Ok(true)
-    }
-
-    /// Writes one record (`parts`: a slot's row and state) at byte `at`,
-    /// one system call; a short write is finished through `scratch`.
-    fn write_parts(
-        &self,
-        table: &str,
-        parts: [&[u8]; 2],
-        at: u64,
-        scratch: &mut Vec<u8>,
-    ) -> Result<(), SparseError> {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            let iov = parts.map(|p| libc::iovec {
-                iov_base: p.as_ptr().cast_mut().cast(),
-                iov_len: p.len(),
-            });
-            // SAFETY: two iovecs over the two parts, read only.
-            let n =
-                unsafe { libc::pwritev(self.file.as_raw_fd(), iov.as_ptr(), 2, at as libc::off_t) };
-            if n == (parts[0].len() + parts[1].len()) as isize {
-                return Ok(());
-            }
-        }
-        scratch.clear();
-        scratch.extend_from_slice(parts[0]);
-        scratch.extend_from_slice(parts[1]);
-        self.write(table, scratch, at)
-    }
-
-    fn write(&self, table: &str, buf: &[u8], at: u64) -> Result<(), SparseError> {
-        self.file
-            .write_all_at(buf, at)
-            .map_err(|e| disk_error(table, &self.path, &format!("write at byte {at} failed"), e))
-    }
-    /// [`write`](Self::write) a page at a time, for writes of many rows:
-    /// the page cache then holds the file in small folios, and writing back
-    /// one row later touches one page (in one large folio it took about
-    /// 30 us a row on ext4 here).
-    fn write_pages(&self, table: &str, buf: &[u8], at: u64) -> Result<(), SparseError> {
-        for (p, page) in buf.chunks(PAGE).enumerate() {
-            self.write(table, page, at + (p * PAGE) as u64)?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for RowFile {
-    fn drop(&mut self) {
-        // Working storage only: nothing in it outlives the table.
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-fn disk_error(table: &str, path: &Path, what: &str, e: std::io::Error) -> SparseError {
-    SparseError::Disk {
-        table: table.to_string(),
-        path: path.to_path_buf(),
-        reason: format!("{what}: {e}"),
-    }
-}
-
-/// Reads are random: no read-ahead (it would read pages nobody asked for).
-fn advise_random(file: &File) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a valid descriptor; the advice is only a hint.
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = file;
-}
-
 /// The threads that wait on the disk: they block in reads and writes, so
 /// they are apart from the compute threads and many more than the cores.
 fn io_pool() -> &'static rayon::ThreadPool {
@@ -437,14 +251,11 @@ impl Miss {
 /// them while a [`ReadAhead`] reads).
 #[derive(Debug)]
 pub(crate) struct Shared {
-    file: RowFile,
+    /// The file. Rows it holds no record of are made (by the tier's
+    /// maker, from the table's seed) when they are looked up.
+    log: RowLog,
     sets: usize,
-    /// Bytes of a row's record in the file.
-    record: u64,
     tags: Vec<AtomicU64>,
-    /// Whether each row's record is in the file; the others are made (by
-    /// the tier's maker, from the table's seed) when they are looked up.
-    stored: RowBits,
 }
 
 impl Shared {
@@ -464,30 +275,6 @@ impl Shared {
     fn slot_of(&self, id: u64) -> Option<usize> {
         let base = self.set_of(id) * CACHE_WAYS;
         (base..base + CACHE_WAYS).find(|&s| self.tag(s) == id)
-    }
-
-    /// Asks the kernel to start reading row `id`'s record into the page
-    /// cache, without waiting for it.
-    fn will_need(&self, id: u64) {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            let (at, len) = (
-                (id * self.record) as libc::off_t,
-                self.record as libc::off_t,
-            );
-            // SAFETY: a valid descriptor; the advice is only a hint.
-            unsafe {
-                libc::posix_fadvise(
-                    self.file.file.as_raw_fd(),
-                    at,
-                    len,
-                    libc::POSIX_FADV_WILLNEED,
-                )
-            };
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = id;
     }
 }
 
@@ -515,8 +302,8 @@ impl ReadAhead {
             for &id in &kjt.values()[kjt.key_range(k)] {
                 // A row not stored is made, not read: nothing to hint.
                 let id = id as u64;
-                if id < *rows && shared.stored.get(id) && shared.slot_of(id).is_none() {
-                    shared.will_need(id);
+                if id < *rows && shared.log.stored(id) && shared.slot_of(id).is_none() {
+                    shared.log.will_need(id);
                     hinted += 1;
                 }
             }
@@ -546,27 +333,20 @@ struct Counts {
 /// Makes a row's initial bytes (in the table's type): `(row, bytes)`.
 pub(crate) type MakeRow = dyn Fn(u64, &mut [u8]) + Send + Sync;
 
-/// A bit per row of a table (atomics: a [`ReadAhead`] reads them while
-/// staging sets them).
+/// A bit per row of a table.
 #[derive(Debug)]
-struct RowBits(Vec<AtomicU64>);
+struct RowBits(Vec<u64>);
 
 impl RowBits {
-    fn new(rows: usize, set: bool) -> Self {
-        let word = if set { u64::MAX } else { 0 };
-        Self(
-            (0..rows.div_ceil(64))
-                .map(|_| AtomicU64::new(word))
-                .collect(),
-        )
-    }
-    fn get(&self, row: u64) -> bool {
-        self.0[row as usize / 64].load(Ordering::Relaxed) & (1 << (row % 64)) != 0
+    fn new(rows: usize) -> Self {
+        Self(vec![0; rows.div_ceil(64)])
     }
     /// Sets the bit; returns whether it was set before.
-    fn set(&self, row: u64) -> bool {
-        let bit = 1 << (row % 64);
-        self.0[row as usize / 64].fetch_or(bit, Ordering::Relaxed) & bit != 0
+    fn set(&mut self, row: u64) -> bool {
+        let (word, bit) = (&mut self.0[row as usize / 64], 1 << (row % 64));
+        let before = *word & bit != 0;
+        *word |= bit;
+        before
     }
     fn bytes(&self) -> usize {
         std::mem::size_of_val(self.0.as_slice())
@@ -604,6 +384,8 @@ pub(crate) struct DiskTier {
     make: Option<RowMaker>,
     /// Bytes of a row in the file's records (the state follows).
     row_bytes: usize,
+    /// Bytes of a row and its state.
+    record: usize,
     /// The cache's rows as configured (sets and bypass slots).
     cache_rows: usize,
     epoch: u64,
@@ -700,13 +482,13 @@ impl Hasher for IdHasher {
 
 impl DiskTier {
     /// A tier for `rows` rows, its file in `config.dir` (records of
-    /// `row_bytes + state_bytes`), its disk space reserved. With `make`, a
-    /// row's record is written when the row first leaves the cache changed
-    /// (or is flushed), and until then the row is made by `make` (its
-    /// state zero) when looked up: a new table costs no writes. Without,
-    /// the file is zeros for a caller that writes every record (a
-    /// checkpoint's load, a shard's copy). Returns the tier and its cache's
-    /// size in rows.
+    /// `row_bytes + state_bytes`), its disk space reserved. A row's record
+    /// is written when the row first leaves the cache changed (or is
+    /// flushed), and until then the row is made by `make` (its state zero)
+    /// when looked up: a new table costs no writes. Without `make`, such a
+    /// row is zeros (for a caller that writes every record: a checkpoint's
+    /// load, a shard's copy). Returns the tier and its cache's size in
+    /// rows.
     pub(crate) fn create(
         config: &DiskTierConfig,
         table: &str,
@@ -725,15 +507,11 @@ impl DiskTier {
             });
         }
         let (sets, slots) = (set_slots / CACHE_WAYS, set_slots + bypass);
-        let record = row_bytes + state_bytes;
-        let total = (rows as u64).saturating_mul(record as u64);
-        let file = RowFile::create(&config.dir, table, total)?;
+        let log = RowLog::create(&config.dir, table, rows, row_bytes + state_bytes)?;
         let shared = Arc::new(Shared {
-            file,
+            log,
             sets,
-            record: record as u64,
             tags: (0..slots).map(|_| AtomicU64::new(EMPTY)).collect(),
-            stored: RowBits::new(rows, make.is_none()),
         });
         let tier = Self {
             shared,
@@ -743,9 +521,10 @@ impl DiskTier {
                 slots: vec![0; set_slots],
             }),
             bypass: Bypass::new(set_slots, bypass),
-            cached_once: RowBits::new(rows, false),
+            cached_once: RowBits::new(rows),
             make: make.map(RowMaker),
             row_bytes,
+            record: row_bytes + state_bytes,
             cache_rows: config.cache_rows,
             epoch: 0,
             stats: TierStats::default(),
@@ -754,12 +533,12 @@ impl DiskTier {
     }
 
     /// Bytes the cache keeps in memory beside its rows: LFU's counts and
-    /// bypass map, and a bit per row of the table.
+    /// bypass map, a bit per row of the table, and the log's positions.
     pub(crate) fn bookkeeping_bytes(&self) -> usize {
         let lfu = self.lfu.as_ref().map_or(0, |c| {
             std::mem::size_of_val(c.rows.as_slice()) + std::mem::size_of_val(c.slots.as_slice())
         });
-        lfu + self.bypass.bytes() + self.cached_once.bytes() + self.shared.stored.bytes()
+        lfu + self.bypass.bytes() + self.cached_once.bytes() + self.shared.log.bytes()
     }
 
     pub(crate) fn stats(&self) -> TierStats {
@@ -778,7 +557,7 @@ impl DiskTier {
     }
 
     pub(crate) fn path(&self) -> &Path {
-        &self.shared.file.path
+        self.shared.log.path()
     }
 
     /// The slot holding `id`, if any.
@@ -860,16 +639,11 @@ impl DiskTier {
     }
 
     /// Keeps the misses [`assign`](Self::assign) gave, once every table of
-    /// the batch has its slots: counts them, and marks the rows they evict
-    /// as stored (they are written back before any miss is read, see
-    /// [`transfer`]).
+    /// the batch has its slots: counts them.
     pub(crate) fn commit(&mut self, misses: &[Miss], stage: Stage) {
         let mut first = 0;
         for m in misses {
             first += u64::from(!self.cached_once.set(m.id));
-            if let Some(old) = m.evicted() {
-                self.shared.stored.set(old);
-            }
         }
         if stage == Stage::Lookup {
             self.stats.misses += misses.len() as u64;
@@ -933,12 +707,12 @@ impl DiskTier {
         if !transferred {
             return self.forget(misses);
         }
-        let record = self.shared.record;
+        let record = self.record_bytes();
         let written = misses.iter().filter(|m| m.evicted().is_some()).count() as u64;
         // Rows not stored were made, not read.
         let read = misses
             .iter()
-            .filter(|m| self.shared.stored.get(m.id))
+            .filter(|m| self.shared.log.stored(m.id))
             .count() as u64;
         self.stats.bytes_read += read * record;
         self.stats.bytes_written += written * record;
@@ -1017,26 +791,30 @@ impl DiskTier {
             .filter(|&s| self.meta[s] & DIRTY != 0)
             .collect();
         let slots = SlotPointers::new(rows, state);
-        io_pool().install(|| {
-            dirty.par_iter().try_for_each_init(Vec::new, |scratch, &s| {
+        let records: Vec<(u64, [&[u8]; 2])> = (dirty.iter())
+            .map(|&s| {
                 // SAFETY: distinct slots; read only.
                 let (row, state) = unsafe { slots.slot(s) };
-                let at = self.shared.tag(s) * self.shared.record;
-                (self.shared.file).write_parts(table, [row, state], at, scratch)
+                (self.shared.tag(s), [&*row, &*state])
             })
-        })?;
+            .collect();
+        self.shared.log.append(table, &records)?;
         for &s in &dirty {
             self.meta[s] &= !DIRTY;
-            self.shared.stored.set(self.shared.tag(s));
         }
-        self.stats.bytes_written += dirty.len() as u64 * self.shared.record;
+        self.stats.bytes_written += dirty.len() as u64 * self.record_bytes();
         Ok(())
+    }
+
+    /// Bytes of a row and its state.
+    fn record_bytes(&self) -> u64 {
+        self.record as u64
     }
 
     /// Where the tier is and how many rows its cache holds: the config
     /// that builds the same tier again.
     pub(crate) fn config(&self) -> DiskTierConfig {
-        let path = &self.shared.file.path;
+        let path = self.path();
         DiskTierConfig {
             dir: path.parent().map_or_else(PathBuf::new, Path::to_path_buf),
             cache_rows: self.cache_rows,
@@ -1048,22 +826,19 @@ impl DiskTier {
         }
     }
 
-    /// The records of rows `first..` as the file stores them (not the
-    /// cache), as many as `buf` holds: one read, and rows not stored yet
-    /// made (no read when none is stored).
+    /// The records (row and state) of rows `first..` as the file stores
+    /// them (not the cache), as many as `buf` holds; rows not stored yet
+    /// made.
     pub(crate) fn read_records(
         &self,
         table: &str,
         first: u64,
         buf: &mut [u8],
     ) -> Result<(), SparseError> {
-        let record = self.shared.record as usize;
-        let rows = first..first + (buf.len() / record) as u64;
-        if rows.clone().any(|r| self.shared.stored.get(r)) {
-            self.shared.file.read(table, buf, first * record as u64)?;
-        }
-        for (r, rec) in rows.zip(buf.chunks_exact_mut(record)) {
-            if !self.shared.stored.get(r) {
+        self.shared.log.read_range(table, first, buf)?;
+        let record = self.record_bytes() as usize;
+        for (r, rec) in (first..).zip(buf.chunks_exact_mut(record)) {
+            if !self.shared.log.stored(r) {
                 let (bytes, state) = rec.split_at_mut(self.row_bytes);
                 self.make(r, bytes, state);
             }
@@ -1071,26 +846,30 @@ impl DiskTier {
         Ok(())
     }
 
-    /// Row `row`'s initial bytes and state (zero), for a row not stored.
+    /// Row `row`'s initial bytes (zeros without a maker) and state (zero),
+    /// for a row not stored.
     fn make(&self, row: u64, bytes: &mut [u8], state: &mut [u8]) {
-        let make = self.make.as_ref().expect("a row not stored has a maker");
-        (make.0)(row, bytes);
+        match &self.make {
+            Some(make) => (make.0)(row, bytes),
+            None => bytes.fill(0),
+        }
         state.fill(0);
     }
 
-    /// Overwrites the records of rows `first..` in the file (not the
-    /// cache), as many as `buf` holds.
+    /// Overwrites the records (row and state) of rows `first..` in the
+    /// file (not the cache), as many as `buf` holds.
     pub(crate) fn write_records(
         &self,
         table: &str,
         first: u64,
         buf: &[u8],
     ) -> Result<(), SparseError> {
-        (self.shared.file).write_pages(table, buf, first * self.shared.record)?;
-        for r in first..first + buf.len() as u64 / self.shared.record {
-            self.shared.stored.set(r);
-        }
-        Ok(())
+        let record = self.record_bytes() as usize;
+        let records: Vec<(u64, [&[u8]; 2])> = (first..)
+            .zip(buf.chunks_exact(record))
+            .map(|(r, rec)| (r, [rec, &[][..]]))
+            .collect();
+        self.shared.log.append(table, &records)
     }
 
     /// Overwrites row `id`'s bytes (not its state) in the file.
@@ -1100,12 +879,10 @@ impl DiskTier {
         id: u64,
         bytes: &[u8],
     ) -> Result<(), SparseError> {
-        // A row not stored has a zero state in the file (unwritten) too.
-        self.shared
-            .file
-            .write(table, bytes, id * self.shared.record)?;
-        self.shared.stored.set(id);
-        Ok(())
+        let mut record = vec![0u8; self.record_bytes() as usize];
+        self.read_records(table, id, &mut record)?;
+        let state = &record[self.row_bytes..];
+        self.shared.log.append(table, &[(id, [bytes, state])])
     }
 }
 
@@ -1135,8 +912,7 @@ pub(crate) fn transfer(tables: &[Transfer<'_>]) -> Result<(), SparseError> {
     if work.is_empty() {
         return Ok(());
     }
-    work.par_iter()
-        .try_for_each_init(Vec::new, |buf, &(t, m)| write_back(&tables[t], m, buf))?;
+    tables.par_iter().try_for_each(write_back)?;
     // Misses whose read would wait for the disk, for the I/O threads.
     let waiting: Vec<(usize, usize)> = work
         .par_iter()
@@ -1159,17 +935,18 @@ pub(crate) fn transfer(tables: &[Transfer<'_>]) -> Result<(), SparseError> {
     })
 }
 
-/// Miss `m` of `x`: the changed row its slot held, written back.
-fn write_back(x: &Transfer<'_>, m: usize, scratch: &mut Vec<u8>) -> Result<(), SparseError> {
-    let (tier, miss) = (x.tier, &x.misses[m]);
-    let Some(old) = miss.evicted() else {
-        return Ok(());
-    };
-    // SAFETY: each miss of a table has its own slot (a slot gets one miss
-    // per stage); this pass only reads it.
-    let (row, state) = unsafe { x.slots.slot(miss.slot) };
-    let at = old * tier.shared.record;
-    (tier.shared.file).write_parts(x.table, [row, state], at, scratch)
+/// The changed rows the misses of `x` evict, appended to the file.
+fn write_back(x: &Transfer<'_>) -> Result<(), SparseError> {
+    let records: Vec<(u64, [&[u8]; 2])> = (x.misses.iter())
+        .filter_map(|miss| {
+            let old = miss.evicted()?;
+            // SAFETY: each miss of a table has its own slot (a slot gets
+            // one miss per stage); this pass only reads it.
+            let (row, state) = unsafe { x.slots.slot(miss.slot) };
+            Some((old, [&*row, &*state]))
+        })
+        .collect();
+    x.tier.shared.log.append(x.table, &records)
 }
 
 /// Which reads [`read_row`] may do.
@@ -1194,12 +971,17 @@ fn read_row(
     // SAFETY: each miss of a table has its own slot, and one task at a
     // time handles a miss.
     let (row, state) = unsafe { x.slots.slot(miss.slot) };
-    if !tier.shared.stored.get(miss.id) {
+    if !tier.shared.log.stored(miss.id) {
         tier.make(miss.id, row, state);
         return Ok(true);
     }
-    let at = miss.id * tier.shared.record;
-    (tier.shared.file).read_parts(x.table, [row, state], at, read == Read::Cached, scratch)
+    (tier.shared.log).read(
+        x.table,
+        miss.id,
+        [row, state],
+        read == Read::Cached,
+        scratch,
+    )
 }
 
 /// The cache's rows and state as raw pointers, for tasks that each touch

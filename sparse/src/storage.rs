@@ -116,16 +116,26 @@ impl<T: bytemuck::Pod> std::fmt::Debug for AlignedBuffer<T> {
 /// they are first touched (large outputs are written at a stride of a row:
 /// with 4 KiB pages nearly every write is a TLB miss).
 pub(crate) fn zeroed_vec(len: usize) -> Vec<f32> {
-    let bytes = len.saturating_mul(4);
-    if bytes < 2 * HUGE_PAGE {
+    if len.saturating_mul(4) < 2 * HUGE_PAGE {
         return vec![0.0; len];
     }
-    let mut v: Vec<f32> = Vec::with_capacity(len);
-    let start = v.as_mut_ptr() as usize;
-    let (first, end) = (start.next_multiple_of(HUGE_PAGE), start + bytes);
-    let whole = (end - first) / HUGE_PAGE * HUGE_PAGE;
-    advise_huge_pages(first as *mut u8, whole);
-    v.resize(len, 0.0);
+    huge_vec(len, || 0.0)
+}
+
+/// `len` values made by `value` in a `Vec` whose whole 2 MiB pages are
+/// advised to be huge before they are first touched: for arrays read at
+/// random (a cache's tags), where 4 KiB pages make nearly every read a TLB
+/// miss.
+pub(crate) fn huge_vec<T>(len: usize, value: impl FnMut() -> T) -> Vec<T> {
+    let bytes = len.saturating_mul(std::mem::size_of::<T>());
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    if bytes >= 2 * HUGE_PAGE {
+        let start = v.as_mut_ptr() as usize;
+        let (first, end) = (start.next_multiple_of(HUGE_PAGE), start + bytes);
+        let whole = (end - first) / HUGE_PAGE * HUGE_PAGE;
+        advise_huge_pages(first as *mut u8, whole);
+    }
+    v.extend(std::iter::repeat_with(value).take(len));
     v
 }
 

@@ -227,7 +227,7 @@ struct UpdateJob<'a> {
     step_key: u64,
     part: super::TablePart,
     /// A disk-tier table's rows are cache slots: the id each one holds.
-    slot_ids: Option<&'a [std::sync::atomic::AtomicU64]>,
+    slot_ids: Option<&'a [std::sync::atomic::AtomicU32]>,
 }
 
 multiversion!(fn update_fp32(job: &UpdateJob<'_>, first: usize, last: usize, scratch: &mut [f32]) -> () = update_format::<crate::rows::Fp32>);
@@ -272,6 +272,10 @@ fn update_task_body<const D: usize, F: TrainFormat>(
                 let id = e.id as usize;
                 prefetch(job.rows.0.wrapping_add(id * stride), stride);
                 prefetch(job.state.0.wrapping_add(id * per_row), per_row * 4);
+                if let Some(ids) = job.slot_ids {
+                    // A disk-tier slot's row id, for the rounding's draw.
+                    prefetch(ids.as_ptr().wrapping_add(id), 4);
+                }
                 let at = e.sample as usize * job.width + e.column as usize;
                 prefetch(job.grad.as_ptr().wrapping_add(at), dim * 4);
             }
@@ -305,7 +309,7 @@ fn update_task_body<const D: usize, F: TrainFormat>(
             update_row(job.optimizer, job.factors, decoded, summed, row_state);
             let part = job.part;
             let local = job.slot_ids.map_or(id as u64, |ids| {
-                ids[id].load(std::sync::atomic::Ordering::Relaxed)
+                u64::from(ids[id].load(std::sync::atomic::Ordering::Relaxed))
             });
             let global_row = part.first_row + local * part.row_step;
             let key = crate::rng::splitmix(job.step_key ^ global_row);

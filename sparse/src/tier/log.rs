@@ -106,7 +106,7 @@ impl RowLog {
             file,
             record,
             segment,
-            at: (0..rows).map(|_| AtomicU32::new(0)).collect(),
+            at: crate::storage::huge_vec(rows, || AtomicU32::new(0)),
             space: Mutex::new(Space {
                 head: 0,
                 end: segment,

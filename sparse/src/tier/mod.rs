@@ -27,14 +27,14 @@ mod log;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use rayon::prelude::*;
 
 use crate::optimizer::OptimizerState;
 use crate::rows::TableRows;
-use crate::storage::prefetch_every;
+use crate::storage::{huge_vec, prefetch_every};
 use crate::SparseError;
 pub use log::file_bytes as disk_tier_file_bytes;
 use log::RowLog;
@@ -47,8 +47,9 @@ pub const CACHE_WAYS: usize = 16;
 const IO_THREADS: usize = 64;
 /// A slot holding no row.
 const EMPTY: u64 = u64::MAX;
-/// The bit of a slot's meta word that says its row changed.
-const DIRTY: u64 = 1 << 63;
+/// The bit of a slot's meta word that says its row changed; the other 31
+/// are the epoch it was last used in.
+const DIRTY: u32 = 1 << 31;
 /// How many ids ahead staging fetches a set's lines.
 const ASSIGN_AHEAD: usize = 16;
 /// Under LFU, one slot in this many at least is kept for rows not
@@ -235,7 +236,7 @@ fn io_pool() -> &'static rayon::ThreadPool {
 pub(crate) struct Miss {
     slot: usize,
     id: u64,
-    before: (u64, u64),
+    before: (u64, u32),
 }
 
 impl Miss {
@@ -255,7 +256,8 @@ pub(crate) struct Shared {
     /// maker, from the table's seed) when they are looked up.
     log: RowLog,
     sets: usize,
-    tags: Vec<AtomicU64>,
+    /// The row each slot holds (`u32::MAX`: none).
+    tags: Vec<AtomicU32>,
 }
 
 impl Shared {
@@ -264,17 +266,27 @@ impl Shared {
         ((crate::rng::splitmix(id) as u128 * self.sets as u128) >> 64) as usize
     }
 
+    /// The row slot `slot` holds, or [`EMPTY`].
     fn tag(&self, slot: usize) -> u64 {
-        self.tags[slot].load(Ordering::Relaxed)
+        match self.tags[slot].load(Ordering::Relaxed) {
+            u32::MAX => EMPTY,
+            id => id as u64,
+        }
+    }
+
+    /// Whether slot `slot` holds row `id` (a row of the table).
+    fn holds(&self, slot: usize, id: u64) -> bool {
+        self.tags[slot].load(Ordering::Relaxed) == id as u32
     }
 
     fn set_tag(&self, slot: usize, id: u64) {
-        self.tags[slot].store(id, Ordering::Relaxed)
+        // Rows are below 2^32 - 1 (the log's limit); EMPTY becomes u32::MAX.
+        self.tags[slot].store(id as u32, Ordering::Relaxed)
     }
 
     fn slot_of(&self, id: u64) -> Option<usize> {
         let base = self.set_of(id) * CACHE_WAYS;
-        (base..base + CACHE_WAYS).find(|&s| self.tag(s) == id)
+        (base..base + CACHE_WAYS).find(|&s| self.holds(s, id))
     }
 }
 
@@ -371,7 +383,7 @@ pub(crate) struct DiskTier {
     /// Per slot: the epoch it was last used in, and [`DIRTY`] when its
     /// row changed since it was read. One word, so that a lookup and the
     /// backward's marking touch one line of a set, not two arrays.
-    meta: Vec<u64>,
+    meta: Vec<u32>,
     /// Under [`CachePolicy::Lfu`], the lookup counts.
     lfu: Option<Counts>,
     /// Slots for rows LFU does not admit to their set (none under LRU).
@@ -388,7 +400,7 @@ pub(crate) struct DiskTier {
     record: usize,
     /// The cache's rows as configured (sets and bypass slots).
     cache_rows: usize,
-    epoch: u64,
+    epoch: u32,
     stats: TierStats,
 }
 
@@ -404,7 +416,7 @@ struct Bypass {
     /// The next slot to try.
     next: usize,
     /// The epoch of the tries, and how many slots were tried in it.
-    tried: (u64, usize),
+    tried: (u32, usize),
     /// The slot holding each row.
     of: HashMap<u64, usize, BuildHasherDefault<IdHasher>>,
 }
@@ -431,7 +443,7 @@ impl Bypass {
     }
 
     /// A slot no row of this epoch's batches uses, if one is left.
-    fn take(&mut self, meta: &[u64], epoch: u64) -> Option<usize> {
+    fn take(&mut self, meta: &[u32], epoch: u32) -> Option<usize> {
         if self.tried.0 != epoch {
             self.tried = (epoch, 0);
         }
@@ -511,14 +523,14 @@ impl DiskTier {
         let shared = Arc::new(Shared {
             log,
             sets,
-            tags: (0..slots).map(|_| AtomicU64::new(EMPTY)).collect(),
+            tags: huge_vec(slots, || AtomicU32::new(u32::MAX)),
         });
         let tier = Self {
             shared,
-            meta: vec![0; slots],
+            meta: huge_vec(slots, || 0),
             lfu: (config.policy == CachePolicy::Lfu).then(|| Counts {
-                rows: vec![0; rows],
-                slots: vec![0; set_slots],
+                rows: huge_vec(rows, || 0),
+                slots: huge_vec(set_slots, || 0),
             }),
             bypass: Bypass::new(set_slots, bypass),
             cached_once: RowBits::new(rows),
@@ -545,9 +557,9 @@ impl DiskTier {
         self.stats
     }
 
-    /// The id each slot holds (`u64::MAX` for none): the rows' real places,
+    /// The id each slot holds (`u32::MAX` for none): the rows' real places,
     /// for stochastic rounding.
-    pub(crate) fn slot_ids(&self) -> &[AtomicU64] {
+    pub(crate) fn slot_ids(&self) -> &[AtomicU32] {
         &self.shared.tags
     }
 
@@ -580,6 +592,12 @@ impl DiskTier {
         stage: Stage,
     ) -> Result<Vec<Miss>, SparseError> {
         if stage == Stage::Lookup {
+            if self.epoch == DIRTY - 1 {
+                // Once in 2^31 batches the clock starts again: every slot
+                // counts as last used before it (recency is lost once).
+                self.meta.iter_mut().for_each(|m| *m &= DIRTY);
+                self.epoch = 0;
+            }
             self.epoch += 1;
             self.stats.lookups += ids.len() as u64;
         }
@@ -595,7 +613,7 @@ impl DiskTier {
             }
             let id = *v as u64;
             let base = sets[i] * CACHE_WAYS;
-            let slot = match (base..base + CACHE_WAYS).find(|&s| self.shared.tag(s) == id) {
+            let slot = match (base..base + CACHE_WAYS).find(|&s| self.shared.holds(s, id)) {
                 Some(slot) => {
                     if let Some(lfu) = &mut self.lfu {
                         lfu.slots[slot] = lfu.slots[slot].saturating_add(counted);
@@ -655,7 +673,7 @@ impl DiskTier {
     /// bypass slot when the row is looked up less often than the set's
     /// candidate (FBGEMM's LFU admission) or the set has none; `None`
     /// when no slot is free.
-    fn miss(&mut self, id: u64, set: usize, epoch: u64, counted: u32) -> Option<Miss> {
+    fn miss(&mut self, id: u64, set: usize, epoch: u32, counted: u32) -> Option<Miss> {
         // An empty slot, else by the policy among the slots not holding a
         // row of this batch.
         let base = set * CACHE_WAYS;
@@ -723,7 +741,7 @@ impl DiskTier {
     pub(crate) fn mark_changed(&mut self, slots: &[i64]) {
         for (i, &s) in slots.iter().enumerate() {
             if let Some(&ahead) = slots.get(i + ASSIGN_AHEAD) {
-                prefetch_every(self.meta.as_ptr().wrapping_add(ahead as usize), 8, 64);
+                prefetch_every(self.meta.as_ptr().wrapping_add(ahead as usize), 4, 64);
             }
             self.meta[s as usize] |= DIRTY;
         }
@@ -734,10 +752,10 @@ impl DiskTier {
         let base = set * CACHE_WAYS;
         prefetch_every(
             self.shared.tags.as_ptr().wrapping_add(base),
-            CACHE_WAYS * 8,
+            CACHE_WAYS * 4,
             64,
         );
-        prefetch_every(self.meta.as_ptr().wrapping_add(base), CACHE_WAYS * 8, 64);
+        prefetch_every(self.meta.as_ptr().wrapping_add(base), CACHE_WAYS * 4, 64);
         if let Some(lfu) = &self.lfu {
             prefetch_every(lfu.slots.as_ptr().wrapping_add(base), CACHE_WAYS * 4, 64);
         }
@@ -1018,5 +1036,45 @@ impl SlotPointers {
             std::slice::from_raw_parts_mut(self.state.add(slot * self.per_row), self.per_row)
         };
         (row, bytemuck::cast_slice_mut(state))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The clock's wrap (once in 2^31 batches) keeps every slot's changed
+    /// mark, and a batch's rows stay its own across it: one set of 16
+    /// slots, batches of 4 new rows, each row changed.
+    #[test]
+    fn the_clock_wraps_without_losing_a_changed_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = DiskTierConfig {
+            dir: dir.path().to_path_buf(),
+            cache_rows: CACHE_WAYS,
+            policy: CachePolicy::Lru,
+        };
+        let (mut tier, _) = DiskTier::create(&config, "t", 64, (4, 0), None).unwrap();
+        tier.epoch = DIRTY - 4;
+        let mut changed = std::collections::HashSet::new();
+        for batch in 0..12u64 {
+            let rows = batch * 4..batch * 4 + 4;
+            let mut ids: Vec<i64> = rows.clone().map(|r| r as i64).collect();
+            let misses = tier.assign("t", &mut ids.clone(), Stage::Lookup).unwrap();
+            tier.commit(&misses, Stage::Lookup);
+            let evicted: Vec<u64> = misses.iter().filter_map(Miss::evicted).collect();
+            assert_eq!(
+                evicted.len(),
+                if batch < 4 { 0 } else { 4 },
+                "batch {batch}"
+            );
+            for old in evicted {
+                assert!(changed.remove(&old), "batch {batch} evicted {old}");
+            }
+            let again = tier.assign("t", &mut ids, Stage::Update).unwrap();
+            assert!(again.is_empty(), "batch {batch}'s rows left the cache");
+            changed.extend(rows);
+        }
+        assert!(tier.epoch < 12);
     }
 }

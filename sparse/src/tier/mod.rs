@@ -107,12 +107,12 @@ impl CachePolicy {
     /// record (4 bytes) and whether it was ever cached (a bit), and under
     /// LFU a count per row and per set slot, and the bypass slots' map.
     pub fn bookkeeping_bytes(self, table_rows: u64, cache_rows: u64) -> u64 {
-        let bits = table_rows.div_ceil(64) * 8 + 4 * table_rows;
+        let per_row = table_rows.div_ceil(64) * 8 + 4 * table_rows;
         let (set_slots, bypass) = cache_layout(self, cache_rows as usize);
         match self {
-            CachePolicy::Lru => bits,
+            CachePolicy::Lru => per_row,
             CachePolicy::Lfu => {
-                bits + 4 * (table_rows + set_slots as u64) + bypass_map_bytes(bypass) as u64
+                per_row + 4 * (table_rows + set_slots as u64) + bypass_map_bytes(bypass) as u64
             }
         }
     }
@@ -725,7 +725,7 @@ impl DiskTier {
         if !transferred {
             return self.forget(misses);
         }
-        let record = self.record_bytes();
+        let record = self.record as u64;
         let written = misses.iter().filter(|m| m.evicted().is_some()).count() as u64;
         // Rows not stored were made, not read.
         let read = misses
@@ -820,13 +820,8 @@ impl DiskTier {
         for &s in &dirty {
             self.meta[s] &= !DIRTY;
         }
-        self.stats.bytes_written += dirty.len() as u64 * self.record_bytes();
+        self.stats.bytes_written += dirty.len() as u64 * self.record as u64;
         Ok(())
-    }
-
-    /// Bytes of a row and its state.
-    fn record_bytes(&self) -> u64 {
-        self.record as u64
     }
 
     /// Where the tier is and how many rows its cache holds: the config
@@ -854,7 +849,7 @@ impl DiskTier {
         buf: &mut [u8],
     ) -> Result<(), SparseError> {
         self.shared.log.read_range(table, first, buf)?;
-        let record = self.record_bytes() as usize;
+        let record = self.record;
         for (r, rec) in (first..).zip(buf.chunks_exact_mut(record)) {
             if !self.shared.log.stored(r) {
                 let (bytes, state) = rec.split_at_mut(self.row_bytes);
@@ -882,7 +877,7 @@ impl DiskTier {
         first: u64,
         buf: &[u8],
     ) -> Result<(), SparseError> {
-        let record = self.record_bytes() as usize;
+        let record = self.record;
         let records: Vec<(u64, [&[u8]; 2])> = (first..)
             .zip(buf.chunks_exact(record))
             .map(|(r, rec)| (r, [rec, &[][..]]))
@@ -897,7 +892,7 @@ impl DiskTier {
         id: u64,
         bytes: &[u8],
     ) -> Result<(), SparseError> {
-        let mut record = vec![0u8; self.record_bytes() as usize];
+        let mut record = vec![0u8; self.record];
         self.read_records(table, id, &mut record)?;
         let state = &record[self.row_bytes..];
         self.shared.log.append(table, &[(id, [bytes, state])])

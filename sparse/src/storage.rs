@@ -116,27 +116,103 @@ impl<T: bytemuck::Pod> std::fmt::Debug for AlignedBuffer<T> {
 /// they are first touched (large outputs are written at a stride of a row:
 /// with 4 KiB pages nearly every write is a TLB miss).
 pub(crate) fn zeroed_vec(len: usize) -> Vec<f32> {
-    if len.saturating_mul(4) < 2 * HUGE_PAGE {
+    let bytes = len.saturating_mul(4);
+    if bytes < 2 * HUGE_PAGE {
         return vec![0.0; len];
     }
-    huge_vec(len, || 0.0)
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    let start = v.as_mut_ptr() as usize;
+    let (first, end) = (start.next_multiple_of(HUGE_PAGE), start + bytes);
+    advise_huge_pages(first as *mut u8, (end - first) / HUGE_PAGE * HUGE_PAGE);
+    v.resize(len, 0.0);
+    v
 }
 
-/// `len` values made by `value` in a `Vec` whose whole 2 MiB pages are
-/// advised to be huge before they are first touched: for arrays read at
-/// random (a cache's tags), where 4 KiB pages make nearly every read a TLB
-/// miss.
-pub(crate) fn huge_vec<T>(len: usize, value: impl FnMut() -> T) -> Vec<T> {
-    let bytes = len.saturating_mul(std::mem::size_of::<T>());
-    let mut v: Vec<T> = Vec::with_capacity(len);
-    if bytes >= 2 * HUGE_PAGE {
-        let start = v.as_mut_ptr() as usize;
-        let (first, end) = (start.next_multiple_of(HUGE_PAGE), start + bytes);
-        let whole = (end - first) / HUGE_PAGE * HUGE_PAGE;
-        advise_huge_pages(first as *mut u8, whole);
+/// A fixed-size array for values read at random (a cache's tags and
+/// stamps, a log's positions): 64-byte aligned, so that a group of 16
+/// four-byte values is one cache line (a `Vec`'s large allocations start
+/// 16 bytes into a page, so every such group spanned two lines, one of
+/// them not prefetched), and when large 2 MiB aligned and advised huge
+/// before first touch (with 4 KiB pages nearly every read is a TLB miss).
+pub(crate) struct HugeArray<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    layout: Layout,
+}
+
+// SAFETY: HugeArray owns its values exclusively, like Vec<T>.
+unsafe impl<T: Send> Send for HugeArray<T> {}
+unsafe impl<T: Sync> Sync for HugeArray<T> {}
+
+impl<T> HugeArray<T> {
+    /// `len` values made by `value`. Aborts when memory runs out, as `Vec`
+    /// does (callers estimate the bytes first).
+    pub(crate) fn new(len: usize, mut value: impl FnMut() -> T) -> Self {
+        let bytes = len
+            .max(1)
+            .checked_mul(std::mem::size_of::<T>().max(1))
+            .expect("array size overflows");
+        let align = if bytes >= 2 * HUGE_PAGE {
+            HUGE_PAGE
+        } else {
+            64
+        };
+        let layout = Layout::from_size_align(bytes, align.max(std::mem::align_of::<T>()))
+            .expect("array layout");
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc(layout) } as *mut T;
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        if align == HUGE_PAGE {
+            advise_huge_pages(raw as *mut u8, bytes / HUGE_PAGE * HUGE_PAGE);
+        }
+        for i in 0..len {
+            // SAFETY: within the allocation; each value written once.
+            unsafe { raw.add(i).write(value()) };
+        }
+        Self { ptr, len, layout }
     }
-    v.extend(std::iter::repeat_with(value).take(len));
-    v
+}
+
+impl<T> std::ops::Deref for HugeArray<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `len` values initialised in `new`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> std::ops::DerefMut for HugeArray<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: `len` values initialised in `new`, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for HugeArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: the values were initialised in `new`, the memory
+        // allocated there with this layout.
+        unsafe {
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            ));
+            dealloc(self.ptr.as_ptr() as *mut u8, self.layout);
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for HugeArray<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HugeArray({} x {})",
+            self.len,
+            std::any::type_name::<T>()
+        )
+    }
 }
 
 #[cfg(target_os = "linux")]

@@ -62,7 +62,7 @@ pub(crate) struct RowLog {
     /// Per table row: its newest record's position + 1, or 0 when the log
     /// holds none (atomics: a [`ReadAhead`](super::ReadAhead) reads them
     /// from another thread).
-    at: Vec<AtomicU32>,
+    at: crate::storage::HugeArray<AtomicU32>,
     space: Mutex<Space>,
 }
 
@@ -106,7 +106,7 @@ impl RowLog {
             file,
             record,
             segment,
-            at: crate::storage::huge_vec(rows, || AtomicU32::new(0)),
+            at: crate::storage::HugeArray::new(rows, || AtomicU32::new(0)),
             space: Mutex::new(Space {
                 head: 0,
                 end: segment,

@@ -34,7 +34,7 @@ use rayon::prelude::*;
 
 use crate::optimizer::OptimizerState;
 use crate::rows::TableRows;
-use crate::storage::{huge_vec, prefetch_every};
+use crate::storage::{prefetch_every, HugeArray};
 use crate::SparseError;
 pub use log::file_bytes as disk_tier_file_bytes;
 use log::RowLog;
@@ -257,7 +257,7 @@ pub(crate) struct Shared {
     log: RowLog,
     sets: usize,
     /// The row each slot holds (`u32::MAX`: none).
-    tags: Vec<AtomicU32>,
+    tags: HugeArray<AtomicU32>,
 }
 
 impl Shared {
@@ -338,8 +338,8 @@ pub(crate) enum Stage {
 /// cached), so that a lookup and a victim's choice touch only the set.
 #[derive(Debug)]
 struct Counts {
-    rows: Vec<u32>,
-    slots: Vec<u32>,
+    rows: HugeArray<u32>,
+    slots: HugeArray<u32>,
 }
 
 /// Makes a row's initial bytes (in the table's type): `(row, bytes)`.
@@ -383,7 +383,7 @@ pub(crate) struct DiskTier {
     /// Per slot: the epoch it was last used in, and [`DIRTY`] when its
     /// row changed since it was read. One word, so that a lookup and the
     /// backward's marking touch one line of a set, not two arrays.
-    meta: Vec<u32>,
+    meta: HugeArray<u32>,
     /// Under [`CachePolicy::Lfu`], the lookup counts.
     lfu: Option<Counts>,
     /// Slots for rows LFU does not admit to their set (none under LRU).
@@ -523,14 +523,14 @@ impl DiskTier {
         let shared = Arc::new(Shared {
             log,
             sets,
-            tags: huge_vec(slots, || AtomicU32::new(u32::MAX)),
+            tags: HugeArray::new(slots, || AtomicU32::new(u32::MAX)),
         });
         let tier = Self {
             shared,
-            meta: huge_vec(slots, || 0),
+            meta: HugeArray::new(slots, || 0),
             lfu: (config.policy == CachePolicy::Lfu).then(|| Counts {
-                rows: huge_vec(rows, || 0),
-                slots: huge_vec(set_slots, || 0),
+                rows: HugeArray::new(rows, || 0),
+                slots: HugeArray::new(set_slots, || 0),
             }),
             bypass: Bypass::new(set_slots, bypass),
             cached_once: RowBits::new(rows),
@@ -548,7 +548,7 @@ impl DiskTier {
     /// bypass map, a bit per row of the table, and the log's positions.
     pub(crate) fn bookkeeping_bytes(&self) -> usize {
         let lfu = self.lfu.as_ref().map_or(0, |c| {
-            std::mem::size_of_val(c.rows.as_slice()) + std::mem::size_of_val(c.slots.as_slice())
+            std::mem::size_of_val(&*c.rows) + std::mem::size_of_val(&*c.slots)
         });
         lfu + self.bypass.bytes() + self.cached_once.bytes() + self.shared.log.bytes()
     }

@@ -274,19 +274,25 @@ pub(crate) fn encode(dtype: DataType, src: &[f32], dst: &mut [u8]) {
         DataType::Fp16 => {
             // The half crate's slice conversion: F16C 8 values at a time
             // where the CPU has it (the same nearest values as one by one).
+            // Copied out whole: value by value, each 2-byte copy was a call
+            // to memcpy (a disk tier makes a row per first lookup).
             use ::half::slice::HalfFloatSliceExt;
             let mut narrow = [::half::f16::ZERO; 64];
             for (src, dst) in src.chunks(64).zip(dst.chunks_mut(128)) {
                 let narrow = &mut narrow[..src.len()];
                 narrow.convert_from_f32_slice(src);
-                for (out, x) in dst.chunks_exact_mut(2).zip(narrow.iter()) {
-                    out.copy_from_slice(&x.to_bits().to_ne_bytes());
-                }
+                let bits: &[u16] = narrow.reinterpret_cast();
+                dst.copy_from_slice(bytemuck::cast_slice(bits));
             }
         }
         DataType::Bf16 => {
-            for (out, &x) in dst.chunks_exact_mut(2).zip(src) {
-                out.copy_from_slice(&f32_to_bf16(x).to_ne_bytes());
+            let mut narrow = [0u16; 64];
+            for (src, dst) in src.chunks(64).zip(dst.chunks_mut(128)) {
+                let narrow = &mut narrow[..src.len()];
+                for (out, &x) in narrow.iter_mut().zip(src) {
+                    *out = f32_to_bf16(x);
+                }
+                dst.copy_from_slice(bytemuck::cast_slice(narrow));
             }
         }
         DataType::Int8 => quant::quantize_nbit::<8>(src, dst),

@@ -34,7 +34,7 @@ use rayon::prelude::*;
 
 use crate::optimizer::OptimizerState;
 use crate::rows::TableRows;
-use crate::storage::{prefetch_every, HugeArray};
+use crate::storage::{prefetch, prefetch_every, HugeArray};
 use crate::SparseError;
 pub use log::file_bytes as disk_tier_file_bytes;
 use log::RowLog;
@@ -52,6 +52,10 @@ const EMPTY: u64 = u64::MAX;
 const DIRTY: u32 = 1 << 31;
 /// How many ids ahead staging fetches a set's lines.
 const ASSIGN_AHEAD: usize = 16;
+/// Misses a transfer task takes at a time, and how far ahead in them it
+/// fetches a miss's slot and log position.
+const TRANSFER_CHUNK: usize = 256;
+const TRANSFER_AHEAD: usize = 8;
 /// Under LFU, one slot in this many at least is kept for rows not
 /// admitted to their set ([`Bypass`]).
 const BYPASS_SHARE: usize = 32;
@@ -926,16 +930,25 @@ pub(crate) fn transfer(tables: &[Transfer<'_>]) -> Result<(), SparseError> {
         return Ok(());
     }
     tables.par_iter().try_for_each(write_back)?;
-    // Misses whose read would wait for the disk, for the I/O threads.
+    // Misses whose read would wait for the disk, for the I/O threads. A
+    // miss's slot and log position are random lines: fetched a few misses
+    // ahead.
     let waiting: Vec<(usize, usize)> = work
-        .par_iter()
-        .map_init(Vec::new, |buf, &(t, m)| {
-            read_row(&tables[t], m, buf, Read::Cached).map(|done| (!done).then_some((t, m)))
+        .par_chunks(TRANSFER_CHUNK)
+        .map_init(Vec::new, |buf, chunk| {
+            let mut waiting = Vec::new();
+            for (i, &(t, m)) in chunk.iter().enumerate() {
+                if let Some(&(t, m)) = chunk.get(i + TRANSFER_AHEAD) {
+                    prefetch_miss(&tables[t], m);
+                }
+                if !read_row(&tables[t], m, buf, Read::Cached)? {
+                    waiting.push((t, m));
+                }
+            }
+            Ok(waiting)
         })
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .flatten()
-        .collect();
+        .collect::<Result<Vec<_>, SparseError>>()?
+        .concat();
     if waiting.is_empty() {
         return Ok(());
     }
@@ -960,6 +973,22 @@ fn write_back(x: &Transfer<'_>) -> Result<(), SparseError> {
         })
         .collect();
     x.tier.shared.log.append(x.table, &records)
+}
+
+/// Starts fetching what [`read_row`] touches for miss `m` of `x`: its
+/// row's log position and its slot (row and state), written there.
+fn prefetch_miss(x: &Transfer<'_>, m: usize) {
+    let miss = &x.misses[m];
+    x.tier.shared.log.prefetch_position(miss.id);
+    let at = |base: usize, size: usize| base.wrapping_add(miss.slot * size);
+    prefetch(
+        at(x.slots.rows as usize, x.slots.stride) as *const u8,
+        x.slots.stride,
+    );
+    prefetch(
+        at(x.slots.state as usize, 4 * x.slots.per_row) as *const u8,
+        4 * x.slots.per_row,
+    );
 }
 
 /// Which reads [`read_row`] may do.

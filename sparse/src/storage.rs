@@ -264,3 +264,30 @@ pub fn available_memory() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib.saturating_mul(1024))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HugeArray;
+
+    /// Sixteen 4-byte values from a multiple of 16 share one cache line, in
+    /// small and large arrays (a large `Vec` starts 16 bytes into a page,
+    /// which put every set of a cache across two lines); values are made
+    /// in order and dropped with the array.
+    #[test]
+    fn huge_arrays_start_on_a_cache_line_and_drop_their_values() {
+        for len in [1usize, 100, 3 << 20] {
+            let mut next = 0u32;
+            let array = HugeArray::new(len, || {
+                next += 1;
+                next
+            });
+            assert_eq!(array.as_ptr() as usize % 64, 0, "{len} values");
+            assert!(array.iter().copied().eq(1..=len as u32));
+        }
+        let alive = std::rc::Rc::new(());
+        let array = HugeArray::new(5, || alive.clone());
+        assert_eq!(std::rc::Rc::strong_count(&alive), 6);
+        drop(array);
+        assert_eq!(std::rc::Rc::strong_count(&alive), 1);
+    }
+}

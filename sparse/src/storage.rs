@@ -31,14 +31,9 @@ impl<T: bytemuck::Pod> AlignedBuffer<T> {
     /// reads. Returns `None` when the allocation fails.
     pub fn new(len: usize, fill: impl FnOnce(&mut [T])) -> Option<Self> {
         let bytes = len.max(1).checked_mul(std::mem::size_of::<T>())?;
-        let align = if bytes >= HUGE_PAGE { HUGE_PAGE } else { 64 };
-        let layout = Layout::from_size_align(bytes, align).ok()?;
-        // SAFETY: layout has non-zero size.
-        let raw = unsafe { alloc(layout) } as *mut T;
-        let ptr = NonNull::new(raw)?;
-        if bytes >= HUGE_PAGE {
-            advise_huge_pages(raw as *mut u8, bytes);
-        }
+        let layout = line_or_page_layout(bytes, std::mem::align_of::<T>())?;
+        let ptr = allocate_advised(layout)?.cast::<T>();
+        let raw = ptr.as_ptr();
         // Zero in parallel (first touch of every page, after the huge-page
         // advice, so pages come back huge) before any slice exists. Zero
         // bytes are a valid T (Pod).
@@ -152,21 +147,12 @@ impl<T> HugeArray<T> {
             .max(1)
             .checked_mul(std::mem::size_of::<T>().max(1))
             .expect("array size overflows");
-        let align = if bytes >= 2 * HUGE_PAGE {
-            HUGE_PAGE
-        } else {
-            64
-        };
-        let layout = Layout::from_size_align(bytes, align.max(std::mem::align_of::<T>()))
-            .expect("array layout");
-        // SAFETY: layout has non-zero size.
-        let raw = unsafe { alloc(layout) } as *mut T;
-        let Some(ptr) = NonNull::new(raw) else {
+        let layout = line_or_page_layout(bytes, std::mem::align_of::<T>()).expect("array layout");
+        let Some(ptr) = allocate_advised(layout) else {
             std::alloc::handle_alloc_error(layout)
         };
-        if align == HUGE_PAGE {
-            advise_huge_pages(raw as *mut u8, bytes / HUGE_PAGE * HUGE_PAGE);
-        }
+        let ptr = ptr.cast::<T>();
+        let raw = ptr.as_ptr();
         for i in 0..len {
             // SAFETY: within the allocation; each value written once.
             unsafe { raw.add(i).write(value()) };
@@ -213,6 +199,24 @@ impl<T> std::fmt::Debug for HugeArray<T> {
             std::any::type_name::<T>()
         )
     }
+}
+
+/// `bytes` (non-zero) aligned to a cache line, or to a huge page from a
+/// huge page's size up (and at least to `align`).
+fn line_or_page_layout(bytes: usize, align: usize) -> Option<Layout> {
+    let line_or_page = if bytes >= HUGE_PAGE { HUGE_PAGE } else { 64 };
+    Layout::from_size_align(bytes, line_or_page.max(align)).ok()
+}
+
+/// Memory for `layout` (non-zero size), its whole huge pages advised huge
+/// before anyone touches them; `None` when the allocation fails.
+fn allocate_advised(layout: Layout) -> Option<NonNull<u8>> {
+    // SAFETY: layout has non-zero size.
+    let ptr = NonNull::new(unsafe { alloc(layout) })?;
+    if layout.align() >= HUGE_PAGE {
+        advise_huge_pages(ptr.as_ptr(), layout.size() / HUGE_PAGE * HUGE_PAGE);
+    }
+    Some(ptr)
 }
 
 #[cfg(target_os = "linux")]

@@ -980,15 +980,9 @@ fn write_back(x: &Transfer<'_>) -> Result<(), SparseError> {
 fn prefetch_miss(x: &Transfer<'_>, m: usize) {
     let miss = &x.misses[m];
     x.tier.shared.log.prefetch_position(miss.id);
-    let at = |base: usize, size: usize| base.wrapping_add(miss.slot * size);
-    prefetch(
-        at(x.slots.rows as usize, x.slots.stride) as *const u8,
-        x.slots.stride,
-    );
-    prefetch(
-        at(x.slots.state as usize, 4 * x.slots.per_row) as *const u8,
-        4 * x.slots.per_row,
-    );
+    let (row, state) = x.slots.addresses(miss.slot);
+    prefetch(row, x.slots.stride);
+    prefetch(state, 4 * x.slots.per_row);
 }
 
 /// Which reads [`read_row`] may do.
@@ -1049,15 +1043,25 @@ impl SlotPointers {
         }
     }
 
+    /// Where slot `slot`'s row and state lie (for any `slot`; only a
+    /// slot of the cache may be read there).
+    fn addresses(&self, slot: usize) -> (*mut u8, *mut f32) {
+        (
+            self.rows.wrapping_add(slot * self.stride),
+            self.state.wrapping_add(slot * self.per_row),
+        )
+    }
+
     /// # Safety
     /// `slot` is a slot of the cache, and no other task uses it meanwhile.
     #[allow(clippy::mut_from_ref)]
     unsafe fn slot(&self, slot: usize) -> (&mut [u8], &mut [u8]) {
-        let row = std::slice::from_raw_parts_mut(self.rows.add(slot * self.stride), self.stride);
+        let (row, state) = self.addresses(slot);
+        let row = std::slice::from_raw_parts_mut(row, self.stride);
         let state = if self.per_row == 0 {
             &mut [][..]
         } else {
-            std::slice::from_raw_parts_mut(self.state.add(slot * self.per_row), self.per_row)
+            std::slice::from_raw_parts_mut(state, self.per_row)
         };
         (row, bytemuck::cast_slice_mut(state))
     }

@@ -13,7 +13,7 @@
 //! Invariant (checked by every constructor): offsets start at 0, never
 //! decrease and end at `values.len()`; lengths are the offset differences.
 
-use crate::SparseError;
+use crate::{DataType, SparseError};
 
 /// One jagged dimension: `offsets.len() - 1` bags over `values`.
 #[derive(Clone, Debug, PartialEq)]
@@ -367,24 +367,79 @@ fn check_weights(weights: &Option<Vec<f32>>, values: usize) -> Result<(), Sparse
     }
 }
 
+/// The value type of pooled embeddings ([`KeyedTensor`]): `f32`, or for
+/// inference `half::f16` or `half::bf16`, which halve the bytes the forward
+/// writes (FBGEMM's inference TBE's `output_dtype`, FP16 by default there;
+/// TorchRec's `QuantEmbeddingBagCollection(output_dtype=...)`). Sums are
+/// taken in fp32 whatever the type, and each pooled value is rounded to the
+/// nearest (ties to even) once. Sealed: these three are the forward's.
+pub trait PooledValue:
+    Copy + Default + PartialEq + std::fmt::Debug + Send + Sync + 'static + sealed::Sealed
+{
+    /// The type, as the `DataType` of the same name.
+    const DTYPE: DataType;
+    /// The nearest value of this type (ties to even).
+    fn from_f32(x: f32) -> Self;
+    /// The value in fp32 (exact).
+    fn to_f32(self) -> f32;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+impl PooledValue for f32 {
+    const DTYPE: DataType = DataType::Fp32;
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl PooledValue for half::f16 {
+    const DTYPE: DataType = DataType::Fp16;
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+impl PooledValue for half::bf16 {
+    const DTYPE: DataType = DataType::Bf16;
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
 /// Pooled embeddings of a batch: one row per sample, the features' pooled
-/// vectors side by side (TorchRec's `KeyedTensor` with `key_dim = 1`).
+/// vectors side by side (TorchRec's `KeyedTensor` with `key_dim = 1`), in
+/// fp32 unless `T` says otherwise ([`PooledValue`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct KeyedTensor {
+pub struct KeyedTensor<T = f32> {
     keys: Vec<String>,
     length_per_key: Vec<usize>,
     offset_per_key: Vec<usize>,
     batch: usize,
-    values: Vec<f32>,
+    values: Vec<T>,
 }
 
-impl KeyedTensor {
+impl<T: PooledValue> KeyedTensor<T> {
     /// Wraps pooled values, row-major `[batch, sum(length_per_key)]`, as
     /// TorchRec's `KeyedTensor(keys, length_per_key, values)`.
     pub fn new(
         keys: Vec<String>,
         length_per_key: Vec<usize>,
-        values: Vec<f32>,
+        values: Vec<T>,
     ) -> Result<Self, SparseError> {
         if keys.len() != length_per_key.len() {
             return Err(SparseError::KeyedTensorShape(format!(
@@ -450,21 +505,21 @@ impl KeyedTensor {
         *self.offset_per_key.last().unwrap()
     }
     /// Row-major `[batch, width]` values.
-    pub fn values(&self) -> &[f32] {
+    pub fn values(&self) -> &[T] {
         &self.values
     }
     /// Row-major `[batch, width]` values, mutable (the shape stays fixed).
-    pub fn values_mut(&mut self) -> &mut [f32] {
+    pub fn values_mut(&mut self) -> &mut [T] {
         &mut self.values
     }
     /// Sample `b`'s pooled vector for key index `k`.
-    pub fn get(&self, b: usize, k: usize) -> &[f32] {
+    pub fn get(&self, b: usize, k: usize) -> &[T] {
         let row = b * self.width();
         &self.values[row + self.offset_per_key[k]..row + self.offset_per_key[k + 1]]
     }
     pub(crate) fn set_batch(&mut self, batch: usize) {
         self.batch = batch;
-        self.values.resize(batch * self.width(), 0.0);
+        self.values.resize(batch * self.width(), T::default());
     }
 }
 
@@ -495,10 +550,10 @@ mod tests {
         assert_eq!(kt.batch(), 2);
         assert_eq!(kt.get(1, 0), &[4., 5.]);
         assert_eq!(kt.get(1, 1), &[6.]);
-        assert!(KeyedTensor::new(keys(2), vec![2], vec![]).is_err());
+        assert!(KeyedTensor::<f32>::new(keys(2), vec![2], vec![]).is_err());
         assert!(KeyedTensor::new(keys(2), vec![2, 1], vec![1.; 4]).is_err());
         assert_eq!(
-            KeyedTensor::new(vec!["a".into(), "a".into()], vec![1, 1], vec![]).unwrap_err(),
+            KeyedTensor::<f32>::new(vec!["a".into(), "a".into()], vec![1, 1], vec![]).unwrap_err(),
             SparseError::DuplicateKey("a".into())
         );
     }

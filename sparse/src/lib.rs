@@ -22,12 +22,14 @@ mod simd;
 pub mod storage;
 mod tier;
 
+/// The half-precision types a [`KeyedTensor`] may hold (the `half` crate's).
+pub use ::half::{bf16, f16};
 pub use collection::{initial_rows, EmbeddingBagCollection, EmbeddingTable, TablePart};
 pub use config::{EmbeddingBagConfig, PoolingType};
 pub use dtype::{DataType, MX_GROUP};
 pub use error::SparseError;
 pub use ids::{IdDistribution, IdSampler};
-pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor};
+pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor, PooledValue};
 pub use optimizer::TableOptimizer;
 pub use tier::{
     disk_tier_file_bytes, CachePolicy, DiskTierConfig, ReadAhead, TierStats, CACHE_WAYS,

@@ -110,16 +110,16 @@ impl<T: bytemuck::Pod> std::fmt::Debug for AlignedBuffer<T> {
 /// `len` zeros in a `Vec`, its whole 2 MiB pages advised to be huge before
 /// they are first touched (large outputs are written at a stride of a row:
 /// with 4 KiB pages nearly every write is a TLB miss).
-pub(crate) fn zeroed_vec(len: usize) -> Vec<f32> {
-    let bytes = len.saturating_mul(4);
+pub(crate) fn zeroed_vec<T: Copy + Default>(len: usize) -> Vec<T> {
+    let bytes = len.saturating_mul(std::mem::size_of::<T>());
     if bytes < 2 * HUGE_PAGE {
-        return vec![0.0; len];
+        return vec![T::default(); len];
     }
-    let mut v: Vec<f32> = Vec::with_capacity(len);
+    let mut v: Vec<T> = Vec::with_capacity(len);
     let start = v.as_mut_ptr() as usize;
     let (first, end) = (start.next_multiple_of(HUGE_PAGE), start + bytes);
     advise_huge_pages(first as *mut u8, (end - first) / HUGE_PAGE * HUGE_PAGE);
-    v.resize(len, 0.0);
+    v.resize(len, T::default());
     v
 }
 

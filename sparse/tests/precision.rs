@@ -1,10 +1,11 @@
 //! Tables below fp32: every data type pools exactly as its decoded rows
 //! would in fp32; fp16/bf16 rows train with reproducible, unbiased
-//! stochastic rounding; quantized tables are for inference only.
+//! stochastic rounding; quantized tables are for inference only; fp16 and
+//! bf16 outputs are the fp32 output's nearest values.
 
 use ember_sparse::{
-    DataType, EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType,
-    SparseError, TableOptimizer,
+    bf16, f16, DataType, EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
+    KeyedTensor, PoolingType, SparseError, TableOptimizer,
 };
 use proptest::prelude::*;
 
@@ -107,6 +108,32 @@ proptest! {
             let (got, want) = (ebc.forward(&kjt).unwrap(), reference.forward(&kjt).unwrap());
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             prop_assert_eq!(bits(got.values()), bits(want.values()), "{}", dtype);
+        }
+    }
+
+    /// A forward into fp16 or bf16 output gives, for tables of every type,
+    /// every kernel dim and both poolings, the nearest value of its type to
+    /// the fp32 forward's (FBGEMM's inference `output_dtype`); a reused
+    /// output of another batch's size is reshaped first.
+    #[test]
+    fn half_outputs_are_the_nearest_to_the_fp32_output((configs, kjt, _) in problem()) {
+        for dtype in DataType::ALL {
+            let ebc = EmbeddingBagCollection::new(with_type(&configs, dtype), TableOptimizer::None, 5)
+                .unwrap();
+            let want = ebc.forward(&kjt).unwrap();
+            let mut fp16 = ebc.new_output_of::<f16>(kjt.stride() + 3);
+            ebc.forward_into(&kjt, &mut fp16).unwrap();
+            let mut bf16_out = KeyedTensor::<bf16>::zeros(vec![], vec![], 0);
+            ebc.forward_into(&kjt, &mut bf16_out).unwrap();
+            prop_assert_eq!(fp16.batch(), kjt.stride());
+            prop_assert_eq!(fp16.keys(), want.keys());
+            prop_assert_eq!(bf16_out.length_per_key(), want.length_per_key());
+            let nearest16: Vec<u16> = want.values().iter().map(|&x| f16::from_f32(x).to_bits()).collect();
+            let nearest_bf: Vec<u16> = want.values().iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
+            let got16: Vec<u16> = fp16.values().iter().map(|x| x.to_bits()).collect();
+            let got_bf: Vec<u16> = bf16_out.values().iter().map(|x| x.to_bits()).collect();
+            prop_assert_eq!(got16, nearest16, "fp16 output of {} tables", dtype);
+            prop_assert_eq!(got_bf, nearest_bf, "bf16 output of {} tables", dtype);
         }
     }
 

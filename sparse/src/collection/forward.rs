@@ -11,10 +11,10 @@
 use rayon::prelude::*;
 
 use super::{EmbeddingBagCollection, EmbeddingTable, FeatureSlot, SharedMut};
-use crate::rows::{with_format, RowFormat};
+use crate::rows::{narrow_to_bf16, narrow_to_f16, with_format, RowFormat};
 use crate::simd::multiversion;
 use crate::storage::prefetch_every;
-use crate::{KeyedJaggedTensor, KeyedTensor, PoolingType, SparseError};
+use crate::{DataType, KeyedJaggedTensor, KeyedTensor, PooledValue, PoolingType, SparseError};
 
 /// Bags average at least this many ids: the forward's prefetch hints are
 /// sparser (see `prefetch_every`).
@@ -51,10 +51,15 @@ impl EmbeddingBagCollection {
     /// Pooled lookup into a reused output (no allocation once `out` has grown
     /// to the batch). Every id is bounds-checked; a bad one is reported (with
     /// several, which one depends on task timing).
-    pub fn forward_into(
+    ///
+    /// `out` holds fp32, or for inference fp16 or bf16 ([`PooledValue`]):
+    /// each pooled value is then the nearest of its type to the fp32 sum,
+    /// and the forward writes half the bytes (its bound with one id per bag
+    /// and wide rows). The backward takes fp32 gradients whatever the type.
+    pub fn forward_into<T: PooledValue>(
         &self,
         kjt: &KeyedJaggedTensor,
-        out: &mut KeyedTensor,
+        out: &mut KeyedTensor<T>,
     ) -> Result<(), SparseError> {
         let kjt = self.forward_input(kjt)?;
         let keys = self.resolve_keys(kjt)?;
@@ -69,7 +74,7 @@ impl EmbeddingBagCollection {
                     &slot.name == key && self.tables[slot.table].dim() == len
                 });
         if !same_layout {
-            *out = self.new_output(batch);
+            *out = self.new_output_of(batch);
         }
         out.set_batch(batch);
         let width = out.width();
@@ -82,7 +87,8 @@ impl EmbeddingBagCollection {
             keys: &keys,
             kjt,
             width,
-            out: SharedMut(out.values_mut().as_mut_ptr()),
+            out: SharedMut(out.values_mut().as_mut_ptr() as *mut u8),
+            out_type: OutputType::of::<T>(),
             // Hint every other line once bags average 3 ids or more.
             prefetch_step: if kjt.values().len()
                 >= MULTI_HOT_IDS_PER_BAG * kjt.offsets().len().saturating_sub(1)
@@ -107,8 +113,9 @@ impl EmbeddingBagCollection {
             .into_par_iter()
             .try_for_each(|b| {
                 let first = b * block;
-                BLOCK_ROWS
-                    .with_borrow_mut(|rows| pool_block(&job, first, block.min(batch - first), rows))
+                BLOCK_SCRATCH.with_borrow_mut(|scratch| {
+                    pool_block(&job, first, block.min(batch - first), scratch)
+                })
             })
     }
 }
@@ -121,16 +128,52 @@ struct ForwardJob<'a> {
     keys: &'a [usize],
     kjt: &'a KeyedJaggedTensor,
     width: usize,
-    /// The output, `[batch, width]`; tasks write disjoint (rows, columns).
-    out: SharedMut,
+    /// The output, `[batch, width]` values of `out_type`; tasks write
+    /// disjoint (rows, columns).
+    out: SharedMut<u8>,
+    out_type: OutputType,
     /// Bytes between prefetch hints within a row (see `prefetch_every`).
     prefetch_step: usize,
 }
 
+/// The type of the forward's output values, chosen per bag as it is
+/// written (a branch every bag takes the same way): the gather loops stay
+/// one per row format and dim, whatever the output.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OutputType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl OutputType {
+    fn of<T: PooledValue>() -> Self {
+        match T::DTYPE {
+            DataType::Fp16 => Self::F16,
+            DataType::Bf16 => Self::Bf16,
+            _ => Self::F32,
+        }
+    }
+    fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::Bf16 => 2,
+        }
+    }
+}
+
+/// A forward task's scratch, kept per thread so the forward allocates
+/// nothing once warm.
+#[derive(Default)]
+struct BlockScratch {
+    /// Row addresses of the block (see `pool_block`).
+    rows: Vec<*const u8>,
+    /// A bag's running sum at a dim with no fixed-dim kernel.
+    sum: Vec<f32>,
+}
+
 thread_local! {
-    /// Row addresses of a forward task's block (see `pool_block`), kept per
-    /// thread so the forward allocates nothing once warm.
-    static BLOCK_ROWS: std::cell::RefCell<Vec<*const u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static BLOCK_SCRATCH: std::cell::RefCell<BlockScratch> = std::cell::RefCell::new(BlockScratch::default());
 }
 
 /// Forward task: pools every feature for samples
@@ -142,8 +185,9 @@ fn pool_block(
     job: &ForwardJob<'_>,
     first: usize,
     samples: usize,
-    rows: &mut Vec<*const u8>,
+    scratch: &mut BlockScratch,
 ) -> Result<(), SparseError> {
+    let rows = &mut scratch.rows;
     rows.clear();
     let values = job.kjt.values();
     for (i, slot) in job.slots.iter().enumerate() {
@@ -162,34 +206,46 @@ fn pool_block(
             rows.push(base.wrapping_add(id as usize * stride));
         }
     }
-    gather_block(job, first, samples, rows);
+    gather_block(job, first, samples, rows, &mut scratch.sum);
     Ok(())
 }
 
-multiversion!(fn gather_block(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const u8]) -> () = gather_block_body::<true>, baseline gather_block_body::<false>);
+multiversion!(fn gather_block(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const u8], sum: &mut Vec<f32>) -> () = gather_block_body::<true>, baseline gather_block_body::<false>);
 
 /// The gather of [`pool_block`]: `rows` holds the block's rows in the order
 /// they are pooled, and the row `PREFETCH_DISTANCE` entries ahead is
 /// prefetched, across bags and features; each feature pools with the
 /// kernel of its rows' format and dim (fp16 by F16C when `F16C`, in the
-/// builds that have it).
+/// builds that have it, which narrow an fp16 output by F16C too).
 #[inline(always)]
 fn gather_block_body<const F16C: bool>(
     job: &ForwardJob<'_>,
     first: usize,
     samples: usize,
     rows: &[*const u8],
+    sum: &mut Vec<f32>,
 ) {
     let mut next = 0;
     for i in 0..job.slots.len() {
         let table = &job.tables[job.slots[i].table];
         let samples = first..first + samples;
+        let bag = Bag {
+            f16c: F16C,
+            sum: &mut *sum,
+        };
         with_format!(
             kernel F16C,
             table.data_type(),
-            gather_format(job, i, samples, rows, &mut next)
+            gather_format(job, i, samples, rows, &mut next, bag)
         );
     }
+}
+
+/// What a feature's gather needs besides the job: whether this build has
+/// F16C, and the sum's scratch for dims with no fixed-dim kernel.
+struct Bag<'a> {
+    f16c: bool,
+    sum: &'a mut Vec<f32>,
 }
 
 /// [`gather_feature`] for rows of format `F`, at the feature's dim.
@@ -200,9 +256,10 @@ fn gather_format<F: RowFormat>(
     samples: std::ops::Range<usize>,
     rows: &[*const u8],
     next: &mut usize,
+    bag: Bag<'_>,
 ) {
     let dim = job.tables[job.slots[i].table].dim();
-    with_fixed_dim!(dim, gather_feature::<F>(job, i, samples, rows, next));
+    with_fixed_dim!(dim, gather_feature::<F>(job, i, samples, rows, next, bag));
 }
 
 /// Pools feature `i` for `samples` from `rows[*next..]`, advancing `next`;
@@ -210,7 +267,7 @@ fn gather_format<F: RowFormat>(
 ///
 /// `D > 0` is the dim known at compile time: the sum then lives in registers
 /// (8 AVX-512 registers for D = 128) and `out` is written once, as FBGEMM's
-/// JIT kernels do. `D = 0` handles any dim, summing in `out` itself.
+/// JIT kernels do. `D = 0` handles any dim, summing in `bag.sum`.
 #[inline(always)]
 fn gather_feature<const D: usize, F: RowFormat>(
     job: &ForwardJob<'_>,
@@ -218,6 +275,7 @@ fn gather_feature<const D: usize, F: RowFormat>(
     samples: std::ops::Range<usize>,
     rows: &[*const u8],
     next: &mut usize,
+    bag: Bag<'_>,
 ) {
     let slot = &job.slots[i];
     let table = &job.tables[slot.table];
@@ -229,6 +287,9 @@ fn gather_feature<const D: usize, F: RowFormat>(
     let stride = crate::rows::fixed_stride::<F, D>(table.rows().stride());
     let weights = job.kjt.weights();
     let end_sample = samples.end;
+    let value_bytes = job.out_type.bytes();
+    let Bag { f16c, sum } = bag;
+    sum.resize(if D > 0 { 0 } else { dim }, 0.0);
     for s in samples {
         // The output row a few bags ahead, fetched before it is written: a
         // store to a line not in cache waits for it, and stalls the gather.
@@ -236,14 +297,10 @@ fn gather_feature<const D: usize, F: RowFormat>(
             let at = (s + OUT_PREFETCH_BAGS) * job.width + slot.column;
             // A hint only: the address is within the output, and a
             // prefetch never faults.
-            let ahead = job.out.0.wrapping_add(at) as *const f32;
-            prefetch_every(ahead, dim * 4, 64);
+            let ahead = job.out.0.wrapping_add(at * value_bytes) as *const u8;
+            prefetch_every(ahead, dim * value_bytes, 64);
         }
         let (start, end) = job.bag(i, s);
-        // SAFETY: the output holds batch x width floats; this task alone
-        // writes its samples' rows.
-        let out =
-            unsafe { std::slice::from_raw_parts_mut(job.out.at(s * job.width + slot.column), dim) };
         let mut acc = [0.0f32; D];
         for p in start..end {
             // Ahead may lie in the next feature's table, of another dim: the
@@ -256,9 +313,16 @@ fn gather_feature<const D: usize, F: RowFormat>(
             let w = weights.map_or(1.0, |w| w[p]);
             // SAFETY: pool_block resolved this entry from a checked id of
             // this table: a whole row of `dim` columns in format F.
-            unsafe { accumulate::<D, F>(&mut acc, out, row, w, p == start) };
+            unsafe { accumulate::<D, F>(&mut acc, sum, row, w, p == start) };
         }
-        finish_bag(table, &acc, end - start, out);
+        let sum: &mut [f32] = if D > 0 { &mut acc } else { sum };
+        finish_sum(table, sum, end - start);
+        // SAFETY: the output holds batch x width values of out_type; this
+        // task alone writes its samples' rows.
+        unsafe {
+            let out = job.out.at((s * job.width + slot.column) * value_bytes);
+            store_pooled(sum, out, job.out_type, f16c);
+        }
     }
 }
 
@@ -284,7 +348,8 @@ impl ForwardJob<'_> {
 /// compile-time `D > 0`, else in `out` (whose first row initialises it).
 ///
 /// # Safety
-/// `row` is a whole row of `out.len()` (= `D` when `D > 0`) columns in format `F`.
+/// `row` is a whole row of `D` columns in format `F` when `D > 0`, else of
+/// `out.len()`.
 #[inline(always)]
 unsafe fn accumulate<const D: usize, F: RowFormat>(
     acc: &mut [f32; D],
@@ -310,17 +375,30 @@ unsafe fn accumulate<const D: usize, F: RowFormat>(
     }
 }
 
-/// Writes a bag of `len` ids' sum to `out` (zeros for an empty bag) and
-/// applies mean pooling.
+/// Finishes a bag of `len` ids' sum: zeros for an empty bag (whose sum
+/// scratch holds another bag's), divided by `len` for mean pooling.
 #[inline(always)]
-fn finish_bag<const D: usize>(table: &EmbeddingTable, acc: &[f32; D], len: usize, out: &mut [f32]) {
-    if D > 0 {
-        out.copy_from_slice(acc);
-    } else if len == 0 {
-        out.fill(0.0);
-    }
-    if table.config.pooling == PoolingType::Mean && len > 0 {
+fn finish_sum(table: &EmbeddingTable, sum: &mut [f32], len: usize) {
+    if len == 0 {
+        sum.fill(0.0);
+    } else if table.config.pooling == PoolingType::Mean {
         let inv = 1.0 / len as f32;
-        out.iter_mut().for_each(|x| *x *= inv);
+        sum.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// Writes a bag's pooled `sum` at `out` as values of `out_type`, the
+/// narrow types rounded to the nearest (fp16 by F16C when `f16c`).
+///
+/// # Safety
+/// `out` holds `sum.len()` values of `out_type`, written by no one else;
+/// `f16c` only in the kernel builds that enable F16C.
+#[inline(always)]
+unsafe fn store_pooled(sum: &[f32], out: *mut u8, out_type: OutputType, f16c: bool) {
+    match out_type {
+        OutputType::F32 => std::ptr::copy_nonoverlapping(sum.as_ptr(), out as *mut f32, sum.len()),
+        OutputType::F16 if f16c => narrow_to_f16::<true>(sum, out as *mut u16),
+        OutputType::F16 => narrow_to_f16::<false>(sum, out as *mut u16),
+        OutputType::Bf16 => narrow_to_bf16(sum, out as *mut u16),
     }
 }

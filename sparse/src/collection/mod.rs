@@ -4,8 +4,8 @@
 
 use crate::rows::TableRows;
 use crate::{
-    DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError,
-    TableOptimizer, TierStats,
+    DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PooledValue,
+    SparseError, TableOptimizer, TierStats,
 };
 
 /// Calls `kernel::<D, F>(args)` with the dim as a compile-time `D` where a
@@ -613,6 +613,12 @@ impl EmbeddingBagCollection {
 
     /// An output tensor of the right keys and widths for `batch` samples.
     pub fn new_output(&self, batch: usize) -> KeyedTensor {
+        self.new_output_of(batch)
+    }
+
+    /// [`new_output`](Self::new_output) with values of type `T`: fp32, or
+    /// fp16 or bf16 for inference (see [`forward_into`](Self::forward_into)).
+    pub fn new_output_of<T: PooledValue>(&self, batch: usize) -> KeyedTensor<T> {
         KeyedTensor::zeros(self.feature_names(), self.feature_dims(), batch)
     }
 

@@ -15,6 +15,7 @@ use crate::storage::AlignedBuffer;
 use crate::DataType;
 use half::rounding_bits;
 use half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_stochastic, f32_to_f16_stochastic};
+pub(crate) use half::{narrow_to_bf16, narrow_to_f16};
 pub(crate) use quant::{Fp8, Mxfp4, NBit};
 
 /// How the kernels read one row format: a header read once per row (scale,

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use ember_sparse::rng::{mix, Rng};
 use ember_sparse::{
-    DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, IdDistribution,
-    KeyedJaggedTensor, TableOptimizer, TierStats,
+    bf16, f16, DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig,
+    IdDistribution, KeyedJaggedTensor, PooledValue, TableOptimizer, TierStats,
 };
 
 use super::ids::IdArgs;
@@ -64,6 +64,10 @@ pub struct EmbeddingArgs {
     /// quantized int8, int4, fp8, mxfp4.
     #[arg(long, default_value = "fp32", value_parser = super::parse_data_type)]
     pub table_dtype: DataType,
+    /// Data type of the pooled output: fp32, or fp16 or bf16 (FBGEMM's
+    /// inference TBE's `output_dtype`, FP16 there by default).
+    #[arg(long, default_value = "fp32", value_parser = super::parse_data_type)]
+    pub output_dtype: DataType,
     #[arg(long, default_value_t = 0.01)]
     pub learning_rate: f32,
     /// Timed iterations.
@@ -105,6 +109,7 @@ pub struct EmbeddingReport {
     pub pooling_factor: usize,
     pub optimizer: BenchOptimizer,
     pub table_dtype: DataType,
+    pub output_dtype: DataType,
     pub id_distribution: IdDistribution,
     pub threads: usize,
     pub iters: usize,
@@ -186,6 +191,14 @@ pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
         args.table_dtype
     );
     anyhow::ensure!(
+        matches!(
+            args.output_dtype,
+            DataType::Fp32 | DataType::Fp16 | DataType::Bf16
+        ),
+        "--output-dtype {} is not an output type: use fp32, fp16 or bf16",
+        args.output_dtype
+    );
+    anyhow::ensure!(
         !args.roofline || args.tier.disk_dir.is_none(),
         "--roofline gathers from tables in RAM: use it without --disk-dir"
     );
@@ -260,29 +273,11 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
     let grad: Vec<f32> = (0..args.batch * args.tables * args.dim)
         .map(|_| rng.next_f32() - 0.5)
         .collect();
-    let mut out = ebc.new_output(args.batch);
-
-    let progress = Progress::new((args.warmup + args.iters) as u64, "embedding", args.json);
-    let mut times = Vec::with_capacity(args.iters);
-    let mut before = TierStats::default();
-    for i in 0..args.warmup + args.iters {
-        let kjt = &inputs[i % inputs.len()];
-        if i == args.warmup {
-            before = super::tier::totals(ebc.tables().iter());
-        }
-        let start = Instant::now();
-        ebc.prefetch(kjt)?;
-        ebc.forward_into(kjt, &mut out)?;
-        if args.optimizer != BenchOptimizer::None {
-            ebc.backward_update(kjt, &grad)?;
-        }
-        let elapsed = start.elapsed().as_secs_f64();
-        if i >= args.warmup {
-            times.push(elapsed);
-        }
-        progress.inc();
-    }
-    progress.finish();
+    let (mut times, before) = match args.output_dtype {
+        DataType::Fp16 => timed::<f16>(&mut ebc, &inputs, &grad, args)?,
+        DataType::Bf16 => timed::<bf16>(&mut ebc, &inputs, &grad, args)?,
+        _ => timed::<f32>(&mut ebc, &inputs, &grad, args)?,
+    };
     let total: f64 = times.iter().sum();
     let ids_per_s = (ids_per_batch * times.len()) as f64 / total;
     let disk_tier = cache.map(|cache_rows| {
@@ -315,6 +310,7 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
         pooling_factor: args.pooling_factor,
         optimizer: args.optimizer,
         table_dtype: args.table_dtype,
+        output_dtype: args.output_dtype,
         id_distribution: ids,
         threads: rayon::current_num_threads(),
         iters: args.iters,
@@ -329,6 +325,39 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
         limit_ids_per_s,
         fraction_of_limit,
     })
+}
+
+/// Runs the warmup and timed iterations with output values of type `T`:
+/// each timed iteration's seconds, and the tier counters when timing began.
+fn timed<T: PooledValue>(
+    ebc: &mut EmbeddingBagCollection,
+    inputs: &[KeyedJaggedTensor],
+    grad: &[f32],
+    args: &EmbeddingArgs,
+) -> anyhow::Result<(Vec<f64>, TierStats)> {
+    let mut out = ebc.new_output_of::<T>(args.batch);
+    let progress = Progress::new((args.warmup + args.iters) as u64, "embedding", args.json);
+    let mut times = Vec::with_capacity(args.iters);
+    let mut before = TierStats::default();
+    for i in 0..args.warmup + args.iters {
+        let kjt = &inputs[i % inputs.len()];
+        if i == args.warmup {
+            before = super::tier::totals(ebc.tables().iter());
+        }
+        let start = Instant::now();
+        ebc.prefetch(kjt)?;
+        ebc.forward_into(kjt, &mut out)?;
+        if args.optimizer != BenchOptimizer::None {
+            ebc.backward_update(kjt, grad)?;
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        if i >= args.warmup {
+            times.push(elapsed);
+        }
+        progress.inc();
+    }
+    progress.finish();
+    Ok((times, before))
 }
 
 /// Ids per second of the plain gather over the same tables and ids.
@@ -373,8 +402,8 @@ pub fn median(values: &mut [f64]) -> f64 {
 
 impl std::fmt::Display for EmbeddingReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "embedding bench: {} tables x {} rows x {} dim ({}), batch {}, {} id(s) per bag ({}), optimizer {:?}, {} threads",
-            self.tables, self.rows, self.dim, self.table_dtype, self.batch, self.pooling_factor, self.id_distribution, self.optimizer, self.threads)?;
+        writeln!(f, "embedding bench: {} tables x {} rows x {} dim ({}, {} output), batch {}, {} id(s) per bag ({}), optimizer {:?}, {} threads",
+            self.tables, self.rows, self.dim, self.table_dtype, self.output_dtype, self.batch, self.pooling_factor, self.id_distribution, self.optimizer, self.threads)?;
         writeln!(f, "  {:.2} M ids/s, {:.0} samples/s, {:.2} GB/s of rows read, {:.3} ms/iter (median of {})",
             self.ids_per_s / 1e6, self.samples_per_s, self.gb_per_s, self.iter_ms_median, self.iters)?;
         if let Some(d) = &self.disk_tier {

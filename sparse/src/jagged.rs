@@ -378,10 +378,6 @@ pub trait PooledValue:
 {
     /// The type, as the `DataType` of the same name.
     const DTYPE: DataType;
-    /// The nearest value of this type (ties to even).
-    fn from_f32(x: f32) -> Self;
-    /// The value in fp32 (exact).
-    fn to_f32(self) -> f32;
 }
 
 mod sealed {
@@ -393,32 +389,12 @@ mod sealed {
 
 impl PooledValue for f32 {
     const DTYPE: DataType = DataType::Fp32;
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-    fn to_f32(self) -> f32 {
-        self
-    }
 }
-
 impl PooledValue for half::f16 {
     const DTYPE: DataType = DataType::Fp16;
-    fn from_f32(x: f32) -> Self {
-        half::f16::from_f32(x)
-    }
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
 }
-
 impl PooledValue for half::bf16 {
     const DTYPE: DataType = DataType::Bf16;
-    fn from_f32(x: f32) -> Self {
-        half::bf16::from_f32(x)
-    }
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
 }
 
 /// Pooled embeddings of a batch: one row per sample, the features' pooled

@@ -88,7 +88,8 @@ impl EmbeddingBagCollection {
             kjt,
             width,
             out: SharedMut(out.values_mut().as_mut_ptr() as *mut u8),
-            out_type: OutputType::of::<T>(),
+            out_type: T::DTYPE,
+            value_bytes: std::mem::size_of::<T>(),
             // Hint every other line once bags average 3 ids or more.
             prefetch_step: if kjt.values().len()
                 >= MULTI_HOT_IDS_PER_BAG * kjt.offsets().len().saturating_sub(1)
@@ -131,35 +132,13 @@ struct ForwardJob<'a> {
     /// The output, `[batch, width]` values of `out_type`; tasks write
     /// disjoint (rows, columns).
     out: SharedMut<u8>,
-    out_type: OutputType,
+    /// fp32, fp16 or bf16 ([`PooledValue`]), chosen as each bag is written
+    /// (a branch every bag takes the same way): the gather loops stay one
+    /// per row format and dim, whatever the output.
+    out_type: DataType,
+    value_bytes: usize,
     /// Bytes between prefetch hints within a row (see `prefetch_every`).
     prefetch_step: usize,
-}
-
-/// The type of the forward's output values, chosen per bag as it is
-/// written (a branch every bag takes the same way): the gather loops stay
-/// one per row format and dim, whatever the output.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum OutputType {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl OutputType {
-    fn of<T: PooledValue>() -> Self {
-        match T::DTYPE {
-            DataType::Fp16 => Self::F16,
-            DataType::Bf16 => Self::Bf16,
-            _ => Self::F32,
-        }
-    }
-    fn bytes(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::F16 | Self::Bf16 => 2,
-        }
-    }
 }
 
 /// A forward task's scratch, kept per thread so the forward allocates
@@ -287,7 +266,7 @@ fn gather_feature<const D: usize, F: RowFormat>(
     let stride = crate::rows::fixed_stride::<F, D>(table.rows().stride());
     let weights = job.kjt.weights();
     let end_sample = samples.end;
-    let value_bytes = job.out_type.bytes();
+    let value_bytes = job.value_bytes;
     let Bag { f16c, sum } = bag;
     sum.resize(if D > 0 { 0 } else { dim }, 0.0);
     for s in samples {
@@ -391,14 +370,16 @@ fn finish_sum(table: &EmbeddingTable, sum: &mut [f32], len: usize) {
 /// narrow types rounded to the nearest (fp16 by F16C when `f16c`).
 ///
 /// # Safety
-/// `out` holds `sum.len()` values of `out_type`, written by no one else;
+/// `out` holds `sum.len()` values of `out_type` (a [`PooledValue`]'s),
+/// written by no one else;
 /// `f16c` only in the kernel builds that enable F16C.
 #[inline(always)]
-unsafe fn store_pooled(sum: &[f32], out: *mut u8, out_type: OutputType, f16c: bool) {
+unsafe fn store_pooled(sum: &[f32], out: *mut u8, out_type: DataType, f16c: bool) {
     match out_type {
-        OutputType::F32 => std::ptr::copy_nonoverlapping(sum.as_ptr(), out as *mut f32, sum.len()),
-        OutputType::F16 if f16c => narrow_to_f16::<true>(sum, out as *mut u16),
-        OutputType::F16 => narrow_to_f16::<false>(sum, out as *mut u16),
-        OutputType::Bf16 => narrow_to_bf16(sum, out as *mut u16),
+        DataType::Fp16 if f16c => narrow_to_f16::<true>(sum, out as *mut u16),
+        DataType::Fp16 => narrow_to_f16::<false>(sum, out as *mut u16),
+        DataType::Bf16 => narrow_to_bf16(sum, out as *mut u16),
+        // Fp32: PooledValue admits no other type.
+        _ => std::ptr::copy_nonoverlapping(sum.as_ptr(), out as *mut f32, sum.len()),
     }
 }

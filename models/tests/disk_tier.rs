@@ -227,6 +227,15 @@ fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
         // Sharded from a disk-tier model too (resharding copies its rows).
         let mut moved = model(optimizers.0, tiers(dir.path()));
         moved.shard(Some(plan(sharding, 2))).unwrap();
+        // Neither wrote a row: the shards make theirs on first lookup, as
+        // the tables they came from would have.
+        for file in std::fs::read_dir(dir.path()).unwrap() {
+            let path = file.unwrap().path();
+            if path.is_file() {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(bytes.iter().all(|&b| b == 0), "{sharding:?}: {path:?}");
+            }
+        }
         for i in 0..8 {
             let batch = data.batch(i, 64);
             let a = ram.train_step(&be, &batch).unwrap().loss;

@@ -126,19 +126,15 @@ impl ShardSource for InitialRows {
         shard: &Shard,
         local: &mut EmbeddingTable,
     ) -> Result<(), ShardingError> {
-        let rows = match shard.rows {
-            RowSplit::Block { start, end } => start..end,
-            RowSplit::All | RowSplit::Mod { .. } => 0..config.num_embeddings,
-        };
+        let split = shard.rows;
         ember_sparse::initial_rows(
             config,
             self.seed,
             t as u64,
-            rows,
-            |g| shard.rows.local(g),
+            move |l| split.global(l),
             shard.column_range(),
             local,
-        )?;
+        );
         Ok(())
     }
 }
@@ -153,9 +149,15 @@ fn copy_rows(
     cols: Range<usize>,
     opt: &TableOptimizer,
 ) -> Result<(), ShardingError> {
-    let shard = ShardSpan::new(global, rows, cols, opt);
+    let shard = ShardSpan::new(global, rows, cols.clone(), opt);
+    // Rows still initial in a disk-tier table are made in the shard too,
+    // on first lookup, rather than made and copied now.
+    let made = local.make_rows_as(global, move |l| rows.global(l), cols);
     let mut buffers = Buffers::default();
     for (first, n, g0) in shard.pieces(local.num_embeddings()) {
+        if made && (0..n).all(|r| global.row_is_initial(g0 + r * shard.step)) {
+            continue;
+        }
         buffers.read_global(global, g0, shard.span(n))?;
         shard.to_local(&mut buffers, n);
         local.write_stored_rows(first, &buffers.lrows, &buffers.lstate)?;

@@ -19,92 +19,110 @@ thread_local! {
     /// A row's draws as a disk tier makes it on a miss (no allocation per
     /// miss).
     static DRAWN: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A whole row's bytes as a shard's maker makes its part of it.
+    static WHOLE_ROW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Part of a table's initial weights, exactly as
 /// [`EmbeddingBagCollection::new`](super::EmbeddingBagCollection::new)
-/// with `seed` initialises the table at position `index`: every global row
-/// in `rows` that `local` maps to a local row `l` has its columns `cols`
-/// written to local row `l` of `out` (rounded to its data type as the whole
-/// table's rows are). Only the rows it holds are drawn, so a shard is
-/// initialised without the rest of its table in memory. A disk-tier
-/// `out` gets its rows in runs (their optimizer state zero, as a new
-/// table's), and fails with [`SparseError::Disk`] when its file cannot be
-/// written.
+/// with `seed` initialises the table at position `index`: each local row
+/// `l` of `out` gets columns `cols` of global row `global(l)`, rounded to
+/// its data type as the whole table's rows are. Only the rows `out` holds
+/// are drawn, so a shard is initialised without the rest of its table in
+/// memory. A disk-tier `out` (not looked up yet) is not written at all:
+/// its rows are made so when first looked up, as a new disk-tier table's
+/// are, their optimizer state zero.
 pub fn initial_rows(
     config: &EmbeddingBagConfig,
     seed: u64,
     index: u64,
-    rows: std::ops::Range<usize>,
-    local: impl Fn(usize) -> Option<usize> + Sync,
+    global: impl Fn(usize) -> usize + Send + Sync + 'static,
     cols: std::ops::Range<usize>,
     out: &mut EmbeddingTable,
-) -> Result<(), SparseError> {
-    let (lo, hi) = config.init_range();
+) {
+    let range = config.init_range();
     let dim = config.embedding_dim;
     let lc = cols.len();
-    let end = rows.end.min(config.num_embeddings);
-    let chunks: Vec<usize> =
-        (rows.start / INIT_CHUNK_ROWS..end.div_ceil(INIT_CHUNK_ROWS)).collect();
-    // Chunks are drawn in parallel, in groups of about 64 MiB of draws, and
-    // their wanted rows copied out in order.
-    let group = ((64 << 20) / (INIT_CHUNK_ROWS * dim.max(1) * 4)).max(1);
-    for group in chunks.chunks(group) {
-        let drawn: Vec<(Vec<usize>, Vec<f32>)> = group
+    if out.is_on_disk() {
+        let dtype = out.data_type();
+        let maker: Box<MakeRow> = Box::new(move |l, bytes| {
+            DRAWN.with_borrow_mut(|values| {
+                values.resize(dim, 0.0);
+                draw_row(range, [seed, index, global(l as usize) as u64], values);
+                encode(dtype, &values[cols.clone()], bytes);
+            })
+        });
+        out.set_row_maker(maker);
+        return;
+    }
+    let locals = out.num_embeddings();
+    // Rows are drawn in parallel, in groups of about 64 MiB of draws, and
+    // written in order.
+    let group = ((64 << 20) / (INIT_CHUNK_ROWS * lc.max(1) * 4)).max(1) * INIT_CHUNK_ROWS;
+    for first in (0..locals).step_by(group) {
+        let chunks: Vec<usize> = (first..(first + group).min(locals))
+            .step_by(INIT_CHUNK_ROWS)
+            .collect();
+        let drawn: Vec<Vec<f32>> = chunks
             .par_iter()
-            .map(|&chunk| {
-                let first = chunk * INIT_CHUNK_ROWS;
-                let n = INIT_CHUNK_ROWS.min(config.num_embeddings - first);
+            .map(|&start| {
                 let mut values = vec![0f32; dim];
-                // The wanted rows' columns, packed, and where they go.
-                let (mut locals, mut kept) = (Vec::new(), Vec::new());
-                for r in first.max(rows.start)..(first + n).min(end) {
-                    if let Some(l) = local(r) {
-                        draw_row((lo, hi), [seed, index, r as u64], &mut values);
-                        locals.push(l);
-                        kept.extend_from_slice(&values[cols.clone()]);
-                    }
+                let mut kept = Vec::new();
+                for l in start..(start + INIT_CHUNK_ROWS).min(locals) {
+                    draw_row(range, [seed, index, global(l) as u64], &mut values);
+                    kept.extend_from_slice(&values[cols.clone()]);
                 }
-                (locals, kept)
+                kept
             })
             .collect();
-        for (locals, kept) in drawn {
-            if out.is_on_disk() {
-                write_runs(out, &locals, &kept)?;
-                continue;
-            }
-            for (l, row) in locals.into_iter().zip(kept.chunks_exact(lc.max(1))) {
+        for (&start, kept) in chunks.iter().zip(drawn) {
+            for (l, row) in (start..).zip(kept.chunks_exact(lc.max(1))) {
                 out.write_row(l, row);
             }
         }
     }
-    Ok(())
 }
 
-/// Rows `values` (packed, fp32) to local rows `locals` of a disk-tier
-/// table, each run of consecutive rows in one write, their state zero.
-fn write_runs(
-    out: &mut EmbeddingTable,
-    locals: &[usize],
-    values: &[f32],
-) -> Result<(), SparseError> {
-    let (dim, stride, per_row) = (out.dim(), out.bytes_per_row(), out.state_floats_per_row());
-    let dtype = out.data_type();
-    let mut start = 0;
-    while start < locals.len() {
-        let mut end = start + 1;
-        while end < locals.len() && locals[end] == locals[end - 1] + 1 {
-            end += 1;
-        }
-        let n = end - start;
-        let mut bytes = vec![0u8; n * stride];
-        for (r, row) in bytes.chunks_exact_mut(stride.max(1)).enumerate() {
-            dtype.encode_row(&values[(start + r) * dim..][..dim], row);
-        }
-        out.write_stored_rows(locals[start], &bytes, &vec![0.0; n * per_row])?;
-        start = end;
+impl EmbeddingTable {
+    /// Whether row `id` of a disk-tier table holds its initial value, made
+    /// when looked up (never stored, not cached); false for a table in RAM.
+    pub fn row_is_initial(&self, id: usize) -> bool {
+        self.store.tier().is_some_and(|t| t.is_made(id as u64))
     }
-    Ok(())
+
+    /// Makes this disk-tier table's rows not stored the way `source` (a
+    /// disk-tier table whose rows are made, see [`row_is_initial`](Self::row_is_initial))
+    /// makes its own: local row `l` as columns `cols` of `source`'s row
+    /// `global(l)`. A shard copied from such a table then needs no copy of
+    /// the rows still initial there. Returns whether it was set: both
+    /// tables on the disk tier, of the same type, `source` making its rows,
+    /// and `cols` columns this type splits.
+    pub fn make_rows_as(
+        &mut self,
+        source: &EmbeddingTable,
+        global: impl Fn(usize) -> usize + Send + Sync + 'static,
+        cols: std::ops::Range<usize>,
+    ) -> bool {
+        let dtype = source.data_type();
+        let (Some(make), Some(bytes)) = (
+            source.store.tier().and_then(|t| t.maker()),
+            dtype.column_range(source.dim(), cols),
+        ) else {
+            return false;
+        };
+        if !self.is_on_disk() || self.data_type() != dtype || self.bytes_per_row() != bytes.len() {
+            return false;
+        }
+        let whole = source.bytes_per_row();
+        self.set_row_maker(Box::new(move |l, out| {
+            WHOLE_ROW.with_borrow_mut(|row| {
+                row.resize(whole, 0);
+                make(global(l as usize) as u64, row);
+                out.copy_from_slice(&row[bytes.clone()]);
+            })
+        }));
+        true
+    }
 }
 
 /// The initial values of one row (`seed`, table index, row): the one draw

@@ -272,6 +272,14 @@ impl EmbeddingTable {
     pub fn tier_stats(&self) -> Option<TierStats> {
         self.store.tier().map(|t| t.stats())
     }
+    /// Makes a disk-tier table's rows not stored in its file with `make`
+    /// (as a new table's are from its seed), for a table built empty and
+    /// not looked up yet (nothing for a table in RAM).
+    pub(crate) fn set_row_maker(&mut self, make: Box<crate::tier::MakeRow>) {
+        if let (_, _, Some(tier)) = self.store.parts_mut() {
+            tier.set_maker(make);
+        }
+    }
     /// Rows the kernels address: the table's, or its cache's slots.
     pub(crate) fn resident_rows(&self) -> usize {
         self.rows().bytes().len() / self.rows().stride()

@@ -369,8 +369,8 @@ impl RowBits {
     }
 }
 
-/// A table's [`MakeRow`].
-struct RowMaker(Box<MakeRow>);
+/// A table's [`MakeRow`] (shared with the shards made from the table).
+struct RowMaker(Arc<MakeRow>);
 
 impl std::fmt::Debug for RowMaker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -538,7 +538,7 @@ impl DiskTier {
             }),
             bypass: Bypass::new(set_slots, bypass),
             cached_once: RowBits::new(rows),
-            make: make.map(RowMaker),
+            make: make.map(|m| RowMaker(m.into())),
             row_bytes,
             record: row_bytes + state_bytes,
             cache_rows: config.cache_rows,
@@ -546,6 +546,24 @@ impl DiskTier {
             stats: TierStats::default(),
         };
         Ok((tier, slots))
+    }
+
+    /// Makes the rows not stored with `make` from now on: for a tier
+    /// whose cache holds no row yet (one made earlier would disagree).
+    pub(crate) fn set_maker(&mut self, make: Box<MakeRow>) {
+        debug_assert!(self.stats.lookups == 0 && self.stats.misses == 0);
+        self.make = Some(RowMaker(make.into()));
+    }
+
+    /// The maker of the rows not stored, if the tier has one.
+    pub(crate) fn maker(&self) -> Option<Arc<MakeRow>> {
+        self.make.as_ref().map(|m| Arc::clone(&m.0))
+    }
+
+    /// Whether row `id` holds what the maker makes: neither stored in the
+    /// file nor cached (where it may have changed).
+    pub(crate) fn is_made(&self, id: u64) -> bool {
+        self.make.is_some() && !self.shared.log.stored(id) && self.slot_of(id).is_none()
     }
 
     /// Bytes the cache keeps in memory beside its rows: LFU's counts and

@@ -34,6 +34,16 @@ const PREFETCH_DISTANCE: usize = 12;
 /// dim 128, one id per bag: 2, 4, 8 and 16 bags ahead gave 11.0, 12.6, 15.5
 /// and 13.7 M ids/s for int8 rows).
 const OUT_PREFETCH_BAGS: usize = 8;
+/// Tasks per thread the features pooled in id order are cut into, at
+/// least (see [`one_hot_part`]).
+const ONE_HOT_TASKS_PER_THREAD: usize = 4;
+/// One-hot features of tables of at least this many bytes are pooled in id
+/// order ([`pool_one_hot`]). Measured on a Zen 3 (26 tables, dim 128, one
+/// id per bag, batch 2048, 2 threads), id order against sample order:
+/// int8 rows, 1M a table (136 MB), 1.42x (fp16 output 1.43x); 100k (13.6
+/// MB), 0.81x; fp32 rows, 1M (512 MB), 1.02x; 100k (51 MB), 1.11x; the
+/// kaggle DLRM step (6.4 MB tables), 0.97x.
+const ID_ORDER_MIN_BYTES: usize = 64 << 20;
 /// Shorter output rows are left as they were (not measured: the kaggle
 /// shape's output, dim 16, is 3.4 MB and mostly stays in cache).
 const OUT_PREFETCH_MIN_DIM: usize = 64;
@@ -61,6 +71,18 @@ impl EmbeddingBagCollection {
         kjt: &KeyedJaggedTensor,
         out: &mut KeyedTensor<T>,
     ) -> Result<(), SparseError> {
+        self.forward_ordered(kjt, out, ID_ORDER_MIN_BYTES)
+    }
+
+    /// [`forward_into`](Self::forward_into), pooling in id order every
+    /// one-hot feature whose rows take at least `id_order_min_bytes` (a
+    /// parameter so tests can send every feature either way).
+    fn forward_ordered<T: PooledValue>(
+        &self,
+        kjt: &KeyedJaggedTensor,
+        out: &mut KeyedTensor<T>,
+        id_order_min_bytes: usize,
+    ) -> Result<(), SparseError> {
         let kjt = self.forward_input(kjt)?;
         let keys = self.resolve_keys(kjt)?;
         let batch = kjt.stride();
@@ -81,7 +103,7 @@ impl EmbeddingBagCollection {
         if width == 0 || batch == 0 {
             return Ok(());
         }
-        let job = ForwardJob {
+        let mut job = ForwardJob {
             tables: &self.tables,
             slots: &self.slots,
             keys: &keys,
@@ -98,7 +120,17 @@ impl EmbeddingBagCollection {
             } else {
                 64
             },
+            in_id_order: Vec::new(),
         };
+        job.in_id_order = (0..self.slots.len())
+            .map(|i| job.pools_in_id_order(i, batch, id_order_min_bytes))
+            .collect();
+        // Tasks: blocks of samples over the features pooled in sample order
+        // (none when every feature is pooled in id order), then parts of
+        // the features pooled in id order.
+        let ordered: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| job.in_id_order[i])
+            .collect();
         // Ids resolved before the gather, measured against pooling while
         // walking the offsets (2 threads, batch 2048, 512-byte rows): one id
         // per bag, 26-28 M ids/s against 16-17 sample by sample and 20-22
@@ -110,12 +142,26 @@ impl EmbeddingBagCollection {
             .div_ceil(4 * rayon::current_num_threads())
             .clamp(least, most)
             .min((BLOCK_IDS / ids_per_sample).max(1));
-        (0..batch.div_ceil(block))
+        let blocks = if ordered.len() < self.slots.len() {
+            batch.div_ceil(block)
+        } else {
+            0
+        };
+        let part = one_hot_part(ordered.len(), batch);
+        let parts = batch.div_ceil(part);
+        (0..blocks + ordered.len() * parts)
             .into_par_iter()
-            .try_for_each(|b| {
-                let first = b * block;
-                BLOCK_SCRATCH.with_borrow_mut(|scratch| {
-                    pool_block(&job, first, block.min(batch - first), scratch)
+            .try_for_each(|task| {
+                BLOCK_SCRATCH.with_borrow_mut(|scratch| match task.checked_sub(blocks) {
+                    None => {
+                        let first = task * block;
+                        pool_block(&job, first, block.min(batch - first), scratch)
+                    }
+                    Some(t) => {
+                        let first = t % parts * part;
+                        let samples = first..(first + part).min(batch);
+                        pool_one_hot(&job, ordered[t / parts], samples, scratch)
+                    }
                 })
             })
     }
@@ -139,6 +185,9 @@ struct ForwardJob<'a> {
     value_bytes: usize,
     /// Bytes between prefetch hints within a row (see `prefetch_every`).
     prefetch_step: usize,
+    /// Per slot: pooled by [`pool_one_hot`] (in id order), not by the
+    /// blocks.
+    in_id_order: Vec<bool>,
 }
 
 /// A forward task's scratch, kept per thread so the forward allocates
@@ -149,6 +198,8 @@ struct BlockScratch {
     rows: Vec<*const u8>,
     /// A bag's running sum at a dim with no fixed-dim kernel.
     sum: Vec<f32>,
+    /// The one-hot forward's (id, sample) keys (see `pool_one_hot`).
+    keys: Vec<u64>,
 }
 
 thread_local! {
@@ -170,6 +221,9 @@ fn pool_block(
     rows.clear();
     let values = job.kjt.values();
     for (i, slot) in job.slots.iter().enumerate() {
+        if job.in_id_order[i] {
+            continue;
+        }
         let table = &job.tables[slot.table];
         // A disk-tier table's ids are its cache's slots by now.
         let resident = table.rows();
@@ -189,6 +243,130 @@ fn pool_block(
     Ok(())
 }
 
+/// Samples per task of the features pooled in id order: a feature's
+/// whole batch, so that its rows are visited in id order over all of it,
+/// or a share of it when there are too few such features to give each
+/// thread [`ONE_HOT_TASKS_PER_THREAD`] tasks.
+fn one_hot_part(features: usize, batch: usize) -> usize {
+    let tasks = ONE_HOT_TASKS_PER_THREAD * rayon::current_num_threads();
+    batch.div_ceil(tasks.div_ceil(features.max(1))).max(1)
+}
+
+/// Forward task of a feature pooled in id order (every bag one id, as
+/// Criteo's features): its bags for `samples`, their rows visited in id
+/// order, each pooled row written to its sample's place. Where reaching a
+/// new row of a large table costs more than its bytes (its page's
+/// translation), rows in id order lie near the last one: see
+/// [`ID_ORDER_MIN_BYTES`]. Sums are the block path's bit for bit (one row
+/// times its weight; the mean of one is itself).
+fn pool_one_hot(
+    job: &ForwardJob<'_>,
+    i: usize,
+    samples: std::ops::Range<usize>,
+    scratch: &mut BlockScratch,
+) -> Result<(), SparseError> {
+    let slot = &job.slots[i];
+    let table = &job.tables[slot.table];
+    // A disk-tier table's ids are its cache's slots by now.
+    let resident = table.rows();
+    let (num_rows, stride) = (table.resident_rows() as u64, resident.stride());
+    let base = resident.as_ptr();
+    let start = job.bag(i, samples.start).0;
+    let values = &job.kjt.values()[start..start + samples.len()];
+    // (id, sample) in one word, sorted by id: is_one_hot checked that ids
+    // fit in 32 bits.
+    let keys = &mut scratch.keys;
+    keys.clear();
+    for (s, &id) in samples.clone().zip(values) {
+        if id < 0 || id as u64 >= num_rows {
+            return Err(table.id_error(&slot.name, s, id));
+        }
+        keys.push(((id as u64) << 32) | s as u64);
+    }
+    keys.sort_unstable();
+    let rows = &mut scratch.rows;
+    rows.clear();
+    // In bounds: every id was checked above.
+    rows.extend(
+        keys.iter()
+            .map(|&k| base.wrapping_add((k >> 32) as usize * stride)),
+    );
+    gather_one_hot(job, i, rows, keys, &mut scratch.sum);
+    Ok(())
+}
+
+multiversion!(fn gather_one_hot(job: &ForwardJob<'_>, i: usize, rows: &[*const u8], keys: &[u64], sum: &mut Vec<f32>) -> () = gather_one_hot_body::<true>, baseline gather_one_hot_body::<false>);
+
+/// The gather of [`pool_one_hot`], with the kernel of the feature's row
+/// format (fp16 by F16C when `F16C`, as [`gather_block_body`]).
+#[inline(always)]
+fn gather_one_hot_body<const F16C: bool>(
+    job: &ForwardJob<'_>,
+    i: usize,
+    rows: &[*const u8],
+    keys: &[u64],
+    sum: &mut Vec<f32>,
+) {
+    let table = &job.tables[job.slots[i].table];
+    let bag = Bag { f16c: F16C, sum };
+    with_format!(
+        kernel F16C,
+        table.data_type(),
+        one_hot_format(job, i, rows, keys, bag)
+    );
+}
+
+/// [`one_hot_feature`] for rows of format `F`, at the feature's dim.
+#[inline(always)]
+fn one_hot_format<F: RowFormat>(
+    job: &ForwardJob<'_>,
+    i: usize,
+    rows: &[*const u8],
+    keys: &[u64],
+    bag: Bag<'_>,
+) {
+    let dim = job.tables[job.slots[i].table].dim();
+    with_fixed_dim!(dim, one_hot_feature::<F>(job, i, rows, keys, bag));
+}
+
+/// Pools feature `i`'s one-id bags in the order of `rows` (`keys[k]`'s
+/// low 32 bits are row `k`'s sample), prefetching rows and output rows
+/// ahead as [`gather_feature`] does.
+#[inline(always)]
+fn one_hot_feature<const D: usize, F: RowFormat>(
+    job: &ForwardJob<'_>,
+    i: usize,
+    rows: &[*const u8],
+    keys: &[u64],
+    bag: Bag<'_>,
+) {
+    let (slot, table, dim, stride) = job.feature::<D, F>(i);
+    let weights = job.kjt.weights();
+    let Bag { f16c, sum } = bag;
+    sum.resize(if D > 0 { 0 } else { dim }, 0.0);
+    let sample = |k: usize| keys[k] as u32 as usize;
+    for (k, &row) in rows.iter().enumerate() {
+        // Output rows are written out of order: each is fetched ahead.
+        if D >= OUT_PREFETCH_MIN_DIM && k + OUT_PREFETCH_BAGS < rows.len() {
+            job.prefetch_output(slot.column, sample(k + OUT_PREFETCH_BAGS), dim);
+        }
+        if let Some(&ahead) = rows.get(k + PREFETCH_DISTANCE) {
+            prefetch_every(ahead, stride, job.prefetch_step);
+        }
+        let s = sample(k);
+        let w = weights.map_or(1.0, |w| w[job.bag(i, s).0]);
+        let mut acc = [0.0f32; D];
+        // SAFETY: pool_one_hot resolved `row` from a checked id of this
+        // table: a whole row of `dim` columns in format F.
+        unsafe { accumulate::<D, F>(&mut acc, sum, row, w, true) };
+        let sum: &mut [f32] = if D > 0 { &mut acc } else { sum };
+        finish_sum(table, sum, 1);
+        // SAFETY: this task alone writes this feature's columns of its
+        // samples.
+        unsafe { job.store_bag(slot.column, s, sum, f16c) };
+    }
+}
+
 multiversion!(fn gather_block(job: &ForwardJob<'_>, first: usize, samples: usize, rows: &[*const u8], sum: &mut Vec<f32>) -> () = gather_block_body::<true>, baseline gather_block_body::<false>);
 
 /// The gather of [`pool_block`]: `rows` holds the block's rows in the order
@@ -205,7 +383,7 @@ fn gather_block_body<const F16C: bool>(
     sum: &mut Vec<f32>,
 ) {
     let mut next = 0;
-    for i in 0..job.slots.len() {
+    for i in (0..job.slots.len()).filter(|&i| !job.in_id_order[i]) {
         let table = &job.tables[job.slots[i].table];
         let samples = first..first + samples;
         let bag = Bag {
@@ -256,28 +434,14 @@ fn gather_feature<const D: usize, F: RowFormat>(
     next: &mut usize,
     bag: Bag<'_>,
 ) {
-    let slot = &job.slots[i];
-    let table = &job.tables[slot.table];
-    // D > 0 is the table's dim (with_fixed_dim chose it): as a constant, the
-    // output row's length is known and its store inlined (a memcpy call per
-    // bag otherwise: measured 1.6x slower at dim 128).
-    let dim = if D > 0 { D } else { table.dim() };
-    // A constant too, for the prefetch: one register less in the loop.
-    let stride = crate::rows::fixed_stride::<F, D>(table.rows().stride());
+    let (slot, table, dim, stride) = job.feature::<D, F>(i);
     let weights = job.kjt.weights();
     let end_sample = samples.end;
-    let value_bytes = job.value_bytes;
     let Bag { f16c, sum } = bag;
     sum.resize(if D > 0 { 0 } else { dim }, 0.0);
     for s in samples {
-        // The output row a few bags ahead, fetched before it is written: a
-        // store to a line not in cache waits for it, and stalls the gather.
         if D >= OUT_PREFETCH_MIN_DIM && s + OUT_PREFETCH_BAGS < end_sample {
-            let at = (s + OUT_PREFETCH_BAGS) * job.width + slot.column;
-            // A hint only: the address is within the output, and a
-            // prefetch never faults.
-            let ahead = job.out.0.wrapping_add(at * value_bytes) as *const u8;
-            prefetch_every(ahead, dim * value_bytes, 64);
+            job.prefetch_output(slot.column, s + OUT_PREFETCH_BAGS, dim);
         }
         let (start, end) = job.bag(i, s);
         let mut acc = [0.0f32; D];
@@ -296,16 +460,69 @@ fn gather_feature<const D: usize, F: RowFormat>(
         }
         let sum: &mut [f32] = if D > 0 { &mut acc } else { sum };
         finish_sum(table, sum, end - start);
-        // SAFETY: the output holds batch x width values of out_type; this
-        // task alone writes its samples' rows.
-        unsafe {
-            let out = job.out.at((s * job.width + slot.column) * value_bytes);
-            store_pooled(sum, out, job.out_type, f16c);
-        }
+        // SAFETY: this task alone writes its samples' rows.
+        unsafe { job.store_bag(slot.column, s, sum, f16c) };
     }
 }
 
 impl ForwardJob<'_> {
+    /// Slot `i`, its table, and the dim and row stride the kernel for rows
+    /// of format `F` at dim `D` uses.
+    #[inline(always)]
+    fn feature<const D: usize, F: RowFormat>(
+        &self,
+        i: usize,
+    ) -> (&FeatureSlot, &EmbeddingTable, usize, usize) {
+        let slot = &self.slots[i];
+        let table = &self.tables[slot.table];
+        // D > 0 is the table's dim (with_fixed_dim chose it): as a constant,
+        // the output row's length is known and its store inlined (a memcpy
+        // call per bag otherwise: measured 1.6x slower at dim 128).
+        let dim = if D > 0 { D } else { table.dim() };
+        // A constant too, for the prefetch: one register less in the loop.
+        let stride = crate::rows::fixed_stride::<F, D>(table.rows().stride());
+        (slot, table, dim, stride)
+    }
+
+    /// Fetches the output row of `sample` at `column` (`dim` values) before
+    /// it is written: a store to a line not in cache waits for it, and
+    /// stalls the gather. A hint only: the address is within the output,
+    /// and a prefetch never faults.
+    #[inline(always)]
+    fn prefetch_output(&self, column: usize, sample: usize, dim: usize) {
+        let at = (sample * self.width + column) * self.value_bytes;
+        let ahead = self.out.0.wrapping_add(at) as *const u8;
+        prefetch_every(ahead, dim * self.value_bytes, 64);
+    }
+
+    /// Writes a bag's pooled `sum` as the output row of `sample` at
+    /// `column`.
+    ///
+    /// # Safety
+    /// `sample < batch` and `column + sum.len() <= width`; no other task
+    /// writes these values.
+    #[inline(always)]
+    unsafe fn store_bag(&self, column: usize, sample: usize, sum: &[f32], f16c: bool) {
+        let out = self
+            .out
+            .at((sample * self.width + column) * self.value_bytes);
+        store_pooled(sum, out, self.out_type, f16c);
+    }
+
+    /// Whether slot `i` is pooled in id order: every bag holds one id, of
+    /// a table whose rows (those it addresses: a disk tier's cache) take
+    /// at least `min_bytes`, with ids of 32 bits (the keys of
+    /// [`pool_one_hot`]).
+    fn pools_in_id_order(&self, i: usize, batch: usize, min_bytes: usize) -> bool {
+        let at = self.keys[i] * self.kjt.stride();
+        let table = &self.tables[self.slots[i].table];
+        table.rows().bytes().len() >= min_bytes
+            && table.resident_rows() <= u32::MAX as usize
+            && self.kjt.offsets()[at..=at + batch]
+                .windows(2)
+                .all(|w| w[1] - w[0] == 1)
+    }
+
     /// The value range of slot `i`'s bag for sample `sample`.
     #[inline(always)]
     fn bag(&self, i: usize, sample: usize) -> (usize, usize) {
@@ -381,5 +598,85 @@ unsafe fn store_pooled(sum: &[f32], out: *mut u8, out_type: DataType, f16c: bool
         DataType::Bf16 => narrow_to_bf16(sum, out as *mut u16),
         // Fp32: PooledValue admits no other type.
         _ => std::ptr::copy_nonoverlapping(sum.as_ptr(), out as *mut f32, sum.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use crate::rng::Rng;
+    use crate::{
+        bf16, f16, DataType, EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor,
+        KeyedTensor, PooledValue, PoolingType, TableOptimizer,
+    };
+
+    /// Forward into a `T` output, every one-hot feature pooled in id order
+    /// (`true`) or every feature by blocks.
+    fn pooled<T: PooledValue>(
+        ebc: &EmbeddingBagCollection,
+        kjt: &KeyedJaggedTensor,
+        in_id_order: bool,
+    ) -> Result<Vec<u32>, crate::SparseError>
+    where
+        f32: From<T>,
+    {
+        let mut out: KeyedTensor<T> = ebc.new_output_of(0);
+        let min_bytes = if in_id_order { 0 } else { usize::MAX };
+        ebc.forward_ordered(kjt, &mut out, min_bytes)?;
+        // Widened exactly, so equal bits mean equal values of T.
+        Ok(out
+            .values()
+            .iter()
+            .map(|&v| f32::from(v).to_bits())
+            .collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Pooled in id order, every type of row and output, any dim, sum
+        /// or mean, weighted or not, one-hot features beside multi-hot
+        /// ones: the same bits as pooled by blocks, and a bad id names the
+        /// same sample.
+        #[test]
+        fn id_order_pools_as_the_blocks(
+            tables in prop::collection::vec(
+                (prop_oneof![1usize..9, 300usize..900], prop_oneof![1usize..40, Just(16), Just(64), Just(128)], 0usize..7, any::<bool>(), any::<bool>()),
+                1..7,
+            ),
+            batch in prop_oneof![1usize..6, 60usize..300],
+            weighted in any::<bool>(),
+            seed in any::<u64>(),
+            bad in any::<bool>(),
+        ) {
+            let mut rng = Rng::new(seed);
+            let (mut configs, mut keys, mut lengths, mut values) = (vec![], vec![], vec![], vec![]);
+            for (t, &(rows, dim, dtype, mean, one_hot)) in tables.iter().enumerate() {
+                let pooling = if mean { PoolingType::Mean } else { PoolingType::Sum };
+                let key = format!("f{t}");
+                configs.push(
+                    EmbeddingBagConfig::new(&format!("t{t}"), rows, dim, &[&key])
+                        .with_pooling(pooling)
+                        .with_data_type(DataType::ALL[dtype]),
+                );
+                keys.push(key);
+                for _ in 0..batch {
+                    let len = if one_hot { 1 } else { rng.below(4) as i64 };
+                    lengths.push(len);
+                    values.extend((0..len).map(|_| rng.below(rows as u64) as i64));
+                }
+            }
+            if bad && !values.is_empty() {
+                let at = rng.below(values.len() as u64) as usize;
+                values[at] = 1 << 20;
+            }
+            let weights = weighted.then(|| values.iter().map(|_| rng.next_f32() * 2.0 - 0.5).collect());
+            let kjt = KeyedJaggedTensor::from_lengths(keys, values, &lengths, weights).unwrap();
+            let ebc = EmbeddingBagCollection::new(configs, TableOptimizer::None, seed).unwrap();
+            prop_assert_eq!(pooled::<f32>(&ebc, &kjt, true), pooled::<f32>(&ebc, &kjt, false));
+            prop_assert_eq!(pooled::<f16>(&ebc, &kjt, true), pooled::<f16>(&ebc, &kjt, false));
+            prop_assert_eq!(pooled::<bf16>(&ebc, &kjt, true), pooled::<bf16>(&ebc, &kjt, false));
+        }
     }
 }

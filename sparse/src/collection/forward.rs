@@ -345,6 +345,8 @@ fn one_hot_feature<const D: usize, F: RowFormat>(
     let Bag { f16c, sum } = bag;
     sum.resize(if D > 0 { 0 } else { dim }, 0.0);
     let sample = |k: usize| keys[k] as u32 as usize;
+    // Every bag holds one id: sample s's is value `first + s`.
+    let first = job.bag(i, 0).0;
     for (k, &row) in rows.iter().enumerate() {
         // Output rows are written out of order: each is fetched ahead.
         if D >= OUT_PREFETCH_MIN_DIM && k + OUT_PREFETCH_BAGS < rows.len() {
@@ -354,7 +356,7 @@ fn one_hot_feature<const D: usize, F: RowFormat>(
             prefetch_every(ahead, stride, job.prefetch_step);
         }
         let s = sample(k);
-        let w = weights.map_or(1.0, |w| w[job.bag(i, s).0]);
+        let w = weights.map_or(1.0, |w| w[first + s]);
         let mut acc = [0.0f32; D];
         // SAFETY: pool_one_hot resolved `row` from a checked id of this
         // table: a whole row of `dim` columns in format F.

@@ -44,15 +44,7 @@ pub fn initial_rows(
     let dim = config.embedding_dim;
     let lc = cols.len();
     if out.is_on_disk() {
-        let dtype = out.data_type();
-        let maker: Box<MakeRow> = Box::new(move |l, bytes| {
-            DRAWN.with_borrow_mut(|values| {
-                values.resize(dim, 0.0);
-                draw_row(range, [seed, index, global(l as usize) as u64], values);
-                encode(dtype, &values[cols.clone()], bytes);
-            })
-        });
-        out.set_row_maker(maker);
+        out.set_row_maker(seeded_maker(config, [seed, index], global, cols));
         return;
     }
     let locals = out.num_embeddings();
@@ -123,6 +115,25 @@ impl EmbeddingTable {
         }));
         true
     }
+}
+
+/// The maker of a disk-tier table whose row `l` is columns `cols` of
+/// global row `global(l)` of the table `config` at `index`, drawn from
+/// `seed` (a whole table: `global` the identity, every column).
+fn seeded_maker(
+    config: &EmbeddingBagConfig,
+    [seed, index]: [u64; 2],
+    global: impl Fn(usize) -> usize + Send + Sync + 'static,
+    cols: std::ops::Range<usize>,
+) -> Box<MakeRow> {
+    let (range, dim, dtype) = (config.init_range(), config.embedding_dim, config.data_type);
+    Box::new(move |l, bytes| {
+        DRAWN.with_borrow_mut(|values| {
+            values.resize(dim, 0.0);
+            draw_row(range, [seed, index, global(l as usize) as u64], values);
+            encode(dtype, &values[cols.clone()], bytes);
+        })
+    })
 }
 
 /// The initial values of one row (`seed`, table index, row): the one draw
@@ -201,22 +212,13 @@ fn new_disk_table(
     index: u64,
     tier: &DiskTierConfig,
 ) -> Result<EmbeddingTable, SparseError> {
-    let (lo, hi) = config.init_range();
     let (dim, dtype) = (config.embedding_dim, config.data_type);
     // validate() checked that a row's size fits.
     let stride = dtype.row_bytes(dim).unwrap_or(usize::MAX);
     let state_bytes = 4 * optimizer.state_floats_per_row(dim);
     // A row is made (drawn and encoded) when first looked up, not written
     // to the file first; zeroed tables are filled by their caller.
-    let make = seed.map(|seed| -> Box<MakeRow> {
-        Box::new(move |row, out| {
-            DRAWN.with_borrow_mut(|values| {
-                values.resize(dim, 0.0);
-                draw_row((lo, hi), [seed, index, row], values);
-                encode(dtype, values, out);
-            })
-        })
-    });
+    let make = seed.map(|seed| seeded_maker(&config, [seed, index], |row| row, 0..dim));
     let (disk, slots) = DiskTier::create(
         tier,
         &config.name,

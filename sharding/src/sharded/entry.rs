@@ -30,6 +30,7 @@ impl ShardedEmbeddingBagCollection {
         let exec = Exec::Threads(InProcess::group(n));
         let mut sharded = Self::build(configs, optimizer, ebc.step(), ebc, plan, exec)?;
         sharded.set_rounding_seed(ebc.rounding_seed());
+        sharded.makers = ebc.tables().iter().map(|t| t.row_maker()).collect();
         Ok(sharded)
     }
 

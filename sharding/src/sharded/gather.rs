@@ -52,11 +52,20 @@ impl ShardedEmbeddingBagCollection {
         };
         match &self.exec {
             Exec::Threads(_) => {
+                // A disk-tier table makes the rows its shards still hold
+                // initial, as the table they were sharded from made them.
+                let made: Vec<bool> = (ebc.tables_mut().iter_mut().enumerate())
+                    .map(|(t, global)| {
+                        let dim = global.dim();
+                        (self.makers.get(t).cloned().flatten())
+                            .is_some_and(|m| global.make_rows_as(&m, |g| g, 0..dim))
+                    })
+                    .collect();
                 for &(t, k, shard) in &wanted {
                     let l = local(t, k, shard.device);
                     let global = &mut ebc.tables_mut()[t];
-                    let (rows, cols) = (shard.rows, shard.column_range());
-                    copy_rows_back(ShardRows::Table(l), global, rows, cols, &self.optimizer)?;
+                    let span = (shard.rows, shard.column_range());
+                    copy_rows_back(ShardRows::Table(l), global, span, &self.optimizer, made[t])?;
                 }
             }
             Exec::Rank(comm) => {
@@ -98,8 +107,8 @@ impl ShardedEmbeddingBagCollection {
                         state: &state,
                     };
                     let global = &mut ebc.tables_mut()[t];
-                    let cols = shard.column_range();
-                    copy_rows_back(local, global, shard.rows, cols, &self.optimizer)?;
+                    let span = (shard.rows, shard.column_range());
+                    copy_rows_back(local, global, span, &self.optimizer, false)?;
                 }
             }
         }

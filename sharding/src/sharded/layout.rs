@@ -252,6 +252,7 @@ impl ShardedEmbeddingBagCollection {
             last_forward: None,
             owners: Vec::new(),
             tiers,
+            makers: Vec::new(),
             step,
             rounding_seed: 0,
             stats: ShardingStats {

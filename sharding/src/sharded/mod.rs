@@ -94,6 +94,10 @@ pub struct ShardedEmbeddingBagCollection {
     /// Each table's disk tier (its shards'; `None`: in RAM), alike on
     /// every rank.
     tiers: Vec<Option<ember_sparse::DiskTierConfig>>,
+    /// How each disk-tier table made the rows it held no record of when
+    /// it was sharded (as its shards make theirs still initial), to gather
+    /// them back without copying those rows; empty when not known.
+    makers: Vec<Option<ember_sparse::RowMaker>>,
 }
 
 enum Exec {

@@ -152,12 +152,11 @@ fn copy_rows(
     let shard = ShardSpan::new(global, rows, cols.clone(), opt);
     // Rows still initial in a disk-tier table are made in the shard too,
     // on first lookup, rather than made and copied now.
-    let made = local.make_rows_as(global, move |l| rows.global(l), cols);
+    let made =
+        (global.row_maker()).is_some_and(|m| local.make_rows_as(&m, move |l| rows.global(l), cols));
+    let copied = |l: usize| !made || !global.row_is_initial(rows.global(l));
     let mut buffers = Buffers::default();
-    for (first, n, g0) in shard.pieces(local.num_embeddings()) {
-        if made && (0..n).all(|r| global.row_is_initial(g0 + r * shard.step)) {
-            continue;
-        }
+    for (first, n, g0) in shard.runs(local.num_embeddings(), &copied) {
         buffers.read_global(global, g0, shard.span(n))?;
         shard.to_local(&mut buffers, n);
         local.write_stored_rows(first, &buffers.lrows, &buffers.lstate)?;
@@ -175,20 +174,26 @@ pub(super) enum ShardRows<'a> {
 /// Copies a shard's rows and state back into the global table the same
 /// way: each piece over the span of global rows it falls in (read, its
 /// rows and columns set, written back), neither table ever whole in memory.
+/// With `made` (the global table makes its rows as the shard's were
+/// made), the rows still initial in the shard are left out.
 pub(super) fn copy_rows_back(
     local: ShardRows<'_>,
     global: &mut EmbeddingTable,
-    rows: RowSplit,
-    cols: Range<usize>,
+    (rows, cols): (RowSplit, Range<usize>),
     opt: &TableOptimizer,
+    made: bool,
 ) -> Result<(), ShardingError> {
     let shard = ShardSpan::new(global, rows, cols, opt);
     let local_rows = match &local {
         ShardRows::Table(t) => t.num_embeddings(),
         ShardRows::Bytes { rows, .. } => rows.len() / shard.lstride.max(1),
     };
+    let copied = |l: usize| match &local {
+        ShardRows::Table(t) => !made || !t.row_is_initial(l),
+        ShardRows::Bytes { .. } => true,
+    };
     let mut buffers = Buffers::default();
-    for (first, n, g0) in shard.pieces(local_rows) {
+    for (first, n, g0) in shard.runs(local_rows, &copied) {
         match &local {
             ShardRows::Table(t) => {
                 buffers.lrows.resize(n * shard.lstride, 0);
@@ -265,14 +270,28 @@ impl ShardSpan {
     }
 
     /// `(first local row, rows, first global row)` of each piece of a
-    /// shard of `local_rows` rows.
-    fn pieces(&self, local_rows: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        (0..local_rows).step_by(self.piece).map(move |first| {
-            (
-                first,
-                self.piece.min(local_rows - first),
-                self.rows.global(first),
-            )
+    /// shard of `local_rows` rows, over the rows `copied` keeps: a piece
+    /// is cut where it leaves rows out.
+    fn runs<'a>(
+        &'a self,
+        local_rows: usize,
+        copied: &'a dyn Fn(usize) -> bool,
+    ) -> impl Iterator<Item = (usize, usize, usize)> + 'a {
+        (0..local_rows).step_by(self.piece).flat_map(move |first| {
+            let end = self.piece.min(local_rows - first) + first;
+            let mut runs = Vec::new();
+            let mut l = first;
+            while l < end {
+                let start = l;
+                while l < end && copied(l) {
+                    l += 1;
+                }
+                if l > start {
+                    runs.push((start, l - start, self.rows.global(start)));
+                }
+                l += 1;
+            }
+            runs
         })
     }
 

@@ -2,6 +2,8 @@
 //! RAM, a shard (`initial_rows`) and a disk-tier table that makes a row when
 //! it is first looked up all hold the same bits.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use super::backward::BackwardScratch;
@@ -82,30 +84,40 @@ impl EmbeddingTable {
         self.store.tier().is_some_and(|t| t.is_made(id as u64))
     }
 
-    /// Makes this disk-tier table's rows not stored the way `source` (a
-    /// disk-tier table whose rows are made, see [`row_is_initial`](Self::row_is_initial))
-    /// makes its own: local row `l` as columns `cols` of `source`'s row
-    /// `global(l)`. A shard copied from such a table then needs no copy of
-    /// the rows still initial there. Returns whether it was set: both
-    /// tables on the disk tier, of the same type, `source` making its rows,
-    /// and `cols` columns this type splits.
+    /// How this disk-tier table makes the rows it holds no record of
+    /// (`None`: in RAM, or every row stored), to build others alike with
+    /// [`make_rows_as`](Self::make_rows_as).
+    pub fn row_maker(&self) -> Option<RowMaker> {
+        Some(RowMaker {
+            make: self.store.tier()?.maker()?,
+            data_type: self.data_type(),
+            dim: self.dim(),
+            row_bytes: self.bytes_per_row(),
+        })
+    }
+
+    /// Makes this disk-tier table's rows not stored the way `source` (the
+    /// [`row_maker`](Self::row_maker) of another table) makes its own:
+    /// local row `l` as columns `cols` of `source`'s row `global(l)`. A
+    /// shard copied from such a table, or a table gathered from such
+    /// shards, then needs no copy of the rows still initial (see
+    /// [`row_is_initial`](Self::row_is_initial)). For a table not looked
+    /// up yet. Returns whether it was set: this table on the disk tier, of
+    /// `source`'s type, and `cols` columns this type splits.
     pub fn make_rows_as(
         &mut self,
-        source: &EmbeddingTable,
+        source: &RowMaker,
         global: impl Fn(usize) -> usize + Send + Sync + 'static,
         cols: std::ops::Range<usize>,
     ) -> bool {
-        let dtype = source.data_type();
-        let (Some(make), Some(bytes)) = (
-            source.store.tier().and_then(|t| t.maker()),
-            dtype.column_range(source.dim(), cols),
-        ) else {
+        let dtype = source.data_type;
+        let Some(bytes) = dtype.column_range(source.dim, cols) else {
             return false;
         };
         if !self.is_on_disk() || self.data_type() != dtype || self.bytes_per_row() != bytes.len() {
             return false;
         }
-        let whole = source.bytes_per_row();
+        let (make, whole) = (Arc::clone(&source.make), source.row_bytes);
         self.set_row_maker(Box::new(move |l, out| {
             WHOLE_ROW.with_borrow_mut(|row| {
                 row.resize(whole, 0);
@@ -114,6 +126,27 @@ impl EmbeddingTable {
             })
         }));
         true
+    }
+}
+
+/// How a disk-tier table makes a row it holds no record of (from its
+/// seed, as a new table's), shared by the tables made alike from it: its
+/// shards, and the table they are gathered back into.
+#[derive(Clone)]
+pub struct RowMaker {
+    make: Arc<MakeRow>,
+    data_type: crate::DataType,
+    dim: usize,
+    /// Bytes of a whole row of the table it makes.
+    row_bytes: usize,
+}
+
+impl std::fmt::Debug for RowMaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (f.debug_struct("RowMaker"))
+            .field("data_type", &self.data_type)
+            .field("dim", &self.dim)
+            .finish_non_exhaustive()
     }
 }
 

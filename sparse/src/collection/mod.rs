@@ -30,8 +30,8 @@ mod staging;
 mod store;
 
 use backward::BackwardScratch;
-pub use init::initial_rows;
 use init::new_table;
+pub use init::{initial_rows, RowMaker};
 use store::TableStore;
 
 /// One table: its storage (its rows, in its data type, and their

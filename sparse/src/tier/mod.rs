@@ -370,11 +370,11 @@ impl RowBits {
 }
 
 /// A table's [`MakeRow`] (shared with the shards made from the table).
-struct RowMaker(Arc<MakeRow>);
+struct Maker(Arc<MakeRow>);
 
-impl std::fmt::Debug for RowMaker {
+impl std::fmt::Debug for Maker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RowMaker")
+        f.write_str("Maker")
     }
 }
 
@@ -397,7 +397,7 @@ pub(crate) struct DiskTier {
     cached_once: RowBits,
     /// Makes the rows whose record is not in the file (none for a table
     /// its caller fills: every record is then stored).
-    make: Option<RowMaker>,
+    make: Option<Maker>,
     /// Bytes of a row in the file's records (the state follows).
     row_bytes: usize,
     /// Bytes of a row and its state.
@@ -538,7 +538,7 @@ impl DiskTier {
             }),
             bypass: Bypass::new(set_slots, bypass),
             cached_once: RowBits::new(rows),
-            make: make.map(|m| RowMaker(m.into())),
+            make: make.map(|m| Maker(m.into())),
             row_bytes,
             record: row_bytes + state_bytes,
             cache_rows: config.cache_rows,
@@ -552,7 +552,7 @@ impl DiskTier {
     /// whose cache holds no row yet (one made earlier would disagree).
     pub(crate) fn set_maker(&mut self, make: Box<MakeRow>) {
         debug_assert!(self.stats.lookups == 0 && self.stats.misses == 0);
-        self.make = Some(RowMaker(make.into()));
+        self.make = Some(Maker(make.into()));
     }
 
     /// The maker of the rows not stored, if the tier has one.

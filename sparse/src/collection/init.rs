@@ -84,9 +84,9 @@ impl EmbeddingTable {
         self.store.tier().is_some_and(|t| t.is_made(id as u64))
     }
 
-    /// How this disk-tier table makes the rows it holds no record of
-    /// (`None`: in RAM, or every row stored), to build others alike with
-    /// [`make_rows_as`](Self::make_rows_as).
+    /// How this disk-tier table makes the rows it holds no record of, to
+    /// build others alike with [`make_rows_as`](Self::make_rows_as)
+    /// (`None`: in RAM, or built to be filled, such rows reading as zeros).
     pub fn row_maker(&self) -> Option<RowMaker> {
         Some(RowMaker {
             make: self.store.tier()?.maker()?,

@@ -591,3 +591,46 @@ fn a_batch_refused_by_one_table_loses_no_row_of_another() {
     }
     assert_eq!(all_rows(&ram), all_rows(&disk));
 }
+
+#[test]
+fn tables_made_from_one_another_make_the_same_rows() {
+    // A whole table's rows, a shard of its odd rows' last 4 columns, a
+    // shard of that shard, and a table made alike: each made row is the
+    // whole table's, through every maker in between.
+    let dir = tempfile::tempdir().unwrap();
+    let tier = DiskTierConfig {
+        dir: dir.path().to_path_buf(),
+        cache_rows: 64,
+        policy: CachePolicy::Lru,
+    };
+    let table = |rows: usize, dim: usize, seed: Option<u64>| {
+        let configs = vec![EmbeddingBagConfig::new("t", rows, dim, &["f"])];
+        let (opt, tiers) = (TableOptimizer::sgd(0.1), vec![Some(tier.clone())]);
+        match seed {
+            Some(seed) => EmbeddingBagCollection::with_disk_tiers(configs, opt, seed, tiers),
+            None => EmbeddingBagCollection::zeroed_with_disk_tiers(configs, opt, tiers),
+        }
+        .unwrap()
+    };
+    let whole = table(100, 8, Some(3));
+    let whole = &whole.tables()[0];
+    let (mut odd, mut half, mut alike) =
+        (table(50, 4, None), table(25, 2, None), table(100, 8, None));
+    let odd = &mut odd.tables_mut()[0];
+    assert!(odd.make_rows_as(&whole.row_maker().unwrap(), |l| 2 * l + 1, 4..8));
+    let half = &mut half.tables_mut()[0];
+    assert!(half.make_rows_as(&odd.row_maker().unwrap(), |l| 2 * l, 2..4));
+    let alike = &mut alike.tables_mut()[0];
+    assert!(alike.make_rows_like(&whole.row_maker().unwrap()));
+    assert!(
+        !alike.make_rows_like(&odd.row_maker().unwrap()),
+        "another shape"
+    );
+    let (all, made) = (stored(whole, 7).0, stored(half, 7).0);
+    for l in 0..25 {
+        // Row 4l + 1 of the whole table, its columns 6 and 7 (fp32).
+        let at = (4 * l + 1) * 32 + 6 * 4;
+        assert_eq!(made[l * 8..(l + 1) * 8], all[at..at + 8], "row {l}");
+    }
+    assert_eq!(stored(alike, 7), stored(whole, 7));
+}

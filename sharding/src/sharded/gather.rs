@@ -56,9 +56,8 @@ impl ShardedEmbeddingBagCollection {
                 // initial, as the table they were sharded from made them.
                 let made: Vec<bool> = (ebc.tables_mut().iter_mut().enumerate())
                     .map(|(t, global)| {
-                        let dim = global.dim();
-                        (self.makers.get(t).cloned().flatten())
-                            .is_some_and(|m| global.make_rows_as(&m, |g| g, 0..dim))
+                        let maker = self.makers.get(t).and_then(Option::as_ref);
+                        maker.is_some_and(|m| global.make_rows_like(m))
                     })
                     .collect();
                 for &(t, k, shard) in &wanted {

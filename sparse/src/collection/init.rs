@@ -46,7 +46,7 @@ pub fn initial_rows(
     let dim = config.embedding_dim;
     let lc = cols.len();
     if out.is_on_disk() {
-        out.set_row_maker(seeded_maker(config, [seed, index], global, cols));
+        out.set_row_maker(seeded_maker(config, [seed, index], global, cols).into());
         return;
     }
     let locals = out.num_embeddings();
@@ -118,14 +118,34 @@ impl EmbeddingTable {
             return false;
         }
         let (make, whole) = (Arc::clone(&source.make), source.row_bytes);
-        self.set_row_maker(Box::new(move |l, out| {
-            WHOLE_ROW.with_borrow_mut(|row| {
+        self.set_row_maker(Arc::new(move |l, out| {
+            let mut made = |row: &mut Vec<u8>| {
                 row.resize(whole, 0);
                 make(global(l as usize) as u64, row);
                 out.copy_from_slice(&row[bytes.clone()]);
+            };
+            // `make` may be a shard's maker too, holding the buffer: then
+            // this one takes a row of its own.
+            WHOLE_ROW.with(|row| match row.try_borrow_mut() {
+                Ok(mut row) => made(&mut row),
+                Err(_) => made(&mut Vec::new()),
             })
         }));
         true
+    }
+
+    /// Makes this disk-tier table's rows not stored exactly as `source`
+    /// makes its table's, sharing it (a table of the same rows and type,
+    /// not looked up yet: the one gathered from the shards `source`'s
+    /// table was split into). Returns whether it was set.
+    pub fn make_rows_like(&mut self, source: &RowMaker) -> bool {
+        let alike = self.is_on_disk()
+            && (self.data_type(), self.dim(), self.bytes_per_row())
+                == (source.data_type, source.dim, source.row_bytes);
+        if alike {
+            self.set_row_maker(Arc::clone(&source.make));
+        }
+        alike
     }
 }
 

@@ -275,7 +275,7 @@ impl EmbeddingTable {
     /// Makes a disk-tier table's rows not stored in its file with `make`
     /// (as a new table's are from its seed), for a table built empty and
     /// not looked up yet (nothing for a table in RAM).
-    pub(crate) fn set_row_maker(&mut self, make: Box<crate::tier::MakeRow>) {
+    pub(crate) fn set_row_maker(&mut self, make: std::sync::Arc<crate::tier::MakeRow>) {
         if let (_, _, Some(tier)) = self.store.parts_mut() {
             tier.set_maker(make);
         }

@@ -550,9 +550,9 @@ impl DiskTier {
 
     /// Makes the rows not stored with `make` from now on: for a tier
     /// whose cache holds no row yet (one made earlier would disagree).
-    pub(crate) fn set_maker(&mut self, make: Box<MakeRow>) {
+    pub(crate) fn set_maker(&mut self, make: Arc<MakeRow>) {
         debug_assert!(self.stats.lookups == 0 && self.stats.misses == 0);
-        self.make = Some(Maker(make.into()));
+        self.make = Some(Maker(make));
     }
 
     /// The maker of the rows not stored, if the tier has one.

@@ -114,6 +114,29 @@ fn sync_dir(path: &Path) -> Result<(), DataError> {
         .map_err(DataError::io(dir))
 }
 
+/// Whether `a` and `b` name one file: both resolved (links followed, `..`
+/// and `.` gone; a file not yet written by its directory's resolved path),
+/// so an output is never written over an input through another spelling.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (resolved(a), resolved(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The canonical path `path` names (its directory's canonical path and its
+/// name, for a file not written yet); `None` when its directory is missing.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return Some(p);
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
+}
+
 /// Writes `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
     let mut out = AtomicFile::create(path)?;

@@ -286,6 +286,8 @@ pub struct DecodeSpec {
     spec: DatasetSpec,
     /// The rows of each sparse column's table, in column order.
     rows: Vec<u64>,
+    /// Whether the label column is read (else every label is NaN).
+    labels: bool,
 }
 
 /// The ids of one sparse column over a chunk's rows.
@@ -387,7 +389,17 @@ impl DecodeSpec {
                     .expect("validated: every feature has a table")
             })
             .collect();
-        Ok(Self { spec, rows })
+        Ok(Self {
+            spec,
+            rows,
+            labels: true,
+        })
+    }
+
+    /// The same spec, reading the label column or not (`false`: the data
+    /// may have none, and every label is NaN: for prediction).
+    pub fn with_labels(self, labels: bool) -> Self {
+        Self { labels, ..self }
     }
 
     /// The spec it decodes.
@@ -411,7 +423,16 @@ impl DecodeSpec {
                     ))
                 }
             };
-            expect(&s.label, &is_label_type, LABEL_TYPES)?;
+            if self.labels {
+                if f.column_type(&s.label).is_err() {
+                    return Err(DataError::column(
+                        &f.path,
+                        &s.label,
+                        "missing from the file: the label column is needed to train or evaluate (`ember predict` reads data without labels)".into(),
+                    ));
+                }
+                expect(&s.label, &is_label_type, LABEL_TYPES)?;
+            }
             for c in &s.dense {
                 expect(&c.column, &is_dense_type, DENSE_TYPES)?;
             }
@@ -439,7 +460,8 @@ impl DecodeSpec {
         let file = File::open(&f.path).map_err(DataError::io(&f.path))?;
         let schema = f.metadata.schema();
         let s = &self.spec;
-        let roots = std::iter::once(&s.label)
+        let label = Some(&s.label).filter(|_| self.labels);
+        let roots = (label.into_iter())
             .chain(s.dense.iter().map(|c| &c.column))
             .chain(s.sparse.iter().map(|c| &c.column))
             .chain(s.sparse.iter().filter_map(|c| c.weights.as_ref()))
@@ -496,10 +518,14 @@ impl DecodeSpec {
             )
         };
         let n = batch.num_rows();
-        let labels = column(&s.label)?;
-        // Criteo's int8 label, the common case, without the generic path.
-        if let Some(l) = labels
-            .as_primitive_opt::<Int8Type>()
+        let labels = match self.labels {
+            true => Some(column(&s.label)?),
+            false => None,
+        };
+        if labels.is_none() {
+            chunk.labels.resize(chunk.labels.len() + n, f32::NAN);
+        } else if let Some(l) = (labels.and_then(|l| l.as_primitive_opt::<Int8Type>()))
+            // Criteo's int8 label, the common case, without the generic path.
             .filter(|l| l.null_count() == 0)
         {
             if let Some(r) = l.values().iter().position(|&y| y != 0 && y != 1) {
@@ -514,7 +540,7 @@ impl DecodeSpec {
                 ));
             }
             chunk.labels.extend(l.values().iter().map(|&y| y as f32));
-        } else {
+        } else if let Some(labels) = labels {
             let values =
                 numeric_f32(labels.as_ref()).ok_or_else(|| wrong(&s.label, labels, LABEL_TYPES))?;
             for (r, y) in values.into_iter().enumerate() {
@@ -565,6 +591,15 @@ impl DecodeSpec {
                         .filter(|_| is_dense_type(col.data_type()))
                         .ok_or_else(|| wrong(&c.column, col, DENSE_TYPES))?;
                     for (r, x) in values.into_iter().enumerate() {
+                        // One rule for every transform: a NaN or infinite
+                        // input is an error (log1p would read NaN as 0).
+                        if let Some(x) = x.filter(|x| !x.is_finite()) {
+                            return Err(DataError::column(
+                                path,
+                                &c.column,
+                                format!("row {} of the row group is {x}: dense values must be finite (a missing value is a null)", first + r),
+                            ));
+                        }
                         let y = transform.apply_f32(x);
                         if !y.is_finite() {
                             return Err(DataError::column(

@@ -55,6 +55,14 @@ pub struct LoaderConfig {
     /// Decoded row groups queued ahead, per thread, and finished batches
     /// queued ahead of the consumer.
     pub prefetch: usize,
+    /// Read the label column (true by default). Without it (prediction on
+    /// unlabelled data), the column need not exist and every label is NaN.
+    #[serde(default = "labelled")]
+    pub labels: bool,
+}
+
+fn labelled() -> bool {
+    true
 }
 
 /// The most row groups or batches a queue holds ahead: deeper queues only
@@ -77,6 +85,7 @@ impl LoaderConfig {
             world_size: 1,
             threads: 1,
             prefetch: 2,
+            labels: true,
         }
     }
 
@@ -231,7 +240,7 @@ impl Loader {
                 )));
             }
         }
-        let spec = DecodeSpec::new(config.spec.clone())?;
+        let spec = DecodeSpec::new(config.spec.clone())?.with_labels(config.labels);
         spec.check(&dataset)?;
         Ok(Self {
             dataset: Arc::new(dataset),

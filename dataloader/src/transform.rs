@@ -97,7 +97,7 @@ impl IdTransform {
 /// Parses the names above (`log1p`, `log-plus3`, `identity`; `modulo`, `hash`), as the
 /// command line takes them.
 macro_rules! named {
-    ($t:ty, $($name:literal => $v:expr),+) => {
+    ($t:ty, $($name:literal => $v:path),+) => {
         impl std::str::FromStr for $t {
             type Err = String;
             fn from_str(s: &str) -> Result<Self, String> {
@@ -105,6 +105,15 @@ macro_rules! named {
                     $($name => Ok($v),)+
                     _ => Err(format!("'{s}' is not one of: {}", [$($name),+].join(", "))),
                 }
+            }
+        }
+
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let name = match *self {
+                    $($v => $name,)+
+                };
+                f.write_str(name)
             }
         }
     };

@@ -55,6 +55,19 @@ pub enum ModelError {
         /// The offending value (NaN, `inf` or `-inf`).
         value: f32,
     },
+    /// The model's outputs (logits) held NaN or infinities: the model
+    /// diverged, or was fed inputs it never saw.
+    #[error("{count} of {rows} model outputs are not finite (the first, row {first_row} of the data, is {value}): the model diverged")]
+    NonFiniteOutputs {
+        /// How many outputs were not finite.
+        count: u64,
+        /// Outputs in all.
+        rows: u64,
+        /// The row (0-based, in data order) of the first.
+        first_row: u64,
+        /// Its value.
+        value: f32,
+    },
     /// Sharding failed: an invalid topology or plan, tables that do not fit
     /// the devices, or an exchange between devices or ranks that failed.
     #[error(transparent)]

@@ -49,7 +49,7 @@ pub use memory::{available_memory, MemoryEstimate, RunShape};
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
 pub use model::{DataParallel, InputDist, Model, Routed};
 pub use sparse_arch::SparseArch;
-pub use train::{evaluate, evaluate_data, Evaluation};
+pub use train::{evaluate, evaluate_data, Evaluation, OutputCheck};
 pub use trainer::{
     InMemory, SyntheticBatches, TrainData, TrainError, TrainEvent, TrainSummary, Trainer,
     TrainerConfig,

@@ -108,6 +108,11 @@ pub trait Model {
     /// training position it held. A resumed run is then bitwise the run that
     /// never stopped.
     fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError>;
+
+    /// Hears the dataset spec of the data the [`Trainer`](crate::Trainer)
+    /// feeds it, for its checkpoints to carry (so that evaluation reads
+    /// inputs as training did). Models that record none ignore it.
+    fn record_dataset_spec(&mut self, _spec: &ember_dataloader::DatasetSpec) {}
 }
 
 /// What a model's [`InputDist`] made of a batch, for its

@@ -45,6 +45,51 @@ pub struct Evaluation {
     acc: MetricsAccumulator,
     logits: Vec<f32>,
     labels: Vec<f32>,
+    outputs: OutputCheck,
+}
+
+/// Counts a model's outputs that are not finite (a diverged model's), in
+/// the order they come: a prediction or an evaluation with any is an
+/// error, never a NaN metric or file.
+///
+/// ```
+/// let mut check = ember_models::OutputCheck::default();
+/// check.push(&[0.5, -1.0]);
+/// check.push(&[2.0, f32::NAN, f32::INFINITY]);
+/// let error = check.finish().unwrap_err().to_string();
+/// assert!(error.contains("2 of 5") && error.contains("row 3"), "{error}");
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct OutputCheck {
+    rows: u64,
+    bad: u64,
+    first: Option<(u64, f32)>,
+}
+
+impl OutputCheck {
+    /// Checks the next outputs, one per row.
+    pub fn push(&mut self, outputs: &[f32]) {
+        for (i, &y) in outputs.iter().enumerate() {
+            if !y.is_finite() {
+                self.bad += 1;
+                self.first.get_or_insert((self.rows + i as u64, y));
+            }
+        }
+        self.rows += outputs.len() as u64;
+    }
+
+    /// An error when any output was not finite.
+    pub fn finish(&self) -> Result<(), ModelError> {
+        match self.first {
+            Some((row, value)) => Err(ModelError::NonFiniteOutputs {
+                count: self.bad,
+                rows: self.rows,
+                first_row: row,
+                value,
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Evaluation {
@@ -61,6 +106,7 @@ impl Evaluation {
             self.logits.extend_from_slice(logits);
             self.labels.extend_from_slice(&batch.labels);
         } else {
+            self.outputs.push(logits);
             self.acc.push(logits, &batch.labels);
         }
         Ok(())
@@ -78,9 +124,11 @@ impl Evaluation {
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .collect();
                 let (l, y) = values.split_at(values.len() / 2);
+                self.outputs.push(l);
                 self.acc.push(l, y);
             }
         }
+        self.outputs.finish()?;
         let metrics = self.acc.finish();
         if metrics.count == 0 {
             // AUC and log loss of nothing are NaN: an error, not a result.

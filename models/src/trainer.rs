@@ -38,6 +38,21 @@ pub trait TrainData: Sync {
     fn fingerprint(&self) -> u64 {
         0
     }
+
+    /// How the batches are made, as a fresh run's [`TrainState`] records
+    /// it (global batch size, shuffling seed, last batch dropped, the
+    /// transforms, fingerprint, ranks): the checkpoints of a run on this
+    /// data carry it, and a resume on data made otherwise is refused.
+    /// `TrainState::default()`: not known.
+    fn start_state(&self) -> TrainState {
+        TrainState::default()
+    }
+
+    /// The dataset spec the batches are read with, if any: the model
+    /// records it ([`Model::record_dataset_spec`]) for its checkpoints.
+    fn dataset_spec(&self) -> Option<&ember_dataloader::DatasetSpec> {
+        None
+    }
 }
 
 impl TrainData for ember_dataloader::Loader {
@@ -57,6 +72,25 @@ impl TrainData for ember_dataloader::Loader {
     fn fingerprint(&self) -> u64 {
         self.dataset().fingerprint()
     }
+
+    fn start_state(&self) -> TrainState {
+        let c = self.config();
+        let world = c.world_size.max(1);
+        TrainState {
+            batch_size: c.batch_size.saturating_mul(world) as u64,
+            shuffle_seed: c.shuffle_seed,
+            drop_last: c.drop_last,
+            dense_transform: Some(c.spec.dense_transform),
+            id_transform: Some(c.spec.id_transform),
+            data_fingerprint: self.dataset().fingerprint(),
+            world_size: world as u64,
+            ..TrainState::default()
+        }
+    }
+
+    fn dataset_spec(&self) -> Option<&ember_dataloader::DatasetSpec> {
+        Some(&self.config().spec)
+    }
 }
 
 /// Batches held in memory (a user's own data); every epoch yields them
@@ -66,6 +100,13 @@ pub struct InMemory(pub Vec<Batch>);
 impl TrainData for InMemory {
     fn batches_per_epoch(&self, _: u64) -> u64 {
         self.0.len() as u64
+    }
+
+    fn start_state(&self) -> TrainState {
+        TrainState {
+            batch_size: self.0.first().map_or(0, |b| b.size() as u64),
+            ..TrainState::default()
+        }
     }
 
     fn epoch(
@@ -99,6 +140,14 @@ pub struct SyntheticBatches {
 impl TrainData for SyntheticBatches {
     fn batches_per_epoch(&self, _: u64) -> u64 {
         self.batches
+    }
+
+    fn start_state(&self) -> TrainState {
+        TrainState {
+            batch_size: self.size as u64,
+            world_size: self.world_size.max(1) as u64,
+            ..TrainState::default()
+        }
     }
 
     fn epoch(
@@ -316,6 +365,21 @@ pub enum TrainError {
     /// Resuming on other data than the run that wrote the checkpoint.
     #[error("resume: the training data differs from the run the checkpoint continues (other files or row groups); resume on the same data")]
     OtherData,
+    /// Resuming with batches made otherwise than the run that wrote the
+    /// checkpoint (another batch size, shuffle, or transform).
+    #[error("resume: the checkpoint's run made its batches with {what} {saved}, this data with {given}; resume with the same")]
+    OtherBatches {
+        /// What differs (`batch size`, `shuffle seed`, ...).
+        what: &'static str,
+        /// The checkpoint's value.
+        saved: String,
+        /// The data's value.
+        given: String,
+    },
+    /// A training position no run can have reached (a damaged or
+    /// hand-edited checkpoint).
+    #[error("resume: the checkpoint's training position is impossible: {0}")]
+    BadPosition(String),
 }
 
 /// Trains a [`Model`] on a [`Backend`] as its [`TrainerConfig`] says.
@@ -462,12 +526,21 @@ impl Trainer {
         }
         let world = model.world().cloned();
         let world_size = world.as_ref().map_or(1, |w| w.world_size());
-        let mut state = from;
+        let resumed = !from.is_fresh();
+        if resumed && from.world_size == 0 {
+            return Err(TrainError::BadPosition(
+                "it was written by 0 processes".into(),
+            ));
+        }
+        let mut state = with_data_recipe(from, train.start_state())?;
         let fingerprint = train.fingerprint();
         match state.data_fingerprint {
             0 => state.data_fingerprint = fingerprint,
             f if fingerprint != 0 && f != fingerprint => return Err(TrainError::OtherData),
             _ => {}
+        }
+        if let Some(spec) = train.dataset_spec() {
+            model.record_dataset_spec(spec);
         }
         // A position mid-epoch counts batches of the ranks that wrote it,
         // each reading its own row groups: under another number of ranks it
@@ -484,6 +557,9 @@ impl Trainer {
         }
         state.world_size = world_size as u64;
         let per_epoch = self.lockstep_epochs(train, world.as_ref(), &state, on_event)?;
+        if resumed {
+            check_position(&state, &per_epoch)?;
+        }
         let eval_batches = match eval {
             Some(data) => {
                 let (fewest, most) = fewest_and_most(world.as_ref(), data.batches_per_epoch(0))?;
@@ -792,6 +868,92 @@ fn prepare_checkpoint_dir(dir: &std::path::Path) -> Result<(), ModelError> {
         }
     };
     ember_dataloader::atomic::remove_leftovers(dir, ours).map_err(|e| fail(e.to_string()))?;
+    Ok(())
+}
+
+/// The position `from` on data whose batches are made as `data` says (a
+/// fresh run's [`TrainState`]): a fresh position takes the data's recipe;
+/// a resumed one must have been made the same way.
+fn with_data_recipe(mut from: TrainState, data: TrainState) -> Result<TrainState, TrainError> {
+    let differ =
+        |what, saved: String, given: String| TrainError::OtherBatches { what, saved, given };
+    if from.is_fresh() && from.batch_size == 0 {
+        from.batch_size = data.batch_size;
+        from.shuffle_seed = data.shuffle_seed;
+        from.drop_last = data.drop_last;
+    } else if data.batch_size != 0 {
+        if from.batch_size != data.batch_size {
+            let saved = match from.batch_size {
+                0 => "none recorded".to_string(),
+                b => b.to_string(),
+            };
+            return Err(differ("batch size", saved, data.batch_size.to_string()));
+        }
+        if from.shuffle_seed != data.shuffle_seed {
+            let seed = |s: Option<u64>| s.map_or("none (not shuffled)".into(), |s| s.to_string());
+            return Err(differ(
+                "shuffle seed",
+                seed(from.shuffle_seed),
+                seed(data.shuffle_seed),
+            ));
+        }
+        if from.drop_last != data.drop_last {
+            let (saved, given) = (from.drop_last.to_string(), data.drop_last.to_string());
+            return Err(differ("drop_last", saved, given));
+        }
+    }
+    match (from.dense_transform, data.dense_transform) {
+        (None, t) => from.dense_transform = t,
+        (Some(a), Some(b)) if a != b => {
+            return Err(differ(
+                "dense transform",
+                format!("{a:?}"),
+                format!("{b:?}"),
+            ))
+        }
+        _ => {}
+    }
+    match (from.id_transform, data.id_transform) {
+        (None, t) => from.id_transform = t,
+        (Some(a), Some(b)) if a != b => {
+            return Err(differ("id transform", format!("{a:?}"), format!("{b:?}")))
+        }
+        _ => {}
+    }
+    Ok(from)
+}
+
+/// Refuses a resumed position that no run on this data can have reached:
+/// `per_epoch` is the data's batches in each epoch.
+fn check_position(state: &TrainState, per_epoch: &[u64]) -> Result<(), TrainError> {
+    let bad = |m: String| Err(TrainError::BadPosition(m));
+    if let Some(&batches) = per_epoch.get(state.epoch as usize) {
+        if state.batches_in_epoch > batches {
+            return bad(format!(
+                "batch {} of epoch {}, which has {batches} batches",
+                state.batches_in_epoch, state.epoch
+            ));
+        }
+    }
+    if state.steps < state.batches_in_epoch {
+        return bad(format!(
+            "{} steps in all, fewer than the {} batches of its epoch",
+            state.steps, state.batches_in_epoch
+        ));
+    }
+    // Each epoch takes at most the data's longest epoch of steps; twice
+    // that leaves room for a world of another size (whose ranks' rounding
+    // gives an epoch a few more batches).
+    let longest = per_epoch.iter().copied().max().unwrap_or(0);
+    let most = (state.epoch.saturating_add(1))
+        .saturating_mul(longest.max(1))
+        .saturating_mul(2);
+    if !per_epoch.is_empty() && state.steps > most {
+        return bad(format!(
+            "{} steps in all by epoch {}, more than epochs of at most {longest} batches can take",
+            state.steps, state.epoch
+        ));
+    }
     Ok(())
 }
 

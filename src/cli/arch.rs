@@ -250,34 +250,62 @@ pub fn trainable(dtype: DataType) -> anyhow::Result<()> {
 
 #[derive(Args, Clone, Debug)]
 pub struct OptimArgs {
-    #[arg(long, default_value_t = 0.01)]
-    pub learning_rate: f32,
+    /// [default: 0.01]
+    #[arg(long)]
+    pub learning_rate: Option<f32>,
     /// Optimizer of the tables (fused) and, for the dense part: sgd → SGD,
     /// adagrad and rowwise-adagrad → Adagrad, adam → Adam. The default is
     /// TorchRec's usual fused choice: at batch 2048 and dlrm_s_pytorch's lr of
-    /// 0.01, plain SGD barely moves the rows.
-    #[arg(long, value_enum, default_value_t = BenchOptimizer::RowwiseAdagrad)]
-    pub optimizer: BenchOptimizer,
+    /// 0.01, plain SGD barely moves the rows [default: rowwise-adagrad]
+    #[arg(long, value_enum)]
+    pub optimizer: Option<BenchOptimizer>,
 }
 
 impl OptimArgs {
+    /// The learning rate (0.01 unless given).
+    pub fn lr(&self) -> f32 {
+        self.learning_rate.unwrap_or(0.01)
+    }
+
+    /// The optimizer (row-wise Adagrad unless given).
+    pub fn kind(&self) -> BenchOptimizer {
+        self.optimizer.unwrap_or(BenchOptimizer::RowwiseAdagrad)
+    }
+
+    /// The flags given (what a resumed run, which keeps its checkpoint's
+    /// optimizers, overrides).
+    pub fn given(&self) -> Vec<String> {
+        let mut given = Vec::new();
+        if let Some(lr) = self.learning_rate {
+            given.push(format!("--learning-rate {lr}"));
+        }
+        if let Some(o) = self.optimizer {
+            given.push(format!(
+                "--optimizer {}",
+                o.to_possible_value()
+                    .map_or("?".into(), |v| v.get_name().to_string())
+            ));
+        }
+        given
+    }
+
     pub fn table_optimizer(&self) -> TableOptimizer {
-        self.optimizer.table_optimizer(self.learning_rate)
+        self.kind().table_optimizer(self.lr())
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
+        if !(self.lr().is_finite() && self.lr() >= 0.0) {
             bail!(
                 "--learning-rate must be a finite number >= 0, got {}",
-                self.learning_rate
+                self.lr()
             );
         }
         Ok(())
     }
 
     pub fn dense_optimizer(&self) -> DenseOptimizerConfig {
-        let lr = self.learning_rate;
-        match self.optimizer {
+        let lr = self.lr();
+        match self.kind() {
             BenchOptimizer::None | BenchOptimizer::Sgd => DenseOptimizerConfig::Sgd { lr },
             BenchOptimizer::Adagrad | BenchOptimizer::RowwiseAdagrad => {
                 DenseOptimizerConfig::Adagrad { lr, eps: 1e-10 }

@@ -309,6 +309,7 @@ fn run_in_pool(
     let planned = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
     let plan = planned.as_ref().map(|(plan, _)| plan);
     let tiers = (args.tier).tiers_for(plan, &config.tables, &table_optimizer, batch_ids)?;
+    let placement = (args.tier).placement(plan, &config.tables, &tiers, batch_ids)?;
     args.tier.make_dir()?;
     super::arch::check_memory(
         &super::tier::resident(config, &tiers),
@@ -353,6 +354,9 @@ fn run_in_pool(
 
     let progress = Progress::new(args.num_batches, "dlrm", args.json).quiet(!launch.is_root());
     let fault = Fault::from_env(launch)?;
+    if let Some(line) = placement {
+        progress.line(&line);
+    }
     progress.line(&format!(
         "ember bench dlrm: {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads, setup {setup_s:.1} s",
         config.tables.len(), config.embedding_dim(), config.bottom_mlp, config.top_mlp_sizes(),
@@ -529,7 +533,7 @@ impl DlrmReport {
             // Checked when the data was made.
             id_distribution: args.ids.distribution().ok().flatten(),
             disk_tier: super::tier::TierReport::of(model, timed),
-            optimizer: args.optim.optimizer,
+            optimizer: args.optim.kind(),
             table_dtype: (architecture.config.tables.first())
                 .map_or_else(Default::default, |t| t.data_type),
             backend: backend.name(),

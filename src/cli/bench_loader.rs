@@ -61,11 +61,7 @@ pub fn run(args: &LoaderBenchArgs) -> anyhow::Result<LoaderReport> {
     let shape = || Ok((1, args.tables.rows()?));
     let spec = match args.loader.spec(&shape)? {
         Some(spec) => spec,
-        None => {
-            let tables = args.tables.tables()?;
-            args.loader
-                .spec_for(&tables, ember_dataloader::schema::NUM_INT, &args.data[0])?
-        }
+        None => args.loader.criteo(&args.tables.tables()?),
     };
     let loader = args.loader.open(&args.data, spec, args.mini_batch_size)?;
     let total: u64 = (0..args.epochs).map(|e| loader.batches_per_epoch(e)).sum();

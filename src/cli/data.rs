@@ -2,12 +2,13 @@
 //! which columns make a batch (a dataset spec, the simple-case flags, or
 //! Criteo's), their transforms, and the decoding threads.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 
 use ember_dataloader::{DatasetSpec, DenseTransform, IdTransform, Loader, LoaderConfig};
+use ember_models::Checkpoint;
 use ember_sparse::EmbeddingBagConfig;
 
 #[derive(Args, Clone, Debug)]
@@ -50,7 +51,20 @@ impl LoaderArgs {
         &self,
         shape: &dyn Fn() -> anyhow::Result<(usize, Vec<usize>)>,
     ) -> anyhow::Result<Option<DatasetSpec>> {
-        let mut spec = match (&self.dataset_spec, &self.label_column) {
+        let Some(mut spec) = self.given_spec(shape)? else {
+            return Ok(None);
+        };
+        self.override_transforms(&mut spec);
+        Ok(Some(spec))
+    }
+
+    /// The spec of `--dataset-spec` or the simple-case flags, before the
+    /// transform flags.
+    fn given_spec(
+        &self,
+        shape: &dyn Fn() -> anyhow::Result<(usize, Vec<usize>)>,
+    ) -> anyhow::Result<Option<DatasetSpec>> {
+        let spec = match (&self.dataset_spec, &self.label_column) {
             (Some(path), _) => DatasetSpec::from_file(path)?,
             (None, Some(label)) => {
                 let (dim, rows) = shape()?;
@@ -70,7 +84,6 @@ impl LoaderArgs {
             }
             (None, None) => return Ok(None),
         };
-        self.override_transforms(&mut spec);
         Ok(Some(spec))
     }
 
@@ -83,32 +96,67 @@ impl LoaderArgs {
         }
     }
 
-    /// The spec for a model with `tables` and `num_dense` inputs (a
-    /// checkpoint's, at `source`): the flags' spec, which must name the same
-    /// tables, or Criteo's columns.
-    pub fn spec_for(
-        &self,
-        tables: &[EmbeddingBagConfig],
-        num_dense: usize,
-        source: &Path,
-    ) -> anyhow::Result<DatasetSpec> {
+    /// The spec to read the data of `ckpt`'s model with: the inputs the
+    /// checkpoint recorded (its training data's spec, or its transforms),
+    /// which the flags may restate but never contradict (a model fed
+    /// inputs transformed otherwise than in training predicts garbage);
+    /// with nothing recorded (a TorchRec file), the flags' spec or
+    /// Criteo's columns.
+    pub fn spec_for_checkpoint(&self, ckpt: &Checkpoint) -> anyhow::Result<DatasetSpec> {
+        let (config, source) = (ckpt.config(), ckpt.path());
+        let tables = &config.tables;
         let shape = || {
             let dim = tables.first().map_or(1, |t| t.embedding_dim);
             Ok((dim, tables.iter().map(|t| t.num_embeddings).collect()))
         };
-        let spec = match self.spec(&shape)? {
-            Some(spec) => {
-                check_tables(&spec, tables).with_context(|| {
+        let recorded = ckpt.recorded_inputs();
+        let mut spec = match self.given_spec(&shape)? {
+            Some(given) => {
+                check_tables(&given, tables).with_context(|| {
                     format!("the dataset spec does not fit {}", source.display())
                 })?;
-                spec
+                if let Some(recorded) = &recorded {
+                    same_inputs(&given, recorded).with_context(|| {
+                        format!(
+                            "the dataset spec reads inputs otherwise than {} was trained on",
+                            source.display()
+                        )
+                    })?;
+                }
+                given
             }
-            None => self.criteo(tables),
+            None => recorded
+                .clone()
+                .unwrap_or_else(|| DatasetSpec::criteo(tables)),
         };
+        let trained = |flag: &str, given: String, saved: String| {
+            anyhow::anyhow!(
+                "{flag} {given}: {} was trained with {saved}; leave the flag out (the checkpoint's is used) or give {saved}",
+                source.display()
+            )
+        };
+        if let Some(t) = self.dense_transform {
+            if let Some(r) = recorded.as_ref().filter(|r| r.dense_transform != t) {
+                let saved = r.dense_transform.to_string();
+                return Err(trained("--dense-transform", t.to_string(), saved));
+            }
+            spec.dense_transform = t;
+        }
+        if let Some(t) = self.id_transform {
+            if let Some(r) = recorded.as_ref().filter(|r| r.id_transform != t) {
+                return Err(trained(
+                    "--id-transform",
+                    t.to_string(),
+                    r.id_transform.to_string(),
+                ));
+            }
+            spec.id_transform = t;
+        }
         anyhow::ensure!(
-            spec.num_dense() == num_dense,
-            "the model in {} takes {num_dense} dense features; the dataset has {} dense columns",
+            spec.num_dense() == config.num_dense(),
+            "the model in {} takes {} dense features; the dataset has {} dense columns",
             source.display(),
+            config.num_dense(),
             spec.num_dense()
         );
         Ok(spec)
@@ -149,6 +197,49 @@ pub fn has_rows(loader: &Loader, flag: &str, paths: &[PathBuf]) -> anyhow::Resul
         "{flag} {}: no rows to read",
         named.join(" ")
     );
+    Ok(())
+}
+
+/// Checks that `given` reads its inputs as `recorded` does: the same dense
+/// transforms, id transform and weighted features (column names may
+/// differ).
+fn same_inputs(given: &DatasetSpec, recorded: &DatasetSpec) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        given.num_dense() == recorded.num_dense(),
+        "it has {} dense columns, the model was trained on {}",
+        given.num_dense(),
+        recorded.num_dense()
+    );
+    for j in 0..given.num_dense() {
+        let (g, r) = (given.transform_of(j), recorded.transform_of(j));
+        anyhow::ensure!(
+            g == r,
+            "dense column {j} ('{}') is transformed by {g}; in training ('{}') by {r}",
+            given.dense[j].column,
+            recorded.dense[j].column
+        );
+    }
+    anyhow::ensure!(
+        given.id_transform == recorded.id_transform,
+        "its id transform is {}; in training it was {}",
+        given.id_transform,
+        recorded.id_transform
+    );
+    for c in &given.sparse {
+        let trained = recorded.sparse.iter().find(|r| r.key() == c.key());
+        let weighted = trained.map(|r| r.weights.is_some());
+        anyhow::ensure!(
+            weighted.is_none() || weighted == Some(c.weights.is_some()),
+            "feature '{}' is {}weighted; in training it was {}",
+            c.key(),
+            if c.weights.is_some() { "" } else { "not " },
+            if c.weights.is_some() {
+                "not"
+            } else {
+                "weighted"
+            }
+        );
+    }
     Ok(())
 }
 

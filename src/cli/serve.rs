@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::Serialize;
 
+use anyhow::Context;
+use ember_dataloader::atomic::same_file;
 use ember_dataloader::writer::PredictionWriter;
-use ember_models::{Batch, Checkpoint, Dlrm};
+use ember_models::{Batch, Checkpoint, Dlrm, OutputCheck};
 
 use super::backend::{BackendArgs, ExecMode};
 use super::data::LoaderArgs;
@@ -41,33 +43,43 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    fn open(&self) -> anyhow::Result<(Dlrm, ember_dataloader::Loader)> {
+    /// The checkpoint's model and a loader of the data, reading its label
+    /// column when `labels` (eval; predict reads data without one too).
+    /// Also returns the checkpoint's files, which no output may be.
+    fn open(&self, labels: bool) -> anyhow::Result<(Dlrm, ember_dataloader::Loader, Vec<PathBuf>)> {
         anyhow::ensure!(
             self.mini_batch_size > 0,
             "--mini-batch-size must be at least 1"
         );
         let ckpt = Checkpoint::open(&self.checkpoint)?;
         let none = ember_sparse::TableOptimizer::None;
-        let tiers = (self.tier).tiers(&ckpt.config().tables, &none, self.mini_batch_size)?;
+        let tables = &ckpt.config().tables;
+        let tiers = (self.tier).tiers(tables, &none, self.mini_batch_size)?;
+        if let Some(line) = (self.tier).placement(None, tables, &tiers, self.mini_batch_size)? {
+            eprintln!("{line}");
+        }
         self.tier.make_dir()?;
         let dense = ember_dense::DenseOptimizerConfig::sgd(0.0);
         let model = ckpt.model_with_disk_tiers(none, dense, tiers)?;
-        let config = model.config();
-        let spec = self
-            .loader
-            .spec_for(&config.tables, config.num_dense(), &self.checkpoint)?;
-        let loader = self.loader.open(&self.data, spec, self.mini_batch_size)?;
+        let spec = self.loader.spec_for_checkpoint(&ckpt)?;
+        let config = ember_dataloader::LoaderConfig {
+            labels,
+            ..self.loader.config(spec, self.mini_batch_size)
+        };
+        let loader = ember_dataloader::Loader::open(&self.data, config)?;
         super::data::has_rows(&loader, "--data", &self.data)?;
-        Ok((model, loader))
+        Ok((model, loader, ckpt.files()))
     }
 }
 
 pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
     super::with_threads(args.threads, || {
-        let (mut model, loader) = args.open()?;
+        let (mut model, loader, _) = args.open(true)?;
         let be = args.backend.build(ExecMode::Strict)?;
         let batches = loader.batches_per_epoch(0);
-        Ok(evaluate_data(&mut model, be.dense(), &loader, batches)?.into())
+        let metrics = evaluate_data(&mut model, be.dense(), &loader, batches)
+            .with_context(|| format!("eval of {}", args.checkpoint.display()))?;
+        Ok(metrics.into())
     })?
 }
 
@@ -99,17 +111,27 @@ impl std::fmt::Display for PredictReport {
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
     super::with_threads(args.serve.threads, || {
-        let (mut model, loader) = args.serve.open()?;
-        refuse_an_input(&args.output, &args.serve.checkpoint, &loader)?;
+        let (mut model, loader, checkpoint) = args.serve.open(false)?;
+        refuse_an_input(&args.output, &checkpoint, &loader)?;
         let be = args.serve.backend.build(ExecMode::Strict)?;
         let progress = Progress::new(loader.batches_per_epoch(0), "predict", args.serve.json);
         let mut out = PredictionWriter::create(&args.output)?;
+        let mut outputs = OutputCheck::default();
         for batch in loader.epoch(0, 0) {
             let batch = Batch::from_loader(batch?)?;
-            out.write(model.predict(be.dense(), &batch)?)?;
+            let logits = model.predict(be.dense(), &batch)?;
+            outputs.push(logits);
+            out.write(logits)?;
             progress.inc();
         }
         progress.finish();
+        // Dropped unfinished, the writer leaves no file.
+        (outputs.finish()).with_context(|| {
+            format!(
+                "predict with {}: nothing written",
+                args.serve.checkpoint.display()
+            )
+        })?;
         Ok(PredictReport {
             rows: out.finish()?,
             output: args.output.clone(),
@@ -121,27 +143,18 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
 /// output must be none of the inputs.
 fn refuse_an_input(
     output: &Path,
-    checkpoint: &Path,
+    checkpoint: &[PathBuf],
     loader: &ember_dataloader::Loader,
 ) -> anyhow::Result<()> {
-    let Some(out) = same_file_key(output) else {
-        return Ok(());
-    };
-    // A checkpoint directory: the file that was read in it.
-    let checkpoint = match checkpoint.is_dir() {
-        true => ember_models::checkpoint::latest(checkpoint, None)?,
-        false => Some(checkpoint.to_path_buf()),
-    };
-    if let Some(c) = checkpoint {
-        anyhow::ensure!(
-            same_file_key(&c).as_ref() != Some(&out),
+    if let Some(c) = checkpoint.iter().find(|c| same_file(c, output)) {
+        anyhow::bail!(
             "--output {}: it is the checkpoint ({}); predictions go to a new file",
             output.display(),
             c.display()
         );
     }
     for f in loader.dataset().files() {
-        if same_file_key(&f.path).as_ref() == Some(&out) {
+        if same_file(&f.path, output) {
             anyhow::bail!(
                 "--output {}: it is one of the --data files ({}); predictions go to a new file",
                 output.display(),
@@ -150,17 +163,4 @@ fn refuse_an_input(
         }
     }
     Ok(())
-}
-
-/// The canonical path `path` names (its directory canonical, for a file
-/// not written yet), or `None` when its directory does not exist.
-fn same_file_key(path: &Path) -> Option<PathBuf> {
-    if let Ok(p) = std::fs::canonicalize(path) {
-        return Some(p);
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
 }

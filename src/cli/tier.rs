@@ -143,6 +143,59 @@ impl TierArgs {
 }
 
 impl TierArgs {
+    /// With --disk-dir, which tables `tiers` put on the disk tier and which
+    /// stay in RAM, and why, as one line for the run's output; an error
+    /// when --disk-dir was given and (without a `plan` choosing) no table
+    /// can go there: its caches would be too small to hold
+    /// `CACHE_BATCHES` batches of `batch_ids`.
+    pub fn placement(
+        &self,
+        plan: Option<&ShardingPlan>,
+        tables: &[EmbeddingBagConfig],
+        tiers: &[Option<DiskTierConfig>],
+        batch_ids: usize,
+    ) -> anyhow::Result<Option<String>> {
+        let Some(dir) = &self.disk_dir else {
+            return Ok(None);
+        };
+        let need = (CACHE_BATCHES * batch_ids).max(CACHE_WAYS);
+        let names = |on_disk: bool| -> Vec<&str> {
+            (tables.iter().zip(tiers))
+                .filter(|(_, t)| t.is_some() == on_disk)
+                .map(|(c, _)| c.name.as_str())
+                .collect()
+        };
+        let (disk, ram) = (names(true), names(false));
+        let cache = self.cache_memory.as_deref().unwrap_or("25%");
+        if disk.is_empty() && plan.is_none() {
+            anyhow::bail!(
+                "--disk-dir {}: no table goes to the disk tier: with --cache-memory {cache}, every table's cache would hold fewer than the {need} rows it needs ({CACHE_BATCHES} batches of {batch_ids} ids; a smaller cache overflows its sets); give more --cache-memory, or leave --disk-dir out",
+                dir.display()
+            );
+        }
+        let why = match plan {
+            Some(_) => "the plan fits them in memory".to_string(),
+            None => format!(
+                "with --cache-memory {cache} their caches would hold fewer than {need} rows"
+            ),
+        };
+        let list = |n: &[&str]| match n.len() {
+            0..=6 => n.join(", "),
+            k => format!("{}, and {} more", n[..5].join(", "), k - 5),
+        };
+        let mut line = format!(
+            "disk tier in {}: {} of {} tables ({})",
+            dir.display(),
+            disk.len(),
+            tables.len(),
+            list(&disk)
+        );
+        if !ram.is_empty() {
+            line += &format!("; in RAM: {} ({}), as {why}", ram.len(), list(&ram));
+        }
+        Ok(Some(line))
+    }
+
     /// Makes --disk-dir's directory (if given).
     pub fn make_dir(&self) -> anyhow::Result<()> {
         let Some(dir) = &self.disk_dir else {

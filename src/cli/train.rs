@@ -48,8 +48,9 @@ pub struct TrainArgs {
     pub backend: BackendArgs,
     #[command(flatten)]
     pub mode: ModeArgs,
-    #[arg(long, default_value_t = 2048)]
-    pub mini_batch_size: usize,
+    /// Samples per step, over all ranks [default: 2048]
+    #[arg(long)]
+    pub mini_batch_size: Option<usize>,
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
     /// Evaluate every this many training batches (0: at the end of each epoch).
@@ -74,9 +75,9 @@ pub struct TrainArgs {
     /// Drop each epoch's last, short batch.
     #[arg(long)]
     pub drop_last: bool,
-    /// Seeds the model's initialisation and the shuffling.
-    #[arg(long, default_value_t = 123)]
-    pub seed: u64,
+    /// Seeds the model's initialisation and the shuffling [default: 123]
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Print the mean loss every this many batches.
     #[arg(long, default_value_t = 100)]
     pub print_freq: u64,
@@ -207,10 +208,7 @@ impl std::fmt::Display for TrainReport {
 
 pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
     args.optim.validate()?;
-    anyhow::ensure!(
-        args.mini_batch_size > 0,
-        "--mini-batch-size must be at least 1"
-    );
+    anyhow::ensure!(args.batch() > 0, "--mini-batch-size must be at least 1");
     anyhow::ensure!(
         !args.resume || args.checkpoint_dir.is_some(),
         "--resume needs --checkpoint-dir"
@@ -219,6 +217,56 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
 }
 
 impl TrainArgs {
+    /// --mini-batch-size, or its default.
+    fn batch(&self) -> usize {
+        self.mini_batch_size.unwrap_or(2048)
+    }
+
+    /// --seed, or its default.
+    fn seed(&self) -> u64 {
+        self.seed.unwrap_or(123)
+    }
+
+    /// The flags given that a resume from `ckpt` at `state` overrides with
+    /// the checkpoint's values, each with the value kept.
+    fn overridden_by(&self, ckpt: &Checkpoint, state: &TrainState) -> Vec<String> {
+        let mut overridden = Vec::new();
+        if let Some(saved) = ckpt.table_optimizer() {
+            let kept = format!("{saved:?}");
+            overridden.extend(
+                self.optim
+                    .given()
+                    .into_iter()
+                    .map(|f| format!("{f} (kept: {kept})")),
+            );
+        }
+        if let Some(b) = self
+            .mini_batch_size
+            .filter(|&b| b as u64 != state.batch_size)
+        {
+            overridden.push(format!(
+                "--mini-batch-size {b} (kept: {})",
+                state.batch_size
+            ));
+        }
+        let shuffle =
+            |s: Option<u64>| s.map_or("no shuffle".into(), |s| format!("shuffle seed {s}"));
+        if self.seed.is_some() || self.no_shuffle {
+            let wanted = (!self.no_shuffle).then_some(self.seed());
+            if wanted != state.shuffle_seed {
+                let flag = match self.no_shuffle {
+                    true => "--no-shuffle".to_string(),
+                    false => format!("--seed {}", self.seed()),
+                };
+                overridden.push(format!("{flag} (kept: {})", shuffle(state.shuffle_seed)));
+            }
+        }
+        if self.drop_last && !state.drop_last {
+            overridden.push("--drop-last (kept: the last, short batch)".into());
+        }
+        overridden
+    }
+
     /// Flags given that do nothing in this combination, as warnings.
     fn idle_flags(&self) -> Vec<&'static str> {
         let mut idle = Vec::new();
@@ -250,8 +298,8 @@ impl TrainArgs {
     /// The position of a fresh run: how its batches are made.
     fn fresh_state(&self, dataset: &Dataset, spec: &DatasetSpec) -> TrainState {
         TrainState {
-            batch_size: self.mini_batch_size as u64,
-            shuffle_seed: (!self.no_shuffle).then_some(self.seed),
+            batch_size: self.batch() as u64,
+            shuffle_seed: (!self.no_shuffle).then_some(self.seed()),
             drop_last: self.drop_last,
             dense_transform: Some(spec.dense_transform),
             id_transform: Some(spec.id_transform),
@@ -264,7 +312,7 @@ impl TrainArgs {
     /// checkpoints without one take the flag's).
     fn batch_size(&self, state: &TrainState) -> usize {
         match state.batch_size {
-            0 => self.mini_batch_size,
+            0 => self.batch(),
             b => b as usize,
         }
     }
@@ -336,6 +384,33 @@ fn resume_from(
     }
 }
 
+/// Refuses to resume from a checkpoint that cannot train: one written for
+/// inference (`ember quantize`: no optimizer, or quantized tables).
+fn trains(ckpt: &Checkpoint) -> anyhow::Result<()> {
+    let path = ckpt.path().display();
+    if matches!(
+        ckpt.table_optimizer(),
+        Some(ember_sparse::TableOptimizer::None)
+    ) {
+        anyhow::bail!(
+            "--resume: {path} was written for inference (by `ember quantize`, or by a model without a table optimizer): it holds no optimizer state to go on with; resume from the training run's checkpoint"
+        );
+    }
+    if let Some(t) = ckpt
+        .config()
+        .tables
+        .iter()
+        .find(|t| !t.data_type.is_trainable())
+    {
+        anyhow::bail!(
+            "--resume: table '{}' of {path} is {}, which does not train; resume from the training run's checkpoint",
+            t.name,
+            t.data_type
+        );
+    }
+    Ok(())
+}
+
 fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
     let progress = Progress::new(0, "train", args.json).quiet(!launch.is_root());
     for warning in args.idle_flags() {
@@ -368,13 +443,19 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let (config, spec, optimizers, state) = match &resume {
         Some(ckpt) => {
             let config = ckpt.config().clone();
-            let spec = args
-                .loader
-                .spec_for(&config.tables, config.num_dense(), ckpt.path())?;
+            let spec = args.loader.spec_for_checkpoint(ckpt)?;
+            trains(ckpt)?;
             let state = ckpt
                 .train_state()
                 .cloned()
                 .unwrap_or(args.fresh_state(&dataset, &spec));
+            let overridden = args.overridden_by(ckpt, &state);
+            if !overridden.is_empty() {
+                progress.line(&format!(
+                    "warning: {} ignored: the run resumes as the checkpoint's run was made",
+                    overridden.join(", ")
+                ));
+            }
             progress.line(&format!(
                 "resuming from {} at epoch {}, batch {} (step {})",
                 ckpt.path().display(),
@@ -405,7 +486,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let disk_tier = (args.tier).planner_model(&config.tables, &optimizers.0, batch_ids, 1.0)?;
     let options = PlannerOptions {
         disk_tier,
-        ..planner_options(optimizers.0, args.mini_batch_size, 1.0)
+        ..planner_options(optimizers.0, args.batch(), 1.0)
     };
     // The finished batches queued and the step's (the decoding queues of
     // row groups are the loader's own estimate).
@@ -417,6 +498,9 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let plan = launch.patiently(|| args.sharding.plan_for(&config, &options, launch))?;
     let plan = plan.map(|(plan, _)| plan);
     let tiers = (args.tier).tiers_for(plan.as_ref(), &config.tables, &optimizers.0, shape.0)?;
+    if let Some(line) = (args.tier).placement(plan.as_ref(), &config.tables, &tiers, shape.0)? {
+        progress.line(&line);
+    }
     args.tier.make_dir()?;
     super::arch::check_memory(
         &super::tier::resident(&config, &tiers),
@@ -428,7 +512,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let mut model = launch.patiently(|| {
         let placed = (plan.clone(), launch.world());
-        let (seed, ckpt) = (args.seed, resume.as_ref());
+        let (seed, ckpt) = (args.seed(), resume.as_ref());
         Ok(Dlrm::place(
             &config,
             optimizers,

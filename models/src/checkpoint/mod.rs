@@ -93,6 +93,10 @@ const META_SPARSE_STEP: &str = "ember.sparse_step";
 const META_DENSE_STEPS: &str = "ember.dense_steps";
 const META_TRAIN_STATE: &str = "ember.train_state";
 const META_ROUNDING_SEED: &str = "ember.rounding_seed";
+/// How the model reads its inputs: the dataset spec (columns, transforms,
+/// tables) of the data it was trained on, JSON. `eval`, `predict` and
+/// [`Checkpoint::input_spec`] read data this way unless told otherwise.
+const META_DATASET_SPEC: &str = "ember.dataset_spec";
 /// The CRC-32 (IEEE, as zlib's) of each tensor's bytes: a JSON object of
 /// tensor name to 8 hex digits. Readers that do not know it (TorchRec's)
 /// ignore it; Ember verifies it, and reads a file without it unverified.
@@ -123,8 +127,19 @@ pub struct TrainState {
     /// `Dataset::fingerprint` of the training data (0: not recorded).
     #[serde(default)]
     pub data_fingerprint: u64,
-    /// Ranks the position counts in (each read its own row groups); 0 for
+    /// Ranks the position counts in (each read its own row groups); 1 for
     /// checkpoints from before ranks, which ran in one process.
-    #[serde(default)]
+    #[serde(default = "one_process")]
     pub world_size: u64,
+}
+
+fn one_process() -> u64 {
+    1
+}
+
+impl TrainState {
+    /// Whether this is the start of a run: no step, epoch or batch done.
+    pub fn is_fresh(&self) -> bool {
+        self.epoch == 0 && self.batches_in_epoch == 0 && self.steps == 0
+    }
 }

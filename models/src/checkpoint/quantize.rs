@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use ember_dataloader::atomic::same_file;
 use ember_sparse::DataType;
 use serde::Serialize;
 
@@ -57,17 +58,35 @@ pub fn quantize(
     dtype: DataType,
     output: &Path,
 ) -> Result<QuantizeSummary, ModelError> {
-    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    if same(input, output) {
+    if output.is_dir() {
         return Err(super::fail_at(
             output,
-            "the output is the input checkpoint: write the quantized one to another file".into(),
+            "is a directory: name the file to write the quantized checkpoint to".into(),
         ));
     }
     let mut checkpoint = Checkpoint::open(input)?;
+    // The files themselves, through a directory's checkpoint and links.
+    if let Some(f) = (checkpoint.files().iter()).find(|f| same_file(f, output)) {
+        return Err(super::fail_at(
+            output,
+            format!(
+                "it is the input checkpoint's file {}: write the quantized one to another file",
+                f.display()
+            ),
+        ));
+    }
+    if let Some((table, saved)) = (checkpoint.config().tables.iter())
+        .zip(&checkpoint.stored)
+        .find(|(_, saved)| !saved.is_trainable() && **saved != dtype)
+    {
+        return Err(super::fail_at(
+            input,
+            format!(
+                "table '{}' is already quantized ({saved}): converting it to {dtype} would keep {saved}'s error; quantize the training checkpoint instead",
+                table.name
+            ),
+        ));
+    }
     let bytes = |c: &Checkpoint| -> u64 {
         (c.config().tables.iter())
             .map(|t| t.bytes().unwrap_or(0) as u64)

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use ember_dataloader::DatasetSpec;
 use ember_dense::{DenseOptimizerConfig, HasParams};
 use ember_sharding::RowSplit;
 use ember_sparse::{DataType, EmbeddingBagCollection, TableOptimizer};
@@ -13,8 +14,9 @@ use super::names::{dense_shapes, infer_config, table_weight_name, weight_layout}
 use super::store::{f32s, InMemory, MappedFile, SetStore, TensorStore};
 use super::valid::{check_values, Allowed};
 use super::{
-    TrainState, CHECKPOINT_FILE, INDEX_FILE, META_CONFIG, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
-    META_ROUNDING_SEED, META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
+    TrainState, CHECKPOINT_FILE, INDEX_FILE, META_CONFIG, META_DATASET_SPEC, META_DENSE_OPTIMIZER,
+    META_DENSE_STEPS, META_ROUNDING_SEED, META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE,
+    OPTIMIZER_PREFIX,
 };
 use crate::sparse_arch::SparseArch;
 use crate::{Dlrm, DlrmConfig, ModelError};
@@ -73,6 +75,8 @@ pub struct Checkpoint {
     pub(super) dense_steps: u64,
     pub(super) train_state: Option<TrainState>,
     pub(super) rounding_seed: u64,
+    /// The dataset spec the model was trained on (`None`: not recorded).
+    pub(super) dataset_spec: Option<DatasetSpec>,
     /// Each table's data type in the file (`config` holds the type the
     /// models get, which [`cast_tables`](Checkpoint::cast_tables) may change).
     pub(super) stored: Vec<DataType>,
@@ -142,6 +146,7 @@ impl Checkpoint {
             dense_steps: meta_value(meta, META_DENSE_STEPS, path)?.unwrap_or(0),
             train_state: meta_value(meta, META_TRAIN_STATE, path)?,
             rounding_seed: meta_value(meta, META_ROUNDING_SEED, path)?.unwrap_or(0),
+            dataset_spec: meta_value(meta, META_DATASET_SPEC, path)?,
             stored,
             store,
         };
@@ -171,6 +176,13 @@ impl Checkpoint {
     pub fn path(&self) -> &Path {
         self.store.path()
     }
+
+    /// Every file it reads: the one file, or a set's index and each rank's
+    /// file. A command writing beside a checkpoint refuses to write any of
+    /// them ([`ember_dataloader::atomic::same_file`]).
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        self.store.files()
+    }
     /// The architecture: from the metadata, or inferred from the TorchRec
     /// names and shapes.
     pub fn config(&self) -> &DlrmConfig {
@@ -187,6 +199,39 @@ impl Checkpoint {
     /// Where training stood when it was written (`None` when not recorded).
     pub fn train_state(&self) -> Option<&TrainState> {
         self.train_state.as_ref()
+    }
+
+    /// The dataset spec of the data the model was trained on, as recorded
+    /// (`None`: a file from before specs were recorded, or TorchRec's).
+    pub fn dataset_spec(&self) -> Option<&DatasetSpec> {
+        self.dataset_spec.as_ref()
+    }
+
+    /// How the model reads its inputs, as far as the file records it: the
+    /// recorded [`dataset_spec`](Self::dataset_spec); else, for a file that
+    /// recorded only its transforms, Criteo's columns with those; `None`
+    /// when nothing is recorded (TorchRec's files). Read data for this
+    /// model with it (`LoaderConfig::new(batch, spec)`): another transform
+    /// would feed the model inputs it never saw.
+    pub fn recorded_inputs(&self) -> Option<DatasetSpec> {
+        if let Some(spec) = &self.dataset_spec {
+            return Some(spec.clone());
+        }
+        let state = self.train_state.as_ref()?;
+        if state.dense_transform.is_none() && state.id_transform.is_none() {
+            return None;
+        }
+        let mut spec = DatasetSpec::criteo(&self.config.tables);
+        spec.dense_transform = state.dense_transform.unwrap_or_default();
+        spec.id_transform = state.id_transform.unwrap_or_default();
+        Some(spec)
+    }
+
+    /// The spec to read this model's data with: the
+    /// [`recorded_inputs`](Self::recorded_inputs), or Criteo's columns
+    /// with the default transforms when nothing is recorded.
+    pub fn input_spec(&self) -> DatasetSpec {
+        (self.recorded_inputs()).unwrap_or_else(|| DatasetSpec::criteo(&self.config.tables))
     }
 
     /// Every tensor the model needs, with its dtype and shape: tables in
@@ -286,6 +331,7 @@ impl Checkpoint {
         }
         ebc.set_rounding_seed(self.rounding_seed);
         self.restore_dense(&mut model, dense_optimizer)?;
+        model.set_dataset_spec(self.dataset_spec.clone());
         Ok(model)
     }
 

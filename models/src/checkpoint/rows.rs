@@ -48,6 +48,7 @@ impl Checkpoint {
             .sparse_arch_mut()
             .set_rounding_seed(self.rounding_seed);
         self.restore_dense(&mut model, dense_optimizer)?;
+        model.set_dataset_spec(self.dataset_spec.clone());
         Ok(model)
     }
 

@@ -116,6 +116,11 @@ pub(crate) trait TensorStore: Send + Sync {
     /// The checkpoint's metadata (for a set: the index's).
     fn metadata(&self) -> &HashMap<String, String>;
 
+    /// Every file it reads (a set: its index and each rank's file).
+    fn files(&self) -> Vec<PathBuf> {
+        vec![self.path().to_path_buf()]
+    }
+
     /// The name and shape of every tensor, where one header lists them all
     /// (one file or its bytes; `None` for a set).
     fn shapes(&self) -> Option<&BTreeMap<String, Vec<usize>>>;
@@ -462,6 +467,11 @@ impl SetStore {
 impl TensorStore for SetStore {
     fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        let parts = self.files.keys().map(|f| self.dir.join(f));
+        std::iter::once(self.path.clone()).chain(parts).collect()
     }
 
     /// Each piece of rows put together from the files' parts (a part's

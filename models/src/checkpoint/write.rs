@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::names::{dense_shapes, table_base_name, weight_layout};
 use super::{
-    TrainState, META_CONFIG, META_CRC32, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
+    TrainState, META_CONFIG, META_CRC32, META_DATASET_SPEC, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
     META_ROUNDING_SEED, META_SPARSE_STEP, META_TABLE_OPTIMIZER, META_TRAIN_STATE, OPTIMIZER_PREFIX,
 };
 use crate::{Dlrm, ModelError};
@@ -166,6 +166,9 @@ pub(super) fn metadata(model: &Dlrm, train: Option<&TrainState>) -> HashMap<Stri
     ]);
     if let Some(t) = train {
         meta.insert(META_TRAIN_STATE.into(), json(t));
+    }
+    if let Some(spec) = model.dataset_spec() {
+        meta.insert(META_DATASET_SPEC.into(), json(spec));
     }
     meta
 }

@@ -39,6 +39,11 @@ pub struct DlrmConfig {
     pub interaction: InteractionType,
 }
 
+/// The most layers an MLP or a DCN may have: deeper stacks are a typo,
+/// not a model (the DLRMs of papers and MLPerf have 2 to 4), and would run
+/// for minutes before any step.
+pub const MAX_LAYERS: usize = 128;
+
 impl DlrmConfig {
     /// Criteo-style tables: feature `cat_i` looks up table `t_cat_i`.
     pub fn criteo_tables(rows: &[usize], dim: usize) -> Vec<EmbeddingBagConfig> {
@@ -133,6 +138,19 @@ impl DlrmConfig {
         if let InteractionType::Dcn { layers, rank } = self.interaction {
             if layers == 0 || rank == 0 {
                 return fail("a DCN needs at least one layer and a rank of at least 1".into());
+            }
+            if layers > MAX_LAYERS {
+                return fail(format!(
+                    "a DCN of {layers} cross layers: at most {MAX_LAYERS} (DCNv2 uses 2 to 4)"
+                ));
+            }
+        }
+        for (name, mlp) in [("bottom", &self.bottom_mlp), ("top", &self.top_mlp)] {
+            if mlp.len() > MAX_LAYERS + 1 {
+                return fail(format!(
+                    "a {name} MLP of {} layers: at most {MAX_LAYERS}",
+                    mlp.len() - 1
+                ));
             }
         }
         Ok(())

@@ -98,6 +98,8 @@ pub struct Dlrm {
     /// Whether the Trainer's pipeline reads disk-tier rows ahead (see
     /// [`Dlrm::set_read_ahead`]).
     read_ahead: bool,
+    /// How the model reads its inputs (see [`Dlrm::dataset_spec`]).
+    dataset_spec: Option<ember_dataloader::DatasetSpec>,
 }
 
 /// [`Model::input_dist`] of a sharded [`Dlrm`]: its tables' input router.
@@ -170,6 +172,19 @@ impl Dlrm {
         self.read_ahead = on;
     }
 
+    /// The dataset spec of the data this model is trained on (set by the
+    /// [`Trainer`](crate::Trainer) from a `Loader`, or read from its
+    /// checkpoint): its checkpoints carry it, so that evaluation reads
+    /// inputs as training did. `None`: not known.
+    pub fn dataset_spec(&self) -> Option<&ember_dataloader::DatasetSpec> {
+        self.dataset_spec.as_ref()
+    }
+
+    /// Sets (or clears) what [`dataset_spec`](Self::dataset_spec) returns.
+    pub fn set_dataset_spec(&mut self, spec: Option<ember_dataloader::DatasetSpec>) {
+        self.dataset_spec = spec;
+    }
+
     /// [`Dlrm::new`] as rank `comm.rank()` of a multi-process world: the same
     /// model, of which this rank holds (and ever allocates) only the shards
     /// of its device under `plan` (one device per rank). The rank steps on
@@ -237,6 +252,7 @@ impl Dlrm {
             compiled: None,
             routed: None,
             read_ahead: false,
+            dataset_spec: None,
         })
     }
 
@@ -632,6 +648,10 @@ impl Model for Dlrm {
 
     fn world(&self) -> Option<&Arc<dyn Collective>> {
         Dlrm::world(self)
+    }
+
+    fn record_dataset_spec(&mut self, spec: &ember_dataloader::DatasetSpec) {
+        self.dataset_spec = Some(spec.clone());
     }
 
     /// One file (`model.safetensors`) from one process; a set (an index and

@@ -1,0 +1,99 @@
+//! Helpers shared by the end-to-end tests: the `ember` binary run, its JSON
+//! read, a failure checked to be clean.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::Command;
+
+/// Runs ember, which must succeed; its stdout.
+pub fn ember(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .expect("the ember binary runs");
+    assert!(
+        out.status.success(),
+        "ember {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs ember, which must succeed; its stderr (warnings, progress).
+pub fn ember_stderr(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .expect("the ember binary runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "ember {args:?} failed: {err}");
+    err + &String::from_utf8_lossy(&out.stdout)
+}
+
+/// The last JSON line of a command's output.
+pub fn json(args: &[&str]) -> serde_json::Value {
+    let out = ember(args);
+    let last = out.trim().lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// Runs ember expecting a clean failure (an error, exit code 1, or a flag
+/// clap refuses, 2: never a panic or a signal); its stderr.
+pub fn ember_fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .expect("the ember binary runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let clean = matches!(out.status.code(), Some(1 | 2));
+    assert!(clean, "ember {args:?} must fail cleanly: {err}");
+    err
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `ember ingest synthetic` of `rows` Criteo-schema rows (26 tables of 100
+/// rows) into `dir/name`, from stream `stream`.
+pub fn synthetic(dir: &Path, name: &str, rows: &str, stream: &str) -> String {
+    let out = dir.join(name);
+    ember(&[
+        "ingest",
+        "synthetic",
+        "--rows",
+        rows,
+        "--output",
+        s(&out),
+        "--stream",
+        stream,
+        "--seed",
+        "5",
+        "--row-group-size",
+        "1000",
+        "--rows-per-file",
+        "8000",
+        "--arch-embedding-size",
+        &["100"; 26].join("-"),
+    ]);
+    out.to_str().unwrap().to_string()
+}
+
+/// A small DLRM for `synthetic`'s data.
+pub const ARCH: &[&str] = &[
+    "--arch-sparse-feature-size",
+    "4",
+    "--arch-mlp-bot",
+    "13-8-4",
+    "--arch-mlp-top",
+    "8-1",
+    "--arch-embedding-size",
+    "100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100-100",
+    "--mini-batch-size",
+    "128",
+    "--learning-rate",
+    "0.1",
+    "--threads",
+    "2",
+];

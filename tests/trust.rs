@@ -1,0 +1,631 @@
+//! Outputs that are never silently wrong (issue "trustworthy outputs"):
+//! each test here reproduces a way Ember once said "done" while its result
+//! was wrong, mixed or lost, through the binary as a user runs it, or
+//! through the library as a user's program calls it.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Float32Array, Int64Array, Int8Array, RecordBatch};
+use common::{ember, ember_fails, ember_stderr, json, s, synthetic, ARCH};
+use ember::dataloader::{DatasetSpec, DenseTransform, IdTransform, Loader, LoaderConfig};
+use ember::dense::{DenseOptimizerConfig, HasParams};
+use ember::models::{
+    Backend, Checkpoint, Dlrm, DlrmConfig, InteractionType, TrainState, Trainer, TrainerConfig,
+};
+use ember::sparse::TableOptimizer;
+
+/// Trains `ARCH` on `data` for one epoch into `ckpt`, evaluating on `eval`.
+fn train(data: &str, eval: &str, ckpt: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "train",
+        "--data",
+        data,
+        "--eval-data",
+        eval,
+        "--checkpoint-dir",
+        s(ckpt),
+        "--json",
+    ];
+    args.extend_from_slice(ARCH);
+    args.extend_from_slice(extra);
+    json(&args)
+}
+
+/// The architecture `ARCH` gives, for checkpoints made by the library.
+fn arch() -> DlrmConfig {
+    DlrmConfig {
+        tables: DlrmConfig::criteo_tables(&[100; 26], 4),
+        bottom_mlp: vec![13, 8, 4],
+        top_mlp: vec![8, 1],
+        interaction: InteractionType::Dot,
+    }
+}
+
+fn new_model() -> Dlrm {
+    let opt = TableOptimizer::rowwise_adagrad(0.1);
+    Dlrm::new(arch(), opt, DenseOptimizerConfig::sgd(0.1), 7).unwrap()
+}
+
+#[test]
+fn eval_and_predict_read_inputs_as_the_checkpoint_was_trained() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "train", "4000", "0");
+    let eval_data = synthetic(dir.path(), "eval", "1000", "1");
+    let ckpt = dir.path().join("ckpt");
+    let transforms = ["--dense-transform", "log-plus3", "--id-transform", "hash"];
+    let trained = train(&data, &eval_data, &ckpt, &transforms);
+
+    // No flags: the checkpoint's transforms, so training's own metrics.
+    let e = json(&[
+        "eval",
+        "--checkpoint",
+        s(&ckpt),
+        "--data",
+        &eval_data,
+        "--json",
+    ]);
+    assert_eq!(e["auc"], trained["eval"]["auc"]);
+    // The library's load path gives the same spec.
+    let spec = Checkpoint::open(&ckpt).unwrap().input_spec();
+    assert_eq!(
+        (spec.dense_transform, spec.id_transform),
+        (DenseTransform::LogPlus3, IdTransform::Hash)
+    );
+    // A flag that disagrees is refused with both values named; one that
+    // agrees is accepted.
+    let base = ["eval", "--checkpoint", s(&ckpt), "--data", &eval_data];
+    let err = ember_fails(&[&base[..], &["--dense-transform", "log1p"]].concat());
+    assert!(err.contains("log1p") && err.contains("log-plus3"), "{err}");
+    let err = ember_fails(&[&base[..], &["--id-transform", "modulo"]].concat());
+    assert!(err.contains("modulo") && err.contains("hash"), "{err}");
+    let agreed = json(&[&base[..], &["--dense-transform", "log-plus3", "--json"]].concat());
+    assert_eq!(agreed["auc"], e["auc"]);
+
+    // predict reads as eval does: the same logits as the library's model
+    // on batches read with the recorded spec.
+    let out = dir.path().join("p.parquet");
+    ember(&[
+        "predict",
+        "--checkpoint",
+        s(&ckpt),
+        "--data",
+        &eval_data,
+        "--output",
+        s(&out),
+    ]);
+    let ckpt = Checkpoint::open(&ckpt).unwrap();
+    let mut model = ckpt.inference_model().unwrap();
+    let loader = Loader::open(
+        &[eval_data.into()],
+        LoaderConfig::new(1000, ckpt.input_spec()),
+    )
+    .unwrap();
+    let batch =
+        ember::models::Batch::from_loader(loader.epoch(0, 0).next().unwrap().unwrap()).unwrap();
+    let be = Backend::native();
+    let want = model.predict(be.dense(), &batch).unwrap().to_vec();
+    assert_eq!(logits(&out), want);
+}
+
+/// The `logit` column of a prediction file.
+fn logits(path: &Path) -> Vec<f32> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Float32Type;
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for b in reader {
+        let b = b.unwrap();
+        let col = b
+            .column_by_name("logit")
+            .unwrap()
+            .as_primitive::<Float32Type>();
+        out.extend(col.values().iter().copied());
+    }
+    out
+}
+
+#[test]
+fn a_diverged_checkpoint_is_an_error_not_nan_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let eval_data = synthetic(dir.path(), "eval", "1000", "1");
+    // Finite weights whose products overflow: a diverged model.
+    let mut model = new_model();
+    for p in model.dense_arch_mut().params() {
+        p.value.iter_mut().for_each(|w| *w = 1e30);
+    }
+    let ckpt = dir.path().join("model.safetensors");
+    ember::models::checkpoint::save(&mut model, &ckpt, None).unwrap();
+    let err = ember_fails(&["eval", "--checkpoint", s(&ckpt), "--data", &eval_data]);
+    assert!(
+        err.contains("1000 of 1000 model outputs are not finite") && err.contains("row 0"),
+        "{err}"
+    );
+    assert!(err.contains(s(&ckpt)), "{err}");
+    let out = dir.path().join("p.parquet");
+    let err = ember_fails(&[
+        "predict",
+        "--checkpoint",
+        s(&ckpt),
+        "--data",
+        &eval_data,
+        "--output",
+        s(&out),
+    ]);
+    assert!(
+        err.contains("not finite") && err.contains("nothing written"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(!out.exists() && left.len() == 2, "{left:?}");
+}
+
+/// Writes a Parquet file of columns `y` (int8 label, when given), `x`
+/// (float) and `c` (int64 ids).
+fn write_small(path: &Path, label: Option<&[i8]>, x: &[f32], c: &[i64]) {
+    let mut columns: Vec<(&str, ArrayRef)> = Vec::new();
+    if let Some(y) = label {
+        columns.push(("y", Arc::new(Int8Array::from(y.to_vec()))));
+    }
+    columns.push(("x", Arc::new(Float32Array::from(x.to_vec()))));
+    columns.push(("c", Arc::new(Int64Array::from(c.to_vec()))));
+    let batch = RecordBatch::try_from_iter(columns).unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+const SMALL_SPEC: &str = r#"{"label": "y", "dense": [{"column": "x"}], "dense_transform": "identity",
+    "sparse": [{"column": "c"}],
+    "tables": [{"name": "t_c", "num_embeddings": 50, "embedding_dim": 4, "feature_names": ["c"]}]}"#;
+
+#[test]
+fn nan_dense_values_are_refused_under_every_transform() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nan.parquet");
+    write_small(
+        &file,
+        Some(&[0, 1, 0, 1]),
+        &[0.5, 1.0, f32::NAN, 2.0],
+        &[1, 2, 3, 4],
+    );
+    let spec = dir.path().join("spec.json");
+    std::fs::write(&spec, SMALL_SPEC).unwrap();
+    for t in ["log1p", "log-plus3", "identity"] {
+        let err = ember_fails(&[
+            "bench",
+            "loader",
+            "--data",
+            s(&file),
+            "--dataset-spec",
+            s(&spec),
+            "--dense-transform",
+            t,
+            "--mini-batch-size",
+            "4",
+        ]);
+        assert!(
+            err.contains(s(&file))
+                && err.contains("'x'")
+                && err.contains("row 2")
+                && err.contains("NaN"),
+            "{t}: {err}"
+        );
+    }
+}
+
+#[test]
+fn predict_reads_unlabelled_data_and_eval_says_it_needs_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, c): (Vec<f32>, Vec<i64>) = (0..400).map(|i| ((i % 7) as f32 / 7.0, i % 50)).unzip();
+    let y: Vec<i8> = (0..400).map(|i| (i % 50 < 25) as i8).collect();
+    let labelled = dir.path().join("labelled.parquet");
+    write_small(&labelled, Some(&y), &x, &c);
+    let unlabelled_dir = dir.path().join("serving");
+    std::fs::create_dir(&unlabelled_dir).unwrap();
+    let unlabelled = unlabelled_dir.join("requests.parquet");
+    write_small(&unlabelled, None, &x, &c);
+    let spec = dir.path().join("spec.json");
+    std::fs::write(&spec, SMALL_SPEC).unwrap();
+    let ckpt = dir.path().join("ckpt");
+    ember(&[
+        "train",
+        "--data",
+        s(&labelled),
+        "--dataset-spec",
+        s(&spec),
+        "--arch-mlp-bot",
+        "1-4",
+        "--arch-mlp-top",
+        "4-1",
+        "--mini-batch-size",
+        "64",
+        "--checkpoint-dir",
+        s(&ckpt),
+    ]);
+    // The recorded spec reads the serving data: no flags needed.
+    let (a, b) = (dir.path().join("a.parquet"), dir.path().join("b.parquet"));
+    let p = json(&[
+        "predict",
+        "--checkpoint",
+        s(&ckpt),
+        "--data",
+        s(&unlabelled),
+        "--output",
+        s(&a),
+        "--json",
+    ]);
+    assert_eq!(p["rows"], 400);
+    ember(&[
+        "predict",
+        "--checkpoint",
+        s(&ckpt),
+        "--data",
+        s(&labelled),
+        "--output",
+        s(&b),
+    ]);
+    assert_eq!(logits(&a), logits(&b));
+    let err = ember_fails(&["eval", "--checkpoint", s(&ckpt), "--data", s(&unlabelled)]);
+    assert!(
+        err.contains(s(&unlabelled))
+            && err.contains("'y'")
+            && err.contains("label column is needed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn resume_refuses_inference_checkpoints_and_names_the_flags_it_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "train", "2000", "0");
+    let eval_data = synthetic(dir.path(), "eval", "500", "1");
+    let ckpt = dir.path().join("ckpt");
+    train(&data, &eval_data, &ckpt, &[]);
+    for dtype in ["int8", "fp16", "fp32"] {
+        let served = dir.path().join(dtype);
+        std::fs::create_dir(&served).unwrap();
+        let file = served.join("model.safetensors");
+        ember(&[
+            "quantize",
+            "--checkpoint",
+            s(&ckpt),
+            "--dtype",
+            dtype,
+            "--output",
+            s(&file),
+        ]);
+        let before = std::fs::read(&file).unwrap();
+        let err = ember_fails(&[
+            "train",
+            "--data",
+            &data,
+            "--checkpoint-dir",
+            s(&served),
+            "--resume",
+        ]);
+        assert!(err.contains("written for inference"), "{dtype}: {err}");
+        assert_eq!(std::fs::read(&file).unwrap(), before, "{dtype}");
+    }
+    let out = ember_stderr(&[
+        "train",
+        "--data",
+        &data,
+        "--checkpoint-dir",
+        s(&ckpt),
+        "--resume",
+        "--epochs",
+        "2",
+        "--learning-rate",
+        "0.5",
+        "--optimizer",
+        "adam",
+        "--mini-batch-size",
+        "64",
+        "--seed",
+        "9",
+    ]);
+    let warning = out
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or_default();
+    for flag in [
+        "--learning-rate 0.5",
+        "--optimizer adam",
+        "--mini-batch-size 64",
+        "--seed 9",
+    ] {
+        assert!(warning.contains(flag), "{flag}: {out}");
+    }
+}
+
+#[test]
+fn disk_dir_says_where_tables_went_and_refuses_caches_too_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let bench = |cache: &str| {
+        vec![
+            "bench".to_string(),
+            "dlrm".into(),
+            "--arch-embedding-size".into(),
+            "200000-100".into(),
+            "--arch-sparse-feature-size".into(),
+            "4".into(),
+            "--arch-mlp-bot".into(),
+            "13-4".into(),
+            "--arch-mlp-top".into(),
+            "4-1".into(),
+            "--mini-batch-size".into(),
+            "64".into(),
+            "--num-batches".into(),
+            "2".into(),
+            "--disk-dir".into(),
+            s(&disk).into(),
+            "--cache-memory".into(),
+            cache.into(),
+        ]
+    };
+    let args = bench("50%");
+    let out = ember_stderr(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        out.contains("1 of 2 tables (t_cat_0); in RAM: 1 (t_cat_1)"),
+        "{out}"
+    );
+    for tiny in ["0", "1B", "0.01%"] {
+        let args = bench(tiny);
+        let err = ember_fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            err.contains("--cache-memory")
+                && (err.contains("no table goes to the disk tier") || err.contains("above 0%")),
+            "{tiny}: {err}"
+        );
+    }
+    // train and eval say the same.
+    let data = synthetic(dir.path(), "train", "2000", "0");
+    let ckpt = dir.path().join("ckpt");
+    let err = ember_fails(
+        &[
+            &[
+                "train",
+                "--data",
+                &data,
+                "--checkpoint-dir",
+                s(&ckpt),
+                "--disk-dir",
+                s(&disk),
+            ][..],
+            ARCH,
+        ]
+        .concat(),
+    );
+    assert!(err.contains("no table goes to the disk tier"), "{err}");
+}
+
+/// Saves `new_model()` into `dir` with the training position `state`.
+fn checkpoint_at(dir: &Path, state: TrainState) {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("model.safetensors");
+    ember::models::checkpoint::save(&mut new_model(), &path, Some(&state)).unwrap();
+}
+
+#[test]
+fn impossible_training_positions_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "train", "2000", "0");
+    let good = TrainState {
+        epoch: 0,
+        batches_in_epoch: 3,
+        steps: 3,
+        batch_size: 128,
+        shuffle_seed: Some(123),
+        world_size: 1,
+        ..TrainState::default()
+    };
+    let resume = |ckpt: &Path| {
+        vec![
+            "train",
+            "--data",
+            &data,
+            "--checkpoint-dir",
+            s(ckpt),
+            "--resume",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()
+    };
+    let ok = dir.path().join("ok");
+    checkpoint_at(&ok, good.clone());
+    let v = json(
+        &[
+            resume(&ok).iter().map(String::as_str).collect::<Vec<_>>(),
+            vec!["--json"],
+        ]
+        .concat(),
+    );
+    assert_eq!(v["resumed_at_step"], 3);
+    let cases = [
+        (
+            "batch size",
+            TrainState {
+                batch_size: 0,
+                ..good.clone()
+            },
+            "batch size none recorded",
+        ),
+        (
+            "world size",
+            TrainState {
+                world_size: 0,
+                ..good.clone()
+            },
+            "0 processes",
+        ),
+        (
+            "batch index",
+            TrainState {
+                batches_in_epoch: 1000,
+                steps: 1000,
+                ..good.clone()
+            },
+            "batch 1000 of epoch 0",
+        ),
+        (
+            "steps",
+            TrainState {
+                steps: u64::MAX - 1,
+                ..good.clone()
+            },
+            "steps in all",
+        ),
+        (
+            "steps below the batch",
+            TrainState {
+                steps: 1,
+                ..good.clone()
+            },
+            "fewer than",
+        ),
+    ];
+    for (what, state, says) in cases {
+        let ckpt = dir.path().join(what.replace(' ', "_"));
+        checkpoint_at(&ckpt, state);
+        let before = std::fs::read(ckpt.join("model.safetensors")).unwrap();
+        let err = ember_fails(&resume(&ckpt).iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(err.contains(says), "{what}: {err}");
+        assert_eq!(
+            std::fs::read(ckpt.join("model.safetensors")).unwrap(),
+            before,
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn quantize_never_writes_over_its_input_or_requantizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "train", "2000", "0");
+    let eval_data = synthetic(dir.path(), "eval", "500", "1");
+    let ckpt = dir.path().join("ckpt");
+    train(&data, &eval_data, &ckpt, &[]);
+    let file = ckpt.join("model.safetensors");
+    let before = std::fs::read(&file).unwrap();
+    let link = dir.path().join("link.safetensors");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    let dotted = ckpt.join("..").join("ckpt").join("model.safetensors");
+    for output in [&file, &link, &dotted] {
+        let err = ember_fails(&[
+            "quantize",
+            "--checkpoint",
+            s(&ckpt),
+            "--dtype",
+            "int8",
+            "--output",
+            s(output),
+        ]);
+        assert!(
+            err.contains("input checkpoint"),
+            "{}: {err}",
+            output.display()
+        );
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), before);
+    // A quantized checkpoint is not quantized again into another type.
+    let int4 = dir.path().join("int4.safetensors");
+    ember(&[
+        "quantize",
+        "--checkpoint",
+        s(&ckpt),
+        "--dtype",
+        "int4",
+        "--output",
+        s(&int4),
+    ]);
+    let int8 = dir.path().join("int8.safetensors");
+    let err = ember_fails(&[
+        "quantize",
+        "--checkpoint",
+        s(&int4),
+        "--dtype",
+        "int8",
+        "--output",
+        s(&int8),
+    ]);
+    assert!(err.contains("already quantized (int4)"), "{err}");
+    assert!(!int8.exists());
+}
+
+#[test]
+fn absurd_layer_counts_are_refused_at_once() {
+    let err = ember_fails(&[
+        "bench",
+        "dlrm",
+        "--arch-interaction-op",
+        "dcn",
+        "--dcn-num-layers",
+        "1000000",
+        "--dcn-low-rank-dim",
+        "4",
+        "--mini-batch-size",
+        "2",
+        "--num-batches",
+        "1",
+    ]);
+    assert!(
+        err.contains("1000000 cross layers") && err.contains("at most 128"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_trainer_fed_by_a_loader_records_how_its_batches_were_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "train", "2000", "0");
+    let mut config = LoaderConfig::criteo(256, &arch().tables);
+    config.shuffle_seed = Some(7);
+    config.spec.dense_transform = DenseTransform::LogPlus3;
+    let loader = Loader::open(&[data.into()], config.clone()).unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let trainer = Trainer::new(
+        TrainerConfig {
+            checkpoint_dir: Some(ckpt.clone()),
+            ..TrainerConfig::default()
+        },
+        Backend::native(),
+    );
+    let mut model = new_model();
+    trainer
+        .fit(
+            &mut model,
+            &loader,
+            None,
+            TrainState::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+    let saved = Checkpoint::open(&ckpt).unwrap();
+    let state = saved.train_state().unwrap();
+    assert_eq!((state.batch_size, state.shuffle_seed), (256, Some(7)));
+    assert_eq!(state.dense_transform, Some(DenseTransform::LogPlus3));
+    assert_eq!(saved.dataset_spec(), Some(&config.spec));
+    // Resuming with batches made otherwise is refused.
+    let mut other = config;
+    other.batch_size = 128;
+    let loader = Loader::open(&[dir.path().join("train")], other).unwrap();
+    let state = trainer.resume(&mut model).unwrap();
+    let err = trainer
+        .fit(&mut model, &loader, None, state, &mut |_| {})
+        .unwrap_err();
+    assert!(err.to_string().contains("batch size 256"), "{err}");
+    let _: Option<&DatasetSpec> = saved.dataset_spec();
+}

@@ -629,3 +629,141 @@ fn a_trainer_fed_by_a_loader_records_how_its_batches_were_made() {
     assert!(err.to_string().contains("batch size 256"), "{err}");
     let _: Option<&DatasetSpec> = saved.dataset_spec();
 }
+
+/// Waits (at most two minutes) until `ready` holds.
+fn wait_for(what: &str, ready: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !ready() {
+        assert!(start.elapsed().as_secs() < 120, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Sends `signal` (`STOP`, `CONT`, `KILL`) to a child.
+fn signal(child: &std::process::Child, signal: &str) {
+    let pid = child.id().to_string();
+    let ok = std::process::Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap();
+    assert!(ok.success());
+}
+
+fn spawn(args: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_second_writer_of_a_directory_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "train", "4000", "0");
+    let ckpt = dir.path().join("ckpt");
+    let lock = ckpt.join(".ember.lock");
+    let train = [&["train", "--data", &data, "--checkpoint-dir", s(&ckpt), "--epochs", "3"][..], ARCH].concat();
+    // The first run holds the directory, stopped while it does.
+    let mut first = spawn(&train);
+    wait_for("the first run's lock", || lock.exists());
+    signal(&first, "STOP");
+    let err = ember_fails(&train);
+    let holder = format!("is in use by pid {} (started", first.id());
+    assert!(err.contains(s(&ckpt)) && err.contains(&holder) && err.contains("ember train"), "{err}");
+    // Readers are not blocked.
+    std::fs::create_dir_all(&ckpt).unwrap();
+    signal(&first, "CONT");
+    assert!(first.wait().unwrap().success());
+    assert!(!lock.exists());
+    let ckpt_file = Checkpoint::open(&ckpt).unwrap();
+    assert_eq!(ckpt_file.train_state().unwrap().epoch, 3);
+
+    // Two ingests into one directory: the second is refused, the first's
+    // set is whole.
+    let out = dir.path().join("out");
+    let ingest = |rows: &str| {
+        vec!["ingest".to_string(), "synthetic".into(), "--rows".into(), rows.into(),
+             "--output".into(), s(&out).into(), "--row-group-size".into(), "1000".into()]
+    };
+    let args = ingest("200000");
+    let mut first = spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    wait_for("the first ingest's lock", || out.join(".ember.lock").exists());
+    signal(&first, "STOP");
+    let args = ingest("1000");
+    let err = ember_fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(err.contains(&format!("is in use by pid {}", first.id())), "{err}");
+    signal(&first, "CONT");
+    assert!(first.wait().unwrap().success());
+    let v = json(&["bench", "loader", "--data", s(&out), "--mini-batch-size", "4096", "--json"]);
+    assert_eq!(v["rows"], 200000);
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_failed_ingest_leaves_the_previous_set_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let ingest = ["ingest", "synthetic", "--output", s(&out), "--row-group-size", "1000", "--rows-per-file", "1000"];
+    ember(&[&ingest[..], &["--rows", "3000", "--seed", "1"]].concat());
+    let before: Vec<(String, Vec<u8>)> = names(&out)
+        .into_iter()
+        .map(|n| (n.clone(), std::fs::read(out.join(&n)).unwrap()))
+        .collect();
+    assert_eq!(before.len(), 4, "{before:?}");
+    // A second, larger set that cannot be written whole: files are limited
+    // to 64 KiB (a full disk, as the process sees it), past its first part.
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 64; exec {} {} --rows 20000 --seed 2",
+        env!("CARGO_BIN_EXE_ember"),
+        ingest.join(" ")
+    );
+    let failed = std::process::Command::new("bash").args(["-c", &script]).output().unwrap();
+    let err = String::from_utf8_lossy(&failed.stderr);
+    assert_eq!(failed.status.code(), Some(1), "{err}");
+    let after: Vec<(String, Vec<u8>)> = names(&out)
+        .into_iter()
+        .map(|n| (n.clone(), std::fs::read(out.join(&n)).unwrap()))
+        .collect();
+    assert_eq!(after, before, "{err}");
+    let v = json(&["bench", "loader", "--data", s(&out), "--mini-batch-size", "1000", "--json"]);
+    assert_eq!(v["rows"], 3000);
+    // A rerun that succeeds replaces it whole.
+    ember(&[&ingest[..], &["--rows", "2000", "--seed", "2"]].concat());
+    assert_eq!(names(&out).len(), 3);
+}
+
+#[test]
+fn table_files_of_killed_runs_are_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let bench = |batches: &str| {
+        [
+            "bench", "dlrm", "--arch-embedding-size", "200000-100000", "--arch-sparse-feature-size", "16",
+            "--arch-mlp-bot", "13-16", "--arch-mlp-top", "16-1", "--mini-batch-size", "64",
+            "--num-batches", batches, "--disk-dir", s(&disk),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let rows = |d: &Path| names(d).into_iter().filter(|n| n.ends_with(".rows")).count();
+    let args = bench("100000000");
+    let mut run = spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    wait_for("the run's table files", || disk.exists() && rows(&disk) == 2);
+    signal(&run, "KILL");
+    run.wait().unwrap();
+    // Its files (sized for the whole tables) and its lock file stay.
+    assert_eq!(rows(&disk), 2);
+    assert!(disk.join(".ember.lock").exists());
+    let args = bench("2");
+    let out = ember_stderr(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("removed 2 table file(s) of killed runs"), "{out}");
+    assert_eq!(names(&disk), Vec::<String>::new());
+}

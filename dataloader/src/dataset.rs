@@ -120,7 +120,7 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
             markers.insert(marker.clone(), read);
         }
         let name = f.path.file_name();
-        let repair = "rerun the same `ember ingest` with --resume to repair it, or remove the part";
+        let repair = "rerun the ingest that wrote it (`ember ingest criteo --resume` repairs it, `ember ingest synthetic` writes the set anew), or remove the part";
         match &markers[&marker] {
             None => {
                 return Err(DataError::Config(format!(

@@ -51,6 +51,14 @@ pub enum DataError {
         /// What is wrong (serde's line and column, or the inconsistency).
         message: String,
     },
+    /// Another process writes into the directory: it holds its lock.
+    #[error("{} is in use by {holder}: one writer per directory (wait for it to finish, or write elsewhere)", path.display())]
+    InUse {
+        /// The directory.
+        path: PathBuf,
+        /// Who holds it, as its lock file says (`pid N (started T: what)`).
+        holder: String,
+    },
     /// A malformed input line under `--strict`.
     #[error("{}:{line}: {reason}", path.display())]
     Malformed {

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
 use crate::criteo::{parse_line, CriteoRecord, Reject};
+use crate::lock::DirLock;
 use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
 use crate::writer::{CriteoBatchBuilder, ParquetSink, SinkOptions};
 use crate::DataError;
@@ -214,7 +215,7 @@ pub fn ingest_criteo(
             )));
         }
     }
-    std::fs::create_dir_all(output).map_err(DataError::io(output))?;
+    let _lock = DirLock::acquire(output, "ember ingest criteo")?;
     let mut summary = IngestSummary::default();
     let mut done_bytes = 0;
     for input in inputs {

@@ -19,6 +19,7 @@ pub mod dataset;
 mod error;
 pub mod ingest;
 pub mod loader;
+pub mod lock;
 pub mod schema;
 pub mod spec;
 pub mod transform;

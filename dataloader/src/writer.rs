@@ -225,6 +225,82 @@ pub struct ParquetSink {
     bytes_written: u64,
 }
 
+/// A set written beside the one it replaces: its parts and marker go to a
+/// hidden staging directory `<dir>/.<prefix>.staging` (which no reader
+/// lists), and [`replace`](Self::replace) swaps them in once whole. Until
+/// then the previous set stays as it was; dropped unreplaced (an error, a
+/// full disk) the staging directory goes, and one a killed run left is
+/// removed by the next [`begin`](Self::begin).
+///
+/// The swap removes the old marker first, so a reader never sees a mix:
+/// between that and the new marker (moved in last) the loader refuses the
+/// parts as a set whose ingest never finished.
+#[derive(Debug)]
+pub struct StagedSet {
+    dir: PathBuf,
+    prefix: String,
+    staging: PathBuf,
+    replaced: bool,
+}
+
+impl StagedSet {
+    /// Starts the set `prefix` of `dir` (which must exist) anew in its
+    /// staging directory.
+    pub fn begin(dir: &Path, prefix: &str) -> Result<Self, DataError> {
+        let staging = dir.join(format!(".{prefix}.staging"));
+        match std::fs::remove_dir_all(&staging) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(DataError::io(&staging)(e))
+            }
+            _ => {}
+        }
+        std::fs::create_dir(&staging).map_err(DataError::io(&staging))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            prefix: prefix.to_string(),
+            staging,
+            replaced: false,
+        })
+    }
+
+    /// Where the new set is written (a [`ParquetSink`]'s directory).
+    pub fn dir(&self) -> &Path {
+        &self.staging
+    }
+
+    /// Swaps the staged set (its parts `files`, and its marker) in for the
+    /// previous one; returns the parts' new paths.
+    pub fn replace(mut self, files: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
+        let staged_marker = ParquetSink::marker_path(&self.staging, &self.prefix);
+        let marker = ParquetSink::marker_path(&self.dir, &self.prefix);
+        let text = std::fs::read(&staged_marker).map_err(DataError::io(&staged_marker))?;
+        let mut json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+            DataError::Config(format!("{}: {e}", staged_marker.display()))
+        })?;
+        let moved: Vec<PathBuf> = (files.iter())
+            .map(|f| self.dir.join(f.file_name().unwrap_or_default()))
+            .collect();
+        json["files"] = serde_json::to_value(&moved).expect("paths serialise");
+        ParquetSink::remove_set(&self.dir, &self.prefix)?;
+        for (from, to) in files.iter().zip(&moved) {
+            std::fs::rename(from, to).map_err(DataError::io(to))?;
+        }
+        let json = serde_json::to_vec_pretty(&json).expect("a marker serialises");
+        crate::atomic::write_atomic(&marker, &json)?;
+        self.replaced = true;
+        std::fs::remove_dir_all(&self.staging).map_err(DataError::io(&self.staging))?;
+        Ok(moved)
+    }
+}
+
+impl Drop for StagedSet {
+    fn drop(&mut self) {
+        if !self.replaced {
+            let _ = std::fs::remove_dir_all(&self.staging);
+        }
+    }
+}
+
 /// The completion marker [`ParquetSink::finish`] writes.
 #[derive(Serialize)]
 struct SetMarker {

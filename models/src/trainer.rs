@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ember_dataloader::lock::DirLock;
 use ember_sharding::collective::{patiently, SETUP_TIMEOUT};
 use ember_sharding::Collective;
 use thiserror::Error;
@@ -521,10 +522,22 @@ impl Trainer {
     ) -> Result<TrainSummary, TrainError> {
         let c = &self.config;
         self.backend.check_mode(c.mode)?;
-        if let Some(dir) = &c.checkpoint_dir {
-            prepare_checkpoint_dir(dir)?;
-        }
         let world = model.world().cloned();
+        // One run per checkpoint directory, held to the end (rank 0 holds
+        // it for the ranks of a world, which write there together).
+        let _lock = match &c.checkpoint_dir {
+            Some(dir) if world.as_ref().is_none_or(|w| w.rank() == 0) => {
+                not_a_file(dir)?;
+                let lock = DirLock::acquire(dir, "ember train").map_err(ModelError::from)?;
+                prepare_checkpoint_dir(dir)?;
+                Some(lock)
+            }
+            Some(dir) => {
+                prepare_checkpoint_dir(dir)?;
+                None
+            }
+            None => None,
+        };
         let world_size = world.as_ref().map_or(1, |w| w.world_size());
         let resumed = !from.is_fresh();
         if resumed && from.world_size == 0 {
@@ -848,11 +861,7 @@ impl Trainer {
 /// temporary files a killed run left in it.
 fn prepare_checkpoint_dir(dir: &std::path::Path) -> Result<(), ModelError> {
     let fail = |m: String| crate::checkpoint::fail_at(dir, m);
-    if dir.exists() && !dir.is_dir() {
-        return Err(fail(
-            "the checkpoint directory is a file, not a directory".into(),
-        ));
-    }
+    not_a_file(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
     // Only checkpoint files' temporaries: the directory may hold others'.
     // `.tmpXXXXXX` is what the safetensors crate's writer (earlier versions
@@ -952,6 +961,17 @@ fn check_position(state: &TrainState, per_epoch: &[u64]) -> Result<(), TrainErro
         return bad(format!(
             "{} steps in all by epoch {}, more than epochs of at most {longest} batches can take",
             state.steps, state.epoch
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a checkpoint directory that is a regular file.
+fn not_a_file(dir: &std::path::Path) -> Result<(), ModelError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(crate::checkpoint::fail_at(
+            dir,
+            "the checkpoint directory is a file, not a directory".into(),
         ));
     }
     Ok(())

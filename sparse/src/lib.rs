@@ -32,5 +32,6 @@ pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor, PooledValue};
 pub use optimizer::TableOptimizer;
 pub use tier::{
-    disk_tier_file_bytes, CachePolicy, DiskTierConfig, ReadAhead, TierStats, CACHE_WAYS,
+    disk_tier_file_bytes, reclaim_row_files, CachePolicy, DiskTierConfig, ReadAhead, TierStats,
+    CACHE_WAYS,
 };

@@ -310,7 +310,7 @@ fn run_in_pool(
     let plan = planned.as_ref().map(|(plan, _)| plan);
     let tiers = (args.tier).tiers_for(plan, &config.tables, &table_optimizer, batch_ids)?;
     let placement = (args.tier).placement(plan, &config.tables, &tiers, batch_ids)?;
-    args.tier.make_dir()?;
+    let (_disk_lock, reclaimed) = args.tier.take_dir(launch.is_root(), "ember bench dlrm")?;
     super::arch::check_memory(
         &super::tier::resident(config, &tiers),
         table_optimizer,
@@ -354,7 +354,7 @@ fn run_in_pool(
 
     let progress = Progress::new(args.num_batches, "dlrm", args.json).quiet(!launch.is_root());
     let fault = Fault::from_env(launch)?;
-    if let Some(line) = placement {
+    for line in [reclaimed, placement].into_iter().flatten() {
         progress.line(&line);
     }
     progress.line(&format!(

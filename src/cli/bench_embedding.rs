@@ -245,8 +245,9 @@ fn check_memory(args: &EmbeddingArgs) -> anyhow::Result<()> {
 fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<EmbeddingReport> {
     let (configs, tiers) = tables(args)?;
     let cache = tiers[0].as_ref().map(|t| t.cache_rows);
-    if let Some(dir) = &args.tier.disk_dir {
-        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+    let (_disk_lock, reclaimed) = args.tier.take_dir(true, "ember bench embedding")?;
+    if let Some(line) = reclaimed {
+        eprintln!("{line}");
     }
     let ebc = EmbeddingBagCollection::with_disk_tiers(
         configs,

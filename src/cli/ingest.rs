@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use ember_dataloader::ingest::{ingest_criteo, IngestOptions, IngestSummary};
 use ember_dataloader::schema::NUM_CAT;
-use ember_dataloader::writer::{Codec, CriteoBatchBuilder, ParquetSink, SinkOptions};
+use ember_dataloader::lock::DirLock;
+use ember_dataloader::writer::{Codec, CriteoBatchBuilder, ParquetSink, SinkOptions, StagedSet};
 use ember_models::{DataGeneration, SyntheticConfig, SyntheticData};
 
 use super::arch::TableArgs;
@@ -233,11 +234,12 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
     })?;
     let multi: [bool; NUM_CAT] = std::array::from_fn(|i| sizes[i] > 1);
     let mut builder = CriteoBatchBuilder::new(&multi);
-    std::fs::create_dir_all(&args.output).with_context(|| args.output.display().to_string())?;
-    // A rerun replaces the set whole: no part of a longer earlier run stays.
-    ParquetSink::remove_set(&args.output, SYNTHETIC)?;
+    let _lock = DirLock::acquire(&args.output, "ember ingest synthetic")?;
+    // A rerun replaces the set whole (no part of a longer earlier run
+    // stays), once the new one is: until then the old one stays as it was.
+    let staged = StagedSet::begin(&args.output, SYNTHETIC)?;
     let mut sink = ParquetSink::new(
-        &args.output,
+        staged.dir(),
         SYNTHETIC,
         builder.schema().clone(),
         sink_options,
@@ -258,6 +260,7 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
         progress.set(written);
     }
     let (files, bytes_out) = sink.finish()?;
+    let files = staged.replace(&files)?;
     progress.finish();
     let seconds = start.elapsed().as_secs_f64();
     Ok(SyntheticReport {

@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Args;
+use ember_dataloader::lock::DirLock;
 use serde::Serialize;
 
 use ember_models::checkpoint::{quantize, QuantizeSummary};
@@ -38,6 +40,8 @@ pub struct QuantizeReport {
 
 pub fn run(args: &QuantizeArgs) -> anyhow::Result<QuantizeReport> {
     let start = Instant::now();
+    // One writer of the output's directory (a training run's, say).
+    let _lock = DirLock::for_file(&args.output, "ember quantize").context("--output")?;
     let summary = quantize(&args.checkpoint, args.dtype, &args.output)?;
     Ok(QuantizeReport {
         checkpoint: args.checkpoint.clone(),

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use anyhow::Context;
 use ember_dataloader::atomic::same_file;
+use ember_dataloader::lock::DirLock;
 use ember_dataloader::writer::PredictionWriter;
 use ember_models::{Batch, Checkpoint, Dlrm, OutputCheck};
 
@@ -45,8 +46,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The checkpoint's model and a loader of the data, reading its label
     /// column when `labels` (eval; predict reads data without one too).
-    /// Also returns the checkpoint's files, which no output may be.
-    fn open(&self, labels: bool) -> anyhow::Result<(Dlrm, ember_dataloader::Loader, Vec<PathBuf>)> {
+    fn open(&self, labels: bool) -> anyhow::Result<Opened> {
         anyhow::ensure!(
             self.mini_batch_size > 0,
             "--mini-batch-size must be at least 1"
@@ -55,10 +55,11 @@ impl ServeArgs {
         let none = ember_sparse::TableOptimizer::None;
         let tables = &ckpt.config().tables;
         let tiers = (self.tier).tiers(tables, &none, self.mini_batch_size)?;
-        if let Some(line) = (self.tier).placement(None, tables, &tiers, self.mini_batch_size)? {
+        let placement = (self.tier).placement(None, tables, &tiers, self.mini_batch_size)?;
+        let (disk_lock, reclaimed) = self.tier.take_dir(true, "ember eval/predict")?;
+        for line in [reclaimed, placement].into_iter().flatten() {
             eprintln!("{line}");
         }
-        self.tier.make_dir()?;
         let dense = ember_dense::DenseOptimizerConfig::sgd(0.0);
         let model = ckpt.model_with_disk_tiers(none, dense, tiers)?;
         let spec = self.loader.spec_for_checkpoint(&ckpt)?;
@@ -68,13 +69,30 @@ impl ServeArgs {
         };
         let loader = ember_dataloader::Loader::open(&self.data, config)?;
         super::data::has_rows(&loader, "--data", &self.data)?;
-        Ok((model, loader, ckpt.files()))
+        Ok(Opened {
+            model,
+            loader,
+            checkpoint_files: ckpt.files(),
+            _disk_lock: disk_lock,
+        })
     }
+}
+
+/// A checkpoint's model, opened to serve data.
+struct Opened {
+    model: Dlrm,
+    loader: ember_dataloader::Loader,
+    /// The checkpoint's files, which no output may be.
+    checkpoint_files: Vec<PathBuf>,
+    /// --disk-dir, held while the model's table files live.
+    _disk_lock: Option<DirLock>,
 }
 
 pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
     super::with_threads(args.threads, || {
-        let (mut model, loader, _) = args.open(true)?;
+        let Opened {
+            mut model, loader, ..
+        } = args.open(true)?;
         let be = args.backend.build(ExecMode::Strict)?;
         let batches = loader.batches_per_epoch(0);
         let metrics = evaluate_data(&mut model, be.dense(), &loader, batches)
@@ -111,8 +129,12 @@ impl std::fmt::Display for PredictReport {
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
     super::with_threads(args.serve.threads, || {
-        let (mut model, loader, checkpoint) = args.serve.open(false)?;
-        refuse_an_input(&args.output, &checkpoint, &loader)?;
+        let opened = args.serve.open(false)?;
+        let (mut model, loader) = (opened.model, opened.loader);
+        refuse_an_input(&args.output, &opened.checkpoint_files, &loader)?;
+        // One writer of the output's directory: two runs writing one file
+        // would share its temporary file.
+        let _lock = DirLock::for_file(&args.output, "ember predict").context("--output")?;
         let be = args.serve.backend.build(ExecMode::Strict)?;
         let progress = Progress::new(loader.batches_per_epoch(0), "predict", args.serve.json);
         let mut out = PredictionWriter::create(&args.output)?;

@@ -268,6 +268,7 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanReport> {
         ..args.sharding.clone()
     };
     let (p, stats) = sharding.plan(&config, &options)?.expect("devices given");
+    let _lock = ember_dataloader::lock::DirLock::for_file(&args.output, "ember plan")?;
     ember_dataloader::atomic::write_atomic(&args.output, p.to_json().as_bytes())?;
     Ok(PlanReport {
         output: args.output.clone(),

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use ember_dataloader::lock::DirLock;
 use ember_sharding::{DiskTierModel, ShardingPlan};
 use ember_sparse::{CachePolicy, DiskTierConfig, EmbeddingBagConfig, TableOptimizer, CACHE_WAYS};
 
@@ -196,13 +197,37 @@ impl TierArgs {
         Ok(Some(line))
     }
 
-    /// Makes --disk-dir's directory (if given).
-    pub fn make_dir(&self) -> anyhow::Result<()> {
+    /// Takes --disk-dir (if given) for this run: makes it, locks it (one
+    /// run per directory; `root`: this process is the one that locks, rank
+    /// 0 under mpirun, whose ranks share it) and removes the table files
+    /// killed runs left there. Returns the lock, to hold for the run, and a
+    /// line saying what was reclaimed, if anything.
+    pub fn take_dir(
+        &self,
+        root: bool,
+        what: &str,
+    ) -> anyhow::Result<(Option<DirLock>, Option<String>)> {
         let Some(dir) = &self.disk_dir else {
-            return Ok(());
+            return Ok((None, None));
         };
         use anyhow::Context;
-        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())
+        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+        if !root {
+            return Ok((None, None));
+        }
+        let lock = DirLock::acquire(dir, what).context("--disk-dir")?;
+        let reclaimed = ember_sparse::reclaim_row_files(dir)
+            .with_context(|| format!("--disk-dir {}: removing killed runs' files", dir.display()))?;
+        let line = (!reclaimed.is_empty()).then(|| {
+            let bytes: u64 = reclaimed.iter().map(|(_, b)| b).sum();
+            format!(
+                "--disk-dir {}: removed {} table file(s) of killed runs ({:.1} MB)",
+                dir.display(),
+                reclaimed.len(),
+                bytes as f64 / 1e6
+            )
+        });
+        Ok((Some(lock), line))
     }
 }
 

@@ -498,10 +498,11 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let plan = launch.patiently(|| args.sharding.plan_for(&config, &options, launch))?;
     let plan = plan.map(|(plan, _)| plan);
     let tiers = (args.tier).tiers_for(plan.as_ref(), &config.tables, &optimizers.0, shape.0)?;
-    if let Some(line) = (args.tier).placement(plan.as_ref(), &config.tables, &tiers, shape.0)? {
+    let placement = (args.tier).placement(plan.as_ref(), &config.tables, &tiers, shape.0)?;
+    let (_disk_lock, reclaimed) = args.tier.take_dir(launch.is_root(), "ember train")?;
+    for line in [reclaimed, placement].into_iter().flatten() {
         progress.line(&line);
     }
-    args.tier.make_dir()?;
     super::arch::check_memory(
         &super::tier::resident(&config, &tiers),
         optimizers.0,

@@ -352,6 +352,58 @@ impl RowLog {
     }
 }
 
+/// Removes from `dir` the table files (`<table>.<pid>.<n>.rows`) of
+/// processes that are gone (a killed run's: a table file is removed when its
+/// table drops, which a `kill -9` never lets happen); returns each file
+/// removed with its size. Files of live processes, this one's included, and
+/// any other file are left alone.
+pub fn reclaim_row_files(dir: &Path) -> std::io::Result<Vec<(PathBuf, u64)>> {
+    let mut reclaimed = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(reclaimed),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = row_file_pid(&name) else {
+            continue;
+        };
+        if pid == std::process::id() || alive(pid) {
+            continue;
+        }
+        let bytes = entry.metadata().map_or(0, |m| m.len());
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => reclaimed.push((entry.path(), bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(reclaimed)
+}
+
+/// The pid in a table file's name `<table>.<pid>.<n>.rows`.
+fn row_file_pid(name: &str) -> Option<u32> {
+    let mut parts = name.strip_suffix(".rows")?.rsplitn(3, '.');
+    let n = parts.next()?;
+    let pid = parts.next()?;
+    let table = parts.next()?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(n) && !table.is_empty()).then_some(())?;
+    pid.parse().ok().filter(|_| digits(pid))
+}
+
+/// Whether process `pid` exists (signal 0 checks without sending).
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks the process.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// A table's file; removed on drop.
 #[derive(Debug)]
 struct RowFile {
@@ -502,6 +554,16 @@ fn advise_random(file: &File) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn row_file_names_give_their_pid() {
+        use super::row_file_pid;
+        assert_eq!(row_file_pid("t_cat_0.4242.7.rows"), Some(4242));
+        assert_eq!(row_file_pid("a.b.12.0.rows"), Some(12));
+        for other in ["t.rows", "t.x.1.rows", "t.1.x.rows", ".1.2.rows", "t.1.2.rows.tmp"] {
+            assert_eq!(row_file_pid(other), None, "{other}");
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashMap;

@@ -37,6 +37,7 @@ use crate::rows::TableRows;
 use crate::storage::{prefetch, prefetch_every, HugeArray};
 use crate::SparseError;
 pub use log::file_bytes as disk_tier_file_bytes;
+pub use log::reclaim_row_files;
 use log::RowLog;
 
 /// Ways of each cache set: a row may sit in any of 16 slots.

@@ -634,7 +634,10 @@ fn a_trainer_fed_by_a_loader_records_how_its_batches_were_made() {
 fn wait_for(what: &str, ready: impl Fn() -> bool) {
     let start = std::time::Instant::now();
     while !ready() {
-        assert!(start.elapsed().as_secs() < 120, "timed out waiting for {what}");
+        assert!(
+            start.elapsed().as_secs() < 120,
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
@@ -642,7 +645,10 @@ fn wait_for(what: &str, ready: impl Fn() -> bool) {
 /// Sends `signal` (`STOP`, `CONT`, `KILL`) to a child.
 fn signal(child: &std::process::Child, signal: &str) {
     let pid = child.id().to_string();
-    let ok = std::process::Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap();
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .unwrap();
     assert!(ok.success());
 }
 
@@ -661,14 +667,29 @@ fn a_second_writer_of_a_directory_is_refused_at_once() {
     let data = synthetic(dir.path(), "train", "4000", "0");
     let ckpt = dir.path().join("ckpt");
     let lock = ckpt.join(".ember.lock");
-    let train = [&["train", "--data", &data, "--checkpoint-dir", s(&ckpt), "--epochs", "3"][..], ARCH].concat();
+    let train = [
+        &[
+            "train",
+            "--data",
+            &data,
+            "--checkpoint-dir",
+            s(&ckpt),
+            "--epochs",
+            "3",
+        ][..],
+        ARCH,
+    ]
+    .concat();
     // The first run holds the directory, stopped while it does.
     let mut first = spawn(&train);
     wait_for("the first run's lock", || lock.exists());
     signal(&first, "STOP");
     let err = ember_fails(&train);
     let holder = format!("is in use by pid {} (started", first.id());
-    assert!(err.contains(s(&ckpt)) && err.contains(&holder) && err.contains("ember train"), "{err}");
+    assert!(
+        err.contains(s(&ckpt)) && err.contains(&holder) && err.contains("ember train"),
+        "{err}"
+    );
     // Readers are not blocked.
     std::fs::create_dir_all(&ckpt).unwrap();
     signal(&first, "CONT");
@@ -681,19 +702,40 @@ fn a_second_writer_of_a_directory_is_refused_at_once() {
     // set is whole.
     let out = dir.path().join("out");
     let ingest = |rows: &str| {
-        vec!["ingest".to_string(), "synthetic".into(), "--rows".into(), rows.into(),
-             "--output".into(), s(&out).into(), "--row-group-size".into(), "1000".into()]
+        vec![
+            "ingest".to_string(),
+            "synthetic".into(),
+            "--rows".into(),
+            rows.into(),
+            "--output".into(),
+            s(&out).into(),
+            "--row-group-size".into(),
+            "1000".into(),
+        ]
     };
     let args = ingest("200000");
     let mut first = spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    wait_for("the first ingest's lock", || out.join(".ember.lock").exists());
+    wait_for("the first ingest's lock", || {
+        out.join(".ember.lock").exists()
+    });
     signal(&first, "STOP");
     let args = ingest("1000");
     let err = ember_fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(err.contains(&format!("is in use by pid {}", first.id())), "{err}");
+    assert!(
+        err.contains(&format!("is in use by pid {}", first.id())),
+        "{err}"
+    );
     signal(&first, "CONT");
     assert!(first.wait().unwrap().success());
-    let v = json(&["bench", "loader", "--data", s(&out), "--mini-batch-size", "4096", "--json"]);
+    let v = json(&[
+        "bench",
+        "loader",
+        "--data",
+        s(&out),
+        "--mini-batch-size",
+        "4096",
+        "--json",
+    ]);
     assert_eq!(v["rows"], 200000);
 }
 
@@ -711,7 +753,16 @@ fn names(dir: &Path) -> Vec<String> {
 fn a_failed_ingest_leaves_the_previous_set_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let ingest = ["ingest", "synthetic", "--output", s(&out), "--row-group-size", "1000", "--rows-per-file", "1000"];
+    let ingest = [
+        "ingest",
+        "synthetic",
+        "--output",
+        s(&out),
+        "--row-group-size",
+        "1000",
+        "--rows-per-file",
+        "1000",
+    ];
     ember(&[&ingest[..], &["--rows", "3000", "--seed", "1"]].concat());
     let before: Vec<(String, Vec<u8>)> = names(&out)
         .into_iter()
@@ -725,7 +776,10 @@ fn a_failed_ingest_leaves_the_previous_set_as_it_was() {
         env!("CARGO_BIN_EXE_ember"),
         ingest.join(" ")
     );
-    let failed = std::process::Command::new("bash").args(["-c", &script]).output().unwrap();
+    let failed = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&failed.stderr);
     assert_eq!(failed.status.code(), Some(1), "{err}");
     let after: Vec<(String, Vec<u8>)> = names(&out)
@@ -733,7 +787,15 @@ fn a_failed_ingest_leaves_the_previous_set_as_it_was() {
         .map(|n| (n.clone(), std::fs::read(out.join(&n)).unwrap()))
         .collect();
     assert_eq!(after, before, "{err}");
-    let v = json(&["bench", "loader", "--data", s(&out), "--mini-batch-size", "1000", "--json"]);
+    let v = json(&[
+        "bench",
+        "loader",
+        "--data",
+        s(&out),
+        "--mini-batch-size",
+        "1000",
+        "--json",
+    ]);
     assert_eq!(v["rows"], 3000);
     // A rerun that succeeds replaces it whole.
     ember(&[&ingest[..], &["--rows", "2000", "--seed", "2"]].concat());
@@ -746,17 +808,37 @@ fn table_files_of_killed_runs_are_reclaimed() {
     let disk = dir.path().join("disk");
     let bench = |batches: &str| {
         [
-            "bench", "dlrm", "--arch-embedding-size", "200000-100000", "--arch-sparse-feature-size", "16",
-            "--arch-mlp-bot", "13-16", "--arch-mlp-top", "16-1", "--mini-batch-size", "64",
-            "--num-batches", batches, "--disk-dir", s(&disk),
+            "bench",
+            "dlrm",
+            "--arch-embedding-size",
+            "200000-100000",
+            "--arch-sparse-feature-size",
+            "16",
+            "--arch-mlp-bot",
+            "13-16",
+            "--arch-mlp-top",
+            "16-1",
+            "--mini-batch-size",
+            "64",
+            "--num-batches",
+            batches,
+            "--disk-dir",
+            s(&disk),
         ]
         .map(String::from)
         .to_vec()
     };
-    let rows = |d: &Path| names(d).into_iter().filter(|n| n.ends_with(".rows")).count();
+    let rows = |d: &Path| {
+        names(d)
+            .into_iter()
+            .filter(|n| n.ends_with(".rows"))
+            .count()
+    };
     let args = bench("100000000");
     let mut run = spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    wait_for("the run's table files", || disk.exists() && rows(&disk) == 2);
+    wait_for("the run's table files", || {
+        disk.exists() && rows(&disk) == 2
+    });
     signal(&run, "KILL");
     run.wait().unwrap();
     // Its files (sized for the whole tables) and its lock file stay.
@@ -764,6 +846,57 @@ fn table_files_of_killed_runs_are_reclaimed() {
     assert!(disk.join(".ember.lock").exists());
     let args = bench("2");
     let out = ember_stderr(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(out.contains("removed 2 table file(s) of killed runs"), "{out}");
+    assert!(
+        out.contains("removed 2 table file(s) of killed runs"),
+        "{out}"
+    );
     assert_eq!(names(&disk), Vec::<String>::new());
+}
+
+#[test]
+fn a_state_file_loads_tables_of_every_tier_and_type() {
+    use ember::models::checkpoint::{StateDict, StateFile};
+    use ember::sparse::{
+        CachePolicy, DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut item = EmbeddingBagConfig::new("t_item", 3000, 8, &["item"]);
+    item.data_type = DataType::Fp16;
+    let mut user = EmbeddingBagConfig::new("t_user", 500, 8, &["user"]);
+    user.data_type = DataType::Bf16;
+    let configs = vec![item, user];
+    let tier = Some(DiskTierConfig {
+        dir: dir.path().join("disk"),
+        cache_rows: 512,
+        policy: CachePolicy::Lru,
+    });
+    std::fs::create_dir_all(dir.path().join("disk")).unwrap();
+    let opt = TableOptimizer::rowwise_adagrad(0.1);
+    let saved =
+        EmbeddingBagCollection::with_disk_tiers(configs.clone(), opt, 3, vec![tier.clone(), None])
+            .unwrap();
+    let mut state = StateDict::new();
+    state.add_collection("sparse.", &saved);
+    let path = dir.path().join("state.safetensors");
+    state.save(&path, None).unwrap();
+
+    // Loaded into a disk-tier collection (it panicked), and by hand (only
+    // f32 was read).
+    let file = StateFile::open(&path).unwrap();
+    let mut loaded =
+        EmbeddingBagCollection::zeroed_with_disk_tiers(configs, opt, vec![tier, None]).unwrap();
+    file.load_collection("sparse.", &mut loaded).unwrap();
+    let (mut a, mut b) = (vec![0f32; 8], vec![0f32; 8]);
+    for (t, rows) in [(0, 3000), (1, 500)] {
+        let name = ["t_item", "t_user"][t];
+        let by_hand = file
+            .tensor(&format!("sparse.embedding_bags.{name}.weight"), &[rows, 8])
+            .unwrap();
+        for r in 0..rows {
+            saved.tables()[t].read_row(r, &mut a);
+            loaded.tables()[t].read_row(r, &mut b);
+            assert_eq!(a, b, "{name} row {r}");
+            assert_eq!(&by_hand[r * 8..(r + 1) * 8], &a[..], "{name} row {r}");
+        }
+    }
 }

@@ -11,10 +11,10 @@
 //! (an unlink between its open and its lock would otherwise give two
 //! holders of two different files), and tries again when not.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -157,9 +157,14 @@ mod tests {
         let held = DirLock::acquire(dir.path(), "ember train").unwrap();
         // Another open file description stands for another process.
         let path = dir.path().join(LOCK_FILE);
-        let error = lock(dir.path(), &path, "ember ingest").unwrap_err().to_string();
+        let error = lock(dir.path(), &path, "ember ingest")
+            .unwrap_err()
+            .to_string();
         let me = format!("is in use by pid {} (started", std::process::id());
-        assert!(error.contains(&me) && error.contains("ember train)"), "{error}");
+        assert!(
+            error.contains(&me) && error.contains("ember train)"),
+            "{error}"
+        );
         drop(held);
         lock(dir.path(), &path, "ember ingest").unwrap();
     }
@@ -168,10 +173,17 @@ mod tests {
     fn a_lock_left_by_a_dead_holder_is_taken_over() {
         let dir = tempfile::tempdir().unwrap();
         // A killed holder leaves its file, but the kernel dropped its lock.
-        std::fs::write(dir.path().join(LOCK_FILE), "pid 1 (started then: ember train)\n").unwrap();
+        std::fs::write(
+            dir.path().join(LOCK_FILE),
+            "pid 1 (started then: ember train)\n",
+        )
+        .unwrap();
         let held = DirLock::acquire(dir.path(), "ember ingest").unwrap();
         let record = std::fs::read_to_string(held.path()).unwrap();
-        assert!(record.starts_with(&format!("pid {} ", std::process::id())), "{record}");
+        assert!(
+            record.starts_with(&format!("pid {} ", std::process::id())),
+            "{record}"
+        );
         drop(held);
         assert!(!dir.path().join(LOCK_FILE).exists());
     }

@@ -274,9 +274,8 @@ impl StagedSet {
         let staged_marker = ParquetSink::marker_path(&self.staging, &self.prefix);
         let marker = ParquetSink::marker_path(&self.dir, &self.prefix);
         let text = std::fs::read(&staged_marker).map_err(DataError::io(&staged_marker))?;
-        let mut json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
-            DataError::Config(format!("{}: {e}", staged_marker.display()))
-        })?;
+        let mut json: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| DataError::Config(format!("{}: {e}", staged_marker.display())))?;
         let moved: Vec<PathBuf> = (files.iter())
             .map(|f| self.dir.join(f.file_name().unwrap_or_default()))
             .collect();

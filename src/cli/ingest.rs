@@ -8,8 +8,8 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use ember_dataloader::ingest::{ingest_criteo, IngestOptions, IngestSummary};
-use ember_dataloader::schema::NUM_CAT;
 use ember_dataloader::lock::DirLock;
+use ember_dataloader::schema::NUM_CAT;
 use ember_dataloader::writer::{Codec, CriteoBatchBuilder, ParquetSink, SinkOptions, StagedSet};
 use ember_models::{DataGeneration, SyntheticConfig, SyntheticData};
 

@@ -216,8 +216,9 @@ impl TierArgs {
             return Ok((None, None));
         }
         let lock = DirLock::acquire(dir, what).context("--disk-dir")?;
-        let reclaimed = ember_sparse::reclaim_row_files(dir)
-            .with_context(|| format!("--disk-dir {}: removing killed runs' files", dir.display()))?;
+        let reclaimed = ember_sparse::reclaim_row_files(dir).with_context(|| {
+            format!("--disk-dir {}: removing killed runs' files", dir.display())
+        })?;
         let line = (!reclaimed.is_empty()).then(|| {
             let bytes: u64 = reclaimed.iter().map(|(_, b)| b).sum();
             format!(

@@ -209,10 +209,30 @@ impl StateFile {
         meta_value(&self.metadata, META_TRAIN_STATE, &self.path)
     }
 
-    /// The named tensor's values, which must be f32 of `shape` (any
-    /// values: a user's tensor may hold infinities on purpose).
+    /// The named tensor's values as f32: an F32 tensor as it is, an F16
+    /// or BF16 one (an fp16 or bf16 table's weight) widened exactly. It
+    /// must have `shape`; any values (a user's tensor may hold infinities
+    /// on purpose).
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        self.bytes(name, Dtype::F32, shape).map(|b| f32s(&b))
+        let dtype = match SafeTensors::deserialize(&self.mmap).map(|t| t.tensor(name)) {
+            Ok(Ok(view)) => view.dtype(),
+            _ => Dtype::F32,
+        };
+        let bytes = match dtype {
+            Dtype::F16 | Dtype::BF16 => self.bytes(name, dtype, shape)?,
+            _ => return self.bytes(name, Dtype::F32, shape).map(|b| f32s(&b)),
+        };
+        let halves = bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]));
+        Ok(match dtype {
+            Dtype::F16 => halves
+                .map(|h| ember_sparse::f16::from_bits(h).to_f32())
+                .collect(),
+            _ => halves
+                .map(|h| ember_sparse::bf16::from_bits(h).to_f32())
+                .collect(),
+        })
     }
 
     /// [`tensor`](Self::tensor) of parameters or optimizer state, whose
@@ -302,7 +322,10 @@ impl StateFile {
 
     /// Reads the tables saved by [`StateDict::add_collection`] into `ebc`:
     /// weights, and the optimizer state and step count when the saved
-    /// optimizer is of the collection's kind.
+    /// optimizer is of the collection's kind. Tables of any type and tier
+    /// load: the weights go from the mapped file to the table a piece of
+    /// rows at a time (a disk-tier table's to its file), so they are never
+    /// copied whole.
     pub fn load_collection(
         &self,
         prefix: &str,
@@ -314,16 +337,12 @@ impl StateFile {
             let name = format!("{prefix}embedding_bags.{}", table.name());
             let (dtype, shape) = weight_layout(table.data_type(), rows, dim);
             let weight = format!("{name}.weight");
-            let w = self.bytes(&weight, dtype, &shape)?;
-            check_rows(table.data_type(), &w, dim, (RowSplit::All, 0))
-                .map_err(|m| self.fail_on(&weight, m))?;
-            table.row_bytes_mut().copy_from_slice(&w);
             let state = |s: &str, shape: &[usize], allowed| {
                 self.checked(&format!("{OPTIMIZER_PREFIX}{name}.{s}"), shape, allowed)
             };
             let sums = Allowed::NonNegative;
             let restored = match optimizer {
-                TableOptimizer::None | TableOptimizer::Sgd { .. } => continue,
+                TableOptimizer::None | TableOptimizer::Sgd { .. } => Vec::new(),
                 TableOptimizer::RowWiseAdagrad { .. } => state("momentum1", &[rows], sums)?,
                 TableOptimizer::Adagrad { .. } => state("momentum1", &[rows, dim], sums)?,
                 TableOptimizer::Adam { .. } => {
@@ -337,7 +356,28 @@ impl StateFile {
                         .collect()
                 }
             };
-            table.optimizer_state_mut().copy_from_slice(&restored);
+            let (stride, per_row) = (table.bytes_per_row(), table.state_floats_per_row());
+            // About 8 MiB of rows a piece.
+            let piece = ((8 << 20) / stride.max(1)).max(1);
+            let write = |w: &[u8]| -> Result<(), ModelError> {
+                check_rows(table.data_type(), w, dim, (RowSplit::All, 0))
+                    .map_err(|m| self.fail_on(&weight, m))?;
+                for first in (0..rows).step_by(piece) {
+                    let n = piece.min(rows - first);
+                    let state = match restored.is_empty() {
+                        true => &[][..],
+                        false => &restored[first * per_row..(first + n) * per_row],
+                    };
+                    let bytes = &w[first * stride..(first + n) * stride];
+                    (table.write_stored_rows(first, bytes, state))
+                        .map_err(|e| self.fail_on(&weight, e.to_string()))?;
+                }
+                Ok(())
+            };
+            let sums = Some(&self.checksums);
+            file_view(&self.mmap, &weight, dtype, Some(&shape), sums, write)
+                .map_err(|m| self.fail_on(&weight, m))?
+                .0?;
         }
         ebc.set_step(self.steps(&table_step_key(prefix))?);
         Ok(())

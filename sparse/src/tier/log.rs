@@ -559,7 +559,13 @@ mod tests {
         use super::row_file_pid;
         assert_eq!(row_file_pid("t_cat_0.4242.7.rows"), Some(4242));
         assert_eq!(row_file_pid("a.b.12.0.rows"), Some(12));
-        for other in ["t.rows", "t.x.1.rows", "t.1.x.rows", ".1.2.rows", "t.1.2.rows.tmp"] {
+        for other in [
+            "t.rows",
+            "t.x.1.rows",
+            "t.1.x.rows",
+            ".1.2.rows",
+            "t.1.2.rows.tmp",
+        ] {
             assert_eq!(row_file_pid(other), None, "{other}");
         }
     }

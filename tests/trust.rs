@@ -803,6 +803,28 @@ fn a_failed_ingest_leaves_the_previous_set_as_it_was() {
 }
 
 #[test]
+fn a_set_missing_a_listed_part_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    ember(&[
+        "ingest",
+        "synthetic",
+        "--output",
+        s(&out),
+        "--rows",
+        "3000",
+        "--rows-per-file",
+        "1000",
+    ]);
+    std::fs::remove_file(out.join("synthetic-00001.parquet")).unwrap();
+    let err = ember_fails(&["bench", "loader", "--data", s(&out)]);
+    assert!(
+        err.contains("synthetic-00001.parquet, which is missing"),
+        "{err}"
+    );
+}
+
+#[test]
 fn table_files_of_killed_runs_are_reclaimed() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk");

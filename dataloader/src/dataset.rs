@@ -94,6 +94,9 @@ impl ParquetFile {
     }
 }
 
+/// How a set that is not whole is repaired.
+const REPAIR: &str = "rerun the ingest that wrote it (`ember ingest criteo --resume` repairs it, `ember ingest synthetic` writes the set anew), or remove the part";
+
 /// Refuses a part of a set (an ingest's input) whose completion marker is
 /// missing or does not list it: the set may be partial (a killed ingest),
 /// or the part left from an earlier run.
@@ -120,7 +123,7 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
             markers.insert(marker.clone(), read);
         }
         let name = f.path.file_name();
-        let repair = "rerun the ingest that wrote it (`ember ingest criteo --resume` repairs it, `ember ingest synthetic` writes the set anew), or remove the part";
+        let repair = REPAIR;
         match &markers[&marker] {
             None => {
                 return Err(DataError::Config(format!(
@@ -138,6 +141,22 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
                 )))
             }
             Some(_) => {}
+        }
+    }
+    // A marker's parts must all be there: a set missing some (a rewrite
+    // killed while it removed the old parts) is not whole.
+    for (marker, read) in &markers {
+        let Some(m) = read else { continue };
+        let dir = marker.parent().unwrap_or(Path::new("."));
+        let missing = (m.files.iter())
+            .filter_map(|p| p.file_name())
+            .find(|name| !dir.join(name).is_file());
+        if let Some(name) = missing {
+            return Err(DataError::Config(format!(
+                "{}: lists the part {}, which is missing, so the set is not whole: {REPAIR}",
+                marker.display(),
+                dir.join(name).display()
+            )));
         }
     }
     Ok(())

@@ -339,9 +339,17 @@ impl ParquetSink {
         dir.join(format!("_{prefix}.ingest.json"))
     }
 
-    /// Deletes the set `prefix` from `dir`: its marker, parts and the
+    /// Deletes the set `prefix` from `dir`: its marker first (so a reader
+    /// never takes what is left for a whole set), then its parts and the
     /// temporary files of an earlier, unfinished run (before a rewrite).
     pub fn remove_set(dir: &Path, prefix: &str) -> Result<(), DataError> {
+        let marker = Self::marker_path(dir, prefix);
+        match std::fs::remove_file(&marker) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(DataError::io(&marker)(e))
+            }
+            _ => {}
+        }
         let entries = std::fs::read_dir(dir).map_err(DataError::io(dir))?;
         // Markers of earlier versions had no leading `_`; a killed run
         // may have left a marker's temporary file.

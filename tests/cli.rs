@@ -850,7 +850,7 @@ fn absurd_flag_values_are_refused_before_anything_is_allocated() {
                 "--dcn-num-layers",
                 "1000000",
             ][..],
-            "needs at least",
+            "at most 128",
         ),
         (
             &["bench", "embedding", "--pooling-factor", "1000000000"][..],

@@ -70,7 +70,7 @@ pub fn quantize(
         return Err(super::fail_at(
             output,
             format!(
-                "it is the input checkpoint's file {}: write the quantized one to another file",
+                "the output is the input checkpoint's file {}: write the quantized one to another file",
                 f.display()
             ),
         ));

@@ -264,7 +264,7 @@ impl StagedSet {
     }
 
     /// Where the new set is written (a [`ParquetSink`]'s directory).
-    pub fn dir(&self) -> &Path {
+    pub fn staging_dir(&self) -> &Path {
         &self.staging
     }
 

@@ -239,7 +239,7 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
     // stays), once the new one is: until then the old one stays as it was.
     let staged = StagedSet::begin(&args.output, SYNTHETIC)?;
     let mut sink = ParquetSink::new(
-        staged.dir(),
+        staged.staging_dir(),
         SYNTHETIC,
         builder.schema().clone(),
         sink_options,

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ember, json, s, synthetic, ARCH};
+use common::{ember, json, names, s, synthetic, tensors, ARCH};
 use ember::models::Checkpoint;
 
 /// splitmix64: the kill moments' generator.
@@ -70,29 +70,6 @@ fn timed(args: &[&str]) -> Duration {
     let start = Instant::now();
     ember(args);
     start.elapsed()
-}
-
-/// The names in `dir`, sorted (none for a missing directory).
-fn names(dir: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = entries
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
-/// Each tensor's name and bytes.
-fn tensors(path: &Path) -> Vec<(String, Vec<u8>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut all: Vec<_> = (st.tensors().into_iter())
-        .map(|(n, t)| (n, t.data().to_vec()))
-        .collect();
-    all.sort();
-    all
 }
 
 /// Trains to the end through `kills` runs killed at random moments, each

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Float32Array, Int64Array, Int8Array, RecordBatch};
-use common::{ember, ember_fails, ember_stderr, json, s, synthetic, ARCH};
+use common::{ember, ember_fails, ember_stderr, json, names, predictions, s, synthetic, ARCH};
 use ember::dataloader::{DatasetSpec, DenseTransform, IdTransform, Loader, LoaderConfig};
 use ember::dense::{DenseOptimizerConfig, HasParams};
 use ember::models::{
@@ -98,37 +98,12 @@ fn eval_and_predict_read_inputs_as_the_checkpoint_was_trained() {
     ]);
     let ckpt = Checkpoint::open(&ckpt).unwrap();
     let mut model = ckpt.inference_model().unwrap();
-    let loader = Loader::open(
-        &[eval_data.into()],
-        LoaderConfig::new(1000, ckpt.input_spec()),
-    )
-    .unwrap();
+    let loader = ckpt.loader(&[eval_data.into()], 1000).unwrap();
     let batch =
         ember::models::Batch::from_loader(loader.epoch(0, 0).next().unwrap().unwrap()).unwrap();
     let be = Backend::native();
     let want = model.predict(be.dense(), &batch).unwrap().to_vec();
-    assert_eq!(logits(&out), want);
-}
-
-/// The `logit` column of a prediction file.
-fn logits(path: &Path) -> Vec<f32> {
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::Float32Type;
-    let file = std::fs::File::open(path).unwrap();
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .unwrap()
-        .build()
-        .unwrap();
-    let mut out = Vec::new();
-    for b in reader {
-        let b = b.unwrap();
-        let col = b
-            .column_by_name("logit")
-            .unwrap()
-            .as_primitive::<Float32Type>();
-        out.extend(col.values().iter().copied());
-    }
-    out
+    assert_eq!(predictions(&out).0, want);
 }
 
 #[test]
@@ -275,7 +250,7 @@ fn predict_reads_unlabelled_data_and_eval_says_it_needs_labels() {
         "--output",
         s(&b),
     ]);
-    assert_eq!(logits(&a), logits(&b));
+    assert_eq!(predictions(&a).0, predictions(&b).0);
     let err = ember_fails(&["eval", "--checkpoint", s(&ckpt), "--data", s(&unlabelled)]);
     assert!(
         err.contains(s(&unlabelled))
@@ -737,16 +712,6 @@ fn a_second_writer_of_a_directory_is_refused_at_once() {
         "--json",
     ]);
     assert_eq!(v["rows"], 200000);
-}
-
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 #[test]

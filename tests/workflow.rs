@@ -2,37 +2,14 @@
 //! ingested, synthetic Parquet trained on, evaluated and predicted from a
 //! checkpoint, and a stopped run resumed to the same result.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::Float32Type;
+use common::{ember, ember_fails, json, predictions, s, synthetic, tensors};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use safetensors::SafeTensors;
-
-fn ember(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(args)
-        .output()
-        .expect("the ember binary runs");
-    assert!(
-        out.status.success(),
-        "ember {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The last JSON line of a command's output.
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = ember(args);
-    let last = out.trim().lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 #[test]
 fn real_criteo_rows_ingest_without_loss() {
@@ -102,19 +79,6 @@ fn python(program: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// Runs ember expecting a clean failure (an error, exit code 1, or a flag
-/// clap refuses, 2: never a panic or a signal); its stderr.
-fn ember_fails(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(args)
-        .output()
-        .expect("the ember binary runs");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    let clean = matches!(out.status.code(), Some(1 | 2));
-    assert!(clean, "ember {args:?} must fail cleanly: {err}");
-    err
-}
-
 const ARCH: &[&str] = &[
     "--arch-sparse-feature-size",
     "4",
@@ -129,29 +93,6 @@ const ARCH: &[&str] = &[
     "--threads",
     "2",
 ];
-
-fn synthetic(dir: &Path, name: &str, rows: &str, stream: &str) -> String {
-    let out = dir.join(name);
-    ember(&[
-        "ingest",
-        "synthetic",
-        "--rows",
-        rows,
-        "--output",
-        s(&out),
-        "--stream",
-        stream,
-        "--seed",
-        "5",
-        "--row-group-size",
-        "1000",
-        "--rows-per-file",
-        "8000",
-        "--arch-embedding-size",
-        &["100"; 26].join("-"),
-    ]);
-    out.to_str().unwrap().to_string()
-}
 
 fn train(data: &str, eval: &str, ckpt: &Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec![
@@ -172,18 +113,6 @@ fn train(data: &str, eval: &str, ckpt: &Path, extra: &[&str]) -> serde_json::Val
     args.extend_from_slice(&["--arch-embedding-size", &tables]);
     args.extend_from_slice(extra);
     json(&args)
-}
-
-fn tensors(path: &Path) -> Vec<(String, Vec<u8>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut all: Vec<_> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| (n, t.data().to_vec()))
-        .collect();
-    all.sort();
-    all
 }
 
 #[test]
@@ -359,25 +288,6 @@ fn train_eval_predict_and_resume() {
     for (z, p) in logits.iter().zip(&probs) {
         assert!((1.0 / (1.0 + (-z).exp()) - p).abs() < 1e-6);
     }
-}
-
-/// The `logit` and `probability` columns of a predictions file.
-fn predictions(path: &Path) -> (Vec<f32>, Vec<f32>) {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
-    let (mut logits, mut probs) = (Vec::new(), Vec::new());
-    for batch in reader {
-        let batch = batch.unwrap();
-        let column = |name| {
-            let c = batch.column_by_name(name).unwrap();
-            c.as_primitive::<Float32Type>().values().to_vec()
-        };
-        logits.extend(column("logit"));
-        probs.extend(column("probability"));
-    }
-    (logits, probs)
 }
 
 #[test]
@@ -734,7 +644,7 @@ fn a_dataset_of_another_schema_trains_evaluates_and_predicts() {
 /// The dtype and shape of the first table's weight in a checkpoint file.
 fn first_table(path: &Path) -> (safetensors::Dtype, Vec<usize>) {
     let bytes = std::fs::read(path).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let weight = st
         .tensor("sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight")
         .unwrap();

@@ -97,3 +97,48 @@ pub const ARCH: &[&str] = &[
     "--threads",
     "2",
 ];
+
+/// Each tensor's name and bytes, sorted by name.
+pub fn tensors(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut all: Vec<_> = (st.tensors().into_iter())
+        .map(|(n, t)| (n, t.data().to_vec()))
+        .collect();
+    all.sort();
+    all
+}
+
+/// The `logit` and `probability` columns of a predictions file.
+pub fn predictions(path: &Path) -> (Vec<f32>, Vec<f32>) {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Float32Type;
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let (mut logits, mut probs) = (Vec::new(), Vec::new());
+    for batch in reader {
+        let batch = batch.unwrap();
+        let column = |name| {
+            let c = batch.column_by_name(name).unwrap();
+            c.as_primitive::<Float32Type>().values().to_vec()
+        };
+        logits.extend(column("logit"));
+        probs.extend(column("probability"));
+    }
+    (logits, probs)
+}
+
+/// The names in `dir`, sorted (none for a missing directory).
+pub fn names(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}

@@ -234,6 +234,19 @@ impl Checkpoint {
         (self.recorded_inputs()).unwrap_or_else(|| DatasetSpec::criteo(&self.config.tables))
     }
 
+    /// A loader of `data` (Parquet files or directories) in batches of
+    /// `batch_size`, in order, read as the model was trained to read its
+    /// inputs ([`input_spec`](Self::input_spec)): what evaluation and
+    /// prediction from a checkpoint use.
+    pub fn loader(
+        &self,
+        data: &[std::path::PathBuf],
+        batch_size: usize,
+    ) -> Result<ember_dataloader::Loader, ModelError> {
+        let config = ember_dataloader::LoaderConfig::new(batch_size, self.input_spec());
+        Ok(ember_dataloader::Loader::open(data, config)?)
+    }
+
     /// Every tensor the model needs, with its dtype and shape: tables in
     /// their saved types.
     fn expected_tensors(&self) -> Vec<(String, Dtype, Vec<usize>)> {

@@ -617,14 +617,11 @@ fn wait_for(what: &str, ready: impl Fn() -> bool) {
     }
 }
 
-/// Sends `signal` (`STOP`, `CONT`, `KILL`) to a child.
-fn signal(child: &std::process::Child, signal: &str) {
-    let pid = child.id().to_string();
-    let ok = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+/// Sends `signal` (`libc::SIGSTOP`, `SIGCONT`, `SIGKILL`) to a child.
+fn signal(child: &std::process::Child, signal: libc::c_int) {
+    // SAFETY: a signal to our own child, which has not been reaped.
+    let r = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
 }
 
 fn spawn(args: &[&str]) -> std::process::Child {
@@ -658,7 +655,7 @@ fn a_second_writer_of_a_directory_is_refused_at_once() {
     // The first run holds the directory, stopped while it does.
     let mut first = spawn(&train);
     wait_for("the first run's lock", || lock.exists());
-    signal(&first, "STOP");
+    signal(&first, libc::SIGSTOP);
     let err = ember_fails(&train);
     let holder = format!("is in use by pid {} (started", first.id());
     assert!(
@@ -667,7 +664,7 @@ fn a_second_writer_of_a_directory_is_refused_at_once() {
     );
     // Readers are not blocked.
     std::fs::create_dir_all(&ckpt).unwrap();
-    signal(&first, "CONT");
+    signal(&first, libc::SIGCONT);
     assert!(first.wait().unwrap().success());
     assert!(!lock.exists());
     let ckpt_file = Checkpoint::open(&ckpt).unwrap();
@@ -693,14 +690,14 @@ fn a_second_writer_of_a_directory_is_refused_at_once() {
     wait_for("the first ingest's lock", || {
         out.join(".ember.lock").exists()
     });
-    signal(&first, "STOP");
+    signal(&first, libc::SIGSTOP);
     let args = ingest("1000");
     let err = ember_fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(
         err.contains(&format!("is in use by pid {}", first.id())),
         "{err}"
     );
-    signal(&first, "CONT");
+    signal(&first, libc::SIGCONT);
     assert!(first.wait().unwrap().success());
     let v = json(&[
         "bench",
@@ -826,7 +823,7 @@ fn table_files_of_killed_runs_are_reclaimed() {
     wait_for("the run's table files", || {
         disk.exists() && rows(&disk) == 2
     });
-    signal(&run, "KILL");
+    signal(&run, libc::SIGKILL);
     run.wait().unwrap();
     // Its files (sized for the whole tables) and its lock file stay.
     assert_eq!(rows(&disk), 2);

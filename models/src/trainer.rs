@@ -532,8 +532,11 @@ impl Trainer {
                 prepare_checkpoint_dir(dir)?;
                 Some(lock)
             }
+            // Other ranks remove nothing: only the lock's holder may.
             Some(dir) => {
-                prepare_checkpoint_dir(dir)?;
+                not_a_file(dir)?;
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| crate::checkpoint::fail_at(dir, e.to_string()))?;
                 None
             }
             None => None,
@@ -571,7 +574,7 @@ impl Trainer {
         state.world_size = world_size as u64;
         let per_epoch = self.lockstep_epochs(train, world.as_ref(), &state, on_event)?;
         if resumed {
-            check_position(&state, &per_epoch)?;
+            check_position(&state, &per_epoch, written_by == world_size as u64)?;
         }
         let eval_batches = match eval {
             Some(data) => {
@@ -934,7 +937,13 @@ fn with_data_recipe(mut from: TrainState, data: TrainState) -> Result<TrainState
 
 /// Refuses a resumed position that no run on this data can have reached:
 /// `per_epoch` is the data's batches in each epoch.
-fn check_position(state: &TrainState, per_epoch: &[u64]) -> Result<(), TrainError> {
+/// `same_world`: the position was written by as many ranks as run now (the
+/// epochs' lengths are then the ones it counted in).
+fn check_position(
+    state: &TrainState,
+    per_epoch: &[u64],
+    same_world: bool,
+) -> Result<(), TrainError> {
     let bad = |m: String| Err(TrainError::BadPosition(m));
     if let Some(&batches) = per_epoch.get(state.epoch as usize) {
         if state.batches_in_epoch > batches {
@@ -950,14 +959,14 @@ fn check_position(state: &TrainState, per_epoch: &[u64]) -> Result<(), TrainErro
             state.steps, state.batches_in_epoch
         ));
     }
-    // Each epoch takes at most the data's longest epoch of steps; twice
-    // that leaves room for a world of another size (whose ranks' rounding
-    // gives an epoch a few more batches).
+    // Each epoch takes at most the data's longest epoch of steps (twice
+    // that, for slack). Under another number of ranks the epochs' lengths
+    // differ (the fewest any rank has), so no bound is drawn.
     let longest = per_epoch.iter().copied().max().unwrap_or(0);
     let most = (state.epoch.saturating_add(1))
         .saturating_mul(longest.max(1))
         .saturating_mul(2);
-    if !per_epoch.is_empty() && state.steps > most {
+    if same_world && !per_epoch.is_empty() && state.steps > most {
         return bad(format!(
             "{} steps in all by epoch {}, more than epochs of at most {longest} batches can take",
             state.steps, state.epoch

@@ -115,8 +115,36 @@ impl LoaderArgs {
                 check_tables(&given, tables).with_context(|| {
                     format!("the dataset spec does not fit {}", source.display())
                 })?;
-                if let Some(recorded) = &recorded {
-                    same_inputs(&given, recorded).with_context(|| {
+                // A file from before specs were recorded holds only the
+                // transforms: those alone are compared.
+                let full = ckpt.dataset_spec();
+                let transforms = |r: &DatasetSpec| {
+                    let mut r = r.clone();
+                    r.dense = given
+                        .dense
+                        .iter()
+                        .map(|c| ember_dataloader::DenseColumn {
+                            column: c.column.clone(),
+                            transform: None,
+                        })
+                        .collect();
+                    r.sparse = given.sparse.clone();
+                    r
+                };
+                let against = match full {
+                    Some(f) => Some(f.clone()),
+                    None => recorded.as_ref().map(transforms),
+                };
+                let given_globals = match full {
+                    Some(_) => given.clone(),
+                    None => {
+                        let mut g = given.clone();
+                        g.dense.iter_mut().for_each(|c| c.transform = None);
+                        g
+                    }
+                };
+                if let Some(recorded) = &against {
+                    same_inputs(&given_globals, recorded).with_context(|| {
                         format!(
                             "the dataset spec reads inputs otherwise than {} was trained on",
                             source.display()

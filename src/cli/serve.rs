@@ -90,9 +90,9 @@ struct Opened {
 
 pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
     super::with_threads(args.threads, || {
-        let Opened {
-            mut model, loader, ..
-        } = args.open(true)?;
+        // Bound whole: the --disk-dir lock lives as long as the tables.
+        let opened = args.open(true)?;
+        let (mut model, loader) = (opened.model, opened.loader);
         let be = args.backend.build(ExecMode::Strict)?;
         let batches = loader.batches_per_epoch(0);
         let metrics = evaluate_data(&mut model, be.dense(), &loader, batches)

@@ -103,7 +103,7 @@ const META_DATASET_SPEC: &str = "ember.dataset_spec";
 const META_CRC32: &str = "ember.crc32";
 
 /// Where training stood when a checkpoint was written.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TrainState {
     /// The epoch in progress (0-based).
     pub epoch: u64,
@@ -135,6 +135,24 @@ pub struct TrainState {
 
 fn one_process() -> u64 {
     1
+}
+
+impl Default for TrainState {
+    /// The start of a run in one process, nothing recorded of its batches.
+    fn default() -> Self {
+        Self {
+            epoch: 0,
+            batches_in_epoch: 0,
+            steps: 0,
+            batch_size: 0,
+            shuffle_seed: None,
+            drop_last: false,
+            dense_transform: None,
+            id_transform: None,
+            data_fingerprint: 0,
+            world_size: 1,
+        }
+    }
 }
 
 impl TrainState {

@@ -24,16 +24,17 @@ fn bench(c: &mut Criterion) {
     .unwrap();
     let batch = data.batch(0, batch_size);
     let be = NativeBackend::new(rayon::current_num_threads());
-    let mut model = Dlrm::new(
-        config,
-        TableOptimizer::rowwise_adagrad(0.01),
-        DenseOptimizerConfig::Adagrad {
-            lr: 0.01,
-            eps: 1e-10,
-        },
-        0,
-    )
-    .unwrap();
+    let mut model = Dlrm::builder(config)
+        .optimizers(
+            TableOptimizer::rowwise_adagrad(0.01),
+            DenseOptimizerConfig::Adagrad {
+                lr: 0.01,
+                eps: 1e-10,
+            },
+        )
+        .seed(0)
+        .build()
+        .unwrap();
     let mut group = c.benchmark_group("dlrm_kaggle");
     group.sample_size(10);
     group.throughput(Throughput::Elements(batch_size as u64));

@@ -41,27 +41,14 @@ fn config() -> DlrmConfig {
 }
 
 /// The model sharded over 2 devices by the planner.
-fn sharded_model() -> Result<Dlrm, Box<dyn std::error::Error>> {
-    let table_optimizer = TableOptimizer::rowwise_adagrad(0.05);
-    let options = PlannerOptions {
-        batch_size: BATCH,
-        pooling_factor: 1.0,
-        optimizer: table_optimizer,
-        sharding: None,
-        disk_tier: None,
-    };
-    let (plan, _) =
-        ember::sharding::plan(&config().tables, &Topology::uniform(2, 1 << 30), &options)?;
-    let optimizers = (table_optimizer, DenseOptimizerConfig::adagrad(0.05));
-    // One process (no world), new (no checkpoint), every table in RAM.
-    Ok(Dlrm::place(
-        &config(),
-        optimizers,
-        7,
-        (Some(plan), None),
-        None,
-        Vec::new(),
-    )?)
+fn sharded_model() -> Result<Dlrm, ModelError> {
+    (Dlrm::builder(config()).seed(7))
+        .optimizers(
+            TableOptimizer::rowwise_adagrad(0.05),
+            DenseOptimizerConfig::adagrad(0.05),
+        )
+        .shard_over(2)
+        .build()
 }
 
 /// Runs the loop: steps `0..STEPS`, a checkpoint at the half; then a new

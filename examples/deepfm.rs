@@ -240,12 +240,14 @@ fn run(batches: u64, dir: Option<PathBuf>) -> Result<Metrics, Box<dyn std::error
     let summary = trainer.fit(
         &mut model,
         &train,
-        Some(&test),
-        TrainState::default(),
-        &mut |e| {
-            if let TrainEvent::Log { steps, loss, .. } = e {
-                println!("step {steps}: loss {loss:.4}");
-            }
+        FitOptions {
+            eval: Some(&test),
+            from: TrainState::default(),
+            on_event: Some(&mut |e: &TrainEvent| {
+                if let TrainEvent::Log { steps, loss, .. } = e {
+                    println!("step {steps}: loss {loss:.4}");
+                }
+            }),
         },
     )?;
     let m = summary.eval.expect("evaluated at the epoch's end");

@@ -296,12 +296,14 @@ fn run(
     let summary = trainer.fit(
         &mut model,
         &train,
-        Some(&test),
-        TrainState::default(),
-        &mut |e| {
-            if let TrainEvent::Log { steps, loss, .. } = e {
-                println!("step {steps}: loss {loss:.4}");
-            }
+        FitOptions {
+            eval: Some(&test),
+            from: TrainState::default(),
+            on_event: Some(&mut |e: &TrainEvent| {
+                if let TrainEvent::Log { steps, loss, .. } = e {
+                    println!("step {steps}: loss {loss:.4}");
+                }
+            }),
         },
     )?;
     let auc = summary.eval.map_or(f64::NAN, |m| m.auc);

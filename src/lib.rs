@@ -1,8 +1,9 @@
 //! Ember: a Rust engine for training and serving recommendation models.
 //!
-//! This facade re-exports the member crates, a [`prelude`] with the types a
-//! user meets first, and (with the default `cli` feature) the `ember`
-//! command line's subcommands, so they can be driven from code and tests.
+//! This facade re-exports the member crates and a [`prelude`] with the
+//! types a user meets first. Everything the `ember` command line does goes
+//! through this API; the command line's own code (the default `cli`
+//! feature) is not part of it.
 //!
 //! - [`sparse`]: jagged inputs, embedding bag tables (fp32, fp16, bf16 for
 //!   training; int8, int4, fp8, mxfp4 for inference), fused-optimizer lookups.
@@ -38,31 +39,36 @@ pub use ember_models as models;
 pub use ember_sharding as sharding;
 pub use ember_sparse as sparse;
 
-/// The `ember` command line's subcommands (feature `cli`).
+/// The `ember` command line's subcommands (feature `cli`): flags and
+/// printing over the library, public only for the `ember` binary.
 #[cfg(feature = "cli")]
+#[doc(hidden)]
 #[allow(missing_docs)]
 pub mod cli;
 
 /// The types a user needs first: `use ember::prelude::*;`.
 pub mod prelude {
-    pub use ember_dataloader::{Dataset, Loader, LoaderConfig};
+    pub use ember_dataloader::{
+        Dataset, DatasetSpec, DenseColumn, DenseTransform, IdTransform, Loader, LoaderConfig,
+        SparseColumn,
+    };
     pub use ember_dense::{
         Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, Linear, Mlp,
         Module, NativeBackend, Param, Sequential, Tensor,
     };
     pub use ember_models::checkpoint::{StateDict, StateFile};
     pub use ember_models::{
-        evaluate, Backend, Batch, Checkpoint, DataGeneration, DataParallel, Dlrm, DlrmConfig,
-        ExecMode, InMemory, InteractionType, Metrics, Model, ModelError, StepOutput,
-        SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainError, TrainEvent,
-        TrainState, TrainSummary, Trainer, TrainerConfig,
+        evaluate, Backend, Batch, Checkpoint, DataGeneration, DataParallel, Dlrm, DlrmBuilder,
+        DlrmConfig, ExecMode, FitOptions, InMemory, InteractionType, Metrics, Model, ModelError,
+        OutputCheck, StepOutput, SyntheticBatches, SyntheticConfig, SyntheticData, TrainData,
+        TrainError, TrainEvent, TrainState, TrainSummary, Trainer, TrainerConfig,
     };
     pub use ember_sharding::{
         Collective, InProcess, PlannerOptions, ShardedEmbeddingBagCollection, ShardingPlan,
         ShardingType, Topology,
     };
     pub use ember_sparse::{
-        DataType, EmbeddingBagCollection, EmbeddingBagConfig, JaggedTensor, KeyedJaggedTensor,
-        KeyedTensor, PoolingType, TableOptimizer,
+        DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, JaggedTensor,
+        KeyedJaggedTensor, KeyedTensor, PoolingType, TableOptimizer,
     };
 }

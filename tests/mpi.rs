@@ -70,7 +70,9 @@ fn close(what: &str, a: f64, b: f64, tol: f64) {
 fn same_model(what: &str, a: &Path, b: &Path, tol: f32) {
     let load = |p: &Path| -> Dlrm {
         let c = Checkpoint::open(p).unwrap_or_else(|e| panic!("{what}: {e}"));
-        c.model(c.table_optimizer().unwrap(), c.dense_optimizer().unwrap())
+        c.builder()
+            .optimizers(c.table_optimizer().unwrap(), c.dense_optimizer().unwrap())
+            .build()
             .unwrap()
     };
     let (mut x, mut y) = (load(a), load(b));

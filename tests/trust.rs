@@ -13,7 +13,8 @@ use common::{ember, ember_fails, ember_stderr, json, names, predictions, s, synt
 use ember::dataloader::{DatasetSpec, DenseTransform, IdTransform, Loader, LoaderConfig};
 use ember::dense::{DenseOptimizerConfig, HasParams};
 use ember::models::{
-    Backend, Checkpoint, Dlrm, DlrmConfig, InteractionType, TrainState, Trainer, TrainerConfig,
+    Backend, Checkpoint, Dlrm, DlrmConfig, FitOptions, InteractionType, TrainState, Trainer,
+    TrainerConfig,
 };
 use ember::sparse::TableOptimizer;
 
@@ -46,7 +47,11 @@ fn arch() -> DlrmConfig {
 
 fn new_model() -> Dlrm {
     let opt = TableOptimizer::rowwise_adagrad(0.1);
-    Dlrm::new(arch(), opt, DenseOptimizerConfig::sgd(0.1), 7).unwrap()
+    Dlrm::builder(arch())
+        .optimizers(opt, DenseOptimizerConfig::sgd(0.1))
+        .seed(7)
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -583,9 +588,11 @@ fn a_trainer_fed_by_a_loader_records_how_its_batches_were_made() {
         .fit(
             &mut model,
             &loader,
-            None,
-            TrainState::default(),
-            &mut |_| {},
+            FitOptions {
+                eval: None,
+                from: TrainState::default(),
+                on_event: None,
+            },
         )
         .unwrap();
     let saved = Checkpoint::open(&ckpt).unwrap();
@@ -599,7 +606,15 @@ fn a_trainer_fed_by_a_loader_records_how_its_batches_were_made() {
     let loader = Loader::open(&[dir.path().join("train")], other).unwrap();
     let state = trainer.resume(&mut model).unwrap();
     let err = trainer
-        .fit(&mut model, &loader, None, state, &mut |_| {})
+        .fit(
+            &mut model,
+            &loader,
+            FitOptions {
+                eval: None,
+                from: state,
+                on_event: None,
+            },
+        )
         .unwrap_err();
     assert!(err.to_string().contains("batch size 256"), "{err}");
     let _: Option<&DatasetSpec> = saved.dataset_spec();

@@ -43,7 +43,10 @@ pub use backend::{Backend, ExecMode};
 pub use checkpoint::{Checkpoint, TrainState};
 pub use compiled::CompiledDenseStep;
 pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
-pub use dlrm::{DenseArch, Dlrm, DlrmConfig, InteractionType, PhaseTimes, StepOutput};
+pub use dlrm::{
+    DenseArch, Dlrm, DlrmBuilder, DlrmConfig, InteractionType, PhaseTimes, StepOutput,
+    DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
+};
 pub use error::ModelError;
 pub use memory::{available_memory, MemoryEstimate, RunShape};
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
@@ -51,6 +54,6 @@ pub use model::{DataParallel, InputDist, Model, Routed};
 pub use sparse_arch::SparseArch;
 pub use train::{evaluate, evaluate_data, Evaluation, OutputCheck};
 pub use trainer::{
-    InMemory, SyntheticBatches, TrainData, TrainError, TrainEvent, TrainSummary, Trainer,
-    TrainerConfig,
+    FitOptions, InMemory, SyntheticBatches, TrainData, TrainError, TrainEvent, TrainSummary,
+    Trainer, TrainerConfig,
 };

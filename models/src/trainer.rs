@@ -213,6 +213,38 @@ impl Default for TrainerConfig {
     }
 }
 
+/// What [`Trainer::fit`] takes beside the model and its data; the default
+/// is a fresh run, no evaluation, no listener.
+///
+/// ```
+/// # use ember::prelude::*;
+/// # fn run(trainer: &Trainer, model: &mut Dlrm, train: &dyn TrainData, test: &dyn TrainData) -> Result<(), TrainError> {
+/// let mut losses = Vec::new();
+/// let mut listener = |e: &TrainEvent| {
+///     if let TrainEvent::Step { loss, .. } = e {
+///         losses.push(*loss)
+///     }
+/// };
+/// let options = FitOptions {
+///     eval: Some(test),
+///     from: trainer.resume(model)?, // the checkpoint directory's latest, or a fresh start
+///     on_event: Some(&mut listener),
+/// };
+/// trainer.fit(model, train, options)?;
+/// # Ok(()) }
+/// ```
+#[derive(Default)]
+pub struct FitOptions<'a> {
+    /// Evaluated on the first batches of its epoch 0 as configured
+    /// (`None`: no evaluation).
+    pub eval: Option<&'a dyn TrainData>,
+    /// The position to start from: fresh (the default), or a checkpoint's
+    /// ([`Trainer::resume`]).
+    pub from: TrainState,
+    /// Hears of every step, log, evaluation and checkpoint.
+    pub on_event: Option<&'a mut dyn FnMut(&TrainEvent)>,
+}
+
 /// Progress of a run, in the order it happens.
 #[derive(Clone, Debug)]
 pub enum TrainEvent {
@@ -397,15 +429,19 @@ pub enum TrainError {
 ///     top_mlp: vec![8, 1],
 ///     interaction: InteractionType::Dot,
 /// };
-/// let mut model = Dlrm::new(config.clone(), TableOptimizer::rowwise_adagrad(0.05),
-///     DenseOptimizerConfig::sgd(0.1), 7)?;
+/// let mut model = Dlrm::builder(config.clone())
+///     .optimizers(TableOptimizer::rowwise_adagrad(0.05), DenseOptimizerConfig::sgd(0.1))
+///     .seed(7)
+///     .build()?;
 /// let data = SyntheticData::new(SyntheticConfig::for_model(&config, DataGeneration::Learnable, 3, 7))?;
 /// let batches = SyntheticBatches { data, first: 0, batches: 20, size: 64, rank: 0, world_size: 1 };
 /// let trainer = Trainer::new(TrainerConfig::default(), Backend::native());
 /// let mut losses = Vec::new();
-/// let summary = trainer.fit(&mut model, &batches, None, TrainState::default(), &mut |e| {
+/// let mut on_event = |e: &TrainEvent| {
 ///     if let TrainEvent::Step { loss, .. } = e { losses.push(*loss) }
-/// })?;
+/// };
+/// let options = FitOptions { on_event: Some(&mut on_event), ..FitOptions::default() };
+/// let summary = trainer.fit(&mut model, &batches, options)?;
 /// assert_eq!((summary.steps, losses.len()), (20, 20));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -508,18 +544,24 @@ impl Trainer {
         })
     }
 
-    /// Trains `model` on `train` from position `from` (a fresh
-    /// `TrainState::default()`, or a checkpoint's), evaluating on the first
-    /// batches of `eval`'s epoch 0 and checkpointing as configured.
-    /// `on_event` hears of every step, log, evaluation and checkpoint.
+    /// Trains `model` on `train` as configured, with what `options` add:
+    /// evaluation data, a position to resume from, a listener.
     pub fn fit<M: Model + ?Sized>(
         &self,
         model: &mut M,
         train: &dyn TrainData,
-        eval: Option<&dyn TrainData>,
-        from: TrainState,
-        on_event: &mut dyn FnMut(&TrainEvent),
+        options: FitOptions<'_>,
     ) -> Result<TrainSummary, TrainError> {
+        let FitOptions {
+            eval,
+            from,
+            on_event,
+        } = options;
+        let mut ignore = |_: &TrainEvent| {};
+        let on_event: &mut dyn FnMut(&TrainEvent) = match on_event {
+            Some(listener) => listener,
+            None => &mut ignore,
+        };
         let c = &self.config;
         self.backend.check_mode(c.mode)?;
         let world = model.world().cloned();

@@ -48,13 +48,14 @@ fn pjrt_and_native_train_the_same_model() {
         };
         let data = data(&config, DataGeneration::Learnable, 3, 2);
         let make = || {
-            Dlrm::new(
-                config.clone(),
-                TableOptimizer::adagrad(0.05),
-                DenseOptimizerConfig::adam(0.01),
-                11,
-            )
-            .unwrap()
+            Dlrm::builder(config.clone())
+                .optimizers(
+                    TableOptimizer::adagrad(0.05),
+                    DenseOptimizerConfig::adam(0.01),
+                )
+                .seed(11)
+                .build()
+                .unwrap()
         };
         let (mut a, mut b) = (make(), make());
         for step in 0..3 {
@@ -116,13 +117,11 @@ fn the_compiled_step_trains_like_the_native_backend() {
             };
             let data = data(&config, DataGeneration::Learnable, 2, 3);
             let make = || {
-                Dlrm::new(
-                    config.clone(),
-                    TableOptimizer::rowwise_adagrad(0.05),
-                    dense_opt,
-                    5,
-                )
-                .unwrap()
+                Dlrm::builder(config.clone())
+                    .optimizers(TableOptimizer::rowwise_adagrad(0.05), dense_opt)
+                    .seed(5)
+                    .build()
+                    .unwrap()
             };
             let (mut a, mut b) = (make(), make());
             let mut step = ember_models::CompiledDenseStep::new(pjrt.clone(), &mut a, 24).unwrap();
@@ -196,7 +195,13 @@ fn random_models_and_batches_agree_across_backends_and_modes() {
             DenseOptimizerConfig::adagrad(0.1),
             DenseOptimizerConfig::adam(0.01),
         ][case as usize % 3];
-        let make = || Dlrm::new(config.clone(), TableOptimizer::sgd(0.1), opt, case).unwrap();
+        let make = || {
+            Dlrm::builder(config.clone())
+                .optimizers(TableOptimizer::sgd(0.1), opt)
+                .seed(case)
+                .build()
+                .unwrap()
+        };
         let (mut want, mut strict, mut fused, mut compiled) = (make(), make(), make(), make());
         let mut step =
             ember_models::CompiledDenseStep::new(pjrt.clone(), &mut compiled, batch_size).unwrap();

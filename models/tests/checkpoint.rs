@@ -66,7 +66,11 @@ fn save_load_predicts_identically_and_resumes_exactly() {
         for (table_opt, dense_opt) in optimizers() {
             let cfg = config(interaction, 3);
             let data = data(&cfg);
-            let mut model = Dlrm::new(cfg.clone(), table_opt, dense_opt, 7).unwrap();
+            let mut model = Dlrm::builder(cfg.clone())
+                .optimizers(table_opt, dense_opt)
+                .seed(7)
+                .build()
+                .unwrap();
             for i in 0..4 {
                 model.train_step(&be, &data.batch(i, 16)).unwrap();
             }
@@ -90,7 +94,11 @@ fn save_load_predicts_identically_and_resumes_exactly() {
             assert_eq!(served.predict(&be, &test).unwrap(), &want[..]);
 
             // Resuming: the loaded model continues exactly as the original.
-            let mut resumed = ckpt.model(table_opt, dense_opt).unwrap();
+            let mut resumed = ckpt
+                .builder()
+                .optimizers(table_opt, dense_opt)
+                .build()
+                .unwrap();
             assert_eq!(weights(&mut resumed), weights(&mut model));
             for i in 4..7 {
                 let batch = data.batch(i, 16);
@@ -141,13 +149,11 @@ fn torchrec_named_files_without_metadata_load_with_the_inferred_architecture() {
         InteractionType::Dcn { layers: 3, rank: 2 },
     ] {
         let cfg = config(interaction, 12);
-        let mut model = Dlrm::new(
-            cfg.clone(),
-            TableOptimizer::None,
-            DenseOptimizerConfig::sgd(0.0),
-            3,
-        )
-        .unwrap();
+        let mut model = Dlrm::builder(cfg.clone())
+            .optimizers(TableOptimizer::None, DenseOptimizerConfig::sgd(0.0))
+            .seed(3)
+            .build()
+            .unwrap();
         let ours = dir.path().join("ours.safetensors");
         save(&mut model, &ours, None).unwrap();
         let torchrec = dir.path().join("torchrec.safetensors");
@@ -168,13 +174,14 @@ fn torchrec_named_files_without_metadata_load_with_the_inferred_architecture() {
 fn bad_tensors_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(InteractionType::Dot, 3);
-    let mut model = Dlrm::new(
-        cfg,
-        TableOptimizer::rowwise_adagrad(0.1),
-        DenseOptimizerConfig::sgd(0.1),
-        3,
-    )
-    .unwrap();
+    let mut model = Dlrm::builder(cfg)
+        .optimizers(
+            TableOptimizer::rowwise_adagrad(0.1),
+            DenseOptimizerConfig::sgd(0.1),
+        )
+        .seed(3)
+        .build()
+        .unwrap();
     let ours = dir.path().join("ours.safetensors");
     save(&mut model, &ours, None).unwrap();
     let bad = dir.path().join("bad.safetensors");
@@ -208,10 +215,12 @@ fn bad_tensors_are_named() {
     rewrite(&ours, &bad, true, |t| t.retain(|(n, ..)| *n != m1));
     let ckpt = Checkpoint::open(&bad).unwrap();
     let e = ckpt
-        .model(
+        .builder()
+        .optimizers(
             TableOptimizer::rowwise_adagrad(0.1),
             DenseOptimizerConfig::sgd(0.1),
         )
+        .build()
         .err()
         .unwrap()
         .to_string();
@@ -236,7 +245,11 @@ fn bytes_in_memory_read_as_the_file_does() {
     let cfg = config(InteractionType::Dcn { layers: 2, rank: 3 }, 3);
     let data = data(&cfg);
     let (table_opt, dense_opt) = (TableOptimizer::adam(0.01), DenseOptimizerConfig::adam(0.01));
-    let mut model = Dlrm::new(cfg.clone(), table_opt, dense_opt, 11).unwrap();
+    let mut model = Dlrm::builder(cfg.clone())
+        .optimizers(table_opt, dense_opt)
+        .seed(11)
+        .build()
+        .unwrap();
     for i in 0..3 {
         model.train_step(&be, &data.batch(i, 16)).unwrap();
     }
@@ -263,8 +276,16 @@ fn bytes_in_memory_read_as_the_file_does() {
     };
     assert_eq!(bits(&memory), bits(&file));
     // Resuming from memory continues exactly as from the file.
-    let mut a = file.model(table_opt, dense_opt).unwrap();
-    let mut b = memory.model(table_opt, dense_opt).unwrap();
+    let mut a = file
+        .builder()
+        .optimizers(table_opt, dense_opt)
+        .build()
+        .unwrap();
+    let mut b = memory
+        .builder()
+        .optimizers(table_opt, dense_opt)
+        .build()
+        .unwrap();
     assert_eq!(weights(&mut a), weights(&mut b));
 
     for garbage in [
@@ -301,7 +322,11 @@ fn checkpoints_move_between_plans_and_device_counts() {
         }
     };
     let (table_opt, dense_opt) = (TableOptimizer::adam(0.01), DenseOptimizerConfig::adam(0.01));
-    let mut trained = Dlrm::new(cfg.clone(), table_opt, dense_opt, 5).unwrap();
+    let mut trained = Dlrm::builder(cfg.clone())
+        .optimizers(table_opt, dense_opt)
+        .seed(5)
+        .build()
+        .unwrap();
     trained.shard(Some(plan(ShardingType::RowWise, 2))).unwrap();
     for i in 0..3 {
         trained.train_step(&be, &data.batch(i, 16)).unwrap();
@@ -312,7 +337,11 @@ fn checkpoints_move_between_plans_and_device_counts() {
     let sharded_logits = trained.predict(&be, &test).unwrap().to_vec();
 
     let ckpt = Checkpoint::open(&a).unwrap();
-    let mut unsharded = ckpt.model(table_opt, dense_opt).unwrap();
+    let mut unsharded = ckpt
+        .builder()
+        .optimizers(table_opt, dense_opt)
+        .build()
+        .unwrap();
     let want = unsharded.predict(&be, &test).unwrap().to_vec();
     // Row-wise partial sums differ from one sum only in rounding.
     for (x, y) in sharded_logits.iter().zip(&want) {
@@ -322,16 +351,24 @@ fn checkpoints_move_between_plans_and_device_counts() {
     // loss of a step from the file's model.
     let saved = read(&a);
     let batch = data.batch(9, 16);
-    let fresh = (ckpt.model(table_opt, dense_opt).unwrap())
-        .train_step(&be, &batch)
-        .unwrap()
-        .loss;
+    let fresh = (ckpt
+        .builder()
+        .optimizers(table_opt, dense_opt)
+        .build()
+        .unwrap())
+    .train_step(&be, &batch)
+    .unwrap()
+    .loss;
     for (kind, n) in [
         (ShardingType::TableWise, 3),
         (ShardingType::DataParallel, 2),
         (ShardingType::TableWise, 1),
     ] {
-        let mut m = ckpt.model(table_opt, dense_opt).unwrap();
+        let mut m = ckpt
+            .builder()
+            .optimizers(table_opt, dense_opt)
+            .build()
+            .unwrap();
         m.shard(Some(plan(kind, n))).unwrap();
         assert_eq!(m.predict(&be, &test).unwrap(), &want[..], "{kind:?} on {n}");
         // Saved again from another plan: the same file contents.
@@ -377,7 +414,11 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
         TableOptimizer::rowwise_adagrad(0.1),
         DenseOptimizerConfig::adagrad(0.1),
     );
-    let mut model = Dlrm::new(cfg.clone(), opt.0, opt.1, 3).unwrap();
+    let mut model = Dlrm::builder(cfg.clone())
+        .optimizers(opt.0, opt.1)
+        .seed(3)
+        .build()
+        .unwrap();
     let batch = data(&cfg).batch(0, 8);
     model.train_step(&be, &batch).unwrap();
     let ours = dir.path().join("ours.safetensors");
@@ -449,7 +490,13 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
 
     // Values no training produces: NaN rows, a NaN parameter, negative sums
     // of squares; each refused with the tensor, row and column.
-    let fresh = || Dlrm::new(cfg.clone(), opt.0, opt.1, 3).unwrap();
+    let fresh = || {
+        Dlrm::builder(cfg.clone())
+            .optimizers(opt.0, opt.1)
+            .seed(3)
+            .build()
+            .unwrap()
+    };
     let tables = |m: &mut Dlrm| {
         let ebc = m.sparse_arch_mut().local_mut().unwrap();
         ebc.tables_mut()[1].weights_mut()[2 * 4 + 3] = f32::NAN;
@@ -479,7 +526,13 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
     ebc.tables_mut()[0].optimizer_state_mut()[4] = -1.0;
     save(&mut m, &bad, None).unwrap();
     let ckpt = Checkpoint::open(&bad).unwrap();
-    let e = ckpt.model(opt.0, opt.1).err().unwrap().to_string();
+    let e = ckpt
+        .builder()
+        .optimizers(opt.0, opt.1)
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         e.contains("t_cat_0.momentum1") && e.contains("row 4, column 0 holds a negative"),
         "{e}"
@@ -494,8 +547,11 @@ fn checkpoints_are_written_with_the_mode_of_other_outputs_and_no_leftover() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(InteractionType::Dot, 2);
-    let mut model =
-        Dlrm::new(cfg, TableOptimizer::None, DenseOptimizerConfig::sgd(0.0), 1).unwrap();
+    let mut model = Dlrm::builder(cfg)
+        .optimizers(TableOptimizer::None, DenseOptimizerConfig::sgd(0.0))
+        .seed(1)
+        .build()
+        .unwrap();
     let path = dir.path().join("model.safetensors");
     save(&mut model, &path, None).unwrap();
     let other = dir.path().join("other");

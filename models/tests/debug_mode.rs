@@ -19,13 +19,11 @@ fn model_and_data() -> (Dlrm, SyntheticData) {
         ..SyntheticConfig::for_model(&config, DataGeneration::Random, 1, 1)
     })
     .unwrap();
-    let model = Dlrm::new(
-        config,
-        TableOptimizer::sgd(0.1),
-        DenseOptimizerConfig::sgd(0.1),
-        4,
-    )
-    .unwrap();
+    let model = Dlrm::builder(config)
+        .optimizers(TableOptimizer::sgd(0.1), DenseOptimizerConfig::sgd(0.1))
+        .seed(4)
+        .build()
+        .unwrap();
     (model, data)
 }
 

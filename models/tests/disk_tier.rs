@@ -19,14 +19,12 @@ fn config() -> DlrmConfig {
 }
 
 fn model(optimizer: TableOptimizer, tiers: Vec<Option<DiskTierConfig>>) -> Dlrm {
-    Dlrm::with_disk_tiers(
-        config(),
-        optimizer,
-        DenseOptimizerConfig::sgd(0.05),
-        9,
-        tiers,
-    )
-    .unwrap()
+    Dlrm::builder(config())
+        .optimizers(optimizer, DenseOptimizerConfig::sgd(0.05))
+        .seed(9)
+        .disk_tiers(tiers)
+        .build()
+        .unwrap()
 }
 
 fn data() -> SyntheticData {
@@ -116,7 +114,10 @@ fn disk_tier_dlrm_trains_checkpoints_and_resumes_as_in_ram() {
         let ckpt = Checkpoint::open(&dir.path().join("disk")).unwrap();
         let dense = DenseOptimizerConfig::sgd(0.05);
         let mut loaded = ckpt
-            .model_with_disk_tiers(optimizer, dense, tiers(dir.path()))
+            .builder()
+            .optimizers(optimizer, dense)
+            .disk_tiers(tiers(dir.path()))
+            .build()
             .unwrap();
         let mut in_place = model(optimizer, tiers(dir.path()));
         let path = dir.path().join("disk").join("model.safetensors");
@@ -150,9 +151,12 @@ fn a_checkpoint_loads_onto_the_disk_tier_cast_and_checked() {
     // fp32 rows cast to fp16 as they stream, as into RAM.
     let mut ckpt = Checkpoint::open(&path).unwrap();
     ckpt.cast_tables(DataType::Fp16);
-    let mut half_ram = ckpt.model(optimizer, dense).unwrap();
+    let mut half_ram = ckpt.builder().optimizers(optimizer, dense).build().unwrap();
     let mut half_disk = ckpt
-        .model_with_disk_tiers(optimizer, dense, tiers(dir.path()))
+        .builder()
+        .optimizers(optimizer, dense)
+        .disk_tiers(tiers(dir.path()))
+        .build()
         .unwrap();
     let batch = data().batch(1, 64);
     let a = half_ram.predict(&be, &batch).unwrap().to_vec();
@@ -171,7 +175,10 @@ fn a_checkpoint_loads_onto_the_disk_tier_cast_and_checked() {
     std::fs::write(&bad, bytes).unwrap();
     let err = Checkpoint::open(&bad)
         .unwrap()
-        .model_with_disk_tiers(optimizer, dense, tiers(dir.path()))
+        .builder()
+        .optimizers(optimizer, dense)
+        .disk_tiers(tiers(dir.path()))
+        .build()
         .err()
         .unwrap()
         .to_string();
@@ -221,7 +228,12 @@ fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
     ] {
         let placed = |tiers| {
             let plan = Some(plan(sharding, 2));
-            Dlrm::place(&config(), optimizers, 9, (plan, None), None, tiers).unwrap()
+            (Dlrm::builder(config()).optimizers(optimizers.0, optimizers.1))
+                .seed(9)
+                .plan(plan)
+                .disk_tiers(tiers)
+                .build()
+                .unwrap()
         };
         let (mut ram, mut disk) = (placed(Vec::new()), placed(tiers(dir.path())));
         // Sharded from a disk-tier model too (resharding copies its rows).
@@ -298,16 +310,11 @@ fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
             "{index:?}"
         );
         let ckpt = Checkpoint::open(&saved).unwrap();
-        let placed = (Some(plan(sharding, 2)), None);
-        let mut resumed = Dlrm::place(
-            &config(),
-            optimizers,
-            0,
-            placed,
-            Some(&ckpt),
-            tiers(dir.path()),
-        )
-        .unwrap();
+        let mut resumed = (ckpt.builder().optimizers(optimizers.0, optimizers.1))
+            .plan(plan(sharding, 2))
+            .disk_tiers(tiers(dir.path()))
+            .build()
+            .unwrap();
         moved.load_checkpoint(&index).unwrap();
         assert!(moved.sparse_arch().sharded().is_some());
         for i in 8..11 {

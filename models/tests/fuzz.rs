@@ -38,7 +38,11 @@ fn fixture() -> &'static (Vec<u8>, Batch, Vec<f32>) {
             TableOptimizer::rowwise_adagrad(0.1),
             DenseOptimizerConfig::adam(0.01),
         );
-        let mut model = Dlrm::new(config.clone(), optimizers.0, optimizers.1, 5).unwrap();
+        let mut model = Dlrm::builder(config.clone())
+            .optimizers(optimizers.0, optimizers.1)
+            .seed(5)
+            .build()
+            .unwrap();
         let data = SyntheticData::new(SyntheticConfig::for_model(
             &config,
             DataGeneration::Learnable,
@@ -80,7 +84,7 @@ proptest! {
         }
         let loaded = std::panic::catch_unwind(|| {
             let ckpt = Checkpoint::from_bytes(bytes, "fuzzed")?;
-            let mut model = ckpt.model(TableOptimizer::rowwise_adagrad(0.1), DenseOptimizerConfig::adam(0.01))?;
+            let mut model = ckpt.builder().optimizers(TableOptimizer::rowwise_adagrad(0.1), DenseOptimizerConfig::adam(0.01)).build()?;
             model.predict(&NativeBackend::new(1), batch).map(|p| p.to_vec())
         });
         prop_assert!(loaded.is_ok(), "the reader panicked");

@@ -136,13 +136,14 @@ fn whole_dlrm_table_gradients_match_finite_differences() {
     let be = NativeBackend::new(1);
     for interaction in interactions() {
         let config = config(interaction);
-        let mut model = Dlrm::new(
-            config.clone(),
-            TableOptimizer::sgd(1.0),
-            DenseOptimizerConfig::Sgd { lr: 0.0 },
-            3,
-        )
-        .unwrap();
+        let mut model = Dlrm::builder(config.clone())
+            .optimizers(
+                TableOptimizer::sgd(1.0),
+                DenseOptimizerConfig::Sgd { lr: 0.0 },
+            )
+            .seed(3)
+            .build()
+            .unwrap();
         let b = batch(&config, 6);
         let tables_before: Vec<Vec<f64>> = model
             .sparse_arch()

@@ -72,7 +72,11 @@ fn half_tables_save_in_their_type_and_resume_bit_for_bit() {
     for (dtype, stored) in [(DataType::Fp16, Dtype::F16), (DataType::Bf16, Dtype::BF16)] {
         let cfg = config(dtype);
         let data = data(&cfg);
-        let mut model = Dlrm::new(cfg.clone(), OPT.0, OPT.1, 11).unwrap();
+        let mut model = Dlrm::builder(cfg.clone())
+            .optimizers(OPT.0, OPT.1)
+            .seed(11)
+            .build()
+            .unwrap();
         for i in 0..3 {
             model.train_step(&be, &data.batch(i, 16)).unwrap();
         }
@@ -88,7 +92,7 @@ fn half_tables_save_in_their_type_and_resume_bit_for_bit() {
         );
         let ckpt = Checkpoint::open(&path).unwrap();
         assert_eq!(ckpt.config(), &cfg, "the config keeps each table's type");
-        let mut resumed = ckpt.model(OPT.0, OPT.1).unwrap();
+        let mut resumed = ckpt.builder().optimizers(OPT.0, OPT.1).build().unwrap();
         assert_eq!(tables(&resumed), tables(&model));
         // The stochastic rounding goes on with the same draws.
         for i in 3..6 {
@@ -124,9 +128,17 @@ fn half_training_is_the_same_under_any_plan() {
                 })
                 .collect(),
         };
-        let mut sharded = Dlrm::new(cfg.clone(), OPT.0, OPT.1, 3).unwrap();
+        let mut sharded = Dlrm::builder(cfg.clone())
+            .optimizers(OPT.0, OPT.1)
+            .seed(3)
+            .build()
+            .unwrap();
         sharded.shard(Some(plan)).unwrap();
-        let mut reference = Dlrm::new(cfg.clone(), OPT.0, OPT.1, 3).unwrap();
+        let mut reference = Dlrm::builder(cfg.clone())
+            .optimizers(OPT.0, OPT.1)
+            .seed(3)
+            .build()
+            .unwrap();
         for i in 0..3 {
             let batch = data.batch(i, 16);
             reference.train_step(&be, &batch).unwrap();
@@ -142,7 +154,11 @@ fn half_training_is_the_same_under_any_plan() {
 fn fp32_checkpoints_cast_to_fp16_and_back() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(DataType::Fp32);
-    let mut model = Dlrm::new(cfg.clone(), OPT.0, OPT.1, 5).unwrap();
+    let mut model = Dlrm::builder(cfg.clone())
+        .optimizers(OPT.0, OPT.1)
+        .seed(5)
+        .build()
+        .unwrap();
     let path = dir.path().join("fp32.safetensors");
     save(&mut model, &path, None).unwrap();
 
@@ -150,7 +166,7 @@ fn fp32_checkpoints_cast_to_fp16_and_back() {
     let cast = ckpt.cast_tables(DataType::Fp16);
     assert_eq!(cast.len(), 3);
     assert!(cast.iter().all(|(_, saved)| *saved == DataType::Fp32));
-    let mut half = ckpt.model(OPT.0, OPT.1).unwrap();
+    let mut half = ckpt.builder().optimizers(OPT.0, OPT.1).build().unwrap();
     let fp32 = model.sparse_arch().unsharded().unwrap();
     let fp16 = half.sparse_arch().unsharded().unwrap();
     for (a, b) in fp32.tables().iter().zip(fp16.tables()) {
@@ -174,7 +190,7 @@ fn fp32_checkpoints_cast_to_fp16_and_back() {
     save(&mut half, &path16, None).unwrap();
     let mut back = Checkpoint::open(&path16).unwrap();
     assert_eq!(back.cast_tables(DataType::Fp32).len(), 3);
-    let full = back.model(OPT.0, OPT.1).unwrap();
+    let full = back.builder().optimizers(OPT.0, OPT.1).build().unwrap();
     let (full, half) = (
         full.sparse_arch().unsharded().unwrap(),
         half.sparse_arch().unsharded().unwrap(),
@@ -194,7 +210,11 @@ fn quantized_checkpoints_serve_close_to_their_fp32_model() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(DataType::Fp32);
     let data = data(&cfg);
-    let mut model = Dlrm::new(cfg.clone(), OPT.0, OPT.1, 9).unwrap();
+    let mut model = Dlrm::builder(cfg.clone())
+        .optimizers(OPT.0, OPT.1)
+        .seed(9)
+        .build()
+        .unwrap();
     for i in 0..20 {
         model.train_step(&be, &data.batch(i, 32)).unwrap();
     }
@@ -218,7 +238,7 @@ fn quantized_checkpoints_serve_close_to_their_fp32_model() {
         let ckpt = Checkpoint::open(&out).unwrap();
         assert_eq!(ckpt.config().tables[0].data_type, dtype);
         // Quantized tables do not train.
-        assert!(ckpt.model(OPT.0, OPT.1).is_err());
+        assert!(ckpt.builder().optimizers(OPT.0, OPT.1).build().is_err());
         let mut served = ckpt.inference_model().unwrap();
         let got = served.predict(&be, &test).unwrap();
         let worst = got

@@ -123,22 +123,24 @@ fn a_set_reads_back_exactly(dtype: DataType) {
 
     // A fresh model on ranks is the one process's model, exactly.
     let single = {
-        let mut m = Dlrm::new(config.clone(), table_opt, dense_opt, 9).unwrap();
+        let mut m = Dlrm::builder(config.clone())
+            .optimizers(table_opt, dense_opt)
+            .seed(9)
+            .build()
+            .unwrap();
         tensors(&mut m)
     };
 
     // Two ranks: built in place, two steps, saved together.
     let written = on_ranks(2, |comm| {
         let rank = comm.rank();
-        let mut m = Dlrm::new_on_rank(
-            config.clone(),
-            table_opt,
-            dense_opt,
-            9,
-            plan_of_two(&config),
-            comm,
-        )
-        .unwrap();
+        let mut m = Dlrm::builder(config.clone())
+            .optimizers(table_opt, dense_opt)
+            .seed(9)
+            .plan(plan_of_two(&config))
+            .world(comm)
+            .build()
+            .unwrap();
         let fresh = tensors(&mut m);
         let be = ember_dense::NativeBackend::new(1);
         for i in 0..2 {
@@ -155,19 +157,20 @@ fn a_set_reads_back_exactly(dtype: DataType) {
 
     // In one process.
     let ckpt = Checkpoint::open(&index).unwrap();
-    let mut m = ckpt.model(table_opt, dense_opt).unwrap();
+    let mut m = ckpt
+        .builder()
+        .optimizers(table_opt, dense_opt)
+        .build()
+        .unwrap();
     same("read in one process", &tensors(&mut m), want);
 
     // On three ranks under another plan, each reading only its rows.
     let read = on_ranks(3, |comm| {
         let ckpt = Checkpoint::open(Path::new(&index)).unwrap();
-        let mut m = ckpt
-            .model_on_rank(
-                table_opt,
-                dense_opt,
-                (plan_of_three(&config), comm),
-                Vec::new(),
-            )
+        let mut m = (ckpt.builder().optimizers(table_opt, dense_opt))
+            .plan(plan_of_three(&config))
+            .world(comm)
+            .build()
             .unwrap();
         tensors(&mut m)
     });

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use ember_dense::{DenseBackend, DenseOptimizerConfig, HasParams};
 use ember_models::{
-    Backend, Batch, DataGeneration, Dlrm, DlrmConfig, ExecMode, InMemory, InteractionType, Model,
-    ModelError, StepOutput, SyntheticBatches, SyntheticConfig, SyntheticData, TrainData,
-    TrainError, TrainEvent, TrainState, Trainer, TrainerConfig,
+    Backend, Batch, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InMemory,
+    InteractionType, Model, ModelError, StepOutput, SyntheticBatches, SyntheticConfig,
+    SyntheticData, TrainData, TrainError, TrainEvent, TrainState, Trainer, TrainerConfig,
 };
 use ember_sharding::{PlannerOptions, ShardingPlan, Topology};
 use ember_sparse::TableOptimizer;
@@ -54,15 +54,11 @@ fn plan(devices: usize) -> Option<ShardingPlan> {
 
 fn model(seed: u64, devices: usize) -> Dlrm {
     let optimizers = (TableOptimizer::adam(0.01), DenseOptimizerConfig::adam(0.01));
-    Dlrm::place(
-        &config(),
-        optimizers,
-        seed,
-        (plan(devices), None),
-        None,
-        Vec::new(),
-    )
-    .unwrap()
+    (Dlrm::builder(config()).optimizers(optimizers.0, optimizers.1))
+        .seed(seed)
+        .plan(plan(devices))
+        .build()
+        .unwrap()
 }
 
 /// Every weight and optimizer state, tables and dense.
@@ -103,18 +99,26 @@ fn fit(
     let (train, test) = (batches(0, 6), batches(1 << 40, 2));
     let (mut losses, mut kinds) = (Vec::new(), Vec::new());
     let summary = trainer
-        .fit(model, &train, Some(&test), from, &mut |e| {
-            kinds.push(match e {
-                TrainEvent::Start { .. } => "start",
-                TrainEvent::Step { loss, .. } => {
-                    losses.push(*loss);
-                    "step"
-                }
-                TrainEvent::Eval { .. } => "eval",
-                TrainEvent::Checkpoint { .. } => "checkpoint",
-                _ => "other",
-            })
-        })
+        .fit(
+            model,
+            &train,
+            FitOptions {
+                eval: Some(&test),
+                from,
+                on_event: Some(&mut |e: &TrainEvent| {
+                    kinds.push(match e {
+                        TrainEvent::Start { .. } => "start",
+                        TrainEvent::Step { loss, .. } => {
+                            losses.push(*loss);
+                            "step"
+                        }
+                        TrainEvent::Eval { .. } => "eval",
+                        TrainEvent::Checkpoint { .. } => "checkpoint",
+                        _ => "other",
+                    })
+                }),
+            },
+        )
         .unwrap();
     (losses, kinds, summary)
 }
@@ -188,16 +192,18 @@ fn the_pipeline_gives_the_bits_of_the_unpipelined_order() {
                 .fit(
                     &mut m,
                     &train,
-                    Some(&test),
-                    TrainState::default(),
-                    &mut |e| {
-                        if let TrainEvent::Step {
-                            loss, input_dist, ..
-                        } = e
-                        {
-                            losses.push(*loss);
-                            routed += *input_dist;
-                        }
+                    FitOptions {
+                        eval: Some(&test),
+                        from: TrainState::default(),
+                        on_event: Some(&mut |e: &TrainEvent| {
+                            if let TrainEvent::Step {
+                                loss, input_dist, ..
+                            } = e
+                            {
+                                losses.push(*loss);
+                                routed += *input_dist;
+                            }
+                        }),
                     },
                 )
                 .unwrap();
@@ -275,9 +281,11 @@ fn bad_runs_fail_with_typed_errors() {
         .fit(
             &mut Diverges,
             &batches(0, 3),
-            None,
-            TrainState::default(),
-            &mut ignore,
+            FitOptions {
+                eval: None,
+                from: TrainState::default(),
+                on_event: Some(&mut ignore),
+            },
         )
         .unwrap_err();
     assert!(
@@ -289,9 +297,11 @@ fn bad_runs_fail_with_typed_errors() {
         .fit(
             &mut Diverges,
             &empty,
-            None,
-            TrainState::default(),
-            &mut ignore,
+            FitOptions {
+                eval: None,
+                from: TrainState::default(),
+                on_event: Some(&mut ignore),
+            },
         )
         .unwrap_err();
     assert!(
@@ -310,9 +320,11 @@ fn bad_runs_fail_with_typed_errors() {
         .fit(
             &mut model(1, 1),
             &batches(0, 1),
-            None,
-            TrainState::default(),
-            &mut ignore,
+            FitOptions {
+                eval: None,
+                from: TrainState::default(),
+                on_event: Some(&mut ignore),
+            },
         )
         .unwrap_err();
     assert!(err.to_string().contains("pjrt"), "{err}");
@@ -341,9 +353,11 @@ fn bad_runs_fail_with_typed_errors() {
         .fit(
             &mut model(1, 1),
             &Tagged(batches(0, 1)),
-            None,
-            from,
-            &mut ignore,
+            FitOptions {
+                eval: None,
+                from,
+                on_event: Some(&mut ignore),
+            },
         )
         .unwrap_err();
     assert!(matches!(err, TrainError::OtherData), "{err}");

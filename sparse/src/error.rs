@@ -65,9 +65,22 @@ pub enum SparseError {
     /// A key appears twice in the keys of a keyed (jagged) tensor.
     #[error("duplicate key '{0}'")]
     DuplicateKey(String),
-    /// The input has a key (feature) that no table of the collection serves.
-    #[error("no table serves feature '{0}'")]
-    UnknownFeature(String),
+    /// A key asked of a keyed jagged tensor is not among its keys.
+    #[error("key '{key}' is not in the KeyedJaggedTensor (its keys: {keys:?})")]
+    KeyNotFound {
+        /// The key asked for.
+        key: String,
+        /// The tensor's keys.
+        keys: Vec<String>,
+    },
+    /// A split of a keyed jagged tensor's keys does not add up to them.
+    #[error("split into {segments:?} keys, but the KeyedJaggedTensor has {keys}")]
+    SplitMismatch {
+        /// Keys per part, as asked.
+        segments: Vec<usize>,
+        /// The tensor's number of keys.
+        keys: usize,
+    },
     /// A feature that a table serves is not among the input's keys.
     #[error("feature '{0}' is missing from the input")]
     MissingFeature(String),

@@ -255,6 +255,87 @@ impl KeyedJaggedTensor {
         }
     }
 
+    /// A tensor of the keys at `indices` of this one's, in that order (an
+    /// index may repeat), with their bags; TorchRec's `permute`.
+    ///
+    /// ```
+    /// # use ember_sparse::KeyedJaggedTensor;
+    /// let kjt = KeyedJaggedTensor::from_lengths(
+    ///     vec!["a".into(), "b".into(), "c".into()], vec![1, 2, 3, 4], &[1, 0, 2, 0, 1, 0], None)?;
+    /// let ca = kjt.permute(&[2, 0])?;
+    /// assert_eq!(ca.keys(), ["c", "a"]);
+    /// assert_eq!((ca.values(), ca.lengths()), (&[4, 1][..], vec![1, 0, 1, 0]));
+    /// let (ab, c) = { let mut parts = kjt.split(&[2, 1])?; (parts.remove(0), parts.remove(0)) };
+    /// assert_eq!((ab.keys().len(), c.keys()), (2, &["c".to_string()][..]));
+    /// assert_eq!(kjt.select_keys(&["b"])?.values(), [2, 3]);
+    /// # Ok::<(), ember_sparse::SparseError>(())
+    /// ```
+    pub fn permute(&self, indices: &[usize]) -> Result<KeyedJaggedTensor, SparseError> {
+        let b = self.stride;
+        let mut keys = Vec::with_capacity(indices.len());
+        let mut offsets = Vec::with_capacity(indices.len() * b + 1);
+        let (mut values, mut weights) = (Vec::new(), Vec::new());
+        offsets.push(0);
+        for &k in indices {
+            let key = self.keys.get(k).ok_or_else(|| SparseError::KeyNotFound {
+                key: format!("#{k}"),
+                keys: self.keys.clone(),
+            })?;
+            keys.push(key.clone());
+            let range = self.key_range(k);
+            let shift = values.len();
+            let start = range.start;
+            offsets.extend(
+                self.offsets[k * b + 1..=(k + 1) * b]
+                    .iter()
+                    .map(|o| o - start + shift),
+            );
+            values.extend_from_slice(&self.values[range.clone()]);
+            if let Some(w) = &self.weights {
+                weights.extend_from_slice(&w[range]);
+            }
+        }
+        Ok(KeyedJaggedTensor {
+            keys,
+            values,
+            weights: self.weights.as_ref().map(|_| weights),
+            offsets,
+            stride: b,
+        })
+    }
+
+    /// The tensor of `keys` (in that order) with their bags; a key it does
+    /// not hold is an error naming it.
+    pub fn select_keys(&self, keys: &[&str]) -> Result<KeyedJaggedTensor, SparseError> {
+        let indices = (keys.iter())
+            .map(|key| {
+                self.key_index(key).ok_or_else(|| SparseError::KeyNotFound {
+                    key: key.to_string(),
+                    keys: self.keys.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.permute(&indices)
+    }
+
+    /// Consecutive groups of keys as tensors of their own: `segments[i]`
+    /// keys in part `i`, adding up to all keys; TorchRec's `split`.
+    pub fn split(&self, segments: &[usize]) -> Result<Vec<KeyedJaggedTensor>, SparseError> {
+        if segments.iter().sum::<usize>() != self.keys.len() {
+            return Err(SparseError::SplitMismatch {
+                segments: segments.to_vec(),
+                keys: self.keys.len(),
+            });
+        }
+        let mut first = 0;
+        (segments.iter())
+            .map(|&n| {
+                first += n;
+                self.permute(&(first - n..first).collect::<Vec<_>>())
+            })
+            .collect()
+    }
+
     /// Key `key`'s `B` bags as a [`JaggedTensor`] (copies); `None` when the
     /// key is absent.
     pub fn get(&self, key: &str) -> Option<JaggedTensor> {

@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use ember_models::{
-    Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, InMemory, Metrics, PhaseTimes,
+    Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InMemory, Metrics, PhaseTimes,
     SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent, TrainState,
     TrainSummary, Trainer, TrainerConfig,
 };
@@ -329,9 +329,13 @@ fn run_in_pool(
     let optimizers = (table_optimizer, args.optim.dense_optimizer());
     let plan = planned.map(|(plan, _)| plan);
     let mut model = launch.patiently(|| {
-        let placed = (plan, launch.world());
-        let tiers = tiers.clone();
-        let mut model = Dlrm::place(config, optimizers, args.seed, placed, None, tiers)?;
+        let mut model = Dlrm::builder(config.clone())
+            .optimizers(optimizers.0, optimizers.1)
+            .seed(args.seed)
+            .plan(plan.clone())
+            .world(launch.world().cloned())
+            .disk_tiers(tiers.clone())
+            .build()?;
         model.set_read_ahead(args.read_ahead);
         Ok(model)
     })?;
@@ -382,9 +386,11 @@ fn run_in_pool(
     t.summary = trainer.fit(
         &mut model,
         train.as_ref(),
-        test,
-        TrainState::default(),
-        &mut on_event,
+        FitOptions {
+            eval: test,
+            from: TrainState::default(),
+            on_event: Some(&mut on_event),
+        },
     )?;
     progress.finish();
     let sharding = sharding_report(launch, &model, &mut t, shards, estimated_ms)?;

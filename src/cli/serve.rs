@@ -61,7 +61,11 @@ impl ServeArgs {
             eprintln!("{line}");
         }
         let dense = ember_dense::DenseOptimizerConfig::sgd(0.0);
-        let model = ckpt.model_with_disk_tiers(none, dense, tiers)?;
+        let model = ckpt
+            .builder()
+            .optimizers(none, dense)
+            .disk_tiers(tiers)
+            .build()?;
         let spec = self.loader.spec_for_checkpoint(&ckpt)?;
         let config = ember_dataloader::LoaderConfig {
             labels,

@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use ember_dataloader::{Dataset, DatasetSpec, Loader};
 use ember_models::{
-    Checkpoint, Dlrm, Metrics, TrainData, TrainEvent, TrainState, TrainSummary, Trainer,
-    TrainerConfig,
+    Checkpoint, Dlrm, FitOptions, Metrics, TrainData, TrainEvent, TrainState, TrainSummary,
+    Trainer, TrainerConfig,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
@@ -512,16 +512,14 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     )?;
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let mut model = launch.patiently(|| {
-        let placed = (plan.clone(), launch.world());
-        let (seed, ckpt) = (args.seed(), resume.as_ref());
-        Ok(Dlrm::place(
-            &config,
-            optimizers,
-            seed,
-            placed,
-            ckpt,
-            tiers.clone(),
-        )?)
+        Ok(Dlrm::builder(config.clone())
+            .optimizers(optimizers.0, optimizers.1)
+            .seed(args.seed())
+            .plan(plan.clone())
+            .world(launch.world().cloned())
+            .checkpoint(resume.as_ref())
+            .disk_tiers(tiers.clone())
+            .build()?)
     })?;
     // The model holds the weights now: let go of the old file's mapping
     // before saves replace it.
@@ -543,7 +541,15 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let fault = Fault::from_env(launch)?;
     let eval = eval.as_ref().map(|l| l as &dyn TrainData);
     let mut on_event = |e: &TrainEvent| report_event(args, launch, &progress, &fault, e);
-    let summary = trainer.fit(&mut model, &train, eval, state, &mut on_event)?;
+    let summary = trainer.fit(
+        &mut model,
+        &train,
+        FitOptions {
+            eval,
+            from: state,
+            on_event: Some(&mut on_event),
+        },
+    )?;
     progress.finish();
     let per_rank_bytes_sent = match launch.ranks() {
         None => None,

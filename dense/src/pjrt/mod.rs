@@ -2,15 +2,19 @@
 //! (`xla_cpu_pjrt.so` here, a CUDA or TPU one elsewhere) compiles StableHLO
 //! text into executables and runs them on its devices.
 //!
-//! - [`ffi`]: the hand-written `repr(C)` declarations of the C API subset.
+//! - `ffi`: the hand-written `repr(C)` declarations of the C API subset.
 //! - `runtime`: safe wrappers: [`Plugin`], [`Client`], [`Executable`], [`DeviceBuffer`].
 //! - `hlo`: StableHLO text for each dense op; `backend`: [`PjrtBackend`], the
 //!   [`DenseBackend`](crate::DenseBackend) that runs them.
 
 mod backend;
 mod cache;
-pub mod ffi;
+mod ffi;
+// StableHLO text and its lowering are how ember-models compiles a whole
+// step; they are not an API of their own and may change with it.
+#[doc(hidden)]
 pub mod hlo;
+#[doc(hidden)]
 pub mod lower;
 mod runtime;
 mod window;

@@ -39,8 +39,10 @@ pub struct QuantizeSummary {
 ///     top_mlp: vec![8, 1],
 ///     interaction: InteractionType::Dot,
 /// };
-/// let mut model = Dlrm::new(config, TableOptimizer::rowwise_adagrad(0.05),
-///     DenseOptimizerConfig::sgd(0.1), 7)?;
+/// let mut model = Dlrm::builder(config)
+///     .optimizers(TableOptimizer::rowwise_adagrad(0.05), DenseOptimizerConfig::sgd(0.1))
+///     .seed(7)
+///     .build()?;
 /// let dir = tempfile::tempdir()?;
 /// let (fp32, int8) = (dir.path().join("fp32.safetensors"), dir.path().join("int8.safetensors"));
 /// ember_models::checkpoint::save(&mut model, &fp32, None)?;

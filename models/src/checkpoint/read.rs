@@ -25,8 +25,8 @@ use crate::{Dlrm, DlrmConfig, ModelError};
 ///
 /// [`Checkpoint::open`] reads the architecture and checks every tensor's
 /// presence, dtype and shape up front; models are then built from it with
-/// the saved weights ([`inference_model`](Checkpoint::inference_model),
-/// [`model`](Checkpoint::model), [`model_on_rank`](Checkpoint::model_on_rank)).
+/// the saved weights ([`inference_model`](Checkpoint::inference_model), or
+/// any placement through [`builder`](Checkpoint::builder)).
 ///
 /// # Example
 ///
@@ -44,8 +44,10 @@ use crate::{Dlrm, DlrmConfig, ModelError};
 ///     top_mlp: vec![8, 1],
 ///     interaction: InteractionType::Dot,
 /// };
-/// let mut model = Dlrm::new(config.clone(), TableOptimizer::rowwise_adagrad(0.05),
-///     DenseOptimizerConfig::sgd(0.1), 7)?;
+/// let mut model = Dlrm::builder(config.clone())
+///     .optimizers(TableOptimizer::rowwise_adagrad(0.05), DenseOptimizerConfig::sgd(0.1))
+///     .seed(7)
+///     .build()?;
 /// let data = SyntheticData::new(SyntheticConfig::for_model(&config, DataGeneration::Learnable, 3, 7))?;
 /// let be = NativeBackend::new(1);
 /// model.train_step(&be, &data.batch(0, 32))?;
@@ -297,7 +299,7 @@ impl Checkpoint {
     /// The model with the saved weights and the given optimizers; the saved
     /// optimizer state and step counts are restored where the saved
     /// optimizer is of the same kind (so training resumes exactly).
-    pub fn model(
+    pub(crate) fn model(
         &self,
         table_optimizer: TableOptimizer,
         dense_optimizer: DenseOptimizerConfig,
@@ -306,11 +308,11 @@ impl Checkpoint {
     }
 
     /// [`model`](Self::model), with the tables whose entry of `tiers` is
-    /// `Some` on the disk tier (as [`Dlrm::with_disk_tiers`]): their rows
+    /// `Some` on the disk tier: their rows
     /// and optimizer state are streamed from the checkpoint into their
     /// files a piece at a time (from one file or a set's pieces), so a
     /// table larger than memory loads in a bounded one.
-    pub fn model_with_disk_tiers(
+    pub(crate) fn model_with_disk_tiers(
         &self,
         table_optimizer: TableOptimizer,
         dense_optimizer: DenseOptimizerConfig,

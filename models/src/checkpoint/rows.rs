@@ -19,12 +19,12 @@ use super::{table_weight_name, weight_layout, Checkpoint, OPTIMIZER_PREFIX, TABL
 use crate::{Dlrm, ModelError};
 
 impl Checkpoint {
-    /// [`Checkpoint::model`] as rank `comm.rank()` of a world under `plan`:
+    /// The model as rank `comm.rank()` of a world under `plan`:
     /// the rank reads only its shards' rows (and their optimizer state).
     /// The tables whose entry of `tiers` is `Some` (or none: empty) go on
     /// the rank's disk tier, streamed from the checkpoint (see
     /// [`ember_sharding::WithDiskTiers`]).
-    pub fn model_on_rank(
+    pub(crate) fn model_on_rank(
         &self,
         table_optimizer: TableOptimizer,
         dense_optimizer: DenseOptimizerConfig,

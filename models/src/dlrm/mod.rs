@@ -2,6 +2,7 @@
 //! TorchRec's structure: sparse_arch (embedding bags) → dense_arch (bottom
 //! MLP) → inter_arch → over_arch (top MLP ending in one logit).
 
+mod builder;
 mod config;
 mod dense_arch;
 
@@ -25,6 +26,7 @@ use crate::{
     Backend, Batch, CompiledDenseStep, ExecMode, InputDist, Model, ModelError, Routed, TrainState,
 };
 
+pub use builder::{DlrmBuilder, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER};
 pub use config::{DlrmConfig, InteractionType};
 pub use dense_arch::DenseArch;
 pub(crate) use dense_arch::{bottom_linear_prefix, top_linear_prefix};
@@ -126,27 +128,13 @@ impl InputDist for DlrmInputDist {
 }
 
 impl Dlrm {
-    /// A new model in one process: `config` validated, tables in one local
-    /// collection with `table_optimizer` fused into their backward, the
-    /// dense arch stepped by `dense_optimizer`, all initialised from `seed`.
-    pub fn new(
-        config: DlrmConfig,
-        table_optimizer: TableOptimizer,
-        dense_optimizer: DenseOptimizerConfig,
-        seed: u64,
-    ) -> Result<Self, ModelError> {
-        Self::with_disk_tiers(config, table_optimizer, dense_optimizer, seed, Vec::new())
-    }
-
-    /// [`Dlrm::new`], with the tables whose entry of `tiers` is `Some` on
-    /// the disk tier (see
+    /// A new model in one process, with the tables whose entry of `tiers`
+    /// is `Some` on the disk tier (see
     /// [`EmbeddingBagCollection::with_disk_tiers`]): each forward first
     /// brings its batch's rows into their caches. Checkpoints stream such
-    /// tables a piece at a time (load one with
-    /// [`Checkpoint::model_with_disk_tiers`](crate::Checkpoint::model_with_disk_tiers)),
-    /// and [`shard`](Self::shard) puts their shards on the disk tier too
-    /// (or build it sharded: [`Dlrm::place`]).
-    pub fn with_disk_tiers(
+    /// tables a piece at a time, and [`shard`](Self::shard) puts their
+    /// shards on the disk tier too.
+    pub(crate) fn with_disk_tiers(
         config: DlrmConfig,
         table_optimizer: TableOptimizer,
         dense_optimizer: DenseOptimizerConfig,
@@ -185,28 +173,10 @@ impl Dlrm {
         self.dataset_spec = spec;
     }
 
-    /// [`Dlrm::new`] as rank `comm.rank()` of a multi-process world: the same
-    /// model, of which this rank holds (and ever allocates) only the shards
-    /// of its device under `plan` (one device per rank). The rank steps on
-    /// its own samples and averages the dense gradients with the other
-    /// ranks. Every rank makes this call with the same arguments.
-    pub fn new_on_rank(
-        config: DlrmConfig,
-        table_optimizer: TableOptimizer,
-        dense_optimizer: DenseOptimizerConfig,
-        seed: u64,
-        plan: ShardingPlan,
-        comm: Arc<dyn Collective>,
-    ) -> Result<Self, ModelError> {
-        let rows = InitialRows { seed };
-        let tables = (table_optimizer, 0, &rows as &dyn ShardSource);
-        Self::on_rank(config, tables, dense_optimizer, seed, plan, comm)
-    }
-
     /// A rank's model whose shards come from `source` (with the table
     /// optimizer and its step count); the dense part is initialised from
     /// `seed`.
-    pub fn on_rank(
+    pub(crate) fn on_rank(
         config: DlrmConfig,
         (table_optimizer, step, source): (TableOptimizer, u64, &dyn ShardSource),
         dense_optimizer: DenseOptimizerConfig,
@@ -223,7 +193,7 @@ impl Dlrm {
             plan,
             comm.clone(),
         )?;
-        // As Dlrm::new's collection: its rounding is seeded like its rows.
+        // As a one-process model's collection: its rounding is seeded like its rows.
         sharded.set_rounding_seed(seed);
         let mut model =
             Self::with_tables(config, SparseArch::Sharded(sharded), dense_optimizer, seed)?;
@@ -543,7 +513,7 @@ impl Dlrm {
     /// disk tier (their shards too, each device caching its own). On a
     /// rank of `world`, only its shards are ever built (or read); alone,
     /// the whole model is built, then sharded over threads.
-    pub fn place(
+    pub(crate) fn place(
         config: &DlrmConfig,
         (table_optimizer, dense_optimizer): (TableOptimizer, DenseOptimizerConfig),
         seed: u64,
@@ -693,7 +663,8 @@ impl Model for Dlrm {
     /// Reads a checkpoint of this architecture into this (one-process)
     /// model, keeping its optimizers and its sharding over threads. On a
     /// rank, build the model from the checkpoint instead
-    /// ([`Dlrm::place`]), which reads only the rank's own shards.
+    /// ([`Checkpoint::builder`](crate::Checkpoint::builder) with a world),
+    /// which reads only the rank's own shards.
     fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {
         if self.world.is_some() {
             return Err(ModelError::Config(

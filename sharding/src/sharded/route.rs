@@ -94,14 +94,12 @@ pub(super) fn owners(comms: &Comms, b: usize) -> Result<Vec<Range<usize>>, Shard
     }
 }
 
-/// For each slot of `layout`, its key's index in `kjt`.
+/// For each slot of `layout`, its key's index in `kjt` (keys no table
+/// serves are ignored, as by the local collection).
 pub(super) fn key_indices(
     layout: &Layout,
     kjt: &KeyedJaggedTensor,
 ) -> Result<Vec<usize>, SparseError> {
-    if let Some(k) = (kjt.keys().iter()).find(|k| !layout.slots.iter().any(|s| &s.feature == *k)) {
-        return Err(SparseError::UnknownFeature(k.clone()));
-    }
     (layout.slots.iter())
         .map(|s| {
             kjt.key_index(&s.feature)

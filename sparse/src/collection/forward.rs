@@ -50,8 +50,8 @@ const OUT_PREFETCH_MIN_DIM: usize = 64;
 
 impl EmbeddingBagCollection {
     /// Pooled lookup of every feature: a new `[B, width]` output, `B` being
-    /// `kjt.stride()`. Every key of `kjt` must be served by a table and every
-    /// table's feature must be in `kjt` (in any order); ids must be in range.
+    /// `kjt.stride()`. Every table's feature must be in `kjt` (in any
+    /// order; keys no table serves are ignored); ids must be in range.
     pub fn forward(&self, kjt: &KeyedJaggedTensor) -> Result<KeyedTensor, SparseError> {
         let mut out = self.new_output(kjt.stride());
         self.forward_into(kjt, &mut out)?;

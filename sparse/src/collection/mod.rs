@@ -630,16 +630,10 @@ impl EmbeddingBagCollection {
         KeyedTensor::zeros(self.feature_names(), self.feature_dims(), batch)
     }
 
-    /// For each output slot, the index of its key in `kjt`; every key of `kjt`
-    /// must be served by some table.
+    /// For each output slot, the index of its key in `kjt`. Keys no table
+    /// serves are ignored, as TorchRec's collections do: one batch can feed
+    /// several collections.
     fn resolve_keys(&self, kjt: &KeyedJaggedTensor) -> Result<Vec<usize>, SparseError> {
-        if let Some(unknown) = kjt
-            .keys()
-            .iter()
-            .find(|k| !self.slots.iter().any(|s| &s.name == *k))
-        {
-            return Err(SparseError::UnknownFeature(unknown.clone()));
-        }
         self.slots
             .iter()
             .map(|s| {

@@ -1,6 +1,6 @@
 //! Embedding kernels: pooled forward, and forward + backward + fused update,
 //! on a TBE-like shape scaled to run in seconds (8 tables x 200k rows x 128).
-//! The full-size shapes of the README table come from `ember bench embedding`.
+//! The full-size shapes of the book's benchmark pages come from `ember bench embedding`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ember::sparse::rng::Rng;

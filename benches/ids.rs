@@ -1,4 +1,4 @@
-//! Synthetic id draws: uniform, Zipf at the exponents of the README, and the
+//! Synthetic id draws: uniform, Zipf at the exponents of the book's synthetic-data page, and the
 //! `learnable` generator's log-uniform rank it sits beside, on the largest
 //! MLPerf DLRMv2 table (40M rows).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fits a Zipf exponent to each large Criteo Kaggle feature from the real rows
-in tests/data/criteo_sample.csv (README, "Synthetic data").
+in tests/data/criteo_sample.csv (docs/src/formats/synthetic.md).
 
 For a table of n rows under Zipf's law with exponent a, m draws show on
 average sum_k 1 - (1 - p_k)^m distinct ids (p_k = k^-a / H(n, a)). For each

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a click log that is not Criteo-shaped, with pyarrow, for
-`ember train --dataset-spec examples/data/clicks.spec.json` (README, "Any
-Parquet schema"): a boolean label, float and int dense columns, a weighted
+`ember train --dataset-spec examples/data/clicks.spec.json` (docs/src/formats/
+dataset-spec.md): a boolean label, float and int dense columns, a weighted
 list<int64> history and a scalar item id sharing one table, and a user id.
 
     python3 scripts/make_clicks.py OUT_DIR [--rows N] [--files K] [--seed S]

@@ -22,7 +22,7 @@ LATENCY_S = 5e-6  # one message on the network
 MEMORY_BANDWIDTH = 13e9  # random row reads per device, measured here (the planner's default)
 
 # Dense parameters (floats) and the dense step per 2048 samples on one host
-# (native backend, 2 threads; README's PJRT table: forward + backward + update).
+# (native backend, 2 threads; the PJRT guide's table: forward + backward + update).
 PRESETS = {
     "kaggle": {"dense_params": 476_001, "dense_ms": 6.4 + 11.7 + 0.2},
     "mlperf": {"dense_params": 16_044_545, "dense_ms": 167 + 329 + 4.2},

@@ -31,8 +31,6 @@
 //! # Ok::<(), ember::sparse::SparseError>(())
 //! ```
 
-#![warn(missing_docs)]
-
 pub use ember_dataloader as dataloader;
 pub use ember_dense as dense;
 pub use ember_models as models;
@@ -71,4 +69,53 @@ pub mod prelude {
         DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, JaggedTensor,
         KeyedJaggedTensor, KeyedTensor, PoolingType, TableOptimizer,
     };
+}
+
+/// The Rust snippets of the README and of the docs book, compiled and run
+/// as doc tests (`cargo test --doc`); `tests/docs.rs` checks that every
+/// page of the book is listed here.
+#[cfg(doctest)]
+pub mod book {
+    #[doc = include_str!("../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../docs/src/README.md")]
+    pub struct BookIntro;
+    #[doc = include_str!("../docs/src/architecture.md")]
+    pub struct Architecture;
+    #[doc = include_str!("../docs/src/benchmarks/README.md")]
+    pub struct BenchmarksReadme;
+    #[doc = include_str!("../docs/src/design-notes.md")]
+    pub struct DesignNotes;
+    #[doc = include_str!("../docs/src/formats/checkpoints.md")]
+    pub struct FormatsCheckpoints;
+    #[doc = include_str!("../docs/src/formats/dataset-spec.md")]
+    pub struct FormatsDatasetSpec;
+    #[doc = include_str!("../docs/src/formats/parquet.md")]
+    pub struct FormatsParquet;
+    #[doc = include_str!("../docs/src/formats/synthetic.md")]
+    pub struct FormatsSynthetic;
+    #[doc = include_str!("../docs/src/getting-started/benchmark.md")]
+    pub struct GettingStartedBenchmark;
+    #[doc = include_str!("../docs/src/getting-started/criteo-tutorial.md")]
+    pub struct GettingStartedCriteoTutorial;
+    #[doc = include_str!("../docs/src/getting-started/ingest.md")]
+    pub struct GettingStartedIngest;
+    #[doc = include_str!("../docs/src/getting-started/library.md")]
+    pub struct GettingStartedLibrary;
+    #[doc = include_str!("../docs/src/guides/disk-tier.md")]
+    pub struct GuidesDiskTier;
+    #[doc = include_str!("../docs/src/guides/pjrt.md")]
+    pub struct GuidesPjrt;
+    #[doc = include_str!("../docs/src/guides/precision.md")]
+    pub struct GuidesPrecision;
+    #[doc = include_str!("../docs/src/guides/reliability.md")]
+    pub struct GuidesReliability;
+    #[doc = include_str!("../docs/src/guides/sharding.md")]
+    pub struct GuidesSharding;
+    #[doc = include_str!("../docs/src/guides/tables-and-kjt.md")]
+    pub struct GuidesTablesAndKjt;
+    #[doc = include_str!("../docs/src/guides/trainer.md")]
+    pub struct GuidesTrainer;
+    #[doc = include_str!("../docs/src/testing.md")]
+    pub struct Testing;
 }

@@ -1,9 +1,11 @@
+//! The `ember` command line: flags, parsed by clap, over the library.
+
 use clap::{Parser, Subcommand};
 
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
-    bench_dlrm, bench_embedding, bench_loader, devices, quantize, serve, sharding, train,
+    bench_dlrm, bench_embedding, bench_loader, devices, docs, eval, plan, quantize, train,
 };
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
@@ -25,16 +27,19 @@ enum Command {
     /// Train a DLRM on Parquet data.
     Train(train::TrainArgs),
     /// AUC, log loss and accuracy of a checkpoint on Parquet data.
-    Eval(serve::ServeArgs),
+    Eval(eval::EvalArgs),
     /// Write a checkpoint's predictions for Parquet data to a Parquet file.
-    Predict(serve::PredictArgs),
+    Predict(eval::PredictArgs),
     /// Convert a checkpoint's tables to another data type (int8, int4, fp8,
     /// mxfp4 for inference; fp16, bf16, fp32).
     Quantize(quantize::QuantizeArgs),
     /// Place the tables on devices and write the sharding plan (JSON).
-    Plan(sharding::PlanArgs),
+    Plan(plan::PlanArgs),
     /// The PJRT plugin's platform and devices.
     Devices(devices::DevicesArgs),
+    /// Write (or --check) the docs book's generated pages.
+    #[command(hide = true)]
+    Docs(docs::DocsArgs),
 }
 
 // Parsed once per process: the variants' size difference costs nothing.
@@ -92,11 +97,19 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 Command::Ingest(IngestCommand::Synthetic(args)) => {
                     print(&ingest::synthetic(&args)?, args.json, launch)
                 }
-                Command::Eval(args) => print(&serve::eval(&args)?, args.json, launch),
-                Command::Predict(args) => print(&serve::predict(&args)?, args.serve.json, launch),
+                Command::Eval(args) => print(&eval::eval(&args)?, args.json, launch),
+                Command::Predict(args) => print(&eval::predict(&args)?, args.eval.json, launch),
                 Command::Quantize(args) => print(&quantize::run(&args)?, args.json, launch),
-                Command::Plan(args) => print(&sharding::run_plan(&args)?, args.json, launch),
+                Command::Plan(args) => print(&plan::run_plan(&args)?, args.json, launch),
                 Command::Devices(args) => print(&devices::run(&args)?, args.json, launch),
+                Command::Docs(args) => {
+                    let pages = docs::run(&args, <Cli as clap::CommandFactory>::command())?;
+                    for page in pages {
+                        let verb = if args.check { "up to date" } else { "written" };
+                        println!("{}: {verb}", page.display());
+                    }
+                    Ok(())
+                }
                 Command::Bench(Bench::Dlrm(_)) | Command::Train(_) => unreachable!("matched above"),
             }
         }
@@ -116,6 +129,7 @@ impl Command {
             Command::Quantize(_) => "quantize",
             Command::Plan(_) => "plan",
             Command::Devices(_) => "devices",
+            Command::Docs(_) => "docs",
         }
     }
 }

@@ -5,15 +5,18 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::{Int32Type, Int64Type, Int8Type};
-use arrow_array::{Array, RecordBatch};
+use arrow_array::RecordBatch;
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
 
+use crate::decode::{
+    append_dense, append_ids, append_labels, column, is_dense_type, is_id_column, is_label_type,
+    weights_fit, DENSE_TYPES, ID_TYPES, LABEL_TYPES,
+};
+pub use crate::decode::{Chunk, FeatureChunk};
 use crate::spec::DatasetSpec;
 use crate::writer::{ParquetSink, PART_OF_KEY};
 use crate::DataError;
@@ -309,95 +312,6 @@ pub struct DecodeSpec {
     labels: bool,
 }
 
-/// The ids of one sparse column over a chunk's rows.
-#[derive(Clone, Debug, Default)]
-pub struct FeatureChunk {
-    /// `rows + 1` offsets into `values`.
-    pub offsets: Vec<u32>,
-    /// The transformed ids of every row, row after row; missing values add none.
-    pub values: Vec<i64>,
-    /// One weight per id when the column is weighted, else empty.
-    pub weights: Vec<f32>,
-}
-
-/// One decoded row group, transformed.
-#[derive(Clone, Debug, Default)]
-pub struct Chunk {
-    /// Rows decoded.
-    pub rows: usize,
-    /// Row-major `[rows, dense columns]`.
-    pub dense: Vec<f32>,
-    /// One label per row, 0.0 or 1.0.
-    pub labels: Vec<f32>,
-    /// One per sparse column of the spec, in that order.
-    pub features: Vec<FeatureChunk>,
-}
-
-/// The column types the spec's roles accept, as the errors name them.
-const LABEL_TYPES: &str = "Int8, Int16, Int32, Int64, Boolean, Float32 or Float64 (0 or 1)";
-const DENSE_TYPES: &str = "Int32, Int64, Float32 or Float64";
-const ID_TYPES: &str = "Int64 or List(Int64)";
-
-fn is_label_type(t: &DataType) -> bool {
-    use DataType::*;
-    matches!(
-        t,
-        Int8 | Int16 | Int32 | Int64 | Boolean | Float32 | Float64
-    )
-}
-
-fn is_dense_type(t: &DataType) -> bool {
-    use DataType::*;
-    matches!(t, Int32 | Int64 | Float32 | Float64)
-}
-
-fn is_id_column(t: &DataType) -> bool {
-    match t {
-        DataType::Int64 => true,
-        DataType::List(item) => *item.data_type() == DataType::Int64,
-        _ => false,
-    }
-}
-
-fn is_float(t: &DataType) -> bool {
-    matches!(t, DataType::Float32 | DataType::Float64)
-}
-
-/// The weights a column of ids of type `ids` takes: floats of its shape.
-fn weights_fit(ids: &DataType, weights: &DataType) -> bool {
-    match (ids, weights) {
-        (DataType::List(_), DataType::List(w)) => is_float(w.data_type()),
-        (DataType::Int64, w) => is_float(w),
-        _ => false,
-    }
-}
-
-/// Every value of a numeric column as f32 (`None`: null).
-fn numeric_f32(col: &dyn Array) -> Option<Vec<Option<f32>>> {
-    use arrow_array::types::*;
-    macro_rules! prim {
-        ($t:ty) => {
-            col.as_primitive_opt::<$t>()
-                .map(|a| a.iter().map(|x| x.map(|x| x as f32)).collect())
-        };
-    }
-    match col.data_type() {
-        DataType::Int8 => prim!(Int8Type),
-        DataType::Int16 => prim!(Int16Type),
-        DataType::Int32 => prim!(Int32Type),
-        DataType::Int64 => prim!(Int64Type),
-        DataType::Float32 => prim!(Float32Type),
-        DataType::Float64 => prim!(Float64Type),
-        DataType::Boolean => Some(
-            col.as_boolean_opt()?
-                .iter()
-                .map(|x| x.map(|b| b as u8 as f32))
-                .collect(),
-        ),
-        _ => None,
-    }
-}
-
 impl DecodeSpec {
     /// A checked `spec`.
     pub fn new(spec: DatasetSpec) -> Result<Self, DataError> {
@@ -524,237 +438,18 @@ impl DecodeSpec {
         chunk: &mut Chunk,
     ) -> Result<(), DataError> {
         let s = &self.spec;
-        let column = |name: &str| {
-            batch
-                .column_by_name(name)
-                .ok_or_else(|| DataError::column(path, name, "missing from the file".into()))
-        };
-        let wrong = |name: &str, col: &dyn Array, want: &str| {
-            DataError::column(
-                path,
-                name,
-                format!("has type {}, expected {want}", col.data_type()),
-            )
-        };
-        let n = batch.num_rows();
         let labels = match self.labels {
-            true => Some(column(&s.label)?),
+            true => Some(column(path, batch, &s.label)?),
             false => None,
         };
-        if labels.is_none() {
-            chunk.labels.resize(chunk.labels.len() + n, f32::NAN);
-        } else if let Some(l) = (labels.and_then(|l| l.as_primitive_opt::<Int8Type>()))
-            // Criteo's int8 label, the common case, without the generic path.
-            .filter(|l| l.null_count() == 0)
-        {
-            if let Some(r) = l.values().iter().position(|&y| y != 0 && y != 1) {
-                return Err(DataError::column(
-                    path,
-                    &s.label,
-                    format!(
-                        "row {} of the row group has label {}, not 0 or 1",
-                        first + r,
-                        l.value(r)
-                    ),
-                ));
-            }
-            chunk.labels.extend(l.values().iter().map(|&y| y as f32));
-        } else if let Some(labels) = labels {
-            let values =
-                numeric_f32(labels.as_ref()).ok_or_else(|| wrong(&s.label, labels, LABEL_TYPES))?;
-            for (r, y) in values.into_iter().enumerate() {
-                match y {
-                    Some(y) if y == 0.0 || y == 1.0 => chunk.labels.push(y),
-                    Some(y) => {
-                        return Err(DataError::column(
-                            path,
-                            &s.label,
-                            format!(
-                                "row {} of the row group has label {y}, not 0 or 1",
-                                first + r
-                            ),
-                        ))
-                    }
-                    None => {
-                        return Err(DataError::column(
-                            path,
-                            &s.label,
-                            format!("row {} of the row group has no label", first + r),
-                        ))
-                    }
-                }
-            }
+        let rows = (first, batch.num_rows());
+        append_labels(path, (&s.label, labels), rows, &mut chunk.labels)?;
+        append_dense(path, batch, s, first, &mut chunk.dense)?;
+        let features = s.sparse.iter().zip(&self.rows).zip(&mut chunk.features);
+        for ((c, &table_rows), out) in features {
+            append_ids(path, batch, (c, table_rows, s.id_transform), first, out)?;
         }
-
-        let nd = s.dense.len();
-        let base = chunk.dense.len();
-        chunk.dense.resize(base + n * nd, 0.0);
-        for (j, c) in s.dense.iter().enumerate() {
-            let col = column(&c.column)?;
-            let transform = s.transform_of(j);
-            let out = &mut chunk.dense[base..];
-            // Criteo's int32 columns, the common case, directly.
-            match col.as_primitive_opt::<Int32Type>() {
-                Some(ints) if ints.null_count() == 0 => {
-                    for (r, &x) in ints.values().iter().enumerate() {
-                        out[r * nd + j] = transform.apply_int(Some(x));
-                    }
-                }
-                Some(ints) => {
-                    for (r, x) in ints.iter().enumerate() {
-                        out[r * nd + j] = transform.apply_int(x);
-                    }
-                }
-                _ => {
-                    let values = numeric_f32(col.as_ref())
-                        .filter(|_| is_dense_type(col.data_type()))
-                        .ok_or_else(|| wrong(&c.column, col, DENSE_TYPES))?;
-                    for (r, x) in values.into_iter().enumerate() {
-                        // One rule for every transform: a NaN or infinite
-                        // input is an error (log1p would read NaN as 0).
-                        if let Some(x) = x.filter(|x| !x.is_finite()) {
-                            return Err(DataError::column(
-                                path,
-                                &c.column,
-                                format!("row {} of the row group is {x}: dense values must be finite (a missing value is a null)", first + r),
-                            ));
-                        }
-                        let y = transform.apply_f32(x);
-                        if !y.is_finite() {
-                            return Err(DataError::column(
-                                path,
-                                &c.column,
-                                format!(
-                                    "row {} of the row group is {} ({y} after the transform)",
-                                    first + r,
-                                    x.unwrap_or(0.0)
-                                ),
-                            ));
-                        }
-                        out[r * nd + j] = y;
-                    }
-                }
-            }
-        }
-
-        for ((c, &rows), out) in s.sparse.iter().zip(&self.rows).zip(&mut chunk.features) {
-            let name = &c.column;
-            let col = column(name)?;
-            let weights = match &c.weights {
-                Some(w) => Some((w, column(w)?)),
-                None => None,
-            };
-            let t = s.id_transform;
-            out.offsets.reserve(n);
-            let mut last = *out.offsets.last().unwrap_or(&0);
-            if let Some(ids) = col.as_primitive_opt::<Int64Type>() {
-                let w = match &weights {
-                    Some((wname, w)) => Some(
-                        numeric_f32(w.as_ref())
-                            .filter(|_| is_float(w.data_type()))
-                            .ok_or_else(|| wrong(wname, w, "Float32 or Float64"))?,
-                    ),
-                    None => None,
-                };
-                out.values.reserve(n);
-                if ids.null_count() == 0 && w.is_none() {
-                    // One id a row, the common case, without the null checks.
-                    out.values
-                        .extend(ids.values().iter().map(|&id| t.apply(id, rows)));
-                    out.offsets.extend((1..=n as u32).map(|k| last + k));
-                    continue;
-                }
-                for (r, id) in ids.iter().enumerate() {
-                    if let Some(id) = id {
-                        out.values.push(t.apply(id, rows));
-                        if let (Some(w), Some((wname, _))) = (&w, &weights) {
-                            out.weights.push(weight(path, wname, w[r], first + r)?);
-                        }
-                        last += 1;
-                    }
-                    out.offsets.push(last);
-                }
-            } else if let Some(lists) = col.as_list_opt::<i32>() {
-                let ids = lists
-                    .values()
-                    .as_primitive_opt::<Int64Type>()
-                    .ok_or_else(|| {
-                        DataError::column(
-                            path,
-                            name,
-                            "is a list of something other than Int64".into(),
-                        )
-                    })?;
-                let w = match &weights {
-                    Some((wname, w)) => {
-                        let lw = w
-                            .as_list_opt::<i32>()
-                            .ok_or_else(|| wrong(wname, w, "List(Float32) or List(Float64)"))?;
-                        let values = numeric_f32(lw.values().as_ref())
-                            .filter(|_| is_float(lw.values().data_type()))
-                            .ok_or_else(|| wrong(wname, w, "List(Float32) or List(Float64)"))?;
-                        Some((*wname, lw.clone(), values))
-                    }
-                    None => None,
-                };
-                let offsets = lists.value_offsets();
-                for r in 0..n {
-                    let (start, end) = (offsets[r] as usize, offsets[r + 1] as usize);
-                    if let Some((wname, lw, _)) = &w {
-                        let got = if lw.is_valid(r) {
-                            lw.value_length(r) as usize
-                        } else {
-                            0
-                        };
-                        let want = if lists.is_valid(r) { end - start } else { 0 };
-                        if got != want {
-                            return Err(DataError::column(
-                                path,
-                                wname,
-                                format!(
-                                    "row {} of the row group has {got} weights for {want} ids of '{name}'",
-                                    first + r
-                                ),
-                            ));
-                        }
-                    }
-                    if lists.is_valid(r) {
-                        let w_at = w.as_ref().map(|(_, lw, _)| lw.value_offsets()[r] as usize);
-                        for k in start..end {
-                            if ids.is_valid(k) {
-                                out.values.push(t.apply(ids.value(k), rows));
-                                if let (Some((wname, _, values)), Some(at)) = (&w, w_at) {
-                                    let v = values[at + (k - start)];
-                                    out.weights.push(weight(path, wname, v, first + r)?);
-                                }
-                                last += 1;
-                            }
-                        }
-                    }
-                    out.offsets.push(last);
-                }
-            } else {
-                return Err(wrong(name, col, ID_TYPES));
-            }
-        }
-        chunk.rows += n;
+        chunk.rows += batch.num_rows();
         Ok(())
-    }
-}
-
-/// A weight read from the data: present and finite, or an error naming the row.
-fn weight(path: &Path, column: &str, w: Option<f32>, row: usize) -> Result<f32, DataError> {
-    match w {
-        Some(w) if w.is_finite() => Ok(w),
-        Some(w) => Err(DataError::column(
-            path,
-            column,
-            format!("row {row} of the row group has weight {w}"),
-        )),
-        None => Err(DataError::column(
-            path,
-            column,
-            format!("row {row} of the row group has a null weight for an id"),
-        )),
     }
 }

@@ -11,11 +11,10 @@
 //! - [`dataset`]: a validated set of Parquet files and row-group decoding.
 //! - [`loader`]: the pipelined, shuffled, rank-sharded batch iterator.
 
-#![warn(missing_docs)]
-
 pub mod atomic;
 pub mod criteo;
 pub mod dataset;
+mod decode;
 mod error;
 pub mod ingest;
 pub mod loader;

@@ -3,7 +3,7 @@
 //! panic, and either a clean error or the result a reference gives.
 //!
 //! CI runs a few hundred cases; `EMBER_FUZZ_CASES=N` runs N per test (the
-//! README reports a long run).
+//! CHANGELOG reports a long run).
 
 use std::path::Path;
 use std::sync::OnceLock;

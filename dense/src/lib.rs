@@ -8,8 +8,6 @@
 //! - [`DenseOptimizer`] updates parameters exposed through [`HasParams`].
 //! - [`conformance`]: the test suite every backend must pass.
 
-#![warn(missing_docs)]
-
 pub mod backend;
 pub mod conformance;
 pub mod error;

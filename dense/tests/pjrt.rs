@@ -135,6 +135,7 @@ fn a_fused_window_is_one_execution_and_a_panic_discards_it() {
 
     // A body that panics leaves nothing behind: the next window runs clean.
     let mut dead = Tensor::zeros(0, 0);
+    // SAFETY: `dead` outlives the call, and the body touches it through ops only.
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
         be.fused(&mut || {
             be.linear_forward(&x, &w, &b, Activation::Relu, &mut dead);
@@ -145,6 +146,7 @@ fn a_fused_window_is_one_execution_and_a_panic_discards_it() {
     drop(dead);
     let before = be.stats().executions;
     let (mut gy, mut gz) = (Tensor::zeros(0, 0), Tensor::zeros(0, 0));
+    // SAFETY: as the first window's, above.
     unsafe { be.fused(&mut || eager(&mut gy, &mut gz)) };
     assert_eq!(be.stats().executions, before + 1);
     assert!(close(&gy, &want.0) && close(&gz, &want.1));

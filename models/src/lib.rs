@@ -24,19 +24,17 @@
 //! - [`MemoryEstimate`] says what a run needs in memory before it is built,
 //!   so a configuration that cannot fit is refused instead of aborting.
 
-#![warn(missing_docs)]
-
 mod backend;
 pub mod checkpoint;
 pub mod compiled;
 mod data;
 mod dlrm;
 mod error;
+mod evaluate;
 pub mod memory;
 mod metrics;
 mod model;
 pub mod sparse_arch;
-mod train;
 mod trainer;
 
 pub use backend::{Backend, ExecMode};
@@ -48,11 +46,11 @@ pub use dlrm::{
     DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
 };
 pub use error::ModelError;
+pub use evaluate::{evaluate, evaluate_data, Evaluation, OutputCheck};
 pub use memory::{available_memory, MemoryEstimate, RunShape};
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
 pub use model::{DataParallel, InputDist, Model, Routed};
 pub use sparse_arch::SparseArch;
-pub use train::{evaluate, evaluate_data, Evaluation, OutputCheck};
 pub use trainer::{
     FitOptions, InMemory, SyntheticBatches, TrainData, TrainError, TrainEvent, TrainSummary,
     Trainer, TrainerConfig,

@@ -3,7 +3,7 @@
 //! exactly as the saved one (every tensor's bytes carry a checksum, so a
 //! flip that loads can only have hit bytes no reader uses).
 //!
-//! `EMBER_FUZZ_CASES=N` runs N cases (the README reports a long run).
+//! `EMBER_FUZZ_CASES=N` runs N cases (the CHANGELOG reports a long run).
 
 use std::sync::OnceLock;
 

@@ -13,8 +13,6 @@
 //! - [`sharded`]: the sharded collection: input distribution, lookups on the
 //!   owning devices, output distribution, and the routed fused backward.
 
-#![warn(missing_docs)]
-
 pub mod collective;
 mod error;
 #[cfg(feature = "mpi")]

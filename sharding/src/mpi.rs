@@ -98,6 +98,7 @@ struct World(SimpleCommunicator);
 // SAFETY: the communicator is a handle; every use goes through the mutex, and
 // MPI was initialized for serialized calls from any thread.
 unsafe impl Send for World {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl Sync for World {}
 
 /// A send in flight; its buffer is leaked to MPI until the send completes.

@@ -12,8 +12,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::rows::decode_with;
-
 /// The data type of a table's rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -125,36 +123,6 @@ impl DataType {
             None if cols == (0..dim) => Some(0..self.row_bytes(dim)?),
             None => None,
         }
-    }
-}
-
-impl DataType {
-    /// Decodes one row of this type (`bytes`, [`row_bytes`](Self::row_bytes)
-    /// of `out.len()` long) into `out`: the values the forward pools.
-    ///
-    /// # Panics
-    /// When `bytes` is not one row of `out.len()` columns.
-    pub fn decode_row(self, bytes: &[u8], out: &mut [f32]) {
-        assert_eq!(
-            Some(bytes.len()),
-            self.row_bytes(out.len()),
-            "decode_row: not one {self} row"
-        );
-        crate::rows::with_format!(self, decode_with(bytes, out));
-    }
-
-    /// Encodes `values` as one row of this type into `bytes`: the nearest
-    /// value for fp16/bf16, the row's quantization for the quantized types.
-    ///
-    /// # Panics
-    /// When `bytes` is not one row of `values.len()` columns.
-    pub fn encode_row(self, values: &[f32], bytes: &mut [u8]) {
-        assert_eq!(
-            Some(bytes.len()),
-            self.row_bytes(values.len()),
-            "encode_row: not one {self} row"
-        );
-        crate::rows::encode(self, values, bytes);
     }
 }
 

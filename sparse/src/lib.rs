@@ -6,8 +6,6 @@
 //! work: rows are contiguous, large tables sit on huge pages, and lookups
 //! prefetch rows ahead of use. Parallelism comes from the caller's rayon pool.
 
-#![warn(missing_docs)]
-
 mod collection;
 mod config;
 mod dtype;

@@ -62,6 +62,7 @@ macro_rules! multiversion {
                 match $crate::simd::isa() {
                     // SAFETY: isa() checked the CPU supports these features.
                     $crate::simd::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above, for the AVX2 build.
                     $crate::simd::Isa::Avx2 => return unsafe { avx2($($arg),*) },
                     $crate::simd::Isa::Baseline => {}
                 }

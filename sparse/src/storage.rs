@@ -23,6 +23,7 @@ pub struct AlignedBuffer<T: bytemuck::Pod = f32> {
 
 // SAFETY: AlignedBuffer owns its allocation exclusively, like Vec<T>.
 unsafe impl<T: bytemuck::Pod + Send> Send for AlignedBuffer<T> {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl<T: bytemuck::Pod + Sync> Sync for AlignedBuffer<T> {}
 
 impl<T: bytemuck::Pod> AlignedBuffer<T> {
@@ -137,6 +138,7 @@ pub(crate) struct HugeArray<T> {
 
 // SAFETY: HugeArray owns its values exclusively, like Vec<T>.
 unsafe impl<T: Send> Send for HugeArray<T> {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl<T: Sync> Sync for HugeArray<T> {}
 
 impl<T> HugeArray<T> {

@@ -17,7 +17,7 @@ use ember_models::{
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs};
 use super::bench_embedding::{median, BenchOptimizer};
-use super::sharding::{mean_ids_per_bag, planner_options, ShardingArgs};
+use super::plan::{mean_ids_per_bag, planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::{peak_rss_bytes, Progress};
 use ember_sharding::PlannerOptions;
@@ -124,6 +124,7 @@ pub struct PhaseMs {
 
 #[derive(Debug, Serialize)]
 pub struct DlrmReport {
+    pub run: super::run_info::RunInfo,
     pub architecture: ResolvedDlrm,
     pub data_generation: DataKind,
     /// The ids' distribution when --id-distribution chose one.
@@ -548,6 +549,7 @@ impl DlrmReport {
             compile_ms: compile.as_ref().map(|s| s.compile_ms),
             compile_cache_hits: compile.as_ref().map(|s| s.compile_cache_hits),
             cache_load_ms: compile.as_ref().map(|s| s.cache_load_ms),
+            run: super::run_info::RunInfo::now(),
             threads: rayon::current_num_threads(),
             mini_batch_size: size,
             num_batches: args.num_batches,

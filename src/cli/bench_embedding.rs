@@ -102,6 +102,7 @@ pub struct EmbeddingArgs {
 
 #[derive(Debug, Serialize)]
 pub struct EmbeddingReport {
+    pub run: super::run_info::RunInfo,
     pub tables: usize,
     pub rows: usize,
     pub dim: usize,
@@ -304,6 +305,7 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
     let table_bytes = ebc.bytes() as u64;
     let peak = peak_rss_bytes();
     Ok(EmbeddingReport {
+        run: super::run_info::RunInfo::now(),
         tables: args.tables,
         rows: args.rows,
         dim: args.dim,

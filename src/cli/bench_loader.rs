@@ -29,6 +29,7 @@ pub struct LoaderBenchArgs {
 
 #[derive(Debug, Serialize)]
 pub struct LoaderReport {
+    pub run: super::run_info::RunInfo,
     pub rows: u64,
     /// Categorical ids in all (a row has one per scalar feature, any number per multi-hot one).
     pub ids: u64,
@@ -81,6 +82,7 @@ pub fn run(args: &LoaderBenchArgs) -> anyhow::Result<LoaderReport> {
     let seconds = start.elapsed().as_secs_f64();
     progress.finish();
     Ok(LoaderReport {
+        run: super::run_info::RunInfo::now(),
         rows,
         ids,
         batches,

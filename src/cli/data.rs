@@ -13,8 +13,8 @@ use ember_sparse::EmbeddingBagConfig;
 
 #[derive(Args, Clone, Debug)]
 pub struct LoaderArgs {
-    /// The dataset's columns and tables as a JSON dataset spec (README,
-    /// "Any Parquet schema"); without it, Criteo's columns.
+    /// The dataset's columns and tables as a JSON dataset spec (the book's
+    /// "Dataset spec" page); without it, Criteo's columns.
     #[arg(long, conflicts_with_all = ["label_column", "dense_columns", "sparse_columns"])]
     pub dataset_spec: Option<PathBuf>,
     /// The simple case without a spec file: the label column...

@@ -5,8 +5,8 @@ use clap::{Args, ValueEnum};
 use ember_sparse::IdDistribution;
 use serde::Serialize;
 
-/// The Zipf exponent when `--zipf-alpha` is not given (see the README's
-/// "Synthetic ids" for what it corresponds to in Criteo).
+/// The Zipf exponent when `--zipf-alpha` is not given (see the book's
+/// synthetic-data page for what it corresponds to in Criteo).
 pub const DEFAULT_ZIPF_ALPHA: f64 = 1.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]

@@ -97,6 +97,7 @@ impl Progress {
 pub fn peak_rss_bytes() -> u64 {
     // SAFETY: getrusage writes into the struct we pass.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid rusage for getrusage to fill.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
         return 0;
     }

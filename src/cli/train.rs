@@ -6,19 +6,25 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Serialize;
 
+use ember_dataloader::lock::DirLock;
 use ember_dataloader::{Dataset, DatasetSpec, Loader};
+use ember_dense::DenseOptimizerConfig;
 use ember_models::{
-    Checkpoint, Dlrm, FitOptions, Metrics, TrainData, TrainEvent, TrainState, TrainSummary,
-    Trainer, TrainerConfig,
+    Checkpoint, Dlrm, DlrmConfig, FitOptions, Metrics, TrainData, TrainEvent, TrainState,
+    TrainSummary, Trainer, TrainerConfig,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs};
 use super::data::LoaderArgs;
-use super::sharding::{planner_options, ShardingArgs};
+use super::plan::{planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::Progress;
 use ember_sharding::PlannerOptions;
+use ember_sparse::TableOptimizer;
+
+/// The table and dense optimizers.
+type Optimizers = (TableOptimizer, DenseOptimizerConfig);
 
 use ember_models::checkpoint::CHECKPOINT_FILE;
 
@@ -427,100 +433,9 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         }
     }
     let dataset = Dataset::open(&args.data)?;
-    // The run goes on with the architecture and optimizers it was trained
-    // with; `--table-dtype` casts the saved tables, and says so.
-    if let (Some(ckpt), Some(dtype)) = (&mut resume, args.arch.table_dtype) {
-        super::arch::trainable(dtype)?;
-        let cast = ckpt.cast_tables(dtype);
-        if let Some((_, saved)) = cast.first() {
-            progress.line(&format!(
-                "--table-dtype {dtype}: {} of {} saved tables are {saved}, cast to {dtype} as they load",
-                cast.len(),
-                ckpt.config().tables.len()
-            ));
-        }
-    }
-    let (config, spec, optimizers, state) = match &resume {
-        Some(ckpt) => {
-            let config = ckpt.config().clone();
-            let spec = args.loader.spec_for_checkpoint(ckpt)?;
-            trains(ckpt)?;
-            let state = ckpt
-                .train_state()
-                .cloned()
-                .unwrap_or(args.fresh_state(&dataset, &spec));
-            let overridden = args.overridden_by(ckpt, &state);
-            if !overridden.is_empty() {
-                progress.line(&format!(
-                    "warning: {} ignored: the run resumes as the checkpoint's run was made",
-                    overridden.join(", ")
-                ));
-            }
-            progress.line(&format!(
-                "resuming from {} at epoch {}, batch {} (step {})",
-                ckpt.path().display(),
-                state.epoch,
-                state.batches_in_epoch,
-                state.steps
-            ));
-            let optimizers = (
-                ckpt.table_optimizer()
-                    .unwrap_or(args.optim.table_optimizer()),
-                ckpt.dense_optimizer()
-                    .unwrap_or(args.optim.dense_optimizer()),
-            );
-            (config, spec, optimizers, state)
-        }
-        None => {
-            let optimizers = (args.optim.table_optimizer(), args.optim.dense_optimizer());
-            let spec = args.loader.spec(&|| args.arch.table_shape())?;
-            let config = args.arch.resolve_for(spec.as_ref())?.0;
-            let spec = spec.unwrap_or_else(|| args.loader.criteo(&config.tables));
-            let state = args.fresh_state(&dataset, &spec);
-            (config, spec, optimizers, state)
-        }
-    };
-    // A batch looks up (about) one id per sample in each table, of ids
-    // about as skewed as Criteo's (Zipf 1).
-    let batch_ids = args.batch_size(&state);
-    let disk_tier = (args.tier).planner_model(&config.tables, &optimizers.0, batch_ids, 1.0)?;
-    let options = PlannerOptions {
-        disk_tier,
-        ..planner_options(optimizers.0, args.batch(), 1.0)
-    };
-    // The finished batches queued and the step's (the decoding queues of
-    // row groups are the loader's own estimate).
-    let in_flight = args.loader.prefetch.saturating_add(1);
-    args.sharding.validate()?;
-    let devices = args.sharding.devices.unwrap_or(0);
-    // Each rank steps its share of the global batch.
-    let shape = (args.batch_size(&state) / launch.world_size().max(1), 1.0);
-    let plan = launch.patiently(|| args.sharding.plan_for(&config, &options, launch))?;
-    let plan = plan.map(|(plan, _)| plan);
-    let tiers = (args.tier).tiers_for(plan.as_ref(), &config.tables, &optimizers.0, shape.0)?;
-    let placement = (args.tier).placement(plan.as_ref(), &config.tables, &tiers, shape.0)?;
-    let (_disk_lock, reclaimed) = args.tier.take_dir(launch.is_root(), "ember train")?;
-    for line in [reclaimed, placement].into_iter().flatten() {
-        progress.line(&line);
-    }
-    super::arch::check_memory(
-        &super::tier::resident(&config, &tiers),
-        optimizers.0,
-        shape,
-        in_flight,
-        (devices, launch.world_size()),
-    )?;
-    // A rank builds (or reads) only its own shards; ranks wait for the slowest.
-    let mut model = launch.patiently(|| {
-        Ok(Dlrm::builder(config.clone())
-            .optimizers(optimizers.0, optimizers.1)
-            .seed(args.seed())
-            .plan(plan.clone())
-            .world(launch.world().cloned())
-            .checkpoint(resume.as_ref())
-            .disk_tiers(tiers.clone())
-            .build()?)
-    })?;
+    let (config, spec, optimizers, state) = resolve(args, &mut resume, &dataset, &progress)?;
+    let placed = (&config, optimizers, &state);
+    let (mut model, _disk_lock) = build_model(args, launch, &progress, placed, resume.as_ref())?;
     // The model holds the weights now: let go of the old file's mapping
     // before saves replace it.
     drop(resume);
@@ -561,6 +476,125 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         disk_tier,
         ..TrainReport::new(summary, launch.world_size(), per_rank_bytes_sent)
     })
+}
+
+/// What the run trains and from where: the checkpoint's architecture,
+/// optimizers, data spec and position when it resumes (its tables cast
+/// by `--table-dtype`), or the flags' for a fresh run.
+fn resolve(
+    args: &TrainArgs,
+    resume: &mut Option<Checkpoint>,
+    dataset: &Dataset,
+    progress: &Progress,
+) -> anyhow::Result<(DlrmConfig, DatasetSpec, Optimizers, TrainState)> {
+    // The run goes on with the architecture and optimizers it was trained
+    // with; `--table-dtype` casts the saved tables, and says so.
+    if let (Some(ckpt), Some(dtype)) = (resume.as_mut(), args.arch.table_dtype) {
+        super::arch::trainable(dtype)?;
+        let cast = ckpt.cast_tables(dtype);
+        if let Some((_, saved)) = cast.first() {
+            progress.line(&format!(
+                "--table-dtype {dtype}: {} of {} saved tables are {saved}, cast to {dtype} as they load",
+                cast.len(),
+                ckpt.config().tables.len()
+            ));
+        }
+    }
+    Ok(match &*resume {
+        Some(ckpt) => {
+            let config = ckpt.config().clone();
+            let spec = args.loader.spec_for_checkpoint(ckpt)?;
+            trains(ckpt)?;
+            let state = ckpt
+                .train_state()
+                .cloned()
+                .unwrap_or(args.fresh_state(dataset, &spec));
+            let overridden = args.overridden_by(ckpt, &state);
+            if !overridden.is_empty() {
+                progress.line(&format!(
+                    "warning: {} ignored: the run resumes as the checkpoint's run was made",
+                    overridden.join(", ")
+                ));
+            }
+            progress.line(&format!(
+                "resuming from {} at epoch {}, batch {} (step {})",
+                ckpt.path().display(),
+                state.epoch,
+                state.batches_in_epoch,
+                state.steps
+            ));
+            let optimizers = (
+                ckpt.table_optimizer()
+                    .unwrap_or(args.optim.table_optimizer()),
+                ckpt.dense_optimizer()
+                    .unwrap_or(args.optim.dense_optimizer()),
+            );
+            (config, spec, optimizers, state)
+        }
+        None => {
+            let optimizers = (args.optim.table_optimizer(), args.optim.dense_optimizer());
+            let spec = args.loader.spec(&|| args.arch.table_shape())?;
+            let config = args.arch.resolve_for(spec.as_ref())?.0;
+            let spec = spec.unwrap_or_else(|| args.loader.criteo(&config.tables));
+            let state = args.fresh_state(dataset, &spec);
+            (config, spec, optimizers, state)
+        }
+    })
+}
+
+/// The model as planned and placed: tables sharded by `--devices` (or
+/// the ranks), on the disk tier by `--disk-dir`, within memory; built (or
+/// read from the checkpoint) by every rank for its own shards. The disk
+/// directory's lock is held while the returned guard lives.
+fn build_model(
+    args: &TrainArgs,
+    launch: &Launch,
+    progress: &Progress,
+    (config, optimizers, state): (&DlrmConfig, Optimizers, &TrainState),
+    resume: Option<&Checkpoint>,
+) -> anyhow::Result<(Dlrm, Option<DirLock>)> {
+    // A batch looks up (about) one id per sample in each table, of ids
+    // about as skewed as Criteo's (Zipf 1).
+    let batch_ids = args.batch_size(state);
+    let disk_tier = (args.tier).planner_model(&config.tables, &optimizers.0, batch_ids, 1.0)?;
+    let options = PlannerOptions {
+        disk_tier,
+        ..planner_options(optimizers.0, args.batch(), 1.0)
+    };
+    // The finished batches queued and the step's (the decoding queues of
+    // row groups are the loader's own estimate).
+    let in_flight = args.loader.prefetch.saturating_add(1);
+    args.sharding.validate()?;
+    let devices = args.sharding.devices.unwrap_or(0);
+    // Each rank steps its share of the global batch.
+    let shape = (args.batch_size(state) / launch.world_size().max(1), 1.0);
+    let plan = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
+    let plan = plan.map(|(plan, _)| plan);
+    let tiers = (args.tier).tiers_for(plan.as_ref(), &config.tables, &optimizers.0, shape.0)?;
+    let placement = (args.tier).placement(plan.as_ref(), &config.tables, &tiers, shape.0)?;
+    let (disk_lock, reclaimed) = args.tier.take_dir(launch.is_root(), "ember train")?;
+    for line in [reclaimed, placement].into_iter().flatten() {
+        progress.line(&line);
+    }
+    super::arch::check_memory(
+        &super::tier::resident(config, &tiers),
+        optimizers.0,
+        shape,
+        in_flight,
+        (devices, launch.world_size()),
+    )?;
+    // A rank builds (or reads) only its own shards; ranks wait for the slowest.
+    let model = launch.patiently(|| {
+        Ok(Dlrm::builder(config.clone())
+            .optimizers(optimizers.0, optimizers.1)
+            .seed(args.seed())
+            .plan(plan.clone())
+            .world(launch.world().cloned())
+            .checkpoint(resume)
+            .disk_tiers(tiers.clone())
+            .build()?)
+    })?;
+    Ok((model, disk_lock))
 }
 
 /// Prints one event of the run: a progress line (rank 0), a JSON line with

@@ -28,7 +28,7 @@ pub enum PjrtError {
         message: String,
     },
     /// [`Plugin::load`] found a C API version the bindings do not take: a major other than
-    /// [`ffi::API_MAJOR`], or a minor above [`ffi::API_MINOR`].
+    /// theirs (0), or a minor above theirs (81).
     #[error("PJRT plugin {} has C API {major}.{minor}; Ember's bindings are {}.{} and take plugins of API {}.x up to .{}, the versions they were checked against", path.display(), ffi::API_MAJOR, ffi::API_MINOR, ffi::API_MAJOR, ffi::API_MINOR)]
     Version {
         /// The plugin file.
@@ -97,6 +97,7 @@ pub struct Plugin {
 // SAFETY: the API table is immutable after loading and PJRT functions are
 // thread-safe (the C API's contract).
 unsafe impl Send for Plugin {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl Sync for Plugin {}
 
 fn dl_error() -> String {
@@ -105,6 +106,8 @@ fn dl_error() -> String {
     if e.is_null() {
         "unknown dlopen error".into()
     } else {
+        // SAFETY: dlerror returned a non-null pointer to a NUL-terminated
+        // message, valid until the next dl call of this thread (below, none).
         unsafe { std::ffi::CStr::from_ptr(e) }
             .to_string_lossy()
             .into_owned()
@@ -168,6 +171,7 @@ impl Plugin {
         }
         // SAFETY: GetPjrtApi is `const PJRT_Api* GetPjrtApi(void)`.
         let get: unsafe extern "C" fn() -> *const ffi::Api = unsafe { std::mem::transmute(sym) };
+        // SAFETY: `get` is the plugin's GetPjrtApi, which takes nothing.
         let api = unsafe { get() };
         if api.is_null() {
             return Err(load_err("GetPjrtApi returned null".into()));
@@ -241,6 +245,8 @@ impl Plugin {
         // struct (declared in ffi with the header's layout) and returns a
         // PJRT_Error* (null on success).
         let f: ffi::ErrorFn = unsafe { std::mem::transmute(f) };
+        // SAFETY: `f` has that signature (above), and `args` is a live
+        // args struct of its function, borrowed exclusively for the call.
         let error = unsafe { f((args as *mut A).cast()) };
         if error.is_null() {
             Ok(())
@@ -259,12 +265,16 @@ impl Plugin {
         // SAFETY: Error_Message and Error_Destroy take their args and return nothing.
         let message_fn: ffi::VoidFn =
             unsafe { std::mem::transmute(self.function(index::ERROR_MESSAGE)) };
+        // SAFETY: Error_Message's args: `m`, live, holding a live error.
         unsafe { message_fn((&mut m as *mut ffi::ErrorMessageArgs).cast()) };
         let message = c_str(m.message, m.message_size);
         let mut d = ffi::ErrorDestroyArgs::default();
         d.error = error;
+        // SAFETY: as Error_Message's, above.
         let destroy_fn: ffi::VoidFn =
             unsafe { std::mem::transmute(self.function(index::ERROR_DESTROY)) };
+        // SAFETY: Error_Destroy's args: `d`, holding the error this call
+        // owns, destroyed once (its message was copied out above).
         unsafe { destroy_fn((&mut d as *mut ffi::ErrorDestroyArgs).cast()) };
         message
     }
@@ -303,6 +313,7 @@ pub(crate) struct ClientHandle {
 
 // SAFETY: PJRT clients are thread-safe (the C API's contract).
 unsafe impl Send for ClientHandle {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl Sync for ClientHandle {}
 
 impl std::ops::Deref for ClientHandle {
@@ -330,6 +341,7 @@ pub struct Client {
 
 // SAFETY: PJRT clients are thread-safe (the C API's contract).
 unsafe impl Send for Client {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl Sync for Client {}
 
 impl Client {
@@ -514,6 +526,7 @@ pub struct Executable {
 
 // SAFETY: loaded executables may be executed from any thread (C API contract).
 unsafe impl Send for Executable {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl Sync for Executable {}
 
 impl Executable {
@@ -640,6 +653,7 @@ pub struct DeviceBuffer {
 
 // SAFETY: PJRT buffers may be used from any thread (C API contract).
 unsafe impl Send for DeviceBuffer {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {

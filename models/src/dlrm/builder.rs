@@ -26,7 +26,8 @@ enum Placement {
 /// Builds a [`Dlrm`]; made by [`Dlrm::builder`].
 ///
 /// ```
-/// use ember::prelude::*;
+/// use ember_models::{Dlrm, DlrmConfig, InteractionType, ModelError};
+/// use ember_sparse::TableOptimizer;
 ///
 /// let config = DlrmConfig {
 ///     tables: DlrmConfig::criteo_tables(&[1000, 1000, 1000], 8),
@@ -112,7 +113,7 @@ impl<'a> DlrmBuilder<'a> {
         self
     }
 
-    /// Shards the tables by `plan` (made by [`ember_sharding::plan`] or by
+    /// Shards the tables by `plan` (made by [`ember_sharding::plan()`] or by
     /// hand): over threads in one process, or one device per rank of a
     /// [`world`](Self::world).
     /// (`None`: one local collection.)

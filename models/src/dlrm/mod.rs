@@ -155,7 +155,7 @@ impl Dlrm {
     /// ahead (an [`ember_sparse::ReadAhead`] as its input dist) while a
     /// batch computes; off by default. On two cores the read-ahead's
     /// system calls took time from the dense model, and the full MLPerf
-    /// step ran slower with it (see the README).
+    /// step ran slower with it (see the book's disk-tier guide).
     pub fn set_read_ahead(&mut self, on: bool) {
         self.read_ahead = on;
     }

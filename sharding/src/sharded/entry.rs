@@ -10,9 +10,9 @@ use ember_sparse::{
 };
 
 use super::layout::local_name;
-use super::route::{check_input, key_indices, route_on, Comms, DeviceRoutes, RoutedInput};
+use super::route::{check_input, key_indices, route_on, Comms, RoutedInput};
 use super::source::{LocalShard, ShardSource};
-use super::stages::{device_backward, device_forward, on_devices, StageTimes};
+use super::stages::{device_backward, device_forward, on_devices, DeviceRoutes, StageTimes};
 use super::{Exec, ShardedEmbeddingBagCollection, ShardingStats};
 use crate::collective::{Collective, InProcess};
 use crate::plan::{ShardingPlan, ShardingType};

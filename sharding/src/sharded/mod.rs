@@ -20,6 +20,7 @@
 //! (`from_collection_on_rank`: the input is this rank's samples, blocks in
 //! rank order, and the output is theirs).
 
+mod build;
 mod codec;
 mod entry;
 mod gather;

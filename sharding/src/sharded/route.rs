@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ember_sparse::{EmbeddingBagConfig, KeyedJaggedTensor, SparseError};
 
 use super::layout::Layout;
-use super::stages::{device_input_dist, on_threads, DeviceInput};
+use super::stages::{device_input_dist, on_threads, DeviceInput, DeviceRoutes};
 use super::ShardedEmbeddingBagCollection;
 use crate::collective::{Collective, InProcess};
 use crate::ShardingError;
@@ -56,15 +56,6 @@ fn fingerprint(kjt: &KeyedJaggedTensor) -> u64 {
     let mix = |h: u64, x: u64| (h ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
     let h = kjt.offsets().iter().fold(0, |h, &o| mix(h, o as u64));
     kjt.values().iter().fold(h, |h, &v| mix(h, v as u64))
-}
-
-/// What a device's input dist needs of it: its routes, their local keys,
-/// and whether it holds any shard.
-#[derive(Clone)]
-pub(super) struct DeviceRoutes {
-    pub(super) routes: Vec<usize>,
-    pub(super) keys: Vec<String>,
-    pub(super) has_tables: bool,
 }
 
 /// The exchanges a routing runs on.

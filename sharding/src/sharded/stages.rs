@@ -7,10 +7,18 @@ use ember_sparse::{EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor};
 
 use super::codec::{decode_bags, encode_bags, local_kjt, wire_err, Bags};
 use super::layout::Context;
-use super::route::DeviceRoutes;
 use crate::collective::{Collective, InProcess};
 use crate::wire::{Reader, Writer};
 use crate::ShardingError;
+
+/// What a device's input dist needs of it: its routes, their local keys,
+/// and whether it holds any shard.
+#[derive(Clone)]
+pub(super) struct DeviceRoutes {
+    pub(super) routes: Vec<usize>,
+    pub(super) keys: Vec<String>,
+    pub(super) has_tables: bool,
+}
 
 pub(super) struct Device {
     /// This device's shards, `None` when it holds none.

@@ -649,6 +649,7 @@ impl EmbeddingBagCollection {
 struct SharedMut<T = f32>(*mut T);
 // SAFETY: see apply_segments and gather_feature: tasks write disjoint parts.
 unsafe impl<T> Send for SharedMut<T> {}
+// SAFETY: shared use is sound for the reason `Send` is, above.
 unsafe impl<T> Sync for SharedMut<T> {}
 impl<T> Clone for SharedMut<T> {
     fn clone(&self) -> Self {

@@ -261,6 +261,38 @@ pub(crate) fn fixed_stride<F: RowFormat, const D: usize>(stride: usize) -> usize
     }
 }
 
+// The public row codec of a type: here, beside the formats it dispatches
+// to, so that the type itself knows nothing of them.
+impl DataType {
+    /// Decodes one row of this type (`bytes`, [`row_bytes`](Self::row_bytes)
+    /// of `out.len()` long) into `out`: the values the forward pools.
+    ///
+    /// # Panics
+    /// When `bytes` is not one row of `out.len()` columns.
+    pub fn decode_row(self, bytes: &[u8], out: &mut [f32]) {
+        assert_eq!(
+            Some(bytes.len()),
+            self.row_bytes(out.len()),
+            "decode_row: not one {self} row"
+        );
+        with_format!(self, decode_with(bytes, out));
+    }
+
+    /// Encodes `values` as one row of this type into `bytes`: the nearest
+    /// value for fp16/bf16, the row's quantization for the quantized types.
+    ///
+    /// # Panics
+    /// When `bytes` is not one row of `values.len()` columns.
+    pub fn encode_row(self, values: &[f32], bytes: &mut [u8]) {
+        assert_eq!(
+            Some(bytes.len()),
+            self.row_bytes(values.len()),
+            "encode_row: not one {self} row"
+        );
+        encode(self, values, bytes);
+    }
+}
+
 /// Decodes one row of format `F` (`src`, its bytes) into `out` (its columns).
 pub(crate) fn decode_with<F: RowFormat>(src: &[u8], out: &mut [f32]) {
     // SAFETY: callers pass a whole row of `out.len()` columns (`row_bytes` bytes).

@@ -182,7 +182,7 @@ impl RowLog {
             .collect();
         stored.sort_unstable();
         let runs: Vec<&[(u32, usize)]> = stored.chunk_by(|a, b| b.0 == a.0 + 1).collect();
-        let read = super::io_pool().install(|| {
+        let read = super::transfer::io_pool().install(|| {
             runs.par_iter()
                 .map(|run| {
                     let mut bytes = vec![0u8; run.len() * self.record];

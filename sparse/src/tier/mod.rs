@@ -22,23 +22,26 @@
 //! yet stored is made from the table's seed when looked up, and written
 //! when it first leaves the cache changed.
 
+mod config;
 mod log;
+mod transfer;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
-
-use rayon::prelude::*;
+use std::sync::Arc;
 
 use crate::optimizer::OptimizerState;
 use crate::rows::TableRows;
-use crate::storage::{prefetch, prefetch_every, HugeArray};
+use crate::storage::{prefetch_every, HugeArray};
 use crate::SparseError;
+use config::{bypass_map_bytes, cache_layout};
+pub use config::{CachePolicy, DiskTierConfig, TierStats};
 pub use log::file_bytes as disk_tier_file_bytes;
 pub use log::reclaim_row_files;
 use log::RowLog;
+pub(crate) use transfer::{transfer, SlotPointers, Transfer};
 
 /// Ways of each cache set: a row may sit in any of 16 slots.
 pub const CACHE_WAYS: usize = 16;
@@ -60,180 +63,6 @@ const TRANSFER_AHEAD: usize = 8;
 /// Under LFU, one slot in this many at least is kept for rows not
 /// admitted to their set ([`Bypass`]).
 const BYPASS_SHARE: usize = 32;
-
-/// Where a disk-tier table lives: a directory for its file, how many rows
-/// its cache holds (at least one set of [`CACHE_WAYS`]: the sets take a
-/// multiple of it, and under LFU the rest, one row in 32 at least, are
-/// bypass slots), and which row a miss evicts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiskTierConfig {
-    /// Directory of the table's file (`<table>.<pid>.<n>.rows`).
-    pub dir: PathBuf,
-    /// Rows the cache holds in memory.
-    pub cache_rows: usize,
-    /// Which cached row a miss replaces.
-    pub policy: CachePolicy,
-}
-
-/// Which cached row of its set a miss replaces, as FBGEMM's
-/// `CacheAlgorithm`. Either way only rows the batch does not use are
-/// candidates, an empty slot goes first, and the choice never changes
-/// results: only which rows are read and written back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum CachePolicy {
-    /// The row looked up longest ago (FBGEMM's default).
-    #[default]
-    Lru,
-    /// The row looked up fewest times since the table was built, ties to
-    /// the least recent: as FBGEMM's LFU, a count per row of the table
-    /// (`lfu_state`; 4 bytes a row here, in memory beside the cache). As
-    /// there, a row looked up less often than every candidate of its set
-    /// is not admitted: it is served for its batch from one of the
-    /// cache's bypass slots (one slot in 32), and the set keeps its rows.
-    /// It keeps a stationary skew's hot rows better than LRU; counts never
-    /// decay, so LRU follows ids whose popularity drifts sooner.
-    Lfu,
-}
-
-impl CachePolicy {
-    /// Both, in order.
-    pub const ALL: [CachePolicy; 2] = [CachePolicy::Lru, CachePolicy::Lfu];
-
-    /// The name flags and reports use: `lru`, `lfu`.
-    pub fn name(self) -> &'static str {
-        match self {
-            CachePolicy::Lru => "lru",
-            CachePolicy::Lfu => "lfu",
-        }
-    }
-
-    /// Memory a disk-tier table of `table_rows` rows keeps beside its
-    /// cache of `cache_rows` rows: per row, where the file holds its
-    /// record (4 bytes) and whether it was ever cached (a bit), and under
-    /// LFU a count per row and per set slot, and the bypass slots' map.
-    pub fn bookkeeping_bytes(self, table_rows: u64, cache_rows: u64) -> u64 {
-        let per_row = table_rows.div_ceil(64) * 8 + 4 * table_rows;
-        let (set_slots, bypass) = cache_layout(self, cache_rows as usize);
-        match self {
-            CachePolicy::Lru => per_row,
-            CachePolicy::Lfu => {
-                per_row + 4 * (table_rows + set_slots as u64) + bypass_map_bytes(bypass) as u64
-            }
-        }
-    }
-}
-
-/// A cache of `cache_rows` rows as its set slots and bypass slots: under
-/// LFU the rows the sets leave (one in 32 at least) are bypass slots; under
-/// LRU they are not used.
-fn cache_layout(policy: CachePolicy, cache_rows: usize) -> (usize, usize) {
-    let lfu = policy == CachePolicy::Lfu;
-    let kept = usize::from(lfu) * (cache_rows / BYPASS_SHARE);
-    let set_slots = (cache_rows - kept) / CACHE_WAYS * CACHE_WAYS;
-    (set_slots, usize::from(lfu) * (cache_rows - set_slots))
-}
-
-/// Bytes of a map made for `n` rows (the standard hash map's table: a
-/// power of two of buckets, at most 7/8 full, 16 bytes and a control byte
-/// each).
-fn bypass_map_bytes(n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    (n * 8 / 7 + 1).next_power_of_two() * 17
-}
-
-impl std::fmt::Display for CachePolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for CachePolicy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown cache policy '{s}' (one of lru, lfu)"))
-    }
-}
-
-/// How a disk-tier table's cache has done since it was built.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TierStats {
-    /// Ids looked up by forward passes (every occurrence).
-    pub lookups: u64,
-    /// Lookups whose row was not in the cache and was read from the file.
-    pub misses: u64,
-    /// Of the misses, those of rows never cached before (a row's first
-    /// lookup since the table was built): no cache, of any policy or size,
-    /// avoids them.
-    pub first_misses: u64,
-    /// Bytes read from the file.
-    pub bytes_read: u64,
-    /// Bytes written to the file (evicted rows that had changed, flushes).
-    pub bytes_written: u64,
-}
-
-impl TierStats {
-    /// The figures since `earlier`, a reading of the same cache.
-    pub fn since(&self, earlier: &TierStats) -> TierStats {
-        TierStats {
-            lookups: self.lookups - earlier.lookups,
-            misses: self.misses - earlier.misses,
-            first_misses: self.first_misses - earlier.first_misses,
-            bytes_read: self.bytes_read - earlier.bytes_read,
-            bytes_written: self.bytes_written - earlier.bytes_written,
-        }
-    }
-
-    /// Share of lookups served from the cache (1 with no lookups).
-    pub fn hit_rate(&self) -> f64 {
-        if self.lookups == 0 {
-            1.0
-        } else {
-            1.0 - self.misses as f64 / self.lookups as f64
-        }
-    }
-
-    /// The best hit rate any cache could have had on these lookups: one
-    /// that missed only rows looked up for the first time.
-    pub fn hit_rate_bound(&self) -> f64 {
-        if self.lookups == 0 {
-            1.0
-        } else {
-            1.0 - self.first_misses as f64 / self.lookups as f64
-        }
-    }
-}
-
-/// Several caches' figures together (the tables of a collection).
-impl std::iter::Sum for TierStats {
-    fn sum<I: Iterator<Item = TierStats>>(iter: I) -> TierStats {
-        iter.fold(TierStats::default(), |a, b| TierStats {
-            lookups: a.lookups + b.lookups,
-            misses: a.misses + b.misses,
-            first_misses: a.first_misses + b.first_misses,
-            bytes_read: a.bytes_read + b.bytes_read,
-            bytes_written: a.bytes_written + b.bytes_written,
-        })
-    }
-}
-
-/// The threads that wait on the disk: they block in reads and writes, so
-/// they are apart from the compute threads and many more than the cores.
-fn io_pool() -> &'static rayon::ThreadPool {
-    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(IO_THREADS)
-            .thread_name(|i| format!("ember-io-{i}"))
-            .build()
-            .expect("the disk tier's I/O threads could not start")
-    })
-}
 
 /// A staged miss: `slot` now holds `id`, read from the file; `before` is
 /// the row it held and its meta word (for [`evicted`](Self::evicted), and
@@ -919,170 +748,6 @@ impl DiskTier {
         self.read_records(table, id, &mut record)?;
         let state = &record[self.row_bytes..];
         self.shared.log.append(table, &[(id, [bytes, state])])
-    }
-}
-
-/// One table's side of a [`transfer`]: its tier, its cache's slots, and
-/// the misses [`DiskTier::assign`] gave.
-pub(crate) struct Transfer<'a> {
-    pub(crate) table: &'a str,
-    pub(crate) tier: &'a DiskTier,
-    pub(crate) slots: SlotPointers,
-    pub(crate) misses: &'a [Miss],
-}
-
-/// Writes back each miss's evicted row, then reads its row: the misses of
-/// every table at once. All write-backs come first: a row evicted by one
-/// miss may be another miss of the same batch, read back after it is
-/// written. Rows already in the page cache are then read on the compute
-/// threads (a read that would wait is not started there); the rest on the
-/// I/O threads, many in flight. Handing every read to the I/O threads cost
-/// a thread switch per row: 2.9 us a miss with the file in the page cache,
-/// where a read itself takes about one.
-pub(crate) fn transfer(tables: &[Transfer<'_>]) -> Result<(), SparseError> {
-    let work: Vec<(usize, usize)> = tables
-        .iter()
-        .enumerate()
-        .flat_map(|(t, x)| (0..x.misses.len()).map(move |m| (t, m)))
-        .collect();
-    if work.is_empty() {
-        return Ok(());
-    }
-    tables.par_iter().try_for_each(write_back)?;
-    // Misses whose read would wait for the disk, for the I/O threads. A
-    // miss's slot and log position are random lines: fetched a few misses
-    // ahead.
-    let waiting: Vec<(usize, usize)> = work
-        .par_chunks(TRANSFER_CHUNK)
-        .map_init(Vec::new, |buf, chunk| {
-            let mut waiting = Vec::new();
-            for (i, &(t, m)) in chunk.iter().enumerate() {
-                if let Some(&(t, m)) = chunk.get(i + TRANSFER_AHEAD) {
-                    prefetch_miss(&tables[t], m);
-                }
-                if !read_row(&tables[t], m, buf, Read::Cached)? {
-                    waiting.push((t, m));
-                }
-            }
-            Ok(waiting)
-        })
-        .collect::<Result<Vec<_>, SparseError>>()?
-        .concat();
-    if waiting.is_empty() {
-        return Ok(());
-    }
-    io_pool().install(|| {
-        waiting
-            .par_iter()
-            .try_for_each_init(Vec::new, |buf, &(t, m)| {
-                read_row(&tables[t], m, buf, Read::Any).map(|_| ())
-            })
-    })
-}
-
-/// The changed rows the misses of `x` evict, appended to the file.
-fn write_back(x: &Transfer<'_>) -> Result<(), SparseError> {
-    let records: Vec<(u64, [&[u8]; 2])> = (x.misses.iter())
-        .filter_map(|miss| {
-            let old = miss.evicted()?;
-            // SAFETY: each miss of a table has its own slot (a slot gets
-            // one miss per stage); this pass only reads it.
-            let (row, state) = unsafe { x.slots.slot(miss.slot) };
-            Some((old, [&*row, &*state]))
-        })
-        .collect();
-    x.tier.shared.log.append(x.table, &records)
-}
-
-/// Starts fetching what [`read_row`] touches for miss `m` of `x`: its
-/// row's log position and its slot (row and state), written there.
-fn prefetch_miss(x: &Transfer<'_>, m: usize) {
-    let miss = &x.misses[m];
-    x.tier.shared.log.prefetch_position(miss.id);
-    let (row, state) = x.slots.addresses(miss.slot);
-    prefetch(row, x.slots.stride);
-    prefetch(state, 4 * x.slots.per_row);
-}
-
-/// Which reads [`read_row`] may do.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Read {
-    /// Only a read served by the page cache at once.
-    Cached,
-    /// Any, waiting for the disk if need be.
-    Any,
-}
-
-/// Miss `m` of `x`: its row read into its slot, straight from the file.
-/// Returns whether it is done (`false`: the read would have waited, under
-/// `Read::Cached`).
-fn read_row(
-    x: &Transfer<'_>,
-    m: usize,
-    scratch: &mut Vec<u8>,
-    read: Read,
-) -> Result<bool, SparseError> {
-    let (tier, miss) = (x.tier, &x.misses[m]);
-    // SAFETY: each miss of a table has its own slot, and one task at a
-    // time handles a miss.
-    let (row, state) = unsafe { x.slots.slot(miss.slot) };
-    if !tier.shared.log.stored(miss.id) {
-        tier.make(miss.id, row, state);
-        return Ok(true);
-    }
-    (tier.shared.log).read(
-        x.table,
-        miss.id,
-        [row, state],
-        read == Read::Cached,
-        scratch,
-    )
-}
-
-/// The cache's rows and state as raw pointers, for tasks that each touch
-/// their own slot.
-#[derive(Clone, Copy)]
-pub(crate) struct SlotPointers {
-    rows: *mut u8,
-    stride: usize,
-    state: *mut f32,
-    per_row: usize,
-}
-// SAFETY: used only by tasks that touch distinct slots (see `slot`).
-unsafe impl Send for SlotPointers {}
-unsafe impl Sync for SlotPointers {}
-
-impl SlotPointers {
-    pub(crate) fn new(rows: &mut TableRows, state: &mut OptimizerState) -> Self {
-        Self {
-            stride: rows.stride(),
-            rows: rows.bytes_mut().as_mut_ptr(),
-            per_row: state.floats_per_row(),
-            state: state.base_ptr(),
-        }
-    }
-
-    /// Where slot `slot`'s row and state lie (for any `slot`; only a
-    /// slot of the cache may be read there).
-    fn addresses(&self, slot: usize) -> (*mut u8, *mut f32) {
-        (
-            self.rows.wrapping_add(slot * self.stride),
-            self.state.wrapping_add(slot * self.per_row),
-        )
-    }
-
-    /// # Safety
-    /// `slot` is a slot of the cache, and no other task uses it meanwhile.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slot(&self, slot: usize) -> (&mut [u8], &mut [u8]) {
-        let (row, state) = self.addresses(slot);
-        let row = std::slice::from_raw_parts_mut(row, self.stride);
-        let state = if self.per_row == 0 {
-            &mut [][..]
-        } else {
-            std::slice::from_raw_parts_mut(state, self.per_row)
-        };
-        (row, bytemuck::cast_slice_mut(state))
     }
 }
 

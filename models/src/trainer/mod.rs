@@ -11,162 +11,17 @@ use std::time::{Duration, Instant};
 use ember_dataloader::lock::DirLock;
 use ember_sharding::collective::{patiently, SETUP_TIMEOUT};
 use ember_sharding::Collective;
-use thiserror::Error;
+
+mod data;
+mod events;
+
+pub use data::{InMemory, SyntheticBatches, TrainData};
+pub use events::{TrainError, TrainEvent, TrainSummary};
 
 use crate::{
-    evaluate_data, Backend, Batch, ExecMode, InputDist, Metrics, Model, ModelError, PhaseTimes,
-    Routed, SyntheticData, TrainState,
+    evaluate_data, Backend, Batch, ExecMode, InputDist, Metrics, Model, ModelError, Routed,
+    TrainState,
 };
-
-/// A source of batches, epoch by epoch. Batch `k` of an epoch must be the
-/// same whenever it is asked for: that is what makes a resumed run equal
-/// the run that never stopped. The [`Trainer`] takes an epoch's batches on
-/// its pipeline thread, so the data is shared (`Sync`) and the epoch's
-/// iterator moves there (`Send`).
-pub trait TrainData: Sync {
-    /// Batches in epoch `epoch` (on a rank of a world: this rank's).
-    fn batches_per_epoch(&self, epoch: u64) -> u64;
-
-    /// The batches of epoch `epoch`, from batch `skip` on.
-    fn epoch(
-        &self,
-        epoch: u64,
-        skip: u64,
-    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_>;
-
-    /// Identifies the data, so that a resumed run can refuse other data
-    /// (0: unknown, never refused).
-    fn fingerprint(&self) -> u64 {
-        0
-    }
-
-    /// How the batches are made, as a fresh run's [`TrainState`] records
-    /// it (global batch size, shuffling seed, last batch dropped, the
-    /// transforms, fingerprint, ranks): the checkpoints of a run on this
-    /// data carry it, and a resume on data made otherwise is refused.
-    /// `TrainState::default()`: not known.
-    fn start_state(&self) -> TrainState {
-        TrainState::default()
-    }
-
-    /// The dataset spec the batches are read with, if any: the model
-    /// records it ([`Model::record_dataset_spec`]) for its checkpoints.
-    fn dataset_spec(&self) -> Option<&ember_dataloader::DatasetSpec> {
-        None
-    }
-}
-
-impl TrainData for ember_dataloader::Loader {
-    fn batches_per_epoch(&self, epoch: u64) -> u64 {
-        ember_dataloader::Loader::batches_per_epoch(self, epoch)
-    }
-
-    fn epoch(
-        &self,
-        epoch: u64,
-        skip: u64,
-    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_> {
-        let batches = ember_dataloader::Loader::epoch(self, epoch, skip);
-        Box::new(batches.map(|b| Batch::from_loader(b?)))
-    }
-
-    fn fingerprint(&self) -> u64 {
-        self.dataset().fingerprint()
-    }
-
-    fn start_state(&self) -> TrainState {
-        let c = self.config();
-        let world = c.world_size.max(1);
-        TrainState {
-            batch_size: c.batch_size.saturating_mul(world) as u64,
-            shuffle_seed: c.shuffle_seed,
-            drop_last: c.drop_last,
-            dense_transform: Some(c.spec.dense_transform),
-            id_transform: Some(c.spec.id_transform),
-            data_fingerprint: self.dataset().fingerprint(),
-            world_size: world as u64,
-            ..TrainState::default()
-        }
-    }
-
-    fn dataset_spec(&self) -> Option<&ember_dataloader::DatasetSpec> {
-        Some(&self.config().spec)
-    }
-}
-
-/// Batches held in memory (a user's own data); every epoch yields them
-/// all, in order.
-pub struct InMemory(pub Vec<Batch>);
-
-impl TrainData for InMemory {
-    fn batches_per_epoch(&self, _: u64) -> u64 {
-        self.0.len() as u64
-    }
-
-    fn start_state(&self) -> TrainState {
-        TrainState {
-            batch_size: self.0.first().map_or(0, |b| b.size() as u64),
-            ..TrainState::default()
-        }
-    }
-
-    fn epoch(
-        &self,
-        _: u64,
-        skip: u64,
-    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_> {
-        Box::new(self.0.iter().skip(skip as usize).cloned().map(Ok))
-    }
-}
-
-/// Synthetic batches made as they are asked for: batch `i` of epoch `e` is
-/// `data.batch(first + e * batches + i, size)`, every one new (cycling a few
-/// would let a model memorise random labels). On rank `r` of `world_size`,
-/// its block of each global batch.
-pub struct SyntheticBatches {
-    /// The generator.
-    pub data: SyntheticData,
-    /// The index of the first batch (to keep test batches apart).
-    pub first: u64,
-    /// Batches per epoch.
-    pub batches: u64,
-    /// The global batch size.
-    pub size: usize,
-    /// This process's rank and the world's size (0 and 1 alone).
-    pub rank: usize,
-    /// See `rank`.
-    pub world_size: usize,
-}
-
-impl TrainData for SyntheticBatches {
-    fn batches_per_epoch(&self, _: u64) -> u64 {
-        self.batches
-    }
-
-    fn start_state(&self) -> TrainState {
-        TrainState {
-            batch_size: self.size as u64,
-            world_size: self.world_size.max(1) as u64,
-            ..TrainState::default()
-        }
-    }
-
-    fn epoch(
-        &self,
-        epoch: u64,
-        skip: u64,
-    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_> {
-        let base = self.first + epoch * self.batches;
-        let (r, w) = (self.rank, self.world_size.max(1));
-        Box::new((skip..self.batches).map(move |i| {
-            let b = self.data.batch(base + i, self.size);
-            Ok(match w {
-                1 => b,
-                _ => b.select(b.size() * r / w..b.size() * (r + 1) / w),
-            })
-        }))
-    }
-}
 
 /// What a [`Trainer`] does.
 #[derive(Clone, Debug)]
@@ -217,7 +72,7 @@ impl Default for TrainerConfig {
 /// is a fresh run, no evaluation, no listener.
 ///
 /// ```
-/// # use ember::prelude::*;
+/// # use ember_models::{Dlrm, FitOptions, TrainData, TrainError, TrainEvent, Trainer};
 /// # fn run(trainer: &Trainer, model: &mut Dlrm, train: &dyn TrainData, test: &dyn TrainData) -> Result<(), TrainError> {
 /// let mut losses = Vec::new();
 /// let mut listener = |e: &TrainEvent| {
@@ -245,181 +100,11 @@ pub struct FitOptions<'a> {
     pub on_event: Option<&'a mut dyn FnMut(&TrainEvent)>,
 }
 
-/// Progress of a run, in the order it happens.
-#[derive(Clone, Debug)]
-pub enum TrainEvent {
-    /// Before the first step: how many steps remain at most, from where.
-    Start {
-        /// Steps this run takes unless `max_steps` stops it first.
-        steps: u64,
-        /// The position it starts from (resumed, or zero).
-        from: TrainState,
-    },
-    /// The checkpoint was written mid-epoch by another number of ranks, whose
-    /// position means nothing here: the rest of that epoch is skipped.
-    EpochRestSkipped {
-        /// The epoch skipped.
-        epoch: u64,
-        /// The ranks that wrote the checkpoint.
-        written_by: u64,
-    },
-    /// This rank has more batches than the rank with the fewest; the extra
-    /// ones are left out so that every rank steps in lockstep.
-    BatchesLeftOut {
-        /// Batches of each epoch left out.
-        left_out: u64,
-        /// This rank's batches per epoch.
-        of: u64,
-    },
-    /// A step is about to run (`steps` done so far).
-    BeforeStep {
-        /// Steps done.
-        steps: u64,
-    },
-    /// A step ran.
-    Step {
-        /// The epoch and the batch within it (1-based: batches done).
-        epoch: u64,
-        /// See `epoch`.
-        batch: u64,
-        /// Steps done in all.
-        steps: u64,
-        /// The step's loss (over every rank's samples).
-        loss: f32,
-        /// The step's phases.
-        times: PhaseTimes,
-        /// This rank's samples and ids in the batch.
-        samples: usize,
-        /// See `samples`.
-        ids: usize,
-        /// Time the step waited for its batch (on the pipeline: for the
-        /// pipeline thread to have it taken and routed).
-        data_wait: Duration,
-        /// Time the batch's input dist took, ahead of the step on the
-        /// pipeline thread (0 when it ran inside the step).
-        input_dist: Duration,
-        /// Time of the step itself: forward, backward, both optimizers.
-        compute: Duration,
-    },
-    /// Every `log_every` batches: the mean loss and wall time per step since
-    /// the last log.
-    Log {
-        /// The epoch, the batch within it and the steps in all.
-        epoch: u64,
-        /// See `epoch`.
-        batch: u64,
-        /// See `epoch`.
-        steps: u64,
-        /// Mean loss since the last log.
-        loss: f64,
-        /// Mean wall time per step since the last log (data waits included).
-        ms_per_step: f64,
-    },
-    /// An evaluation finished.
-    Eval {
-        /// The epoch in progress and the steps done.
-        epoch: u64,
-        /// See `epoch`.
-        steps: u64,
-        /// Its metrics (on a world, over every rank's samples).
-        metrics: Metrics,
-    },
-    /// A checkpoint was written.
-    Checkpoint {
-        /// The file (or a set's index).
-        path: PathBuf,
-        /// Steps done.
-        steps: u64,
-    },
-}
-
-/// How a run ended.
-#[derive(Clone, Debug, Default)]
-pub struct TrainSummary {
-    /// Steps in all (the resumed-from ones included).
-    pub steps: u64,
-    /// Samples trained on in this run, over every rank.
-    pub samples: u64,
-    /// Training time, evaluations and checkpoints excluded (data waits included).
-    pub train_seconds: f64,
-    /// Time the steps waited for their batches.
-    pub data_wait_seconds: f64,
-    /// Time of the input dists run ahead on the pipeline thread, overlapped
-    /// with the steps.
-    pub input_dist_seconds: f64,
-    /// Time of the steps themselves.
-    pub compute_seconds: f64,
-    /// The first and the last step's loss of this run (NaN: no step).
-    pub loss_first: f64,
-    /// See `loss_first`.
-    pub loss_last: f64,
-    /// The last evaluation's metrics.
-    pub eval: Option<Metrics>,
-    /// The last checkpoint written.
-    pub checkpoint: Option<PathBuf>,
-    /// The step the run started from.
-    pub resumed_at_step: u64,
-    /// Where training stands now (what the last checkpoint holds).
-    pub state: TrainState,
-}
-
-/// Why training stopped.
-#[derive(Debug, Error)]
-pub enum TrainError {
-    /// The model, its data or a checkpoint failed.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// The world's exchanges failed (a rank stopped).
-    #[error(transparent)]
-    Sharding(#[from] ember_sharding::ShardingError),
-    /// The loss became NaN or infinite: the learning rate is too high.
-    #[error("loss became {loss} at step {step}: lower the learning rate")]
-    NonFiniteLoss {
-        /// The step (0-based) and its loss.
-        step: u64,
-        /// See `step`.
-        loss: f32,
-    },
-    /// An epoch with no batch (for some rank, on a world).
-    #[error("epoch {epoch} has no batch{}", if *.world_size > 1 { " for some rank (ranks each read whole row groups: write smaller ones, or run fewer ranks)" } else { "" })]
-    EmptyEpoch {
-        /// The epoch and the ranks.
-        epoch: u64,
-        /// See `epoch`.
-        world_size: usize,
-    },
-    /// The evaluation data has batches for some ranks but not for others.
-    #[error("the evaluation data has no batch for some rank (write smaller row groups, or run fewer ranks)")]
-    EmptyEvalRank,
-    /// The evaluation data has no batch at all: no rows, or fewer than one
-    /// batch (evaluating it would give NaN metrics).
-    #[error("the evaluation data has no batch (no rows, or fewer than one batch holds)")]
-    EmptyEval,
-    /// Resuming on other data than the run that wrote the checkpoint.
-    #[error("resume: the training data differs from the run the checkpoint continues (other files or row groups); resume on the same data")]
-    OtherData,
-    /// Resuming with batches made otherwise than the run that wrote the
-    /// checkpoint (another batch size, shuffle, or transform).
-    #[error("resume: the checkpoint's run made its batches with {what} {saved}, this data with {given}; resume with the same")]
-    OtherBatches {
-        /// What differs (`batch size`, `shuffle seed`, ...).
-        what: &'static str,
-        /// The checkpoint's value.
-        saved: String,
-        /// The data's value.
-        given: String,
-    },
-    /// A training position no run can have reached (a damaged or
-    /// hand-edited checkpoint).
-    #[error("resume: the checkpoint's training position is impossible: {0}")]
-    BadPosition(String),
-}
-
 /// Trains a [`Model`] on a [`Backend`] as its [`TrainerConfig`] says.
 ///
 /// ```
 /// use ember_models::{Backend, DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig,
-///     SyntheticData, SyntheticBatches, Trainer, TrainerConfig, TrainEvent, TrainState};
+///     SyntheticData, SyntheticBatches, Trainer, TrainerConfig, TrainEvent, FitOptions};
 /// use ember_sparse::TableOptimizer;
 /// use ember_dense::DenseOptimizerConfig;
 ///
@@ -565,72 +250,12 @@ impl Trainer {
         let c = &self.config;
         self.backend.check_mode(c.mode)?;
         let world = model.world().cloned();
-        // One run per checkpoint directory, held to the end (rank 0 holds
-        // it for the ranks of a world, which write there together).
-        let _lock = match &c.checkpoint_dir {
-            Some(dir) if world.as_ref().is_none_or(|w| w.rank() == 0) => {
-                not_a_file(dir)?;
-                let lock = DirLock::acquire(dir, "ember train").map_err(ModelError::from)?;
-                prepare_checkpoint_dir(dir)?;
-                Some(lock)
-            }
-            // Other ranks remove nothing: only the lock's holder may.
-            Some(dir) => {
-                not_a_file(dir)?;
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| crate::checkpoint::fail_at(dir, e.to_string()))?;
-                None
-            }
-            None => None,
-        };
+        // One run per checkpoint directory, held to the end.
+        let _lock = self.lock_checkpoint_dir(world.as_ref())?;
         let world_size = world.as_ref().map_or(1, |w| w.world_size());
-        let resumed = !from.is_fresh();
-        if resumed && from.world_size == 0 {
-            return Err(TrainError::BadPosition(
-                "it was written by 0 processes".into(),
-            ));
-        }
-        let mut state = with_data_recipe(from, train.start_state())?;
-        let fingerprint = train.fingerprint();
-        match state.data_fingerprint {
-            0 => state.data_fingerprint = fingerprint,
-            f if fingerprint != 0 && f != fingerprint => return Err(TrainError::OtherData),
-            _ => {}
-        }
-        if let Some(spec) = train.dataset_spec() {
-            model.record_dataset_spec(spec);
-        }
-        // A position mid-epoch counts batches of the ranks that wrote it,
-        // each reading its own row groups: under another number of ranks it
-        // means nothing, so the run goes on at the next epoch.
-        let written_by = state.world_size.max(1);
-        let skipped = written_by != world_size as u64 && state.batches_in_epoch > 0;
-        if skipped {
-            on_event(&TrainEvent::EpochRestSkipped {
-                epoch: state.epoch,
-                written_by,
-            });
-            state.epoch += 1;
-            state.batches_in_epoch = 0;
-        }
-        state.world_size = world_size as u64;
-        let per_epoch = self.lockstep_epochs(train, world.as_ref(), &state, on_event)?;
-        if resumed {
-            check_position(&state, &per_epoch, written_by == world_size as u64)?;
-        }
-        let eval_batches = match eval {
-            Some(data) => {
-                let (fewest, most) = fewest_and_most(world.as_ref(), data.batches_per_epoch(0))?;
-                if most == 0 {
-                    return Err(TrainError::EmptyEval);
-                }
-                if fewest == 0 {
-                    return Err(TrainError::EmptyEvalRank);
-                }
-                fewest
-            }
-            None => 0,
-        };
+        let (state, per_epoch, skipped) =
+            self.start_position(model, train, from, world.as_ref(), on_event)?;
+        let eval_batches = eval_batches(eval, world.as_ref())?;
         let total: u64 = per_epoch.iter().skip(state.epoch as usize).sum();
         on_event(&TrainEvent::Start {
             steps: total.saturating_sub(state.batches_in_epoch),
@@ -669,27 +294,7 @@ impl Trainer {
                 eval,
                 on_event: &mut *on_event,
             };
-            if c.pipeline {
-                let dist = ctx.model.input_dist();
-                std::thread::scope(|scope| {
-                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                    scope.spawn(move || {
-                        for batch in train.epoch(epoch, skip).take(steps as usize) {
-                            let ready = batch.and_then(|batch| Ready::of(batch, dist.as_deref()));
-                            let failed = ready.is_err();
-                            // A closed queue: the step failed and stopped taking.
-                            if tx.send(ready).is_err() || failed {
-                                return;
-                            }
-                        }
-                    });
-                    self.run_epoch(&mut ctx, &per_epoch, rx.into_iter())
-                })?;
-            } else {
-                let batches = train.epoch(epoch, skip).take(steps as usize);
-                let ready = batches.map(|b| b.and_then(|batch| Ready::of(batch, None)));
-                self.run_epoch(&mut ctx, &per_epoch, ready)?;
-            }
+            self.run_epoch_from(&mut ctx, &per_epoch, train, (epoch, skip, steps))?;
             if run.state.steps >= max_steps
                 && run.state.batches_in_epoch < per_epoch[epoch as usize]
             {
@@ -698,7 +303,8 @@ impl Trainer {
             run.state.epoch += 1;
             run.state.batches_in_epoch = 0;
             if c.eval_at_epoch_end && run.evaluated_at != Some(run.state.steps) {
-                self.evaluate(model, eval, &mut run, on_event)?;
+                // Reported as the epoch it ends, as that epoch's logs were.
+                self.evaluate(model, eval, (&mut run, epoch), on_event)?;
             }
             self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
         }
@@ -723,6 +329,113 @@ impl Trainer {
             resumed_at_step,
             state: run.state,
         })
+    }
+
+    /// Takes the checkpoint directory for this run (rank 0 takes it for
+    /// the ranks of a world, which write there together).
+    fn lock_checkpoint_dir(
+        &self,
+        world: Option<&Arc<dyn Collective>>,
+    ) -> Result<Option<DirLock>, TrainError> {
+        let c = &self.config;
+        Ok(match &c.checkpoint_dir {
+            Some(dir) if world.is_none_or(|w| w.rank() == 0) => {
+                not_a_file(dir)?;
+                let lock = DirLock::acquire(dir, "ember train").map_err(ModelError::from)?;
+                prepare_checkpoint_dir(dir)?;
+                Some(lock)
+            }
+            // Other ranks remove nothing: only the lock's holder may.
+            Some(dir) => {
+                not_a_file(dir)?;
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| crate::checkpoint::fail_at(dir, e.to_string()))?;
+                None
+            }
+            None => None,
+        })
+    }
+
+    /// The position the run starts from, checked against the data, and the
+    /// batches each epoch runs in lockstep; `true` when the rest of a
+    /// resumed epoch is skipped (written under another number of ranks).
+    fn start_position<M: Model + ?Sized>(
+        &self,
+        model: &mut M,
+        train: &dyn TrainData,
+        from: TrainState,
+        world: Option<&Arc<dyn Collective>>,
+        on_event: &mut dyn FnMut(&TrainEvent),
+    ) -> Result<(TrainState, Vec<u64>, bool), TrainError> {
+        let world_size = world.map_or(1, |w| w.world_size());
+        let resumed = !from.is_fresh();
+        if resumed && from.world_size == 0 {
+            return Err(TrainError::BadPosition(
+                "it was written by 0 processes".into(),
+            ));
+        }
+        let mut state = with_data_recipe(from, train.start_state())?;
+        let fingerprint = train.fingerprint();
+        match state.data_fingerprint {
+            0 => state.data_fingerprint = fingerprint,
+            f if fingerprint != 0 && f != fingerprint => return Err(TrainError::OtherData),
+            _ => {}
+        }
+        if let Some(spec) = train.dataset_spec() {
+            model.record_dataset_spec(spec);
+        }
+        // A position mid-epoch counts batches of the ranks that wrote it,
+        // each reading its own row groups: under another number of ranks it
+        // means nothing, so the run goes on at the next epoch.
+        let written_by = state.world_size.max(1);
+        let skipped = written_by != world_size as u64 && state.batches_in_epoch > 0;
+        if skipped {
+            on_event(&TrainEvent::EpochRestSkipped {
+                epoch: state.epoch,
+                written_by,
+            });
+            state.epoch += 1;
+            state.batches_in_epoch = 0;
+        }
+        state.world_size = world_size as u64;
+        let per_epoch = self.lockstep_epochs(train, world, &state, on_event)?;
+        if resumed {
+            check_position(&state, &per_epoch, written_by == world_size as u64)?;
+        }
+        Ok((state, per_epoch, skipped))
+    }
+
+    /// One epoch's `steps` batches from batch `skip`: taken on a pipeline
+    /// thread one batch ahead (running the model's input dist there), or
+    /// in turn on this thread.
+    fn run_epoch_from<M: Model + ?Sized>(
+        &self,
+        ctx: &mut EpochRun<'_, M>,
+        per_epoch: &[u64],
+        train: &dyn TrainData,
+        (epoch, skip, steps): (u64, u64, u64),
+    ) -> Result<(), TrainError> {
+        if self.config.pipeline {
+            let dist = ctx.model.input_dist();
+            std::thread::scope(|scope| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                scope.spawn(move || {
+                    for batch in train.epoch(epoch, skip).take(steps as usize) {
+                        let ready = batch.and_then(|batch| Ready::of(batch, dist.as_deref()));
+                        let failed = ready.is_err();
+                        // A closed queue: the step failed and stopped taking.
+                        if tx.send(ready).is_err() || failed {
+                            return;
+                        }
+                    }
+                });
+                self.run_epoch(ctx, per_epoch, rx.into_iter())
+            })
+        } else {
+            let batches = train.epoch(epoch, skip).take(steps as usize);
+            let ready = batches.map(|b| b.and_then(|batch| Ready::of(batch, None)));
+            self.run_epoch(ctx, per_epoch, ready)
+        }
     }
 
     /// Batches per epoch that every rank can run in lockstep: the fewest
@@ -770,7 +483,8 @@ impl Trainer {
             self.step(ctx, ready, data_wait, t)?;
             let steps = ctx.run.state.steps;
             if c.eval_every > 0 && steps.is_multiple_of(c.eval_every) {
-                self.evaluate(ctx.model, ctx.eval, ctx.run, ctx.on_event)?;
+                let epoch = ctx.run.state.epoch;
+                self.evaluate(ctx.model, ctx.eval, (ctx.run, epoch), ctx.on_event)?;
             }
             // At an epoch's last batch the epoch's own checkpoint follows.
             let ends_epoch = ctx.run.state.batches_in_epoch == per_epoch[epoch as usize];
@@ -851,7 +565,7 @@ impl Trainer {
         &self,
         model: &mut M,
         eval: Option<(&dyn TrainData, u64)>,
-        run: &mut Run,
+        (run, epoch): (&mut Run, u64),
         on_event: &mut dyn FnMut(&TrainEvent),
     ) -> Result<(), TrainError> {
         let Some((data, batches)) = eval else {
@@ -864,7 +578,7 @@ impl Trainer {
         run.eval = Some(metrics);
         run.evaluated_at = Some(run.state.steps);
         on_event(&TrainEvent::Eval {
-            epoch: run.state.epoch,
+            epoch,
             steps: run.state.steps,
             metrics,
         });
@@ -899,6 +613,27 @@ impl Trainer {
         run.checkpoint = Some(path);
         Ok(())
     }
+}
+
+/// The evaluation batches every rank runs: the fewest any rank has (0:
+/// no evaluation data).
+fn eval_batches(
+    eval: Option<&dyn TrainData>,
+    world: Option<&Arc<dyn Collective>>,
+) -> Result<u64, TrainError> {
+    Ok(match eval {
+        Some(data) => {
+            let (fewest, most) = fewest_and_most(world, data.batches_per_epoch(0))?;
+            if most == 0 {
+                return Err(TrainError::EmptyEval);
+            }
+            if fewest == 0 {
+                return Err(TrainError::EmptyEvalRank);
+            }
+            fewest
+        }
+        None => 0,
+    })
 }
 
 /// Makes sure checkpoints can go to `dir` before the first step (a regular

@@ -19,7 +19,7 @@ use super::Progress;
 use ember_models::evaluate_data;
 
 #[derive(Args, Clone, Debug)]
-pub struct ServeArgs {
+pub struct EvalArgs {
     /// A safetensors checkpoint (Ember's, or a TorchRec DLRM state_dict), a
     /// set's index, or a run's --checkpoint-dir (its newer checkpoint).
     #[arg(long)]
@@ -43,7 +43,7 @@ pub struct ServeArgs {
     pub json: bool,
 }
 
-impl ServeArgs {
+impl EvalArgs {
     /// The checkpoint's model and a loader of the data, reading its label
     /// column when `labels` (eval; predict reads data without one too).
     fn open(&self, labels: bool) -> anyhow::Result<Opened> {
@@ -92,7 +92,7 @@ struct Opened {
     _disk_lock: Option<DirLock>,
 }
 
-pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
+pub fn eval(args: &EvalArgs) -> anyhow::Result<MetricsReport> {
     super::with_threads(args.threads, || {
         // Bound whole: the --disk-dir lock lives as long as the tables.
         let opened = args.open(true)?;
@@ -108,7 +108,7 @@ pub fn eval(args: &ServeArgs) -> anyhow::Result<MetricsReport> {
 #[derive(Args, Clone, Debug)]
 pub struct PredictArgs {
     #[command(flatten)]
-    pub serve: ServeArgs,
+    pub eval: EvalArgs,
     /// Parquet file to write: columns `logit` and `probability`, one row per input row.
     #[arg(long)]
     pub output: PathBuf,
@@ -132,15 +132,15 @@ impl std::fmt::Display for PredictReport {
 }
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
-    super::with_threads(args.serve.threads, || {
-        let opened = args.serve.open(false)?;
+    super::with_threads(args.eval.threads, || {
+        let opened = args.eval.open(false)?;
         let (mut model, loader) = (opened.model, opened.loader);
         refuse_an_input(&args.output, &opened.checkpoint_files, &loader)?;
         // One writer of the output's directory: two runs writing one file
         // would share its temporary file.
         let _lock = DirLock::for_file(&args.output, "ember predict").context("--output")?;
-        let be = args.serve.backend.build(ExecMode::Strict)?;
-        let progress = Progress::new(loader.batches_per_epoch(0), "predict", args.serve.json);
+        let be = args.eval.backend.build(ExecMode::Strict)?;
+        let progress = Progress::new(loader.batches_per_epoch(0), "predict", args.eval.json);
         let mut out = PredictionWriter::create(&args.output)?;
         let mut outputs = OutputCheck::default();
         for batch in loader.epoch(0, 0) {
@@ -155,7 +155,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
         (outputs.finish()).with_context(|| {
             format!(
                 "predict with {}: nothing written",
-                args.serve.checkpoint.display()
+                args.eval.checkpoint.display()
             )
         })?;
         Ok(PredictReport {

@@ -1,0 +1,62 @@
+//! What a benchmark's `--json` says of the run itself: the command, the
+//! machine and the time, so a committed result can be read without its log
+//! (the benchmark pages of the book are rendered from such results).
+
+use serde::{Deserialize, Serialize};
+
+/// The run behind a result.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// The command line, as typed (arguments joined by spaces).
+    pub command: String,
+    /// The CPU: its model name, family and model (as `lscpu` shows them),
+    /// and whether it has AVX-512.
+    pub cpu: String,
+    /// Logical CPUs this process may run on.
+    pub cpus: usize,
+    /// When the run ended, UTC, RFC 3339.
+    pub date: String,
+    /// Ember's version.
+    pub version: String,
+}
+
+impl RunInfo {
+    /// This process's run, now.
+    pub fn now() -> Self {
+        let mut args = std::env::args();
+        let program = args.next().map(|p| {
+            let name = std::path::Path::new(&p).file_name().map(|n| n.to_owned());
+            name.map_or(p, |n| n.to_string_lossy().into_owned())
+        });
+        Self {
+            command: program
+                .into_iter()
+                .chain(args)
+                .collect::<Vec<_>>()
+                .join(" "),
+            cpu: cpu_model().unwrap_or_else(|| "unknown".into()),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// The first CPU of /proc/cpuinfo (Linux; `None` elsewhere).
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let field = |name: &str| {
+        let line = info
+            .lines()
+            .find(|l| l.split(':').next().map(str::trim) == Some(name))?;
+        Some(line.split_once(':')?.1.trim().to_string())
+    };
+    let avx512 = field("flags").is_some_and(|f| f.split(' ').any(|f| f == "avx512f"));
+    Some(format!(
+        "{} (family {}, model {}; {})",
+        field("model name")?,
+        field("cpu family").unwrap_or_default(),
+        field("model").unwrap_or_default(),
+        if avx512 { "AVX-512" } else { "no AVX-512" }
+    ))
+}

@@ -5,7 +5,8 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ember::dense::{DenseOptimizerConfig, NativeBackend};
 use ember::models::{
-    DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig, SyntheticData,
+    Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, InteractionType, Model, SyntheticConfig,
+    SyntheticData,
 };
 use ember::sparse::TableOptimizer;
 
@@ -23,7 +24,7 @@ fn bench(c: &mut Criterion) {
     })
     .unwrap();
     let batch = data.batch(0, batch_size);
-    let be = NativeBackend::new(rayon::current_num_threads());
+    let be = Backend::Native(NativeBackend::new(rayon::current_num_threads()));
     let mut model = Dlrm::builder(config)
         .optimizers(
             TableOptimizer::rowwise_adagrad(0.01),
@@ -39,7 +40,7 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.throughput(Throughput::Elements(batch_size as u64));
     group.bench_function("train_step_rowwise_adagrad", |b| {
-        b.iter(|| model.train_step(&be, &batch).unwrap())
+        b.iter(|| model.train_step(&be, &batch, ExecMode::Strict).unwrap())
     });
     group.finish();
 }

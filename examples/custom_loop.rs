@@ -67,7 +67,7 @@ fn run(dir: &std::path::Path) -> Result<(Vec<f32>, Vec<f32>), Box<dyn std::error
             };
             checkpoint = Some(model.save_checkpoint(dir, Some(&state))?);
         }
-        losses.push(Model::train_step(&mut model, &backend, &batch, ExecMode::Strict)?.loss);
+        losses.push(model.train_step(&backend, &batch, ExecMode::Strict)?.loss);
     }
     // A second process would start here: a model of the same plan, loaded.
     let mut resumed = sharded_model()?;
@@ -79,7 +79,7 @@ fn run(dir: &std::path::Path) -> Result<(Vec<f32>, Vec<f32>), Box<dyn std::error
         .skip(state.steps as usize)
         .take((STEPS - state.steps) as usize)
     {
-        again.push(Model::train_step(&mut resumed, &backend, &batch, ExecMode::Strict)?.loss);
+        again.push(resumed.train_step(&backend, &batch, ExecMode::Strict)?.loss);
     }
     Ok((losses[(STEPS / 2) as usize..].to_vec(), again))
 }

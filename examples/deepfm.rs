@@ -11,7 +11,7 @@
 //!
 //! `cargo run --release --example deepfm [-- BATCHES]`
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ember::dense::BceWithLogits;
 use ember::models::checkpoint::{StateDict, StateFile};
@@ -180,29 +180,23 @@ impl Model for DeepFm {
         })
     }
 
-    fn predict(&mut self, be: &dyn DenseBackend<f32>, batch: &Batch) -> Result<&[f32], ModelError> {
-        self.forward(be, batch)?;
+    fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
+        self.forward(backend.dense(), batch)?;
         Ok(self.buffers[2].data())
     }
 
-    fn save_checkpoint(
-        &mut self,
-        dir: &Path,
-        train: Option<&TrainState>,
-    ) -> Result<PathBuf, ModelError> {
+    fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
         let mut state = StateDict::new();
         state.add_dense_optimizer("deep.", &self.optimizer, self.deep.params());
         state.add_module("deep.", &self.deep);
         state.add_collection("tables.", &self.tables);
-        state.save_in(dir, train)
+        Ok(state)
     }
 
-    fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {
-        let file = StateFile::open(path)?;
+    fn load_state_dict(&mut self, file: &StateFile) -> Result<(), ModelError> {
         file.load_collection("tables.", &mut self.tables)?;
         file.load_params("deep.", self.deep.params())?;
-        file.load_dense_optimizer("deep.", &mut self.optimizer, self.deep.params())?;
-        file.train_state()
+        file.load_dense_optimizer("deep.", &mut self.optimizer, self.deep.params())
     }
 }
 

@@ -11,7 +11,7 @@
 //!
 //! `cargo run --release --example two_tower [-- BATCHES]`
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ember::dense::{BceWithLogits, DotInteraction};
 use ember::models::checkpoint::{StateDict, StateFile};
@@ -220,42 +220,31 @@ impl Model for TwoTower {
         })
     }
 
-    fn predict(&mut self, be: &dyn DenseBackend<f32>, batch: &Batch) -> Result<&[f32], ModelError> {
-        self.forward(be, batch)?;
+    fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
+        self.forward(backend.dense(), batch)?;
         Ok(self.buffers[3].data())
     }
 
-    fn save_checkpoint(
-        &mut self,
-        dir: &Path,
-        train: Option<&TrainState>,
-    ) -> Result<PathBuf, ModelError> {
+    fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
         let mut state = StateDict::new();
         state.add_params("", tower_params(&mut self.user_mlp, &mut self.item_mlp));
         let params = tower_params(&mut self.user_mlp, &mut self.item_mlp);
         state.add_dense_optimizer("", &self.optimizer, params);
         state.add_collection("tables.", &self.tables);
-        state.save_in(dir, train)
+        Ok(state)
     }
 
-    fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {
-        let file = StateFile::open(path)?;
+    fn load_state_dict(&mut self, file: &StateFile) -> Result<(), ModelError> {
         file.load_collection("tables.", &mut self.tables)?;
         file.load_params("", tower_params(&mut self.user_mlp, &mut self.item_mlp))?;
         let params = tower_params(&mut self.user_mlp, &mut self.item_mlp);
-        file.load_dense_optimizer("", &mut self.optimizer, params)?;
-        file.train_state()
+        file.load_dense_optimizer("", &mut self.optimizer, params)
     }
 }
 
 /// recall@k over `users` test users: a held-out item of the user's cluster
 /// among 99 random ones; the fraction whose item ranks in the top `k`.
-fn recall_at(
-    model: &mut TwoTower,
-    be: &dyn DenseBackend<f32>,
-    users: u64,
-    k: usize,
-) -> Result<f64, ModelError> {
+fn recall_at(model: &mut TwoTower, be: &Backend, users: u64, k: usize) -> Result<f64, ModelError> {
     let mut hits = 0;
     for u in 0..users {
         let user = mix(&[99, u]) % USERS as u64;
@@ -307,7 +296,7 @@ fn run(
         },
     )?;
     let auc = summary.eval.map_or(f64::NAN, |m| m.auc);
-    let recall = recall_at(&mut model, trainer.backend().dense(), 500, 10)?;
+    let recall = recall_at(&mut model, trainer.backend(), 500, 10)?;
     println!(
         "{} steps in {:.1} s: test AUC {auc:.4}, recall@10 {recall:.3} (chance: 0.100)",
         summary.steps,
@@ -354,8 +343,8 @@ mod tests {
         a.train_step(&be, &next, ExecMode::Strict).unwrap();
         b.train_step(&be, &next, ExecMode::Strict).unwrap();
         let (la, lb) = (
-            a.predict(be.dense(), &next).unwrap().to_vec(),
-            b.predict(be.dense(), &next).unwrap().to_vec(),
+            a.predict(&be, &next).unwrap().to_vec(),
+            b.predict(&be, &next).unwrap().to_vec(),
         );
         assert_eq!(la, lb);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -5,6 +5,7 @@
 
 mod common;
 
+use ember_models::Model;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -107,7 +108,7 @@ fn eval_and_predict_read_inputs_as_the_checkpoint_was_trained() {
     let batch =
         ember::models::Batch::from_loader(loader.epoch(0, 0).next().unwrap().unwrap()).unwrap();
     let be = Backend::native();
-    let want = model.predict(be.dense(), &batch).unwrap().to_vec();
+    let want = model.predict(&be, &batch).unwrap().to_vec();
     assert_eq!(predictions(&out).0, want);
 }
 

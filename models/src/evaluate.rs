@@ -2,16 +2,14 @@
 
 use std::borrow::Borrow;
 
-use ember_dense::DenseBackend;
-
-use crate::{Batch, Metrics, MetricsAccumulator, Model, ModelError, TrainData};
+use crate::{Backend, Batch, Metrics, MetricsAccumulator, Model, ModelError, TrainData};
 
 /// AUC, log loss and accuracy of the model's predictions on `batches`. On a
 /// rank of a world, over every rank's batches (each rank passes its own, and
 /// as many as the others).
 pub fn evaluate<M: Model + ?Sized>(
     model: &mut M,
-    be: &dyn DenseBackend<f32>,
+    be: &Backend,
     batches: impl IntoIterator<Item = impl Borrow<Batch>>,
 ) -> Result<Metrics, ModelError> {
     let mut eval = Evaluation::default();
@@ -26,7 +24,7 @@ pub fn evaluate<M: Model + ?Sized>(
 /// each rank passing its own data and the same count).
 pub fn evaluate_data<M: Model + ?Sized>(
     model: &mut M,
-    be: &dyn DenseBackend<f32>,
+    be: &Backend,
     data: &dyn TrainData,
     batches: u64,
 ) -> Result<Metrics, ModelError> {
@@ -97,7 +95,7 @@ impl Evaluation {
     pub fn push<M: Model + ?Sized>(
         &mut self,
         model: &mut M,
-        be: &dyn DenseBackend<f32>,
+        be: &Backend,
         batch: &Batch,
     ) -> Result<(), ModelError> {
         let ranks = model.world().is_some();

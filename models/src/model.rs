@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ember_dense::{DenseBackend, Param};
+use ember_dense::Param;
 use ember_sharding::Collective;
 
+use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, ModelError, StepOutput, TrainState};
 
 /// A model the [`Trainer`](crate::Trainer) can train, evaluate and
@@ -16,9 +17,8 @@ use crate::{Backend, Batch, ExecMode, ModelError, StepOutput, TrainState};
 /// of a world, every rank calls each method in the same order.
 ///
 /// ```
-/// use ember_models::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, TrainState};
-/// use ember_dense::DenseBackend;
-/// # use std::path::{Path, PathBuf};
+/// use ember_models::checkpoint::{StateDict, StateFile};
+/// use ember_models::{Backend, Batch, ExecMode, Model, ModelError, StepOutput};
 ///
 /// /// Predicts the same logit for everyone and learns nothing.
 /// struct Constant { logits: Vec<f32> }
@@ -27,15 +27,15 @@ use crate::{Backend, Batch, ExecMode, ModelError, StepOutput, TrainState};
 ///     fn train_step(&mut self, _: &Backend, batch: &Batch, _: ExecMode) -> Result<StepOutput, ModelError> {
 ///         Ok(StepOutput { loss: std::f32::consts::LN_2, times: Default::default() })
 ///     }
-///     fn predict(&mut self, _: &dyn DenseBackend<f32>, batch: &Batch) -> Result<&[f32], ModelError> {
+///     fn predict(&mut self, _: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
 ///         self.logits.resize(batch.size(), 0.0);
 ///         Ok(&self.logits)
 ///     }
-///     fn save_checkpoint(&mut self, dir: &Path, _: Option<&TrainState>) -> Result<PathBuf, ModelError> {
-///         Ok(dir.to_path_buf()) // nothing to save
+///     fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
+///         Ok(StateDict::new()) // nothing to save
 ///     }
-///     fn load_checkpoint(&mut self, _: &Path) -> Result<Option<TrainState>, ModelError> {
-///         Ok(None)
+///     fn load_state_dict(&mut self, _: &StateFile) -> Result<(), ModelError> {
+///         Ok(())
 ///     }
 /// }
 /// ```
@@ -76,12 +76,9 @@ pub trait Model {
         self.train_step(backend, batch, mode)
     }
 
-    /// The logits of `batch`, one per sample (no update).
-    fn predict(
-        &mut self,
-        backend: &dyn DenseBackend<f32>,
-        batch: &Batch,
-    ) -> Result<&[f32], ModelError>;
+    /// The logits of `batch`, one per sample (no update), on `backend`'s
+    /// dense side.
+    fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError>;
 
     /// Brings state kept on a device (the compiled mode's parameters) back
     /// to the host; called before every evaluation and checkpoint.
@@ -95,19 +92,52 @@ pub trait Model {
         None
     }
 
+    /// The model's whole state as named tensors (weights, optimizer state
+    /// and step counts), for the provided
+    /// [`save_checkpoint`](Model::save_checkpoint). A model implements this
+    /// and [`load_state_dict`](Model::load_state_dict), or (writing a
+    /// format of its own, as [`Dlrm`](crate::Dlrm) does) overrides
+    /// `save_checkpoint` and `load_checkpoint` instead; the default is an
+    /// error saying so.
+    fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
+        Err(ModelError::Config(
+            "this model implements neither state_dict nor save_checkpoint".into(),
+        ))
+    }
+
+    /// Restores what [`state_dict`](Model::state_dict) saved, from an
+    /// opened checkpoint file (the default: an error, as `state_dict`'s).
+    fn load_state_dict(&mut self, file: &StateFile) -> Result<(), ModelError> {
+        Err(ModelError::Checkpoint {
+            path: file.path().to_path_buf(),
+            tensor: None,
+            message: "this model implements neither load_state_dict nor load_checkpoint".into(),
+        })
+    }
+
     /// Writes a checkpoint of the whole state (weights, optimizer state and
     /// step counts, and `train` when given) into `dir`, atomically; returns
     /// the file (or a set's index) it wrote. On a world every rank calls it.
+    /// The default writes [`state_dict`](Model::state_dict) to
+    /// `dir/model.safetensors`.
     fn save_checkpoint(
         &mut self,
         dir: &Path,
         train: Option<&TrainState>,
-    ) -> Result<PathBuf, ModelError>;
+    ) -> Result<PathBuf, ModelError> {
+        self.sync_to_host()?;
+        self.state_dict()?.save_in(dir, train)
+    }
 
     /// Restores what [`Model::save_checkpoint`] wrote to `path`; returns the
     /// training position it held. A resumed run is then bitwise the run that
-    /// never stopped.
-    fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError>;
+    /// never stopped. The default reads it with
+    /// [`load_state_dict`](Model::load_state_dict).
+    fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {
+        let file = StateFile::open(path)?;
+        self.load_state_dict(&file)?;
+        file.train_state()
+    }
 
     /// Hears the dataset spec of the data the [`Trainer`](crate::Trainer)
     /// feeds it, for its checkpoints to carry (so that evaluation reads

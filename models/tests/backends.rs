@@ -4,9 +4,10 @@
 //! EMBER_REQUIRE_PJRT=1 so that a missing plugin fails there.
 
 use ember_dense::pjrt::{plugin_for_tests, Client, PjrtBackend, Plugin};
-use ember_dense::{DenseBackend, DenseOptimizerConfig, HasParams, NativeBackend};
+use ember_dense::{DenseOptimizerConfig, HasParams, NativeBackend};
 use ember_models::{
-    DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig, SyntheticData,
+    Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, InteractionType, Model, SyntheticConfig,
+    SyntheticData,
 };
 use ember_sparse::TableOptimizer;
 
@@ -35,7 +36,8 @@ fn close(what: &str, a: &[f32], b: &[f32]) {
 #[test]
 fn pjrt_and_native_train_the_same_model() {
     let Some(pjrt) = pjrt() else { return };
-    let native = NativeBackend::new(1);
+    let pjrt = Backend::Pjrt(std::sync::Arc::new(pjrt));
+    let native = Backend::Native(NativeBackend::new(1));
     for interaction in [
         InteractionType::Dot,
         InteractionType::Dcn { layers: 2, rank: 4 },
@@ -60,11 +62,11 @@ fn pjrt_and_native_train_the_same_model() {
         let (mut a, mut b) = (make(), make());
         for step in 0..3 {
             let batch = data.batch(step, 32);
-            let la = a
-                .train_step(&pjrt as &dyn DenseBackend<f32>, &batch)
+            let la = a.train_step(&pjrt, &batch, ExecMode::Strict).unwrap().loss;
+            let lb = b
+                .train_step(&native, &batch, ExecMode::Strict)
                 .unwrap()
                 .loss;
-            let lb = b.train_step(&native, &batch).unwrap().loss;
             close(
                 &format!("{interaction:?} loss at step {step}"),
                 &[la],
@@ -98,7 +100,7 @@ fn pjrt_and_native_train_the_same_model() {
 fn the_compiled_step_trains_like_the_native_backend() {
     let Some(pjrt) = pjrt() else { return };
     let pjrt = std::sync::Arc::new(pjrt);
-    let native = NativeBackend::new(1);
+    let native = Backend::Native(NativeBackend::new(1));
     let optimizers = [
         DenseOptimizerConfig::adam(0.01),
         DenseOptimizerConfig::adagrad(0.05),
@@ -128,7 +130,10 @@ fn the_compiled_step_trains_like_the_native_backend() {
             for i in 0..3 {
                 let batch = data.batch(i, 24);
                 let la = a.train_step_compiled(&mut step, &batch).unwrap().loss;
-                let lb = b.train_step(&native, &batch).unwrap().loss;
+                let lb = b
+                    .train_step(&native, &batch, ExecMode::Strict)
+                    .unwrap()
+                    .loss;
                 close(
                     &format!("{interaction:?} {dense_opt:?} loss {i}"),
                     &[la],
@@ -165,7 +170,8 @@ fn random_models_and_batches_agree_across_backends_and_modes() {
     use ember_sparse::rng::Rng;
     let Some(pjrt) = pjrt() else { return };
     let pjrt = std::sync::Arc::new(pjrt);
-    let native = NativeBackend::new(2);
+    let native = Backend::Native(NativeBackend::new(2));
+    let on_pjrt = Backend::Pjrt(pjrt.clone());
     let mut rng = Rng::new(77);
     let mut pick = |lo: usize, hi: usize| lo + rng.below((hi - lo + 1) as u64) as usize;
     for case in 0..6 {
@@ -207,9 +213,18 @@ fn random_models_and_batches_agree_across_backends_and_modes() {
             ember_models::CompiledDenseStep::new(pjrt.clone(), &mut compiled, batch_size).unwrap();
         for i in 0..2 {
             let batch = data.batch(i, batch_size);
-            let w = want.train_step(&native, &batch).unwrap().loss;
-            let s = strict.train_step(pjrt.as_ref(), &batch).unwrap().loss;
-            let d = fused.train_step_fused(pjrt.as_ref(), &batch).unwrap().loss;
+            let w = want
+                .train_step(&native, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
+            let s = strict
+                .train_step(&on_pjrt, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
+            let d = fused
+                .train_step(&on_pjrt, &batch, ExecMode::DeferFuse)
+                .unwrap()
+                .loss;
             let c = compiled
                 .train_step_compiled(&mut step, &batch)
                 .unwrap()
@@ -223,12 +238,12 @@ fn random_models_and_batches_agree_across_backends_and_modes() {
         let w = want.predict(&native, &test).unwrap().to_vec();
         close(
             &format!("case {case} strict logits"),
-            strict.predict(pjrt.as_ref(), &test).unwrap(),
+            strict.predict(&on_pjrt, &test).unwrap(),
             &w,
         );
         close(
             &format!("case {case} defer-fuse logits"),
-            fused.predict(pjrt.as_ref(), &test).unwrap(),
+            fused.predict(&on_pjrt, &test).unwrap(),
             &w,
         );
         close(

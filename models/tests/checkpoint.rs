@@ -1,6 +1,7 @@
 //! Checkpoints: exact round trips, exact resumption, TorchRec-named files
 //! without Ember metadata, and errors that name the tensor.
 
+use ember_models::{Backend, ExecMode, Model};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -57,7 +58,7 @@ fn weights(model: &mut Dlrm) -> Vec<f32> {
 
 #[test]
 fn save_load_predicts_identically_and_resumes_exactly() {
-    let be = NativeBackend::new(1);
+    let be = Backend::Native(NativeBackend::new(1));
     let dir = tempfile::tempdir().unwrap();
     for interaction in [
         InteractionType::Dot,
@@ -72,7 +73,9 @@ fn save_load_predicts_identically_and_resumes_exactly() {
                 .build()
                 .unwrap();
             for i in 0..4 {
-                model.train_step(&be, &data.batch(i, 16)).unwrap();
+                model
+                    .train_step(&be, &data.batch(i, 16), ExecMode::Strict)
+                    .unwrap();
             }
             let path = dir.path().join("model.safetensors");
             let state = TrainState {
@@ -102,8 +105,14 @@ fn save_load_predicts_identically_and_resumes_exactly() {
             assert_eq!(weights(&mut resumed), weights(&mut model));
             for i in 4..7 {
                 let batch = data.batch(i, 16);
-                let a = model.train_step(&be, &batch).unwrap().loss;
-                let b = resumed.train_step(&be, &batch).unwrap().loss;
+                let a = model
+                    .train_step(&be, &batch, ExecMode::Strict)
+                    .unwrap()
+                    .loss;
+                let b = resumed
+                    .train_step(&be, &batch, ExecMode::Strict)
+                    .unwrap()
+                    .loss;
                 assert_eq!(a, b, "{interaction:?} {table_opt:?} step {i}");
             }
             assert_eq!(weights(&mut resumed), weights(&mut model));
@@ -141,7 +150,7 @@ fn rewrite(src: &Path, dst: &Path, metadata: bool, edit: impl FnOnce(&mut Tensor
 
 #[test]
 fn torchrec_named_files_without_metadata_load_with_the_inferred_architecture() {
-    let be = NativeBackend::new(1);
+    let be = Backend::Native(NativeBackend::new(1));
     let dir = tempfile::tempdir().unwrap();
     // 12 tables: the names sort t_cat_10 before t_cat_2, the features must not.
     for interaction in [
@@ -240,7 +249,7 @@ fn bad_tensors_are_named() {
 
 #[test]
 fn bytes_in_memory_read_as_the_file_does() {
-    let be = NativeBackend::new(1);
+    let be = Backend::Native(NativeBackend::new(1));
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(InteractionType::Dcn { layers: 2, rank: 3 }, 3);
     let data = data(&cfg);
@@ -251,7 +260,9 @@ fn bytes_in_memory_read_as_the_file_does() {
         .build()
         .unwrap();
     for i in 0..3 {
-        model.train_step(&be, &data.batch(i, 16)).unwrap();
+        model
+            .train_step(&be, &data.batch(i, 16), ExecMode::Strict)
+            .unwrap();
     }
     let path = dir.path().join("model.safetensors");
     let state = TrainState {
@@ -303,7 +314,7 @@ fn bytes_in_memory_read_as_the_file_does() {
 fn checkpoints_move_between_plans_and_device_counts() {
     use ember_sharding::plan::{ShardingType, TablePlan};
     use ember_sharding::ShardingPlan;
-    let be = NativeBackend::new(1);
+    let be = Backend::Native(NativeBackend::new(1));
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(InteractionType::Dot, 4);
     let data = data(&cfg);
@@ -329,7 +340,9 @@ fn checkpoints_move_between_plans_and_device_counts() {
         .unwrap();
     trained.shard(Some(plan(ShardingType::RowWise, 2))).unwrap();
     for i in 0..3 {
-        trained.train_step(&be, &data.batch(i, 16)).unwrap();
+        trained
+            .train_step(&be, &data.batch(i, 16), ExecMode::Strict)
+            .unwrap();
     }
     let a = dir.path().join("a.safetensors");
     save(&mut trained, &a, None).unwrap();
@@ -356,7 +369,7 @@ fn checkpoints_move_between_plans_and_device_counts() {
         .optimizers(table_opt, dense_opt)
         .build()
         .unwrap())
-    .train_step(&be, &batch)
+    .train_step(&be, &batch, ExecMode::Strict)
     .unwrap()
     .loss;
     for (kind, n) in [
@@ -376,7 +389,7 @@ fn checkpoints_move_between_plans_and_device_counts() {
         save(&mut m, &b, None).unwrap();
         assert_eq!(read(&b), saved);
         // And training goes on identically under the new plan.
-        let l1 = m.train_step(&be, &batch).unwrap().loss;
+        let l1 = m.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
         assert!((l1 - fresh).abs() <= 1e-6, "{l1} vs {fresh}");
     }
 }
@@ -407,7 +420,7 @@ fn data_range(bytes: &[u8], name: &str) -> std::ops::Range<usize> {
 
 #[test]
 fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
-    let be = NativeBackend::new(1);
+    let be = Backend::Native(NativeBackend::new(1));
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(InteractionType::Dot, 3);
     let opt = (
@@ -420,7 +433,7 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
         .build()
         .unwrap();
     let batch = data(&cfg).batch(0, 8);
-    model.train_step(&be, &batch).unwrap();
+    model.train_step(&be, &batch, ExecMode::Strict).unwrap();
     let ours = dir.path().join("ours.safetensors");
     save(&mut model, &ours, None).unwrap();
     let good = std::fs::read(&ours).unwrap();
@@ -521,7 +534,7 @@ fn corrupt_or_diverged_checkpoints_are_refused_with_the_tensor_named() {
     assert!(e.contains(w) && e.contains("infinite"), "{e}");
 
     let mut m = fresh();
-    m.train_step(&be, &batch).unwrap();
+    m.train_step(&be, &batch, ExecMode::Strict).unwrap();
     let ebc = m.sparse_arch_mut().local_mut().unwrap();
     ebc.tables_mut()[0].optimizer_state_mut()[4] = -1.0;
     save(&mut m, &bad, None).unwrap();

@@ -3,6 +3,7 @@
 //! file the RAM model writes, from which both resume exactly.
 
 use ember_dense::{DenseOptimizerConfig, NativeBackend};
+use ember_models::{Backend, ExecMode};
 use ember_models::{
     Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType, Model, SyntheticConfig,
     SyntheticData,
@@ -80,7 +81,7 @@ fn contents(bytes: &[u8]) -> Contents {
 #[test]
 fn disk_tier_dlrm_trains_checkpoints_and_resumes_as_in_ram() {
     let dir = tempfile::tempdir().unwrap();
-    let be = NativeBackend::new(2);
+    let be = Backend::Native(NativeBackend::new(2));
     let data = data();
     for optimizer in [
         TableOptimizer::rowwise_adagrad(0.05),
@@ -91,8 +92,8 @@ fn disk_tier_dlrm_trains_checkpoints_and_resumes_as_in_ram() {
         let mut disk = model(optimizer, tiers(dir.path()));
         for i in 0..12 {
             let batch = data.batch(i, 64);
-            let a = ram.train_step(&be, &batch).unwrap().loss;
-            let b = disk.train_step(&be, &batch).unwrap().loss;
+            let a = ram.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
+            let b = disk.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
             assert_eq!(a.to_bits(), b.to_bits(), "step {i}");
         }
         let tables = disk.sparse_arch().local().unwrap().tables();
@@ -126,9 +127,15 @@ fn disk_tier_dlrm_trains_checkpoints_and_resumes_as_in_ram() {
         assert!(on_disk[0].is_on_disk() && !on_disk[2].is_on_disk());
         for i in 12..16 {
             let batch = data.batch(i, 64);
-            let a = ram.train_step(&be, &batch).unwrap().loss;
-            let b = loaded.train_step(&be, &batch).unwrap().loss;
-            let c = in_place.train_step(&be, &batch).unwrap().loss;
+            let a = ram.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
+            let b = loaded
+                .train_step(&be, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
+            let c = in_place
+                .train_step(&be, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
             assert_eq!(
                 (a.to_bits(), a.to_bits()),
                 (b.to_bits(), c.to_bits()),
@@ -141,10 +148,11 @@ fn disk_tier_dlrm_trains_checkpoints_and_resumes_as_in_ram() {
 #[test]
 fn a_checkpoint_loads_onto_the_disk_tier_cast_and_checked() {
     let dir = tempfile::tempdir().unwrap();
-    let be = NativeBackend::new(2);
+    let be = Backend::Native(NativeBackend::new(2));
     let optimizer = TableOptimizer::rowwise_adagrad(0.05);
     let mut ram = model(optimizer, Vec::new());
-    ram.train_step(&be, &data().batch(0, 64)).unwrap();
+    ram.train_step(&be, &data().batch(0, 64), ExecMode::Strict)
+        .unwrap();
     let path = ram.save_checkpoint(dir.path(), None).unwrap();
     let dense = DenseOptimizerConfig::sgd(0.05);
 
@@ -216,7 +224,7 @@ fn plan(sharding: ember_sharding::ShardingType, devices: usize) -> ember_shardin
 fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
     use ember_sharding::ShardingType;
     let dir = tempfile::tempdir().unwrap();
-    let be = NativeBackend::new(2);
+    let be = Backend::Native(NativeBackend::new(2));
     let data = data();
     let optimizers = (TableOptimizer::adam(0.01), DenseOptimizerConfig::sgd(0.05));
     for sharding in [
@@ -261,9 +269,12 @@ fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
         drop(back);
         for i in 0..8 {
             let batch = data.batch(i, 64);
-            let a = ram.train_step(&be, &batch).unwrap().loss;
-            let b = disk.train_step(&be, &batch).unwrap().loss;
-            let c = moved.train_step(&be, &batch).unwrap().loss;
+            let a = ram.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
+            let b = disk.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
+            let c = moved
+                .train_step(&be, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
             assert_eq!(
                 (a.to_bits(), a.to_bits()),
                 (b.to_bits(), c.to_bits()),
@@ -319,9 +330,15 @@ fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
         assert!(moved.sparse_arch().sharded().is_some());
         for i in 8..11 {
             let batch = data.batch(i, 64);
-            let a = ram.train_step(&be, &batch).unwrap().loss;
-            let b = resumed.train_step(&be, &batch).unwrap().loss;
-            let c = moved.train_step(&be, &batch).unwrap().loss;
+            let a = ram.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
+            let b = resumed
+                .train_step(&be, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
+            let c = moved
+                .train_step(&be, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
             assert_eq!(
                 (a.to_bits(), a.to_bits()),
                 (b.to_bits(), c.to_bits()),
@@ -339,8 +356,11 @@ fn sharded_disk_tier_tables_train_as_in_ram_each_device_caching_its_shards() {
         assert_eq!(resumed.sparse_arch().disk_tiers(), tiers(dir.path()));
         for i in 11..13 {
             let batch = data.batch(i, 64);
-            let a = ram.train_step(&be, &batch).unwrap().loss;
-            let b = resumed.train_step(&be, &batch).unwrap().loss;
+            let a = ram.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
+            let b = resumed
+                .train_step(&be, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
             assert_eq!(a.to_bits(), b.to_bits(), "{sharding:?} resharded, step {i}");
         }
     }
@@ -353,7 +373,7 @@ fn a_disk_tier_model_resharded_again_and_again_trains_as_in_ram() {
     // copied) and splits them again: the rows still initial go through
     // every move made, never stored.
     let dir = tempfile::tempdir().unwrap();
-    let be = NativeBackend::new(2);
+    let be = Backend::Native(NativeBackend::new(2));
     let data = data();
     let opt = TableOptimizer::adam(0.01);
     let (mut ram, mut disk) = (model(opt, Vec::new()), model(opt, tiers(dir.path())));
@@ -368,8 +388,8 @@ fn a_disk_tier_model_resharded_again_and_again_trains_as_in_ram() {
         disk.shard(placed).unwrap();
         for i in 0..2 {
             let batch = data.batch((2 * p + i) as u64, 64);
-            let a = ram.train_step(&be, &batch).unwrap().loss;
-            let b = disk.train_step(&be, &batch).unwrap().loss;
+            let a = ram.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
+            let b = disk.train_step(&be, &batch, ExecMode::Strict).unwrap().loss;
             assert_eq!(a.to_bits(), b.to_bits(), "move {p} step {i}");
         }
     }

@@ -5,6 +5,7 @@
 //!
 //! `EMBER_FUZZ_CASES=N` runs N cases (the CHANGELOG reports a long run).
 
+use ember_models::{Backend, ExecMode, Model};
 use std::sync::OnceLock;
 
 use ember_dense::{DenseOptimizerConfig, NativeBackend};
@@ -33,7 +34,7 @@ fn fixture() -> &'static (Vec<u8>, Batch, Vec<f32>) {
             top_mlp: vec![4, 1],
             interaction: InteractionType::Dot,
         };
-        let be = NativeBackend::new(1);
+        let be = Backend::Native(NativeBackend::new(1));
         let optimizers = (
             TableOptimizer::rowwise_adagrad(0.1),
             DenseOptimizerConfig::adam(0.01),
@@ -51,7 +52,9 @@ fn fixture() -> &'static (Vec<u8>, Batch, Vec<f32>) {
         ))
         .unwrap();
         for i in 0..3 {
-            model.train_step(&be, &data.batch(i, 8)).unwrap();
+            model
+                .train_step(&be, &data.batch(i, 8), ExecMode::Strict)
+                .unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("model.safetensors");
@@ -85,7 +88,7 @@ proptest! {
         let loaded = std::panic::catch_unwind(|| {
             let ckpt = Checkpoint::from_bytes(bytes, "fuzzed")?;
             let mut model = ckpt.builder().optimizers(TableOptimizer::rowwise_adagrad(0.1), DenseOptimizerConfig::adam(0.01)).build()?;
-            model.predict(&NativeBackend::new(1), batch).map(|p| p.to_vec())
+            model.predict(&Backend::Native(NativeBackend::new(1)), batch).map(|p| p.to_vec())
         });
         prop_assert!(loaded.is_ok(), "the reader panicked");
         match loaded.unwrap() {

@@ -2,6 +2,7 @@
 //! differences in f64.
 
 use ember_dense::{DenseBackend, DenseOptimizerConfig, HasParams, NativeBackend, Tensor};
+use ember_models::{Backend, ExecMode, Model};
 use ember_models::{
     Batch, DataGeneration, DenseArch, Dlrm, DlrmConfig, InteractionType, SyntheticConfig,
     SyntheticData,
@@ -134,6 +135,7 @@ fn dense_arch_gradients_match_finite_differences() {
 #[test]
 fn whole_dlrm_table_gradients_match_finite_differences() {
     let be = NativeBackend::new(1);
+    let backend = Backend::Native(NativeBackend::new(1));
     for interaction in interactions() {
         let config = config(interaction);
         let mut model = Dlrm::builder(config.clone())
@@ -166,7 +168,7 @@ fn whole_dlrm_table_gradients_match_finite_differences() {
                 .zip(src.value.iter())
                 .for_each(|(d, s)| *d = *s as f64);
         }
-        model.train_step(&be, &b).unwrap();
+        model.train_step(&backend, &b, ExecMode::Strict).unwrap();
         let dense: Tensor<f64> = b.dense.cast();
         let labels: Vec<f64> = b.labels.iter().map(|&y| y as f64).collect();
         let dim = config.embedding_dim();

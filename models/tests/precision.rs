@@ -5,6 +5,7 @@
 
 use ember_dense::{DenseOptimizerConfig, NativeBackend};
 use ember_models::checkpoint::{quantize, save, table_weight_name};
+use ember_models::{Backend, ExecMode, Model};
 use ember_models::{
     Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType, SyntheticConfig, SyntheticData,
 };
@@ -67,7 +68,7 @@ fn dtypes_in(path: &std::path::Path, config: &DlrmConfig) -> Vec<(Dtype, Vec<usi
 
 #[test]
 fn half_tables_save_in_their_type_and_resume_bit_for_bit() {
-    let be = NativeBackend::new(1);
+    let be = Backend::Native(NativeBackend::new(1));
     let dir = tempfile::tempdir().unwrap();
     for (dtype, stored) in [(DataType::Fp16, Dtype::F16), (DataType::Bf16, Dtype::BF16)] {
         let cfg = config(dtype);
@@ -78,7 +79,9 @@ fn half_tables_save_in_their_type_and_resume_bit_for_bit() {
             .build()
             .unwrap();
         for i in 0..3 {
-            model.train_step(&be, &data.batch(i, 16)).unwrap();
+            model
+                .train_step(&be, &data.batch(i, 16), ExecMode::Strict)
+                .unwrap();
         }
         let path = dir.path().join(format!("{dtype}.safetensors"));
         save(&mut model, &path, None).unwrap();
@@ -97,8 +100,14 @@ fn half_tables_save_in_their_type_and_resume_bit_for_bit() {
         // The stochastic rounding goes on with the same draws.
         for i in 3..6 {
             let batch = data.batch(i, 16);
-            let a = model.train_step(&be, &batch).unwrap().loss;
-            let b = resumed.train_step(&be, &batch).unwrap().loss;
+            let a = model
+                .train_step(&be, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
+            let b = resumed
+                .train_step(&be, &batch, ExecMode::Strict)
+                .unwrap()
+                .loss;
             assert_eq!(a, b, "{dtype} step {i}");
         }
         assert_eq!(tables(&resumed), tables(&model), "{dtype}");
@@ -109,7 +118,7 @@ fn half_tables_save_in_their_type_and_resume_bit_for_bit() {
 
 #[test]
 fn half_training_is_the_same_under_any_plan() {
-    let be = NativeBackend::new(1);
+    let be = Backend::Native(NativeBackend::new(1));
     let cfg = config(DataType::Fp16);
     let data = data(&cfg);
     for (kind, n) in [
@@ -141,8 +150,8 @@ fn half_training_is_the_same_under_any_plan() {
             .unwrap();
         for i in 0..3 {
             let batch = data.batch(i, 16);
-            reference.train_step(&be, &batch).unwrap();
-            sharded.train_step(&be, &batch).unwrap();
+            reference.train_step(&be, &batch, ExecMode::Strict).unwrap();
+            sharded.train_step(&be, &batch, ExecMode::Strict).unwrap();
         }
         // These plans keep each bag's sum whole, so the same fp32 updates
         // meet the same draws: the same bits.
@@ -206,7 +215,7 @@ fn fp32_checkpoints_cast_to_fp16_and_back() {
 
 #[test]
 fn quantized_checkpoints_serve_close_to_their_fp32_model() {
-    let be = NativeBackend::new(1);
+    let be = Backend::Native(NativeBackend::new(1));
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(DataType::Fp32);
     let data = data(&cfg);
@@ -216,7 +225,9 @@ fn quantized_checkpoints_serve_close_to_their_fp32_model() {
         .build()
         .unwrap();
     for i in 0..20 {
-        model.train_step(&be, &data.batch(i, 32)).unwrap();
+        model
+            .train_step(&be, &data.batch(i, 32), ExecMode::Strict)
+            .unwrap();
     }
     let path = dir.path().join("fp32.safetensors");
     save(&mut model, &path, None).unwrap();

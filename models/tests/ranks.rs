@@ -2,6 +2,7 @@
 //! in place, trained, saved as a checkpoint set by every rank together, and
 //! read back exactly in one process and under another number of ranks.
 
+use ember_models::{Backend, ExecMode, Model};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -142,11 +143,11 @@ fn a_set_reads_back_exactly(dtype: DataType) {
             .build()
             .unwrap();
         let fresh = tensors(&mut m);
-        let be = ember_dense::NativeBackend::new(1);
+        let be = Backend::Native(ember_dense::NativeBackend::new(1));
         for i in 0..2 {
             let b = data.batch(i, 16);
             let mine = b.select(8 * rank..8 * (rank + 1));
-            m.train_step(&be, &mine).unwrap();
+            m.train_step(&be, &mine, ExecMode::Strict).unwrap();
         }
         save_set(&mut m, dir.path(), None).unwrap();
         (fresh, tensors(&mut m))

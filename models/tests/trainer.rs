@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ember_dense::{DenseBackend, DenseOptimizerConfig, HasParams};
+use ember_dense::{DenseOptimizerConfig, HasParams};
 use ember_models::{
     Backend, Batch, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InMemory,
     InteractionType, Model, ModelError, StepOutput, SyntheticBatches, SyntheticConfig,
@@ -258,7 +258,7 @@ impl Model for Diverges {
             times: Default::default(),
         })
     }
-    fn predict(&mut self, _: &dyn DenseBackend<f32>, _: &Batch) -> Result<&[f32], ModelError> {
+    fn predict(&mut self, _: &Backend, _: &Batch) -> Result<&[f32], ModelError> {
         Ok(&[])
     }
     fn save_checkpoint(

@@ -10,7 +10,7 @@ use anyhow::Context;
 use ember_dataloader::atomic::same_file;
 use ember_dataloader::lock::DirLock;
 use ember_dataloader::writer::PredictionWriter;
-use ember_models::{Batch, Checkpoint, Dlrm, OutputCheck};
+use ember_models::{Batch, Checkpoint, Dlrm, Model, OutputCheck};
 
 use super::backend::{BackendArgs, ExecMode};
 use super::data::LoaderArgs;
@@ -99,7 +99,7 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<MetricsReport> {
         let (mut model, loader) = (opened.model, opened.loader);
         let be = args.backend.build(ExecMode::Strict)?;
         let batches = loader.batches_per_epoch(0);
-        let metrics = evaluate_data(&mut model, be.dense(), &loader, batches)
+        let metrics = evaluate_data(&mut model, &be, &loader, batches)
             .with_context(|| format!("eval of {}", args.checkpoint.display()))?;
         Ok(metrics.into())
     })?
@@ -145,7 +145,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
         let mut outputs = OutputCheck::default();
         for batch in loader.epoch(0, 0) {
             let batch = Batch::from_loader(batch?)?;
-            let logits = model.predict(be.dense(), &batch)?;
+            let logits = model.predict(&be, &batch)?;
             outputs.push(logits);
             out.write(logits)?;
             progress.inc();

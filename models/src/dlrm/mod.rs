@@ -321,7 +321,7 @@ impl Dlrm {
     }
 
     /// Logits of a batch (no update).
-    pub fn predict(
+    pub(crate) fn logits(
         &mut self,
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
@@ -362,7 +362,7 @@ impl Dlrm {
     }
 
     /// One training step: forward, loss, backward, and both optimizers.
-    pub fn train_step(
+    pub(crate) fn eager_step(
         &mut self,
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
@@ -374,7 +374,7 @@ impl Dlrm {
     /// pooled embeddings, every layer's output, the loss and every gradient
     /// for NaN and infinity; the first one is an error naming the table or
     /// layer, the sample and the value, and the model is left unchanged.
-    pub fn train_step_checked(
+    pub(crate) fn checked_step(
         &mut self,
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
@@ -382,10 +382,10 @@ impl Dlrm {
         self.step(be, batch, Run::Checked)
     }
 
-    /// `--mode defer-fuse`: [`Dlrm::train_step`] with the dense forward, loss
+    /// `--mode defer-fuse`: the eager step with the dense forward, loss
     /// and backward issued as one window the backend may record and run fused
     /// ([`DenseBackend::fused`]); `dense_forward` times the whole window.
-    pub fn train_step_fused(
+    pub(crate) fn fused_step(
         &mut self,
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
@@ -564,9 +564,9 @@ impl Model for Dlrm {
         backend.check_mode(mode)?;
         match (mode, backend.pjrt_backend()) {
             (ExecMode::Compiled, Some(pjrt)) => self.step_compiled(pjrt, batch),
-            (ExecMode::Debug, _) => self.train_step_checked(backend.dense(), batch),
-            (ExecMode::DeferFuse, _) => self.train_step_fused(backend.dense(), batch),
-            _ => Dlrm::train_step(self, backend.dense(), batch),
+            (ExecMode::Debug, _) => self.checked_step(backend.dense(), batch),
+            (ExecMode::DeferFuse, _) => self.fused_step(backend.dense(), batch),
+            _ => self.eager_step(backend.dense(), batch),
         }
     }
 
@@ -587,24 +587,20 @@ impl Model for Dlrm {
     ) -> Result<StepOutput, ModelError> {
         if routed.is::<ReadAheadDone>() {
             // The disk-tier rows were hinted ahead: the step is the plain one.
-            return Model::train_step(self, backend, batch, mode);
+            return self.train_step(backend, batch, mode);
         }
         let routed = routed.downcast::<RoutedInput>().map_err(|_| {
             ModelError::Config("a routed input of another model's input dist".into())
         })?;
         self.routed = Some(*routed);
-        let out = Model::train_step(self, backend, batch, mode);
+        let out = self.train_step(backend, batch, mode);
         // Never left for another batch, whether the step ran or failed.
         self.routed = None;
         out
     }
 
-    fn predict(
-        &mut self,
-        backend: &dyn DenseBackend<f32>,
-        batch: &Batch,
-    ) -> Result<&[f32], ModelError> {
-        Dlrm::predict(self, backend, batch)
+    fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
+        self.logits(backend.dense(), batch)
     }
 
     fn sync_to_host(&mut self) -> Result<(), ModelError> {

@@ -573,7 +573,7 @@ impl Trainer {
         };
         let t = Instant::now();
         model.sync_to_host()?;
-        let metrics = evaluate_data(model, self.backend.dense(), data, batches)?;
+        let metrics = evaluate_data(model, &self.backend, data, batches)?;
         run.excluded += t.elapsed();
         run.eval = Some(metrics);
         run.evaluated_at = Some(run.state.steps);

@@ -33,9 +33,9 @@ use crate::{Dlrm, DlrmConfig, ModelError};
 /// Save a small DLRM, open the file and serve it:
 ///
 /// ```
-/// use ember_dense::{DenseOptimizerConfig, NativeBackend};
-/// use ember_models::{Checkpoint, DataGeneration, Dlrm, DlrmConfig, InteractionType,
-///     SyntheticConfig, SyntheticData};
+/// use ember_dense::DenseOptimizerConfig;
+/// use ember_models::{Backend, Checkpoint, DataGeneration, Dlrm, DlrmConfig, ExecMode,
+///     InteractionType, Model, SyntheticConfig, SyntheticData};
 /// use ember_sparse::TableOptimizer;
 ///
 /// let config = DlrmConfig {
@@ -49,8 +49,8 @@ use crate::{Dlrm, DlrmConfig, ModelError};
 ///     .seed(7)
 ///     .build()?;
 /// let data = SyntheticData::new(SyntheticConfig::for_model(&config, DataGeneration::Learnable, 3, 7))?;
-/// let be = NativeBackend::new(1);
-/// model.train_step(&be, &data.batch(0, 32))?;
+/// let be = Backend::native();
+/// model.train_step(&be, &data.batch(0, 32), ExecMode::Strict)?;
 ///
 /// let dir = tempfile::tempdir()?;
 /// let path = dir.path().join(ember_models::checkpoint::CHECKPOINT_FILE);

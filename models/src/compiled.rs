@@ -322,61 +322,78 @@ fn step_program(
     for ((name, shape), st) in names.iter().zip(&state) {
         let w = &p[name.as_str()];
         let gr = &grads[name];
-        let new_w = match *o {
-            DenseOptimizerConfig::Sgd { lr } => {
-                let lr = f.splat(lr, shape);
-                let step = f.binary("multiply", &lr, gr, shape);
-                f.binary("subtract", w, &step, shape)
-            }
-            DenseOptimizerConfig::Adagrad { lr, eps } => {
-                let g2 = f.binary("multiply", gr, gr, shape);
-                let s = f.binary("add", &st[0], &g2, shape);
-                let root = f.op(format!("stablehlo.sqrt {s} : {}", ty(shape)));
-                let e = f.splat(eps, shape);
-                let den = f.binary("add", &root, &e, shape);
-                let lr = f.splat(lr, shape);
-                let num = f.binary("multiply", &lr, gr, shape);
-                let step = f.binary("divide", &num, &den, shape);
-                new_state.push((s, shape.clone()));
-                f.binary("subtract", w, &step, shape)
-            }
-            DenseOptimizerConfig::Adam {
-                beta1, beta2, eps, ..
-            } => {
-                let (b1, ob1) = (f.splat(beta1, shape), f.splat(1.0 - beta1, shape));
-                let (b2, ob2) = (f.splat(beta2, shape), f.splat(1.0 - beta2, shape));
-                let m1 = f.binary("multiply", &b1, &st[0], shape);
-                let m2 = f.binary("multiply", &ob1, gr, shape);
-                let m = f.binary("add", &m1, &m2, shape);
-                let v1 = f.binary("multiply", &b2, &st[1], shape);
-                let g2 = f.binary("multiply", gr, gr, shape);
-                let v2 = f.binary("multiply", &ob2, &g2, shape);
-                let v = f.binary("add", &v1, &v2, shape);
-                let step_size = f.op(format!(
-                    "stablehlo.broadcast_in_dim {s1}, dims = [] : ({}) -> {}",
-                    ty(&[]),
-                    ty(shape)
-                ));
-                let inv_bc2 = f.op(format!(
-                    "stablehlo.broadcast_in_dim {s2}, dims = [] : ({}) -> {}",
-                    ty(&[]),
-                    ty(shape)
-                ));
-                let root = f.op(format!("stablehlo.sqrt {v} : {}", ty(shape)));
-                let scaled = f.binary("multiply", &root, &inv_bc2, shape);
-                let e = f.splat(eps, shape);
-                let den = f.binary("add", &scaled, &e, shape);
-                let num = f.binary("multiply", &step_size, &m, shape);
-                let step = f.binary("divide", &num, &den, shape);
-                new_state.push((m, shape.clone()));
-                new_state.push((v, shape.clone()));
-                f.binary("subtract", w, &step, shape)
-            }
-        };
+        let (new_w, state) = optimizer_update(&mut f, o, (w, gr, st), shape, (&s1, &s2));
+        new_state.extend(state);
         results.push((new_w, shape.clone()));
     }
     results.extend(new_state);
     f.finish(&results)
+}
+
+/// The update of one parameter `w` with gradient `gr` and optimizer state
+/// `st` (of `shape`), as the native optimizer computes it: the new value
+/// and the new state. `s1`, `s2`: Adam's step size and inverse bias
+/// correction, arguments of the step.
+fn optimizer_update(
+    f: &mut Func,
+    o: &DenseOptimizerConfig,
+    (w, gr, st): (&str, &str, &[String]),
+    shape: &[usize],
+    (s1, s2): (&str, &str),
+) -> (String, Vec<(String, Vec<usize>)>) {
+    let mut new_state = Vec::new();
+    let new_w = match *o {
+        DenseOptimizerConfig::Sgd { lr } => {
+            let lr = f.splat(lr, shape);
+            let step = f.binary("multiply", &lr, gr, shape);
+            f.binary("subtract", w, &step, shape)
+        }
+        DenseOptimizerConfig::Adagrad { lr, eps } => {
+            let g2 = f.binary("multiply", gr, gr, shape);
+            let s = f.binary("add", &st[0], &g2, shape);
+            let root = f.op(format!("stablehlo.sqrt {s} : {}", ty(shape)));
+            let e = f.splat(eps, shape);
+            let den = f.binary("add", &root, &e, shape);
+            let lr = f.splat(lr, shape);
+            let num = f.binary("multiply", &lr, gr, shape);
+            let step = f.binary("divide", &num, &den, shape);
+            new_state.push((s, shape.to_vec()));
+            f.binary("subtract", w, &step, shape)
+        }
+        DenseOptimizerConfig::Adam {
+            beta1, beta2, eps, ..
+        } => {
+            let (b1, ob1) = (f.splat(beta1, shape), f.splat(1.0 - beta1, shape));
+            let (b2, ob2) = (f.splat(beta2, shape), f.splat(1.0 - beta2, shape));
+            let m1 = f.binary("multiply", &b1, &st[0], shape);
+            let m2 = f.binary("multiply", &ob1, gr, shape);
+            let m = f.binary("add", &m1, &m2, shape);
+            let v1 = f.binary("multiply", &b2, &st[1], shape);
+            let g2 = f.binary("multiply", gr, gr, shape);
+            let v2 = f.binary("multiply", &ob2, &g2, shape);
+            let v = f.binary("add", &v1, &v2, shape);
+            let step_size = f.op(format!(
+                "stablehlo.broadcast_in_dim {s1}, dims = [] : ({}) -> {}",
+                ty(&[]),
+                ty(shape)
+            ));
+            let inv_bc2 = f.op(format!(
+                "stablehlo.broadcast_in_dim {s2}, dims = [] : ({}) -> {}",
+                ty(&[]),
+                ty(shape)
+            ));
+            let root = f.op(format!("stablehlo.sqrt {v} : {}", ty(shape)));
+            let scaled = f.binary("multiply", &root, &inv_bc2, shape);
+            let e = f.splat(eps, shape);
+            let den = f.binary("add", &scaled, &e, shape);
+            let num = f.binary("multiply", &step_size, &m, shape);
+            let step = f.binary("divide", &num, &den, shape);
+            new_state.push((m, shape.to_vec()));
+            new_state.push((v, shape.to_vec()));
+            f.binary("subtract", w, &step, shape)
+        }
+    };
+    (new_w, new_state)
 }
 
 /// One linear layer of an MLP: its parameter prefix, sizes and activation.

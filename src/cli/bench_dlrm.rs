@@ -17,6 +17,7 @@ use ember_models::{
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs};
 use super::bench_embedding::{median, BenchOptimizer};
+use super::place::{place, RunShape};
 use super::plan::{mean_ids_per_bag, planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::{peak_rss_bytes, Progress};
@@ -282,64 +283,26 @@ fn run_in_pool(
     let setup = Instant::now();
     let config = &resolved.config;
     let table_optimizer = args.optim.table_optimizer();
-    let pooling = mean_ids_per_bag(resolved.indices_per_lookup, resolved.fixed_indices);
-    let batch_ids = args.mini_batch_size * resolved.indices_per_lookup;
-    // The planner's hit rates: the ids' skew (the generators' own is about
-    // Zipf 1: log-uniform for learnable; random is uniform).
-    let alpha = match args.ids.distribution()? {
-        Some(ember_sparse::IdDistribution::Zipf { alpha }) => alpha,
-        Some(ember_sparse::IdDistribution::Uniform) => 0.0,
-        None if matches!(args.data_generation, DataKind::Random) => 0.0,
-        None => 1.0,
-    };
-    let options = PlannerOptions {
-        disk_tier: (args.tier).planner_model(&config.tables, &table_optimizer, batch_ids, alpha)?,
-        ..planner_options(table_optimizer, args.mini_batch_size, pooling)
-    };
-    anyhow::ensure!(
-        args.mini_batch_size >= launch.world_size(),
-        "--mini-batch-size {} is the global batch: it needs at least one sample for each of the {} ranks",
-        args.mini_batch_size,
-        launch.world_size()
-    );
-    // The step's batch, the pipeline's next ones and the evaluation's.
-    let in_flight = 4;
-    args.sharding.validate()?;
-    let devices = args.sharding.devices.unwrap_or(0);
-    let shape = (args.mini_batch_size / launch.world_size().max(1), pooling);
-    let planned = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
-    let plan = planned.as_ref().map(|(plan, _)| plan);
-    let tiers = (args.tier).tiers_for(plan, &config.tables, &table_optimizer, batch_ids)?;
-    let placement = (args.tier).placement(plan, &config.tables, &tiers, batch_ids)?;
-    let (_disk_lock, reclaimed) = args.tier.take_dir(launch.is_root(), "ember bench dlrm")?;
-    super::arch::check_memory(
-        &super::tier::resident(config, &tiers),
-        table_optimizer,
-        shape,
-        in_flight,
-        (devices, launch.world_size()),
+    let (options, shape) = planned_shape(args, &resolved, launch)?;
+    let dense_optimizer = args.optim.dense_optimizer();
+    let builder = (Dlrm::builder(config.clone()).seed(args.seed))
+        .optimizers(table_optimizer, dense_optimizer);
+    let placed = place(
+        (&args.tier, &args.sharding),
+        launch,
+        (config, table_optimizer),
+        (&options, shape),
+        (builder, "ember bench dlrm"),
     )?;
-    let estimated_ms = planned.as_ref().map(|(_, s)| s.max_cost_s * 1e3);
-    let shards = planned.as_ref().map(|(_, s)| {
+    let (mut model, _disk_lock) = (placed.model, placed.disk_lock);
+    model.set_read_ahead(args.read_ahead);
+    let estimated_ms = placed.stats.as_ref().map(|s| s.max_cost_s * 1e3);
+    let shards = (placed.stats.as_ref()).map(|s| {
         s.devices
             .iter()
             .map(|d| d.shards.clone())
             .collect::<Vec<_>>()
     });
-    // A rank builds only its own shards (ranks wait for the slowest).
-    let optimizers = (table_optimizer, args.optim.dense_optimizer());
-    let plan = planned.map(|(plan, _)| plan);
-    let mut model = launch.patiently(|| {
-        let mut model = Dlrm::builder(config.clone())
-            .optimizers(optimizers.0, optimizers.1)
-            .seed(args.seed)
-            .plan(plan.clone())
-            .world(launch.world().cloned())
-            .disk_tiers(tiers.clone())
-            .build()?;
-        model.set_read_ahead(args.read_ahead);
-        Ok(model)
-    })?;
     let (train, test) = synthetic_data(args, &resolved, launch)?;
     let trainer = Trainer::new(
         TrainerConfig {
@@ -359,8 +322,8 @@ fn run_in_pool(
 
     let progress = Progress::new(args.num_batches, "dlrm", args.json).quiet(!launch.is_root());
     let fault = Fault::from_env(launch)?;
-    for line in [reclaimed, placement].into_iter().flatten() {
-        progress.line(&line);
+    for line in &placed.lines {
+        progress.line(line);
     }
     progress.line(&format!(
         "ember bench dlrm: {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads, setup {setup_s:.1} s",
@@ -408,6 +371,43 @@ fn run_in_pool(
         world_size: launch.world_size(),
         ..report
     })
+}
+
+/// What the planner assumes of the run, and the run's shape.
+fn planned_shape(
+    args: &DlrmArgs,
+    resolved: &ResolvedDlrm,
+    launch: &Launch,
+) -> anyhow::Result<(PlannerOptions, RunShape)> {
+    let config = &resolved.config;
+    let table_optimizer = args.optim.table_optimizer();
+    let pooling = mean_ids_per_bag(resolved.indices_per_lookup, resolved.fixed_indices);
+    let batch_ids = args.mini_batch_size * resolved.indices_per_lookup;
+    // The planner's hit rates: the ids' skew (the generators' own is about
+    // Zipf 1: log-uniform for learnable; random is uniform).
+    let alpha = match args.ids.distribution()? {
+        Some(ember_sparse::IdDistribution::Zipf { alpha }) => alpha,
+        Some(ember_sparse::IdDistribution::Uniform) => 0.0,
+        None if matches!(args.data_generation, DataKind::Random) => 0.0,
+        None => 1.0,
+    };
+    let options = PlannerOptions {
+        disk_tier: (args.tier).planner_model(&config.tables, &table_optimizer, batch_ids, alpha)?,
+        ..planner_options(table_optimizer, args.mini_batch_size, pooling)
+    };
+    anyhow::ensure!(
+        args.mini_batch_size >= launch.world_size(),
+        "--mini-batch-size {} is the global batch: it needs at least one sample for each of the {} ranks",
+        args.mini_batch_size,
+        launch.world_size()
+    );
+    let shape = RunShape {
+        per_rank: (args.mini_batch_size / launch.world_size().max(1), pooling),
+        // The step's batch, the pipeline's next ones and the evaluation's.
+        in_flight: 4,
+        batch_ids,
+    };
+    Ok((options, shape))
 }
 
 /// Training batches made before the clock, when they fit in this many

@@ -13,6 +13,7 @@ pub mod docs;
 pub mod eval;
 pub mod ids;
 pub mod ingest;
+pub mod place;
 pub mod plan;
 mod progress;
 pub mod quantize;

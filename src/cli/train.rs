@@ -17,6 +17,7 @@ use ember_models::{
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs};
 use super::data::LoaderArgs;
+use super::place::{place, RunShape};
 use super::plan::{planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::Progress;
@@ -561,40 +562,29 @@ fn build_model(
         disk_tier,
         ..planner_options(optimizers.0, args.batch(), 1.0)
     };
-    // The finished batches queued and the step's (the decoding queues of
-    // row groups are the loader's own estimate).
-    let in_flight = args.loader.prefetch.saturating_add(1);
-    args.sharding.validate()?;
-    let devices = args.sharding.devices.unwrap_or(0);
-    // Each rank steps its share of the global batch.
-    let shape = (args.batch_size(state) / launch.world_size().max(1), 1.0);
-    let plan = launch.patiently(|| args.sharding.plan_for(config, &options, launch))?;
-    let plan = plan.map(|(plan, _)| plan);
-    let tiers = (args.tier).tiers_for(plan.as_ref(), &config.tables, &optimizers.0, shape.0)?;
-    let placement = (args.tier).placement(plan.as_ref(), &config.tables, &tiers, shape.0)?;
-    let (disk_lock, reclaimed) = args.tier.take_dir(launch.is_root(), "ember train")?;
-    for line in [reclaimed, placement].into_iter().flatten() {
-        progress.line(&line);
-    }
-    super::arch::check_memory(
-        &super::tier::resident(config, &tiers),
-        optimizers.0,
-        shape,
-        in_flight,
-        (devices, launch.world_size()),
+    let builder = Dlrm::builder(config.clone())
+        .optimizers(optimizers.0, optimizers.1)
+        .seed(args.seed())
+        .checkpoint(resume);
+    let shape = RunShape {
+        // Each rank steps its share of the global batch.
+        per_rank: (args.batch_size(state) / launch.world_size().max(1), 1.0),
+        // The finished batches queued and the step's (the decoding queues
+        // of row groups are the loader's own estimate).
+        in_flight: args.loader.prefetch.saturating_add(1),
+        batch_ids: args.batch_size(state) / launch.world_size().max(1),
+    };
+    let placed = place(
+        (&args.tier, &args.sharding),
+        launch,
+        (config, optimizers.0),
+        (&options, shape),
+        (builder, "ember train"),
     )?;
-    // A rank builds (or reads) only its own shards; ranks wait for the slowest.
-    let model = launch.patiently(|| {
-        Ok(Dlrm::builder(config.clone())
-            .optimizers(optimizers.0, optimizers.1)
-            .seed(args.seed())
-            .plan(plan.clone())
-            .world(launch.world().cloned())
-            .checkpoint(resume)
-            .disk_tiers(tiers.clone())
-            .build()?)
-    })?;
-    Ok((model, disk_lock))
+    for line in &placed.lines {
+        progress.line(line);
+    }
+    Ok((placed.model, placed.disk_lock))
 }
 
 /// Prints one event of the run: a progress line (rank 0), a JSON line with

@@ -106,7 +106,6 @@ struct DeepFm {
     deep: Mlp<f32>,
     optimizer: DenseOptimizer<f32>,
     loss: BceWithLogits<f32>,
-    pooled: KeyedTensor,
     /// The pooled embeddings, the deep part's input, the logits and the
     /// deep input's gradient.
     buffers: [Tensor<f32>; 4],
@@ -120,7 +119,6 @@ impl DeepFm {
             seed,
         )?;
         Ok(Self {
-            pooled: tables.new_output(0),
             tables,
             fm: FmInteraction::new(FIELDS, DIM),
             deep: Mlp::new(
@@ -136,13 +134,11 @@ impl DeepFm {
 
     /// The logits, left in `buffers[2]`.
     fn forward(&mut self, be: &dyn DenseBackend<f32>, batch: &Batch) -> Result<(), ModelError> {
-        self.tables.forward_into(&batch.sparse, &mut self.pooled)?;
         let [v, deep_in, logits, _] = &mut self.buffers;
-        *v = Tensor::from_vec(
-            batch.size(),
-            self.pooled.width(),
-            self.pooled.values().to_vec(),
-        )?;
+        // The pooled embeddings straight into the FM's input tensor.
+        v.resize(batch.size(), self.tables.width());
+        self.tables
+            .forward_into_slice(&batch.sparse, v.data_mut())?;
         be.concat_columns(&batch.dense, v, deep_in);
         be.copy(logits, self.deep.forward(be, deep_in));
         be.add_assign(logits, self.fm.forward(be, v));

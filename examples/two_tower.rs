@@ -129,7 +129,6 @@ struct TwoTower {
     dot: DotInteraction<f32>,
     optimizer: DenseOptimizer<f32>,
     loss: BceWithLogits<f32>,
-    pooled: KeyedTensor,
     buffers: [Tensor<f32>; 6],
 }
 
@@ -145,7 +144,6 @@ impl TwoTower {
         let tables =
             EmbeddingBagCollection::new(tables, TableOptimizer::rowwise_adagrad(0.1), seed)?;
         Ok(Self {
-            pooled: tables.new_output(0),
             tables,
             user_mlp: Mlp::new(&[2 * DIM, 64, DIM], Activation::None, seed ^ 1),
             item_mlp: Mlp::new(&[2 * DIM, 64, DIM], Activation::None, seed ^ 2),
@@ -158,13 +156,11 @@ impl TwoTower {
 
     /// The logits of `batch`, left in `buffers[3]`.
     fn forward(&mut self, be: &dyn DenseBackend<f32>, batch: &Batch) -> Result<(), ModelError> {
-        self.tables.forward_into(&batch.sparse, &mut self.pooled)?;
         let [pooled, user_in, item_in, logits, head, _] = &mut self.buffers;
-        *pooled = Tensor::from_vec(
-            batch.size(),
-            self.pooled.width(),
-            self.pooled.values().to_vec(),
-        )?;
+        // The pooled embeddings straight into the towers' input tensor.
+        pooled.resize(batch.size(), self.tables.width());
+        self.tables
+            .forward_into_slice(&batch.sparse, pooled.data_mut())?;
         be.split_columns(pooled, 2 * DIM, user_in, item_in);
         let u = self.user_mlp.forward(be, user_in);
         let v = self.item_mlp.forward(be, item_in);

@@ -277,6 +277,13 @@ proptest! {
         for (a, e) in out.values().iter().zip(&expected) {
             prop_assert!(close(*a as f64, *e, 1e-5), "{} vs {}", a, e);
         }
+        // Straight into a slice: the same bits, and a slice of another
+        // length refused.
+        let mut flat = vec![f32::NAN; out.values().len()];
+        ebc.forward_into_slice(&case.kjt, &mut flat).unwrap();
+        prop_assert_eq!(&flat[..], out.values());
+        let mut short = vec![0.0f32; flat.len() + 1];
+        prop_assert!(ebc.forward_into_slice(&case.kjt, &mut short).is_err());
     }
 
     #[test]

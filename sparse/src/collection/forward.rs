@@ -99,17 +99,64 @@ impl EmbeddingBagCollection {
             *out = self.new_output_of(batch);
         }
         out.set_batch(batch);
-        let width = out.width();
+        self.pool(kjt, &keys, out.values_mut(), id_order_min_bytes)
+    }
+
+    /// The pooled lookup written straight into `out`, the `[B, width]`
+    /// row-major values a [`forward`](Self::forward) would return (no
+    /// keyed tensor, no copy): for a dense layer's input tensor, say.
+    /// `out` must hold exactly `kjt.stride() * width()` values.
+    ///
+    /// ```
+    /// # use ember_sparse::*;
+    /// let ebc = EmbeddingBagCollection::new(
+    ///     vec![EmbeddingBagConfig::new("t", 10, 4, &["f"])], TableOptimizer::None, 1)?;
+    /// let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], vec![3, 7, 1], &[2, 1], None)?;
+    /// let mut out = vec![0.0f32; 2 * 4];
+    /// ebc.forward_into_slice(&kjt, &mut out)?;
+    /// assert_eq!(out, ebc.forward(&kjt)?.values());
+    /// # Ok::<(), SparseError>(())
+    /// ```
+    pub fn forward_into_slice<T: PooledValue>(
+        &self,
+        kjt: &KeyedJaggedTensor,
+        out: &mut [T],
+    ) -> Result<(), SparseError> {
+        let kjt = self.forward_input(kjt)?;
+        let keys = self.resolve_keys(kjt)?;
+        let want = kjt.stride() * self.width;
+        if out.len() != want {
+            return Err(SparseError::KeyedTensorShape(format!(
+                "an output of {} values for {} samples of width {} ({want})",
+                out.len(),
+                kjt.stride(),
+                self.width
+            )));
+        }
+        self.pool(kjt, &keys, out, ID_ORDER_MIN_BYTES)
+    }
+
+    /// Pools `kjt` (its slots' keys at `keys`) into `out`, `[B, width]`.
+    fn pool<T: PooledValue>(
+        &self,
+        kjt: &KeyedJaggedTensor,
+        keys: &[usize],
+        out: &mut [T],
+        id_order_min_bytes: usize,
+    ) -> Result<(), SparseError> {
+        let batch = kjt.stride();
+        let width = self.width;
         if width == 0 || batch == 0 {
             return Ok(());
         }
+        debug_assert_eq!(out.len(), batch * width);
         let mut job = ForwardJob {
             tables: &self.tables,
             slots: &self.slots,
-            keys: &keys,
+            keys,
             kjt,
             width,
-            out: SharedMut(out.values_mut().as_mut_ptr() as *mut u8),
+            out: SharedMut(out.as_mut_ptr() as *mut u8),
             out_type: T::DTYPE,
             value_bytes: std::mem::size_of::<T>(),
             // Hint every other line once bags average 3 ids or more.

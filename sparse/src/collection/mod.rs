@@ -619,6 +619,11 @@ impl EmbeddingBagCollection {
         self.tables.iter().map(|t| t.bytes()).sum()
     }
 
+    /// Values in one sample's pooled output: every feature's dim.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
     /// An output tensor of the right keys and widths for `batch` samples.
     pub fn new_output(&self, batch: usize) -> KeyedTensor {
         self.new_output_of(batch)

@@ -105,8 +105,7 @@ fn eval_and_predict_read_inputs_as_the_checkpoint_was_trained() {
     let ckpt = Checkpoint::open(&ckpt).unwrap();
     let mut model = ckpt.inference_model().unwrap();
     let loader = ckpt.loader(&[eval_data.into()], 1000).unwrap();
-    let batch =
-        ember::models::Batch::from_loader(loader.epoch(0, 0).next().unwrap().unwrap()).unwrap();
+    let batch = loader.epoch(0, 0).next().unwrap().unwrap();
     let be = Backend::native();
     let want = model.predict(&be, &batch).unwrap().to_vec();
     assert_eq!(predictions(&out).0, want);

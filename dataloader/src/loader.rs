@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{bounded, Receiver};
+use ember_dense::Tensor;
 use ember_sparse::rng::{mix, Rng};
 use ember_sparse::KeyedJaggedTensor;
 use serde::{Deserialize, Serialize};
@@ -137,17 +138,16 @@ impl LoaderConfig {
     }
 }
 
-/// One batch as the loader produces it.
+/// One training or evaluation batch: what the loader produces, synthetic
+/// data makes and a model steps on.
 #[derive(Clone, Debug)]
 pub struct Batch {
-    /// Row-major `[batch, num_dense]`.
-    pub dense: Vec<f32>,
-    /// Dense features per row (the width of `dense`).
-    pub num_dense: usize,
+    /// `[batch, num_dense]` dense features, transformed.
+    pub dense: Tensor<f32>,
     /// The ids, one key per [`SparseColumn`](crate::SparseColumn) (its `key()`), one bag per row;
     /// a missing value is an empty bag. Weighted when the spec has weights.
     pub sparse: KeyedJaggedTensor,
-    /// One label per row, 0.0 or 1.0.
+    /// One label per row, 0.0 or 1.0 (NaN when read without labels).
     pub labels: Vec<f32>,
 }
 
@@ -157,10 +157,25 @@ impl Batch {
         self.labels.len()
     }
 
+    /// Samples `samples` of the batch (copies): a rank's block of a
+    /// global batch.
+    ///
+    /// # Panics
+    /// When `samples` goes past the batch.
+    pub fn select(&self, samples: std::ops::Range<usize>) -> Batch {
+        let cols = self.dense.cols();
+        let dense = self.dense.data()[samples.start * cols..samples.end * cols].to_vec();
+        Batch {
+            dense: Tensor::from_vec(samples.len(), cols, dense).expect("a block of rows"),
+            sparse: self.sparse.select_samples(samples.clone()),
+            labels: self.labels[samples].to_vec(),
+        }
+    }
+
     /// Bytes of decoded data: dense and labels (f32), ids (i64), and one
     /// length per bag (i32, as TorchRec's KJT holds them).
     pub fn bytes(&self) -> usize {
-        4 * (self.dense.len() + self.labels.len())
+        4 * (self.dense.data().len() + self.labels.len())
             + 8 * self.sparse.values().len()
             + 4 * self.sparse.weights().map_or(0, |w| w.len())
             + 4 * self.sparse.keys().len() * self.size()
@@ -204,7 +219,7 @@ impl Batch {
 /// let mut rows = 0;
 /// for batch in loader.epoch(0, 0) {
 ///     let batch = batch?;
-///     assert_eq!(batch.dense.len(), batch.size() * NUM_INT);
+///     assert_eq!(batch.dense.data().len(), batch.size() * NUM_INT);
 ///     assert_eq!(batch.sparse.keys().len(), NUM_CAT);
 ///     rows += batch.size();
 /// }
@@ -494,8 +509,8 @@ impl Assembler {
         let weights = self.weighted.then_some(weights);
         let sparse = KeyedJaggedTensor::from_lengths(self.keys.clone(), values, &lengths, weights)?;
         Ok(Batch {
-            dense,
-            num_dense: nd,
+            // The rows taken above, `nd` values each.
+            dense: Tensor::from_vec(n, nd, dense).expect("n rows of nd values"),
             sparse,
             labels,
         })

@@ -143,6 +143,35 @@ impl CriteoBatchBuilder {
         });
     }
 
+    /// Appends `batch` as raw rows (13 dense, 26 sparse features),
+    /// inverting the loader's default transforms: a dense value `u` is
+    /// written as `round(exp(8u) - 1)` (so `ln(1 + x)` gives back about
+    /// `8u`), ids as they are (the loader's `id mod rows` leaves ids below
+    /// the table's rows unchanged). Synthetic data made into files.
+    pub fn push_batch(&mut self, batch: &crate::Batch) -> Result<(), DataError> {
+        let (dense, sparse) = (&batch.dense, &batch.sparse);
+        if dense.cols() != NUM_INT || sparse.keys().len() != NUM_CAT {
+            return Err(DataError::Config(format!(
+                "the Criteo schema needs {NUM_INT} dense and {NUM_CAT} sparse features, not {} and {}",
+                dense.cols(),
+                sparse.keys().len()
+            )));
+        }
+        let (offsets, values, n) = (sparse.offsets(), sparse.values(), batch.size());
+        for s in 0..n {
+            let mut ints = [None; NUM_INT];
+            for (x, &u) in ints.iter_mut().zip(dense.row(s)) {
+                *x = Some((8.0 * u as f64).exp_m1().round() as i32);
+            }
+            let bag = |f: usize| match &values[offsets[f * n + s]..offsets[f * n + s + 1]] {
+                [] => Bag::Missing,
+                ids => Bag::Many(ids),
+            };
+            self.push_row(batch.labels[s] as i8, &ints, bag);
+        }
+        Ok(())
+    }
+
     /// Appends one row; `cat(i)` gives feature `i`'s ids.
     pub fn push_row<'a>(
         &mut self,

@@ -128,7 +128,7 @@ fn ingest_then_load_gives_the_exact_tensors() {
                 for j in 0..NUM_INT {
                     let raw = if j == 1 && i % 2 == 1 { 0 } else { i * 10 + j };
                     assert_eq!(
-                        b.dense[s * NUM_INT + j],
+                        b.dense.data()[s * NUM_INT + j],
                         (raw as f32).ln_1p(),
                         "row {i} int_{j}"
                     );
@@ -262,7 +262,7 @@ fn multi_hot_lists_shuffling_sharding_and_resume() {
             .flat_map(|b| {
                 let b = b.unwrap();
                 (0..b.size())
-                    .map(|s| b.dense[s * NUM_INT])
+                    .map(|s| b.dense.data()[s * NUM_INT])
                     .collect::<Vec<_>>()
             })
             .collect()

@@ -107,7 +107,7 @@ fn a_spec_reads_its_columns_exactly() {
     let mut row = 0;
     for batch in loader.epoch(0, 0) {
         let b = batch.unwrap();
-        assert_eq!(b.num_dense, 3);
+        assert_eq!(b.dense.cols(), 3);
         assert_eq!(b.sparse.keys(), ["history", "item", "user_id"]);
         let weights = b.sparse.weights().expect("a weighted spec gives weights");
         let offsets = b.sparse.offsets();
@@ -115,7 +115,7 @@ fn a_spec_reads_its_columns_exactly() {
         for s in 0..n {
             let r = row + s;
             assert_eq!(b.labels[s], (r % 3 == 0) as u8 as f32, "row {r}");
-            let dense = &b.dense[s * 3..s * 3 + 3];
+            let dense = &b.dense.data()[s * 3..s * 3 + 3];
             assert_eq!(dense[0], (r as f32 * 1.5).ln_1p(), "row {r}");
             assert_eq!(dense[1], if r % 7 == 0 { 0.0 } else { r as f32 / 8.0 });
             assert_eq!(dense[2], 20.0 + r as f32);

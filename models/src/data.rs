@@ -11,86 +11,13 @@
 //! Batch `i` is a pure function of (seed, i): batches can be generated in any
 //! order, on any thread, and a run is reproducible.
 
-use ember_dataloader::schema::{NUM_CAT, NUM_INT};
-use ember_dataloader::writer::{Bag, CriteoBatchBuilder};
+pub use ember_dataloader::Batch;
 use ember_dense::Tensor;
 use ember_sparse::rng::{mix, splitmix, Rng};
 use ember_sparse::{IdDistribution, IdSampler, KeyedJaggedTensor};
 use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
-
-/// One training or evaluation batch.
-#[derive(Clone, Debug)]
-pub struct Batch {
-    /// `[batch, num_dense]` dense features.
-    pub dense: Tensor<f32>,
-    /// Sparse features, one key per embedding feature.
-    pub sparse: KeyedJaggedTensor,
-    /// 0/1 labels, one per sample.
-    pub labels: Vec<f32>,
-}
-
-impl Batch {
-    /// The number of samples (the number of labels).
-    pub fn size(&self) -> usize {
-        self.labels.len()
-    }
-
-    /// Samples `samples` of the batch: a rank's block of a global batch.
-    pub fn select(&self, samples: std::ops::Range<usize>) -> Batch {
-        let cols = self.dense.cols();
-        let dense = self.dense.data()[samples.start * cols..samples.end * cols].to_vec();
-        Batch {
-            dense: Tensor::from_vec(samples.len(), cols, dense).expect("a block of rows"),
-            sparse: self.sparse.select_samples(samples.clone()),
-            labels: self.labels[samples].to_vec(),
-        }
-    }
-
-    /// A batch of the Parquet loader.
-    pub fn from_loader(b: ember_dataloader::Batch) -> Result<Self, ModelError> {
-        let rows = b.labels.len();
-        Ok(Self {
-            dense: Tensor::from_vec(rows, b.num_dense, b.dense)?,
-            sparse: b.sparse,
-            labels: b.labels,
-        })
-    }
-
-    /// Appends the batch as raw Criteo-schema rows (13 dense, 26 sparse
-    /// features), inverting the loader's default transforms: a dense value
-    /// `u` is written as `round(exp(8u) - 1)` (so `ln(1 + x)` gives back
-    /// about `8u`), ids as they are (the loader's `id mod rows` leaves ids
-    /// below the table's rows unchanged).
-    pub fn write_criteo_rows(&self, out: &mut CriteoBatchBuilder) -> Result<(), ModelError> {
-        if self.dense.cols() != NUM_INT || self.sparse.keys().len() != NUM_CAT {
-            return Err(ModelError::Config(format!(
-                "the Criteo schema needs {NUM_INT} dense and {NUM_CAT} sparse features, not {} and {}",
-                self.dense.cols(),
-                self.sparse.keys().len()
-            )));
-        }
-        let offsets = self.sparse.offsets();
-        let values = self.sparse.values();
-        let n = self.size();
-        for s in 0..n {
-            let mut ints = [None; NUM_INT];
-            for (x, &u) in ints.iter_mut().zip(self.dense.row(s)) {
-                *x = Some((8.0 * u as f64).exp_m1().round() as i32);
-            }
-            let bag = |f: usize| {
-                let ids = &values[offsets[f * n + s]..offsets[f * n + s + 1]];
-                match ids {
-                    [] => Bag::Missing,
-                    ids => Bag::Many(ids),
-                }
-            };
-            out.push_row(self.labels[s] as i8, &ints, bag);
-        }
-        Ok(())
-    }
-}
 
 /// Which generator makes the batches (dlrm_s_pytorch's `--data-generation`;
 /// serialised in lowercase: `random`, `learnable`).

@@ -10,7 +10,7 @@ use anyhow::Context;
 use ember_dataloader::atomic::same_file;
 use ember_dataloader::lock::DirLock;
 use ember_dataloader::writer::PredictionWriter;
-use ember_models::{Batch, Checkpoint, Dlrm, Model, OutputCheck};
+use ember_models::{Checkpoint, Dlrm, Model, OutputCheck};
 
 use super::backend::{BackendArgs, ExecMode};
 use super::data::LoaderArgs;
@@ -144,7 +144,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
         let mut out = PredictionWriter::create(&args.output)?;
         let mut outputs = OutputCheck::default();
         for batch in loader.epoch(0, 0) {
-            let batch = Batch::from_loader(batch?)?;
+            let batch = batch?;
             let logits = model.predict(&be, &batch)?;
             outputs.push(logits);
             out.write(logits)?;

@@ -253,8 +253,7 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
             break;
         }
         let n = chunk.min(args.rows - written);
-        data.batch(index, n as usize)
-            .write_criteo_rows(&mut builder)?;
+        builder.push_batch(&data.batch(index, n as usize))?;
         sink.write(&builder.finish())?;
         written += n;
         progress.set(written);

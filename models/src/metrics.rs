@@ -11,7 +11,9 @@ pub struct Metrics {
     pub logloss: f64,
     /// Share of predictions on the right side of probability 0.5.
     pub accuracy: f64,
-    /// Number of predictions.
+    /// Number of predictions (`rows` in JSON, as the command line names
+    /// them).
+    #[serde(rename = "rows")]
     pub count: usize,
 }
 

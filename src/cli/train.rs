@@ -95,31 +95,6 @@ pub struct TrainArgs {
     pub json: bool,
 }
 
-/// One line of the training log.
-#[derive(Debug, Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-enum Event {
-    Train {
-        epoch: u64,
-        batch: u64,
-        steps: u64,
-        loss: f64,
-        ms_per_step: f64,
-    },
-    Eval {
-        epoch: u64,
-        steps: u64,
-        auc: f64,
-        logloss: f64,
-        accuracy: f64,
-        rows: usize,
-    },
-    Checkpoint {
-        path: PathBuf,
-        steps: u64,
-    },
-}
-
 #[derive(Debug, Serialize)]
 pub struct TrainReport {
     pub event: &'static str,
@@ -596,15 +571,13 @@ fn report_event(
     fault: &Fault,
     e: &TrainEvent,
 ) {
-    let log = |event: Event, text: String| {
+    // The library's events are the JSON lines (`--json`).
+    let log = |text: String| {
         if !launch.is_root() {
             return;
         }
         match args.json {
-            true => println!(
-                "{}",
-                serde_json::to_string(&event).expect("events serialise")
-            ),
+            true => println!("{}", serde_json::to_string(e).expect("events serialise")),
             false => progress.line(&text),
         }
     };
@@ -621,21 +594,16 @@ fn report_event(
         ),
         TrainEvent::BeforeStep { steps } => fault.at_step(*steps),
         TrainEvent::Step { .. } => progress.inc(),
-        &TrainEvent::Log { epoch, batch, steps, loss, ms_per_step } => log(
-            Event::Train { epoch, batch, steps, loss, ms_per_step },
-            format!("Finished training it {batch} of epoch {epoch}, {ms_per_step:.2} ms/it, loss {loss:.6}"),
-        ),
-        &TrainEvent::Eval { epoch, steps, metrics } => {
-            let m = MetricsReport::from(metrics);
-            log(
-                Event::Eval { epoch, steps, auc: m.auc, logloss: m.logloss, accuracy: m.accuracy, rows: m.rows },
-                format!("Testing at step {steps} of epoch {epoch}: {m}"),
-            )
+        TrainEvent::Log { epoch, batch, steps: _, loss, ms_per_step } => log(format!(
+            "Finished training it {batch} of epoch {epoch}, {ms_per_step:.2} ms/it, loss {loss:.6}"
+        )),
+        &TrainEvent::Eval { epoch, steps, metrics } => log(format!(
+            "Testing at step {steps} of epoch {epoch}: {}",
+            MetricsReport::from(metrics)
+        )),
+        TrainEvent::Checkpoint { path, steps } => {
+            log(format!("checkpoint {} at step {steps}", path.display()))
         }
-        TrainEvent::Checkpoint { path, steps } => log(
-            Event::Checkpoint { path: path.clone(), steps: *steps },
-            format!("checkpoint {} at step {steps}", path.display()),
-        ),
     }
 }
 

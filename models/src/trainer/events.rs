@@ -4,12 +4,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use serde::Serialize;
 use thiserror::Error;
 
 use crate::{Metrics, ModelError, PhaseTimes, TrainState};
 
 /// Progress of a run, in the order it happens.
-#[derive(Clone, Debug)]
+/// Serialised as the JSON lines `ember train --json` prints: tagged by
+/// `event` (`train` for a [`Log`](TrainEvent::Log); an evaluation's
+/// metrics flattened into its line).
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
 pub enum TrainEvent {
     /// Before the first step: how many steps remain at most, from where.
     Start {
@@ -66,6 +71,7 @@ pub enum TrainEvent {
     },
     /// Every `log_every` batches: the mean loss and wall time per step since
     /// the last log.
+    #[serde(rename = "train")]
     Log {
         /// The epoch, the batch within it and the steps in all.
         epoch: u64,
@@ -87,6 +93,7 @@ pub enum TrainEvent {
         /// See `epoch`.
         steps: u64,
         /// Its metrics (on a world, over every rank's samples).
+        #[serde(flatten)]
         metrics: Metrics,
     },
     /// A checkpoint was written.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::atomic::write_atomic;
 use crate::atomic::AtomicFile;
 use crate::criteo::CriteoRecord;
-use crate::schema::{criteo_schema, NUM_CAT, NUM_INT};
+use crate::schema::{cat_column, criteo_schema, NUM_CAT, NUM_INT};
 use crate::DataError;
 
 /// Parquet page compression.
@@ -155,6 +155,25 @@ impl CriteoBatchBuilder {
                 "the Criteo schema needs {NUM_INT} dense and {NUM_CAT} sparse features, not {} and {}",
                 dense.cols(),
                 sparse.keys().len()
+            )));
+        }
+        if let Some((k, key)) =
+            (sparse.keys().iter().enumerate()).find(|(k, key)| **key != cat_column(*k))
+        {
+            return Err(DataError::Config(format!(
+                "the Criteo schema's sparse feature {k} is {}, not {key}",
+                cat_column(k)
+            )));
+        }
+        if sparse.weights().is_some() {
+            return Err(DataError::Config(
+                "the Criteo schema has no per-id weights; the batch has".into(),
+            ));
+        }
+        if let Some(r) = batch.labels.iter().position(|&y| y != 0.0 && y != 1.0) {
+            return Err(DataError::Config(format!(
+                "row {r} has label {}: the Criteo schema's labels are 0 or 1",
+                batch.labels[r]
             )));
         }
         let (offsets, values, n) = (sparse.offsets(), sparse.values(), batch.size());

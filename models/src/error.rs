@@ -8,8 +8,8 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ModelError {
     /// An embedding table operation failed: a malformed sparse batch, a
-    /// feature no table serves (or one missing from the batch), an id out
-    /// of a table's range, or an invalid table configuration.
+    /// table's feature missing from the batch, an id out of a table's
+    /// range, or an invalid table configuration.
     #[error(transparent)]
     Sparse(#[from] SparseError),
     /// A dense operation failed: a buffer that does not fit its shape,

@@ -255,8 +255,9 @@ impl KeyedJaggedTensor {
         }
     }
 
-    /// A tensor of the keys at `indices` of this one's, in that order (an
-    /// index may repeat), with their bags; TorchRec's `permute`.
+    /// A tensor of the keys at `indices` of this one's, in that order, with
+    /// their bags; TorchRec's `permute`. An index out of range or given
+    /// twice (a key twice) is an error.
     ///
     /// ```
     /// # use ember_sparse::KeyedJaggedTensor;
@@ -268,6 +269,8 @@ impl KeyedJaggedTensor {
     /// let (ab, c) = { let mut parts = kjt.split(&[2, 1])?; (parts.remove(0), parts.remove(0)) };
     /// assert_eq!((ab.keys().len(), c.keys()), (2, &["c".to_string()][..]));
     /// assert_eq!(kjt.select_keys(&["b"])?.values(), [2, 3]);
+    /// assert!(kjt.permute(&[0, 0]).is_err()); // a key twice
+    /// assert_eq!(kjt.permute(&[])?.stride(), 0); // no keys, as from_lengths makes them
     /// # Ok::<(), ember_sparse::SparseError>(())
     /// ```
     pub fn permute(&self, indices: &[usize]) -> Result<KeyedJaggedTensor, SparseError> {
@@ -295,12 +298,16 @@ impl KeyedJaggedTensor {
                 weights.extend_from_slice(&w[range]);
             }
         }
+        if let Some(twice) = (keys.iter().enumerate()).find(|(i, k)| keys[..*i].contains(k)) {
+            return Err(SparseError::DuplicateKey(twice.1.clone()));
+        }
         Ok(KeyedJaggedTensor {
+            // No keys: no bags, stride 0, as the constructors make it.
+            stride: if keys.is_empty() { 0 } else { b },
             keys,
             values,
             weights: self.weights.as_ref().map(|_| weights),
             offsets,
-            stride: b,
         })
     }
 

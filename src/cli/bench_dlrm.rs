@@ -287,12 +287,14 @@ fn run_in_pool(
     let dense_optimizer = args.optim.dense_optimizer();
     let builder = (Dlrm::builder(config.clone()).seed(args.seed))
         .optimizers(table_optimizer, dense_optimizer);
+    // Printed once the run's progress starts, below.
+    let mut lines = Vec::new();
     let placed = place(
         (&args.tier, &args.sharding),
         launch,
         (config, table_optimizer),
         (&options, shape),
-        (builder, "ember bench dlrm"),
+        (builder, "ember bench dlrm", &mut |line| lines.push(line)),
     )?;
     let (mut model, _disk_lock) = (placed.model, placed.disk_lock);
     model.set_read_ahead(args.read_ahead);
@@ -322,7 +324,7 @@ fn run_in_pool(
 
     let progress = Progress::new(args.num_batches, "dlrm", args.json).quiet(!launch.is_root());
     let fault = Fault::from_env(launch)?;
-    for line in &placed.lines {
+    for line in &lines {
         progress.line(line);
     }
     progress.line(&format!(

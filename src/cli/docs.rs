@@ -160,7 +160,7 @@ fn render(r: &Result) -> anyhow::Result<String> {
         p = row(&r.peer.name, &peer),
         cpu = run.cpu,
         cpus = run.cpus,
-        date = &run.date[..run.date.len().min(10)],
+        date = run.date.get(..10).unwrap_or(&run.date),
         version = run.version,
         command = run.command,
         peer = r.peer.name,

@@ -28,21 +28,20 @@ pub struct Placed {
     pub model: Dlrm,
     /// The planner's estimate, when it planned.
     pub stats: Option<PlanStats>,
-    /// Lines for the user: tables reclaimed from a dead run's disk
-    /// directory, and where each table went.
-    pub lines: Vec<String>,
     /// The disk directory's lock, held while the run uses it.
     pub disk_lock: Option<DirLock>,
 }
 
 /// Plans, places and builds `builder`'s model (of `config`, whose tables
-/// `table_optimizer` updates) for the run `what`.
+/// `table_optimizer` updates) for the run `what`. `say` hears, as soon as
+/// they are known (before a refusal), the tables reclaimed from a dead
+/// run's disk directory and where each table went.
 pub fn place(
     (tier, sharding): (&TierArgs, &ShardingArgs),
     launch: &Launch,
     (config, table_optimizer): (&DlrmConfig, TableOptimizer),
     (options, shape): (&PlannerOptions, RunShape),
-    (builder, what): (DlrmBuilder<'_>, &str),
+    (builder, what, say): (DlrmBuilder<'_>, &str, &mut dyn FnMut(String)),
 ) -> anyhow::Result<Placed> {
     sharding.validate()?;
     let devices = sharding.devices.unwrap_or(0);
@@ -52,6 +51,10 @@ pub fn place(
     let tiers = tier.tiers_for(plan.as_ref(), tables, &table_optimizer, shape.batch_ids)?;
     let placement = tier.placement(plan.as_ref(), tables, &tiers, shape.batch_ids)?;
     let (disk_lock, reclaimed) = tier.take_dir(launch.is_root(), what)?;
+    [reclaimed, placement]
+        .into_iter()
+        .flatten()
+        .for_each(&mut *say);
     super::arch::check_memory(
         &super::tier::resident(config, &tiers),
         table_optimizer,
@@ -67,7 +70,6 @@ pub fn place(
     Ok(Placed {
         model,
         stats,
-        lines: [reclaimed, placement].into_iter().flatten().collect(),
         disk_lock,
     })
 }

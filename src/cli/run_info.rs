@@ -23,10 +23,11 @@ pub struct RunInfo {
 impl RunInfo {
     /// This process's run, now.
     pub fn now() -> Self {
-        let mut args = std::env::args();
+        // args_os: a path argument need not be UTF-8.
+        let mut args = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
         let program = args.next().map(|p| {
             let name = std::path::Path::new(&p).file_name().map(|n| n.to_owned());
-            name.map_or(p, |n| n.to_string_lossy().into_owned())
+            name.map_or(p.clone(), |n| n.to_string_lossy().into_owned())
         });
         Self {
             command: program

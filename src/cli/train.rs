@@ -554,11 +554,8 @@ fn build_model(
         launch,
         (config, optimizers.0),
         (&options, shape),
-        (builder, "ember train"),
+        (builder, "ember train", &mut |line| progress.line(&line)),
     )?;
-    for line in &placed.lines {
-        progress.line(line);
-    }
     Ok((placed.model, placed.disk_lock))
 }
 

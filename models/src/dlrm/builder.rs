@@ -124,7 +124,11 @@ impl<'a> DlrmBuilder<'a> {
 
     /// Shards the tables by the planner's plan for `topology`, under
     /// `options` (`None`: a batch of 128, one id per bag, this builder's
-    /// table optimizer, any sharding type, no disk tier).
+    /// table optimizer, any sharding type, no disk tier). On a world every
+    /// rank plans for itself, all to the same plan (the planner is
+    /// deterministic). With [`disk_tiers`](Self::disk_tiers), give options
+    /// with the disk tier's model, or a [`plan`](Self::plan): a plan made
+    /// without it may replicate a disk-tier table, which the build refuses.
     pub fn planner(mut self, topology: Topology, options: Option<PlannerOptions>) -> Self {
         self.placement = Placement::Planner(topology, options);
         self

@@ -664,7 +664,7 @@ impl Model for Dlrm {
     fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {
         if self.world.is_some() {
             return Err(ModelError::Config(
-                "a rank's model is built from its checkpoint (Dlrm::place), not loaded in place"
+                "a rank's model is built from its checkpoint (Checkpoint::builder with a plan and the world), not loaded in place"
                     .into(),
             ));
         }

@@ -14,7 +14,7 @@ use ember_dense::{Activation, DenseOptimizerConfig, HasParams};
 
 use crate::checkpoint::dense_shapes;
 use crate::dlrm::{bottom_linear_prefix, top_linear_prefix};
-use crate::{Dlrm, DlrmConfig, InteractionType, ModelError};
+use crate::{BatchError, Dlrm, DlrmConfig, InteractionType, ModelError};
 
 fn pjrt(e: PjrtError) -> ModelError {
     ModelError::from(e)
@@ -125,10 +125,11 @@ impl CompiledDenseStep {
         let client = self.backend.client();
         let b = self.batch;
         if labels.len() != b {
-            return Err(ModelError::Batch(format!(
-                "the compiled step takes batches of {b}, not {}",
-                labels.len()
-            )));
+            return Err(BatchError::CompiledSize {
+                compiled: b,
+                got: labels.len(),
+            }
+            .into());
         }
         let nd = dense.len() / b.max(1);
         let np = pooled.len() / b.max(1);

@@ -28,11 +28,9 @@ pub enum ModelError {
     /// [`MemoryEstimate`](crate::MemoryEstimate) (the message gives it by part).
     #[error("{0}")]
     Memory(String),
-    /// A batch whose shapes do not fit the model: dense features not
-    /// `[batch, num_dense]`, sparse features for another number of samples
-    /// than the labels, or a batch size the compiled step was not made for.
+    /// A batch that does not fit the model (which way: the payload).
     #[error("batch does not fit the model: {0}")]
-    Batch(String),
+    Batch(#[from] BatchError),
     /// A checkpoint that cannot be read or does not fit; names the tensor
     /// when one is at fault.
     #[error("{}: {}{message}", path.display(), tensor.as_ref().map_or(String::new(), |t| format!("tensor '{t}': ")))]
@@ -79,4 +77,40 @@ pub enum ModelError {
     /// The PJRT plugin failed (loading it, compiling or running a program).
     #[error(transparent)]
     Pjrt(Box<ember_dense::pjrt::PjrtError>),
+}
+
+/// How a batch does not fit the model ([`ModelError::Batch`]).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum BatchError {
+    /// Dense features of another shape than `[samples, num_dense]`.
+    #[error("dense features are [{rows}, {cols}], expected [{samples}, {num_dense}]")]
+    DenseShape {
+        /// The dense tensor's rows.
+        rows: usize,
+        /// Its columns.
+        cols: usize,
+        /// The batch's samples (its labels).
+        samples: usize,
+        /// The model's dense features.
+        num_dense: usize,
+    },
+    /// Sparse features for another number of samples than the labels.
+    #[error("sparse features hold {sparse} samples, the labels {labels}")]
+    SparseSamples {
+        /// The KeyedJaggedTensor's stride.
+        sparse: usize,
+        /// The labels.
+        labels: usize,
+    },
+    /// A batch size the compiled step was not made for.
+    #[error("the compiled step takes batches of {compiled}, not {got}")]
+    CompiledSize {
+        /// The size it was compiled for.
+        compiled: usize,
+        /// The batch's.
+        got: usize,
+    },
+    /// Evaluation data with no rows: metrics of nothing are undefined.
+    #[error("no examples to evaluate: the evaluation data holds no rows")]
+    NoRows,
 }

@@ -2,7 +2,9 @@
 
 use std::borrow::Borrow;
 
-use crate::{Backend, Batch, Metrics, MetricsAccumulator, Model, ModelError, TrainData};
+use crate::{
+    Backend, Batch, BatchError, Metrics, MetricsAccumulator, Model, ModelError, TrainData,
+};
 
 /// AUC, log loss and accuracy of the model's predictions on `batches`. On a
 /// rank of a world, over every rank's batches (each rank passes its own, and
@@ -130,9 +132,7 @@ impl Evaluation {
         let metrics = self.acc.finish();
         if metrics.count == 0 {
             // AUC and log loss of nothing are NaN: an error, not a result.
-            return Err(ModelError::Batch(
-                "no examples to evaluate: the evaluation data holds no rows".into(),
-            ));
+            return Err(BatchError::NoRows.into());
         }
         Ok(metrics)
     }

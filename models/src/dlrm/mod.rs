@@ -23,7 +23,8 @@ use serde::Serialize;
 use crate::model::DataParallel;
 use crate::sparse_arch::SparseArch;
 use crate::{
-    Backend, Batch, CompiledDenseStep, ExecMode, InputDist, Model, ModelError, Routed, TrainState,
+    Backend, Batch, BatchError, CompiledDenseStep, ExecMode, InputDist, Model, ModelError, Routed,
+    TrainState,
 };
 
 pub use builder::{DlrmBuilder, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER};
@@ -277,18 +278,20 @@ impl Dlrm {
     fn check_batch(&self, batch: &Batch) -> Result<(), ModelError> {
         let n = batch.size();
         if batch.dense.rows() != n || batch.dense.cols() != self.config.num_dense() {
-            return Err(ModelError::Batch(format!(
-                "dense features are [{}, {}], expected [{n}, {}]",
-                batch.dense.rows(),
-                batch.dense.cols(),
-                self.config.num_dense()
-            )));
+            return Err(BatchError::DenseShape {
+                rows: batch.dense.rows(),
+                cols: batch.dense.cols(),
+                samples: n,
+                num_dense: self.config.num_dense(),
+            }
+            .into());
         }
         if batch.sparse.stride() != n {
-            return Err(ModelError::Batch(format!(
-                "sparse features hold {} samples, the labels {n}",
-                batch.sparse.stride()
-            )));
+            return Err(BatchError::SparseSamples {
+                sparse: batch.sparse.stride(),
+                labels: n,
+            }
+            .into());
         }
         Ok(())
     }

@@ -12,6 +12,14 @@ pub enum ModelError {
     /// range, or an invalid table configuration.
     #[error(transparent)]
     Sparse(#[from] SparseError),
+    /// A [`DlrmConfig`](crate::DlrmConfig) that describes no valid DLRM
+    /// (which way: the payload).
+    #[error("invalid model configuration: {0}")]
+    Architecture(#[from] crate::dlrm::ArchitectureError),
+    /// A model [`Dlrm::builder`](crate::Dlrm::builder) cannot make as
+    /// asked (which way: the payload).
+    #[error(transparent)]
+    Build(#[from] crate::dlrm::BuildError),
     /// A dense operation failed: a buffer that does not fit its shape,
     /// operands of disagreeing shapes, or an optimizer stepped with other
     /// parameters than its state was made for.

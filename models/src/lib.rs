@@ -42,8 +42,8 @@ pub use checkpoint::{Checkpoint, TrainState};
 pub use compiled::CompiledDenseStep;
 pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
 pub use dlrm::{
-    DenseArch, Dlrm, DlrmBuilder, DlrmConfig, InteractionType, PhaseTimes, StepOutput,
-    DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
+    ArchitectureError, BuildError, DenseArch, Dlrm, DlrmBuilder, DlrmConfig, InteractionType,
+    PhaseTimes, StepOutput, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
 };
 pub use error::{BatchError, ModelError};
 pub use evaluate::{evaluate, evaluate_data, Evaluation, OutputCheck};

@@ -174,10 +174,8 @@ impl<'a> DlrmBuilder<'a> {
     pub fn build(self) -> Result<Dlrm, ModelError> {
         if let Some(ckpt) = self.checkpoint {
             if ckpt.config() != &self.config {
-                return Err(ModelError::Config(format!(
-                    "{} holds another architecture than the builder's",
-                    ckpt.path().display()
-                )));
+                let path = ckpt.path().to_path_buf();
+                return Err(BuildError::OtherArchitecture { path }.into());
             }
         }
         self.config.validate()?;
@@ -197,9 +195,7 @@ impl<'a> DlrmBuilder<'a> {
             }
         };
         if self.world.is_some() && plan.is_none() {
-            return Err(ModelError::Config(
-                "a model on a world needs a plan (`plan`, `planner` or `shard_over`)".into(),
-            ));
+            return Err(BuildError::WorldWithoutPlan.into());
         }
         Dlrm::place(
             &self.config,
@@ -230,3 +226,71 @@ impl Checkpoint {
 /// The memory `shard_over` gives each device: the planner balances load,
 /// and the machine's real memory is checked where the model is built.
 const UNBOUNDED_DEVICE_BYTES: u64 = 1 << 50;
+
+/// What the builder cannot make as asked ([`ModelError::Build`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The checkpoint holds another architecture than the builder's.
+    #[error("{} holds another architecture than the builder's", path.display())]
+    OtherArchitecture {
+        /// The checkpoint.
+        path: std::path::PathBuf,
+    },
+    /// A world without a plan: its ranks would not know their shards.
+    #[error("a model on a world needs a plan (`plan`, `planner` or `shard_over`)")]
+    WorldWithoutPlan,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::InteractionType;
+
+    fn config(rows: usize) -> DlrmConfig {
+        DlrmConfig {
+            tables: DlrmConfig::criteo_tables(&[rows, rows], 4),
+            bottom_mlp: vec![3, 4],
+            top_mlp: vec![4, 1],
+            interaction: InteractionType::Dot,
+        }
+    }
+
+    #[test]
+    fn what_cannot_be_built_is_named() {
+        let world: Arc<dyn Collective> = Arc::new(ember_sharding::InProcess::group(1).remove(0));
+        let err = Dlrm::builder(config(10))
+            .world(world)
+            .build()
+            .err()
+            .unwrap();
+        assert!(matches!(
+            err,
+            ModelError::Build(BuildError::WorldWithoutPlan)
+        ));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(crate::checkpoint::CHECKPOINT_FILE);
+        let mut model = Dlrm::builder(config(10)).build().unwrap();
+        crate::checkpoint::save(&mut model, &path, None).unwrap();
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let err = Dlrm::builder(config(20))
+            .checkpoint(&ckpt)
+            .build()
+            .err()
+            .unwrap();
+        assert!(matches!(
+            err,
+            ModelError::Build(BuildError::OtherArchitecture { path: p }) if p == path
+        ));
+        // The checkpoint's own builder starts from its architecture.
+        assert_eq!(ckpt.builder().build().unwrap().config(), &config(10));
+
+        let mut bad = config(10);
+        bad.bottom_mlp = vec![3, 5];
+        let err = Dlrm::builder(bad).build().err().unwrap();
+        assert!(matches!(
+            err,
+            ModelError::Architecture(crate::dlrm::ArchitectureError::BottomDim { ends: 5, dim: 4 })
+        ));
+    }
+}

@@ -101,58 +101,104 @@ impl DlrmConfig {
     /// embedding dim for all, a bottom MLP of an input and at least one
     /// layer ending in that dim, a top MLP ending in 1, no size 0, and a
     /// DCN of at least one layer and rank 1. Fails with
-    /// [`ModelError::Config`] saying what is wrong.
+    /// [`ModelError::Architecture`] saying what is wrong.
     pub fn validate(&self) -> Result<(), ModelError> {
-        let fail = |m: String| Err(ModelError::Config(m));
+        Ok(self.check()?)
+    }
+
+    fn check(&self) -> Result<(), ArchitectureError> {
+        use ArchitectureError as E;
         if self.tables.is_empty() {
-            return fail("at least one embedding table is needed".into());
+            return Err(E::NoTables);
         }
         if let Some(t) = self.tables.iter().find(|t| t.num_embeddings == 0) {
-            return fail(format!("table '{}' has no rows", t.name));
+            return Err(E::EmptyTable(t.name.clone()));
         }
         let dim = self.embedding_dim();
         if let Some(t) = self.tables.iter().find(|t| t.embedding_dim != dim) {
-            return fail(format!(
-                "all tables need one embedding dim for the interaction: '{}' has {}, the first has {dim}",
-                t.name, t.embedding_dim
-            ));
+            let (table, has) = (t.name.clone(), t.embedding_dim);
+            return Err(E::MixedDims {
+                table,
+                has,
+                first: dim,
+            });
         }
-        if self.bottom_mlp.len() < 2 || self.bottom_mlp.contains(&0) {
-            return fail(format!(
-                "bottom MLP {:?} needs an input and at least one layer, none of size 0",
-                self.bottom_mlp
-            ));
+        let bottom = self.bottom_mlp.clone();
+        if bottom.len() < 2 || bottom.contains(&0) {
+            return Err(E::BottomMlp(bottom));
         }
-        if *self.bottom_mlp.last().unwrap() != dim {
-            return fail(format!(
-                "the bottom MLP ends in {} but the embedding dim is {dim}: they must match",
-                self.bottom_mlp.last().unwrap()
-            ));
+        if bottom[bottom.len() - 1] != dim {
+            let ends = bottom[bottom.len() - 1];
+            return Err(E::BottomDim { ends, dim });
         }
         if self.top_mlp.last() != Some(&1) || self.top_mlp.contains(&0) {
-            return fail(format!(
-                "top MLP {:?} must end in a single logit (1)",
-                self.top_mlp
-            ));
+            return Err(E::TopMlp(self.top_mlp.clone()));
         }
         if let InteractionType::Dcn { layers, rank } = self.interaction {
             if layers == 0 || rank == 0 {
-                return fail("a DCN needs at least one layer and a rank of at least 1".into());
+                return Err(E::EmptyDcn);
             }
             if layers > MAX_LAYERS {
-                return fail(format!(
-                    "a DCN of {layers} cross layers: at most {MAX_LAYERS} (DCNv2 uses 2 to 4)"
-                ));
+                return Err(E::DeepDcn(layers));
             }
         }
         for (name, mlp) in [("bottom", &self.bottom_mlp), ("top", &self.top_mlp)] {
             if mlp.len() > MAX_LAYERS + 1 {
-                return fail(format!(
-                    "a {name} MLP of {} layers: at most {MAX_LAYERS}",
-                    mlp.len() - 1
-                ));
+                return Err(E::DeepMlp {
+                    which: name,
+                    layers: mlp.len() - 1,
+                });
             }
         }
         Ok(())
     }
+}
+
+/// What is wrong with a [`DlrmConfig`] ([`ModelError::Architecture`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ArchitectureError {
+    /// No embedding table.
+    #[error("at least one embedding table is needed")]
+    NoTables,
+    /// A table of 0 rows (named).
+    #[error("table '{0}' has no rows")]
+    EmptyTable(String),
+    /// Tables of different dims: the interaction needs one.
+    #[error("all tables need one embedding dim for the interaction: '{table}' has {has}, the first has {first}")]
+    MixedDims {
+        /// The first table of another dim.
+        table: String,
+        /// Its dim.
+        has: usize,
+        /// The first table's dim.
+        first: usize,
+    },
+    /// A bottom MLP without an input and a layer, or with a size 0.
+    #[error("bottom MLP {0:?} needs an input and at least one layer, none of size 0")]
+    BottomMlp(Vec<usize>),
+    /// A bottom MLP that does not end in the embedding dim.
+    #[error("the bottom MLP ends in {ends} but the embedding dim is {dim}: they must match")]
+    BottomDim {
+        /// Its last size.
+        ends: usize,
+        /// The tables' dim.
+        dim: usize,
+    },
+    /// A top MLP that does not end in one logit, or has a size 0.
+    #[error("top MLP {0:?} must end in a single logit (1)")]
+    TopMlp(Vec<usize>),
+    /// A DCN of no layers or rank 0.
+    #[error("a DCN needs at least one layer and a rank of at least 1")]
+    EmptyDcn,
+    /// A DCN of more cross layers than [`MAX_LAYERS`].
+    #[error("a DCN of {0} cross layers: at most {MAX_LAYERS} (DCNv2 uses 2 to 4)")]
+    DeepDcn(usize),
+    /// An MLP of more layers than [`MAX_LAYERS`].
+    #[error("a {which} MLP of {layers} layers: at most {MAX_LAYERS}")]
+    DeepMlp {
+        /// `bottom` or `top`.
+        which: &'static str,
+        /// Its layers.
+        layers: usize,
+    },
 }

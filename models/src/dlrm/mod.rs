@@ -27,8 +27,8 @@ use crate::{
     TrainState,
 };
 
-pub use builder::{DlrmBuilder, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER};
-pub use config::{DlrmConfig, InteractionType};
+pub use builder::{BuildError, DlrmBuilder, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER};
+pub use config::{ArchitectureError, DlrmConfig, InteractionType};
 pub use dense_arch::DenseArch;
 pub(crate) use dense_arch::{bottom_linear_prefix, top_linear_prefix};
 

@@ -154,9 +154,9 @@ impl Model for DeepFm {
         mode: ExecMode,
     ) -> Result<StepOutput, ModelError> {
         if !matches!(mode, ExecMode::Strict | ExecMode::Debug) {
-            return Err(ModelError::Config(format!(
-                "DeepFM's FM op runs on the host: strict or debug mode, not {mode}"
-            )));
+            // The FM op runs on the host: no fused or compiled window.
+            let (model, runs) = ("DeepFM", "strict or debug");
+            return Err(Unsupported::Mode { model, runs, mode }.into());
         }
         let be = backend.dense();
         self.forward(be, batch)?;

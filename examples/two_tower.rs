@@ -192,9 +192,8 @@ impl Model for TwoTower {
         mode: ExecMode,
     ) -> Result<StepOutput, ModelError> {
         if !matches!(mode, ExecMode::Strict | ExecMode::Debug) {
-            return Err(ModelError::Config(format!(
-                "the two-tower example runs strict or debug, not {mode}"
-            )));
+            let (model, runs) = ("the two-tower example", "strict or debug");
+            return Err(Unsupported::Mode { model, runs, mode }.into());
         }
         let be = backend.dense();
         self.forward(be, batch)?;

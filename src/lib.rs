@@ -59,7 +59,7 @@ pub mod prelude {
         evaluate, Backend, Batch, Checkpoint, DataGeneration, DataParallel, Dlrm, DlrmBuilder,
         DlrmConfig, ExecMode, FitOptions, InMemory, InteractionType, Metrics, Model, ModelError,
         OutputCheck, StepOutput, SyntheticBatches, SyntheticConfig, SyntheticData, TrainData,
-        TrainError, TrainEvent, TrainState, TrainSummary, Trainer, TrainerConfig,
+        TrainError, TrainEvent, TrainState, TrainSummary, Trainer, TrainerConfig, Unsupported,
     };
     pub use ember_sharding::{
         Collective, InProcess, PlannerOptions, ShardedEmbeddingBagCollection, ShardingPlan,

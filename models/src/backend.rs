@@ -127,9 +127,7 @@ impl Backend {
     /// Refuses a mode this backend cannot run.
     pub fn check_mode(&self, mode: ExecMode) -> Result<(), ModelError> {
         match mode.needs_pjrt() && self.pjrt_backend().is_none() {
-            true => Err(ModelError::Config(format!(
-                "mode {mode} compiles the dense step with PJRT: it needs the pjrt dense backend"
-            ))),
+            true => Err(crate::Unsupported::ModeNeedsPjrt(mode).into()),
             false => Ok(()),
         }
     }

@@ -17,7 +17,7 @@ use ember_sparse::rng::{mix, splitmix, Rng};
 use ember_sparse::{IdDistribution, IdSampler, KeyedJaggedTensor};
 use serde::{Deserialize, Serialize};
 
-use crate::ModelError;
+use crate::{ModelError, SyntheticError};
 
 /// Which generator makes the batches (dlrm_s_pytorch's `--data-generation`;
 /// serialised in lowercase: `random`, `learnable`).
@@ -99,29 +99,25 @@ pub struct SyntheticData {
 }
 
 impl SyntheticData {
-    /// A generator for `config`. Fails with [`ModelError::Config`] when a
+    /// A generator for `config`. Fails with [`ModelError::Synthetic`] when a
     /// feature's table has 0 rows, a bag size is 0, `indices_per_feature`
     /// is neither empty nor one per feature, or the id distribution is
     /// invalid.
     pub fn new(config: SyntheticConfig) -> Result<Self, ModelError> {
         if let Some((name, _)) = config.features.iter().find(|(_, rows)| *rows == 0) {
-            return Err(ModelError::Config(format!(
-                "feature '{name}' has a table of 0 rows"
-            )));
+            return Err(SyntheticError::EmptyTable(name.clone()).into());
         }
         if !config.indices_per_feature.is_empty()
             && config.indices_per_feature.len() != config.features.len()
         {
-            return Err(ModelError::Config(format!(
-                "{} per-feature bag sizes for {} features",
-                config.indices_per_feature.len(),
-                config.features.len()
-            )));
+            return Err(SyntheticError::BagSizes {
+                given: config.indices_per_feature.len(),
+                features: config.features.len(),
+            }
+            .into());
         }
         if config.indices_per_lookup == 0 || config.indices_per_feature.contains(&0) {
-            return Err(ModelError::Config(
-                "indices per lookup must be at least 1".into(),
-            ));
+            return Err(SyntheticError::EmptyBags.into());
         }
         let mut rng = Rng::new(mix(&[config.seed, 0xDE45E]));
         let dense_weights = (0..config.num_dense)
@@ -133,8 +129,7 @@ impl SyntheticData {
                 .features
                 .iter()
                 .map(|(_, rows)| ids.sampler(*rows as u64))
-                .collect::<Result<_, _>>()
-                .map_err(|e| ModelError::Config(e.to_string()))?,
+                .collect::<Result<_, _>>()?,
         };
         Ok(Self {
             config,
@@ -272,7 +267,9 @@ mod tests {
             ids: Some(IdDistribution::Zipf { alpha: -1.0 }),
             ..config(DataGeneration::Random, true)
         });
-        assert!(matches!(bad, Err(ModelError::Config(m)) if m.contains("Zipf exponent")));
+        assert!(
+            matches!(bad, Err(ModelError::Sparse(e)) if e.to_string().contains("Zipf exponent"))
+        );
     }
 
     #[test]

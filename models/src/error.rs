@@ -25,13 +25,14 @@ pub enum ModelError {
     /// parameters than its state was made for.
     #[error(transparent)]
     Dense(#[from] DenseError),
-    /// An invalid [`DlrmConfig`](crate::DlrmConfig) or
-    /// [`SyntheticConfig`](crate::SyntheticConfig) (see
-    /// [`DlrmConfig::validate`](crate::DlrmConfig::validate)), or an
-    /// operation the model's setup does not allow (e.g. resharding or the
-    /// compiled step on a rank of a world).
-    #[error("invalid model configuration: {0}")]
-    Config(String),
+    /// An invalid [`SyntheticConfig`](crate::SyntheticConfig) (which way:
+    /// the payload).
+    #[error("invalid synthetic data: {0}")]
+    Synthetic(#[from] SyntheticError),
+    /// An operation the model, its setup or its backend does not allow
+    /// (which: the payload).
+    #[error(transparent)]
+    Unsupported(#[from] Unsupported),
     /// A run that needs more memory than the machine has, by its
     /// [`MemoryEstimate`](crate::MemoryEstimate) (the message gives it by part).
     #[error("{0}")]
@@ -121,4 +122,66 @@ pub enum BatchError {
     /// Evaluation data with no rows: metrics of nothing are undefined.
     #[error("no examples to evaluate: the evaluation data holds no rows")]
     NoRows,
+}
+
+/// An operation the model, its setup or its backend does not allow
+/// ([`ModelError::Unsupported`]).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum Unsupported {
+    /// A mode that needs the PJRT backend on another one.
+    #[error("mode {0} compiles the dense step with PJRT: it needs the pjrt dense backend")]
+    ModeNeedsPjrt(crate::ExecMode),
+    /// A mode a model does not run (named by the model, with those it runs).
+    #[error("{model} runs {runs}, not {mode}")]
+    Mode {
+        /// The model.
+        model: &'static str,
+        /// The modes it runs.
+        runs: &'static str,
+        /// The mode asked for.
+        mode: crate::ExecMode,
+    },
+    /// The compiled step on a rank of a world.
+    #[error("the compiled step runs in one process; on ranks use strict, debug or defer-fuse")]
+    CompiledOnRanks,
+    /// Resharding a rank's model in place.
+    #[error("a model that is one rank of a world cannot be resharded in place")]
+    ReshardOnRank,
+    /// Loading a checkpoint into a rank's model in place.
+    #[error("a rank's model is built from its checkpoint (Checkpoint::builder with a plan and the world), not loaded in place")]
+    LoadOnRank,
+    /// A routed input made by another model's input dist, or for tables
+    /// that are not sharded.
+    #[error("a routed input of another model's input dist, or for tables that are not sharded")]
+    ForeignRoutedInput,
+    /// Writing a set of shard files from a model whose tables are not
+    /// sharded.
+    #[error("a set holds sharded tables")]
+    SetOfUnsharded,
+    /// A model that implements neither `state_dict` nor `save_checkpoint`
+    /// (nor their loading halves).
+    #[error(
+        "this model implements neither state_dict nor save_checkpoint (nor their load halves)"
+    )]
+    NoStateDict,
+}
+
+/// What is wrong with a [`SyntheticConfig`](crate::SyntheticConfig)
+/// ([`ModelError::Synthetic`]).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum SyntheticError {
+    /// A feature whose table has 0 rows.
+    #[error("feature '{0}' has a table of 0 rows")]
+    EmptyTable(String),
+    /// Per-feature bag sizes not one per feature.
+    #[error("{given} per-feature bag sizes for {features} features")]
+    BagSizes {
+        /// Bag sizes given.
+        given: usize,
+        /// Features.
+        features: usize,
+    },
+    /// A bag size of 0.
+    #[error("indices per lookup must be at least 1")]
+    EmptyBags,
 }

@@ -45,7 +45,7 @@ pub use dlrm::{
     ArchitectureError, BuildError, DenseArch, Dlrm, DlrmBuilder, DlrmConfig, InteractionType,
     PhaseTimes, StepOutput, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
 };
-pub use error::{BatchError, ModelError};
+pub use error::{BatchError, ModelError, SyntheticError, Unsupported};
 pub use evaluate::{evaluate, evaluate_data, Evaluation, OutputCheck};
 pub use memory::{available_memory, MemoryEstimate, RunShape};
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};

@@ -10,7 +10,7 @@ use ember_dense::Param;
 use ember_sharding::Collective;
 
 use crate::checkpoint::{StateDict, StateFile};
-use crate::{Backend, Batch, ExecMode, ModelError, StepOutput, TrainState};
+use crate::{Backend, Batch, ExecMode, ModelError, StepOutput, TrainState, Unsupported};
 
 /// A model the [`Trainer`](crate::Trainer) can train, evaluate and
 /// checkpoint. Every method is called by one thread at a time; on the ranks
@@ -100,19 +100,14 @@ pub trait Model {
     /// `save_checkpoint` and `load_checkpoint` instead; the default is an
     /// error saying so.
     fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
-        Err(ModelError::Config(
-            "this model implements neither state_dict nor save_checkpoint".into(),
-        ))
+        Err(Unsupported::NoStateDict.into())
     }
 
     /// Restores what [`state_dict`](Model::state_dict) saved, from an
     /// opened checkpoint file (the default: an error, as `state_dict`'s).
     fn load_state_dict(&mut self, file: &StateFile) -> Result<(), ModelError> {
-        Err(ModelError::Checkpoint {
-            path: file.path().to_path_buf(),
-            tensor: None,
-            message: "this model implements neither load_state_dict nor load_checkpoint".into(),
-        })
+        let _ = file;
+        Err(Unsupported::NoStateDict.into())
     }
 
     /// Writes a checkpoint of the whole state (weights, optimizer state and

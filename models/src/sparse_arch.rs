@@ -67,9 +67,7 @@ impl SparseArch {
         out: &mut KeyedTensor,
     ) -> Result<(), ModelError> {
         match self {
-            SparseArch::Local(_) => Err(ModelError::Config(
-                "a routed input for tables that are not sharded".into(),
-            )),
+            SparseArch::Local(_) => Err(crate::Unsupported::ForeignRoutedInput.into()),
             SparseArch::Sharded(s) => Ok(s.forward_routed(kjt, routed, out)?),
         }
     }

@@ -99,8 +99,7 @@ pub fn save_set(
     };
     let table_opt = model.sparse_arch().optimizer();
     let config = model.config().clone();
-    let sharded = (model.sparse_arch().sharded())
-        .ok_or_else(|| ModelError::Config("a set holds sharded tables".into()))?;
+    let sharded = (model.sparse_arch().sharded()).ok_or(crate::Unsupported::SetOfUnsharded)?;
     for local in sharded.local_shards() {
         let part = SavedTable::of(local.data);
         let dim = (config.tables.iter())

@@ -24,7 +24,7 @@ use crate::model::DataParallel;
 use crate::sparse_arch::SparseArch;
 use crate::{
     Backend, Batch, BatchError, CompiledDenseStep, ExecMode, InputDist, Model, ModelError, Routed,
-    TrainState,
+    TrainState, Unsupported,
 };
 
 pub use builder::{BuildError, DlrmBuilder, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER};
@@ -244,9 +244,7 @@ impl Dlrm {
     /// one collection (`None`).
     pub fn shard(&mut self, plan: Option<ShardingPlan>) -> Result<(), ModelError> {
         if self.world.is_some() {
-            return Err(ModelError::Config(
-                "a model that is one rank of a world cannot be resharded in place".into(),
-            ));
+            return Err(Unsupported::ReshardOnRank.into());
         }
         self.sparse_arch.reshard(plan)?;
         self.pooled = self.sparse_arch.new_output(0);
@@ -348,10 +346,7 @@ impl Dlrm {
         batch: &Batch,
     ) -> Result<StepOutput, ModelError> {
         if self.world.is_some() {
-            return Err(ModelError::Config(
-                "the compiled step runs in one process; on ranks use strict, debug or defer-fuse"
-                    .into(),
-            ));
+            return Err(Unsupported::CompiledOnRanks.into());
         }
         let mut times = self.checked_lookup(batch)?;
         let t = Instant::now();
@@ -592,9 +587,8 @@ impl Model for Dlrm {
             // The disk-tier rows were hinted ahead: the step is the plain one.
             return self.train_step(backend, batch, mode);
         }
-        let routed = routed.downcast::<RoutedInput>().map_err(|_| {
-            ModelError::Config("a routed input of another model's input dist".into())
-        })?;
+        let routed =
+            (routed.downcast::<RoutedInput>()).map_err(|_| Unsupported::ForeignRoutedInput)?;
         self.routed = Some(*routed);
         let out = self.train_step(backend, batch, mode);
         // Never left for another batch, whether the step ran or failed.
@@ -666,10 +660,7 @@ impl Model for Dlrm {
     /// which reads only the rank's own shards.
     fn load_checkpoint(&mut self, path: &Path) -> Result<Option<TrainState>, ModelError> {
         if self.world.is_some() {
-            return Err(ModelError::Config(
-                "a rank's model is built from its checkpoint (Checkpoint::builder with a plan and the world), not loaded in place"
-                    .into(),
-            ));
+            return Err(Unsupported::LoadOnRank.into());
         }
         let ckpt = crate::Checkpoint::open(path)?;
         if ckpt.config() != &self.config {

@@ -190,10 +190,10 @@ pub enum ArchitectureError {
     /// A DCN of no layers or rank 0.
     #[error("a DCN needs at least one layer and a rank of at least 1")]
     EmptyDcn,
-    /// A DCN of more cross layers than [`MAX_LAYERS`].
+    /// A DCN of more cross layers than the most a model takes (128).
     #[error("a DCN of {0} cross layers: at most {MAX_LAYERS} (DCNv2 uses 2 to 4)")]
     DeepDcn(usize),
-    /// An MLP of more layers than [`MAX_LAYERS`].
+    /// An MLP of more layers than the most a model takes (128).
     #[error("a {which} MLP of {layers} layers: at most {MAX_LAYERS}")]
     DeepMlp {
         /// `bottom` or `top`.

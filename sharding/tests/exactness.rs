@@ -425,3 +425,36 @@ fn more_devices_than_pool_threads_do_not_starve() {
             .unwrap();
     });
 }
+
+/// A batch may carry keys no table serves: the sharded collection pools and
+/// updates exactly as on the batch of its own keys, and a backward on that
+/// batch follows a forward on the wider one.
+#[test]
+fn keys_no_table_serves_are_ignored_forward_and_backward() {
+    let configs = vec![EmbeddingBagConfig::new("t", 50, 4, &["f"])];
+    let source = EmbeddingBagCollection::new(configs.clone(), TableOptimizer::sgd(0.1), 3).unwrap();
+    let options = PlannerOptions {
+        batch_size: 4,
+        pooling_factor: 1.0,
+        optimizer: TableOptimizer::sgd(0.1),
+        sharding: Some(ShardingType::RowWise),
+        disk_tier: None,
+    };
+    let (p, _) = plan(&configs, &Topology::uniform(2, 1 << 30), &options).unwrap();
+    let mut wide = ShardedEmbeddingBagCollection::from_collection(&source, p.clone()).unwrap();
+    let mut own = ShardedEmbeddingBagCollection::from_collection(&source, p).unwrap();
+    let keys = vec!["other".to_string(), "f".to_string()];
+    let batch =
+        KeyedJaggedTensor::from_lengths(keys, vec![-7, 9, 1, 2, 3, 4], &[1, 1, 1, 1, 1, 1], None)
+            .unwrap();
+    let only_f = batch.select_keys(&["f"]).unwrap();
+    let (a, b) = (wide.forward(&batch).unwrap(), own.forward(&only_f).unwrap());
+    assert_eq!(a.values(), b.values());
+    let grad = vec![0.5f32; 3 * 4];
+    wide.backward_update(&only_f, &grad).unwrap();
+    own.backward_update(&only_f, &grad).unwrap();
+    assert_eq!(
+        wide.forward(&only_f).unwrap().values(),
+        own.forward(&only_f).unwrap().values()
+    );
+}

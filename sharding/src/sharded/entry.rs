@@ -336,7 +336,7 @@ impl ShardedEmbeddingBagCollection {
         self.stats.input_dist += time;
         self.stats.lookup += worst.0[1];
         self.stats.output_dist += worst.0[2];
-        self.last_forward = Some((b, kjt.values().len()));
+        self.last_forward = Some((b, served_ids(kjt, &keys)));
         self.owners = owners;
         Ok(())
     }
@@ -358,10 +358,10 @@ impl ShardedEmbeddingBagCollection {
         let keys = check_input(&self.layout, &self.configs, kjt)?;
         let b = kjt.stride();
         // Devices reuse the bags of the forward: the backward must be of that batch.
-        if self.last_forward != Some((b, kjt.values().len())) {
+        let ids = served_ids(kjt, &keys);
+        if self.last_forward != Some((b, ids)) {
             return Err(ShardingError::Collective(format!(
-                "backward of a batch of {b} samples and {} ids, but the last forward was {}",
-                kjt.values().len(),
+                "backward of a batch of {b} samples and {ids} ids, but the last forward was {}",
                 self.last_forward.map_or("none".into(), |(fb, fi)| format!(
                     "{fb} samples and {fi} ids"
                 ))
@@ -418,4 +418,10 @@ impl ShardedEmbeddingBagCollection {
 fn layout_of(ebc: &EmbeddingBagCollection) -> (Vec<EmbeddingBagConfig>, TableOptimizer) {
     let configs = ebc.tables().iter().map(|t| t.config().clone()).collect();
     (configs, *ebc.optimizer())
+}
+
+/// Ids of the features this collection serves (the batch's other keys are
+/// ignored): what a forward and its backward must agree on.
+fn served_ids(kjt: &KeyedJaggedTensor, keys: &[usize]) -> usize {
+    keys.iter().map(|&k| kjt.key_range(k).len()).sum()
 }

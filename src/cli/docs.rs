@@ -34,10 +34,8 @@ pub const RESULTS_DIR: &str = "results";
 /// Writes (or checks) every generated page; returns the pages written or
 /// checked. `cli` is the command line's clap definition.
 pub fn run(args: &DocsArgs, cli: clap::Command) -> anyhow::Result<Vec<PathBuf>> {
-    let pages = [
-        (CLI_PAGE, cli_reference(cli)),
-        (RESULTS_PAGE, results_page(&args.book.join(RESULTS_DIR))?),
-    ];
+    let mut pages = vec![(CLI_PAGE.to_string(), cli_reference(cli))];
+    pages.extend(results_pages(&args.book.join(RESULTS_DIR))?);
     let mut stale = Vec::new();
     let mut done = Vec::new();
     for (page, text) in pages {
@@ -105,9 +103,9 @@ struct Peer {
     runs: Vec<serde_json::Value>,
 }
 
-/// The results page: one table per workload, from every `*.json` of `dir`
-/// in name order.
-fn results_page(dir: &Path) -> anyhow::Result<String> {
+/// The results page (one table and one picture per workload, from every
+/// `*.json` of `dir` in name order) and its pictures.
+fn results_pages(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .map(|e| e.map(|e| e.path()))
@@ -120,17 +118,72 @@ fn results_page(dir: &Path) -> anyhow::Result<String> {
          sitting (see [how figures are taken](README.md)). Throughput is samples per second; the \
          ratio is the median of the pairs' ratios, with their range.\n"
     );
+    let mut pictures = Vec::new();
     for path in files {
         let text = std::fs::read_to_string(&path)?;
         let result: Result = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a benchmark result", path.display()))?;
-        page.push_str(&render(&result).with_context(|| path.display().to_string())?);
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        let svg = format!("{}.svg", stem.unwrap_or_default());
+        page.push_str(&render(&result, &svg).with_context(|| path.display().to_string())?);
+        let picture = chart(&result).with_context(|| path.display().to_string())?;
+        pictures.push((format!("src/benchmarks/{svg}"), picture));
     }
-    Ok(page)
+    pictures.insert(0, (RESULTS_PAGE.to_string(), page));
+    Ok(pictures)
 }
 
-/// One workload's section.
-fn render(r: &Result) -> anyhow::Result<String> {
+/// Each pair's throughput of Ember and of the peer, in the order taken: the
+/// sitting's noise and the gap between them at a glance.
+fn chart(r: &Result) -> anyhow::Result<String> {
+    use plotters::prelude::*;
+    let (ember, peer) = (samples_per_s(&r.ember)?, samples_per_s(&r.peer.runs)?);
+    let n = ember.len().min(peer.len());
+    // Headroom above the highest point for the legend.
+    let top = ember.iter().chain(&peer).fold(0.0f64, |a, &b| a.max(b)) * 1.45;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (720, 360)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&r.title, ("sans-serif", 18))
+            .margin(14)
+            .x_label_area_size(44)
+            .y_label_area_size(76)
+            .build_cartesian_2d(0.5f64..n as f64 + 0.5, 0f64..top.max(1.0))?;
+        chart
+            .configure_mesh()
+            .x_desc("pair, in the order taken")
+            .y_desc("samples/s")
+            .x_labels(n)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .disable_x_mesh()
+            .draw()?;
+        let series = [("Ember", &ember, BLUE), (r.peer.name.as_str(), &peer, RED)];
+        for (name, values, color) in series {
+            let points: Vec<(f64, f64)> = (values.iter().take(n).enumerate())
+                .map(|(i, &y)| (i as f64 + 1.0, y))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .border_style(BLACK)
+            .background_style(WHITE)
+            .draw()?;
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+/// One workload's section; its picture is `svg`, beside the page.
+fn render(r: &Result, svg: &str) -> anyhow::Result<String> {
     let ember = samples_per_s(&r.ember)?;
     let peer = samples_per_s(&r.peer.runs)?;
     if ember.len() != peer.len() || ember.is_empty() {
@@ -150,6 +203,7 @@ fn render(r: &Result) -> anyhow::Result<String> {
     };
     Ok(format!(
         "\n## {title}\n\n{about}\n\n| | samples/s, median of {n} | range |\n|---|---|---|\n{e}{p}\n\
+         ![{title}: each pair's samples/s]({svg})\n\n\
          **Ember / peer: {mid:.2}** (pairs {lo:.2} – {hi:.2}).\n\n\
          Machine: {cpu}, {cpus} CPUs; {date}, Ember {version}.\n\n\
          - Ember: `{command}`\n- Peer ({peer}): `{peer_command}`\n",

@@ -232,12 +232,12 @@ fn run(batches: u64, dir: Option<PathBuf>) -> Result<Metrics, Box<dyn std::error
         &train,
         FitOptions {
             eval: Some(&test),
-            from: TrainState::default(),
             on_event: Some(&mut |e: &TrainEvent| {
                 if let TrainEvent::Log { steps, loss, .. } = e {
                     println!("step {steps}: loss {loss:.4}");
                 }
             }),
+            ..FitOptions::default()
         },
     )?;
     let m = summary.eval.expect("evaluated at the epoch's end");

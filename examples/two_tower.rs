@@ -282,12 +282,12 @@ fn run(
         &train,
         FitOptions {
             eval: Some(&test),
-            from: TrainState::default(),
             on_event: Some(&mut |e: &TrainEvent| {
                 if let TrainEvent::Log { steps, loss, .. } = e {
                     println!("step {steps}: loss {loss:.4}");
                 }
             }),
+            ..FitOptions::default()
         },
     )?;
     let auc = summary.eval.map_or(f64::NAN, |m| m.auc);

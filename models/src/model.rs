@@ -105,8 +105,7 @@ pub trait Model {
 
     /// Restores what [`state_dict`](Model::state_dict) saved, from an
     /// opened checkpoint file (the default: an error, as `state_dict`'s).
-    fn load_state_dict(&mut self, file: &StateFile) -> Result<(), ModelError> {
-        let _ = file;
+    fn load_state_dict(&mut self, _file: &StateFile) -> Result<(), ModelError> {
         Err(Unsupported::NoStateDict.into())
     }
 

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use ember_models::{
     Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InMemory, Metrics, PhaseTimes,
-    SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent, TrainState,
-    TrainSummary, Trainer, TrainerConfig,
+    SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent, TrainSummary, Trainer,
+    TrainerConfig,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
@@ -354,8 +354,8 @@ fn run_in_pool(
         train.as_ref(),
         FitOptions {
             eval: test,
-            from: TrainState::default(),
             on_event: Some(&mut on_event),
+            ..FitOptions::default()
         },
     )?;
     progress.finish();

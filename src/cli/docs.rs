@@ -125,22 +125,43 @@ fn results_pages(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
             .with_context(|| format!("{} is not a benchmark result", path.display()))?;
         let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
         let svg = format!("{}.svg", stem.unwrap_or_default());
-        page.push_str(&render(&result, &svg).with_context(|| path.display().to_string())?);
-        let picture = chart(&result).with_context(|| path.display().to_string())?;
+        let at = || path.display().to_string();
+        let pairs = pairs(&result).with_context(at)?;
+        page.push_str(&render(&result, &pairs, &svg).with_context(at)?);
+        let picture = chart(&result, &pairs).with_context(at)?;
         pictures.push((format!("src/benchmarks/{svg}"), picture));
     }
     pictures.insert(0, (RESULTS_PAGE.to_string(), page));
     Ok(pictures)
 }
 
+/// Each pair's throughput: Ember's and the peer's samples/s, as many of
+/// each (at least one).
+struct Pairs {
+    ember: Vec<f64>,
+    peer: Vec<f64>,
+}
+
+fn pairs(r: &Result) -> anyhow::Result<Pairs> {
+    let ember = samples_per_s(&r.ember)?;
+    let peer = samples_per_s(&r.peer.runs)?;
+    if ember.len() != peer.len() || ember.is_empty() {
+        bail!(
+            "{} Ember runs and {} peer runs: results come in pairs",
+            ember.len(),
+            peer.len()
+        );
+    }
+    Ok(Pairs { ember, peer })
+}
+
 /// Each pair's throughput of Ember and of the peer, in the order taken: the
 /// sitting's noise and the gap between them at a glance.
-fn chart(r: &Result) -> anyhow::Result<String> {
+fn chart(r: &Result, Pairs { ember, peer }: &Pairs) -> anyhow::Result<String> {
     use plotters::prelude::*;
-    let (ember, peer) = (samples_per_s(&r.ember)?, samples_per_s(&r.peer.runs)?);
-    let n = ember.len().min(peer.len());
+    let n = ember.len();
     // Headroom above the highest point for the legend.
-    let top = ember.iter().chain(&peer).fold(0.0f64, |a, &b| a.max(b)) * 1.45;
+    let top = ember.iter().chain(peer).fold(0.0f64, |a, &b| a.max(b)) * 1.45;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (720, 360)).into_drawing_area();
@@ -160,9 +181,9 @@ fn chart(r: &Result) -> anyhow::Result<String> {
             .y_label_formatter(&|y| format!("{y:.0}"))
             .disable_x_mesh()
             .draw()?;
-        let series = [("Ember", &ember, BLUE), (r.peer.name.as_str(), &peer, RED)];
+        let series = [("Ember", ember, BLUE), (r.peer.name.as_str(), peer, RED)];
         for (name, values, color) in series {
-            let points: Vec<(f64, f64)> = (values.iter().take(n).enumerate())
+            let points: Vec<(f64, f64)> = (values.iter().enumerate())
                 .map(|(i, &y)| (i as f64 + 1.0, y))
                 .collect();
             chart
@@ -183,19 +204,10 @@ fn chart(r: &Result) -> anyhow::Result<String> {
 }
 
 /// One workload's section; its picture is `svg`, beside the page.
-fn render(r: &Result, svg: &str) -> anyhow::Result<String> {
-    let ember = samples_per_s(&r.ember)?;
-    let peer = samples_per_s(&r.peer.runs)?;
-    if ember.len() != peer.len() || ember.is_empty() {
-        bail!(
-            "{} Ember runs and {} peer runs: results come in pairs",
-            ember.len(),
-            peer.len()
-        );
-    }
+fn render(r: &Result, Pairs { ember, peer }: &Pairs, svg: &str) -> anyhow::Result<String> {
     let run: RunInfo = serde_json::from_value(r.ember[0]["run"].clone())
         .context("Ember's report has no `run` (machine, date, command)")?;
-    let ratios: Vec<f64> = ember.iter().zip(&peer).map(|(e, p)| e / p).collect();
+    let ratios: Vec<f64> = ember.iter().zip(peer).map(|(e, p)| e / p).collect();
     let (lo, mid, hi) = spread(&ratios);
     let row = |name: &str, v: &[f64]| {
         let (lo, mid, hi) = spread(v);
@@ -210,8 +222,8 @@ fn render(r: &Result, svg: &str) -> anyhow::Result<String> {
         title = r.title,
         about = r.about,
         n = ember.len(),
-        e = row("Ember", &ember),
-        p = row(&r.peer.name, &peer),
+        e = row("Ember", ember),
+        p = row(&r.peer.name, peer),
         cpu = run.cpu,
         cpus = run.cpus,
         date = run.date.get(..10).unwrap_or(&run.date),

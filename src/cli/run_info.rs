@@ -25,10 +25,13 @@ impl RunInfo {
     pub fn now() -> Self {
         // args_os: a path argument need not be UTF-8.
         let mut args = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
-        let program = args.next().map(|p| {
-            let name = std::path::Path::new(&p).file_name().map(|n| n.to_owned());
-            name.map_or(p.clone(), |n| n.to_string_lossy().into_owned())
-        });
+        // The program by its name, not the path it was started by.
+        let program = args
+            .next()
+            .map(|p| match std::path::Path::new(&p).file_name() {
+                Some(name) => name.to_string_lossy().into_owned(),
+                None => p,
+            });
         Self {
             command: program
                 .into_iter()

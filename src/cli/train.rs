@@ -24,10 +24,10 @@ use super::Progress;
 use ember_sharding::PlannerOptions;
 use ember_sparse::TableOptimizer;
 
+use ember_models::checkpoint::CHECKPOINT_FILE;
+
 /// The table and dense optimizers.
 type Optimizers = (TableOptimizer, DenseOptimizerConfig);
-
-use ember_models::checkpoint::CHECKPOINT_FILE;
 
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
@@ -541,13 +541,14 @@ fn build_model(
         .optimizers(optimizers.0, optimizers.1)
         .seed(args.seed())
         .checkpoint(resume);
+    // Each rank steps its share of the global batch, one id per bag.
+    let per_rank = args.batch_size(state) / launch.world_size().max(1);
     let shape = RunShape {
-        // Each rank steps its share of the global batch.
-        per_rank: (args.batch_size(state) / launch.world_size().max(1), 1.0),
+        per_rank: (per_rank, 1.0),
         // The finished batches queued and the step's (the decoding queues
         // of row groups are the loader's own estimate).
         in_flight: args.loader.prefetch.saturating_add(1),
-        batch_ids: args.batch_size(state) / launch.world_size().max(1),
+        batch_ids: per_rank,
     };
     let placed = place(
         (&args.tier, &args.sharding),

@@ -34,9 +34,12 @@ pub enum ModelError {
     #[error(transparent)]
     Unsupported(#[from] Unsupported),
     /// A run that needs more memory than the machine has, by its
-    /// [`MemoryEstimate`](crate::MemoryEstimate) (the message gives it by part).
-    #[error("{0}")]
-    Memory(String),
+    /// [`MemoryEstimate`](crate::MemoryEstimate).
+    #[error(transparent)]
+    Memory(#[from] crate::memory::OutOfMemory),
+    /// The disk tier cannot be set up as asked (which way: the payload).
+    #[error(transparent)]
+    DiskTier(#[from] crate::disk_tier::DiskTierError),
     /// A batch that does not fit the model (which way: the payload).
     #[error("batch does not fit the model: {0}")]
     Batch(#[from] BatchError),
@@ -164,6 +167,14 @@ pub enum Unsupported {
         "this model implements neither state_dict nor save_checkpoint (nor their load halves)"
     )]
     NoStateDict,
+    /// Training on from a checkpoint written for inference.
+    #[error("{} was written for inference: {why}; resume from the training run's checkpoint", path.display())]
+    InferenceCheckpoint {
+        /// The checkpoint.
+        path: std::path::PathBuf,
+        /// What it lacks.
+        why: String,
+    },
 }
 
 /// What is wrong with a [`SyntheticConfig`](crate::SyntheticConfig)

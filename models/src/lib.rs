@@ -23,11 +23,15 @@
 //!   learnable.
 //! - [`MemoryEstimate`] says what a run needs in memory before it is built,
 //!   so a configuration that cannot fit is refused instead of aborting.
+//! - [`disk_tier`] sizes tables' caches on the disk tier from one budget
+//!   ([`DiskTierOptions`]); [`Dlrm::builder`] plans, places, checks memory
+//!   and takes the disk tier's directory in one call.
 
 mod backend;
 pub mod checkpoint;
 pub mod compiled;
 mod data;
+pub mod disk_tier;
 mod dlrm;
 mod error;
 mod evaluate;
@@ -41,13 +45,14 @@ pub use backend::{Backend, ExecMode};
 pub use checkpoint::{Checkpoint, TrainState};
 pub use compiled::CompiledDenseStep;
 pub use data::{Batch, DataGeneration, SyntheticConfig, SyntheticData};
+pub use disk_tier::{CacheBudget, DiskTierOptions};
 pub use dlrm::{
-    ArchitectureError, BuildError, DenseArch, Dlrm, DlrmBuilder, DlrmConfig, InteractionType,
-    PhaseTimes, StepOutput, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
+    ArchitectureError, BatchShape, BuildError, DenseArch, Dlrm, DlrmBuilder, DlrmConfig,
+    InteractionType, PhaseTimes, StepOutput, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
 };
 pub use error::{BatchError, ModelError, SyntheticError, Unsupported};
 pub use evaluate::{evaluate, evaluate_data, Evaluation, OutputCheck};
-pub use memory::{available_memory, MemoryEstimate, RunShape};
+pub use memory::{available_memory, MemoryEstimate, OutOfMemory, RunShape};
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
 pub use model::{DataParallel, InputDist, Model, Routed};
 pub use sparse_arch::SparseArch;

@@ -138,27 +138,40 @@ impl MemoryEstimate {
     }
 
     /// Refuses a run that needs more than `available` bytes (`None`: not
-    /// known, nothing is refused), with the estimate in the message.
+    /// known, nothing is refused), with the estimate in the error.
     pub fn check(&self, available: Option<u64>) -> Result<(), ModelError> {
         match available {
-            Some(have) if self.total() > have => Err(ModelError::Memory(format!(
-                "this run needs at least {} of memory and {} is available: tables {}, \
-                 dense parameters and optimizer state {}, activations of one step {}, \
-                 batches in flight {}{}; make what dominates smaller",
-                gib(self.total()),
-                gib(have),
-                gib(self.tables),
-                gib(self.dense_params),
-                gib(self.activations),
-                gib(self.batches),
-                match self.devices {
-                    0 => String::new(),
-                    v => format!(", in-process devices {}", gib(v)),
-                },
-            ))),
+            Some(available) if self.total() > available => Err(ModelError::Memory(OutOfMemory {
+                estimate: *self,
+                available,
+            })),
             _ => Ok(()),
         }
     }
+}
+
+/// A run that needs more memory than the machine has ([`ModelError::Memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this run needs at least {} of memory and {} is available: tables {}, \
+     dense parameters and optimizer state {}, activations of one step {}, \
+     batches in flight {}{}; make what dominates smaller",
+    gib(estimate.total()),
+    gib(*available),
+    gib(estimate.tables),
+    gib(estimate.dense_params),
+    gib(estimate.activations),
+    gib(estimate.batches),
+    match estimate.devices {
+        0 => String::new(),
+        v => format!(", in-process devices {}", gib(v)),
+    }
+)]
+pub struct OutOfMemory {
+    /// What the run needs, by part.
+    pub estimate: MemoryEstimate,
+    /// The bytes the machine has available.
+    pub available: u64,
 }
 
 /// `bytes` in GiB, for messages.

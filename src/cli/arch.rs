@@ -377,32 +377,3 @@ impl TableArgs {
         }
     }
 }
-
-/// Refuses a run that cannot fit in this machine's memory, before any of it
-/// is built (the tables of a world's rank are its share).
-pub fn check_memory(
-    config: &DlrmConfig,
-    table_optimizer: TableOptimizer,
-    (batch_size, ids_per_bag): (usize, f64),
-    batches_in_flight: usize,
-    (devices, world_size): (usize, usize),
-) -> anyhow::Result<()> {
-    let bags = (batch_size as f64) * config.num_sparse_features() as f64;
-    let mut estimate = ember_models::MemoryEstimate::of(&ember_models::RunShape {
-        config,
-        table_optimizer,
-        batch_size,
-        ids_per_batch: (bags * ids_per_bag).min(u64::MAX as f64) as u64,
-        batches_in_flight,
-        devices,
-    });
-    estimate.tables /= world_size.max(1) as u64;
-    estimate
-        .check(ember_models::available_memory())
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{e} (--mini-batch-size, --arch-mlp-bot/--arch-mlp-top, --dcn-num-layers/\
-             --dcn-low-rank-dim, --num-indices-per-lookup and the table sizes set them)"
-            )
-        })
-}

@@ -9,15 +9,15 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use ember_models::{
-    Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InMemory, Metrics, PhaseTimes,
-    SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent, TrainSummary, Trainer,
-    TrainerConfig,
+    Backend, BatchShape, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InMemory, Metrics,
+    PhaseTimes, SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent,
+    TrainSummary, Trainer, TrainerConfig,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs};
 use super::bench_embedding::{median, BenchOptimizer};
-use super::place::{place, RunShape};
+use super::place::place;
 use super::plan::{mean_ids_per_bag, planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::{peak_rss_bytes, Progress};
@@ -292,11 +292,11 @@ fn run_in_pool(
     let placed = place(
         (&args.tier, &args.sharding),
         launch,
-        (config, table_optimizer),
-        (&options, shape),
-        (builder, "ember bench dlrm", &mut |line| lines.push(line)),
+        (config, options),
+        shape,
+        (builder, &mut |line| lines.push(line)),
     )?;
-    let (mut model, _disk_lock) = (placed.model, placed.disk_lock);
+    let mut model = placed.model;
     model.set_read_ahead(args.read_ahead);
     let estimated_ms = placed.stats.as_ref().map(|s| s.max_cost_s * 1e3);
     let shards = (placed.stats.as_ref()).map(|s| {
@@ -375,16 +375,14 @@ fn run_in_pool(
     })
 }
 
-/// What the planner assumes of the run, and the run's shape.
+/// What the planner assumes of the run, and the run's shape with the ids'
+/// skew (Zipf exponent) the planner assumes of the disk tier's caches.
 fn planned_shape(
     args: &DlrmArgs,
     resolved: &ResolvedDlrm,
     launch: &Launch,
-) -> anyhow::Result<(PlannerOptions, RunShape)> {
-    let config = &resolved.config;
-    let table_optimizer = args.optim.table_optimizer();
+) -> anyhow::Result<(PlannerOptions, (BatchShape, f64))> {
     let pooling = mean_ids_per_bag(resolved.indices_per_lookup, resolved.fixed_indices);
-    let batch_ids = args.mini_batch_size * resolved.indices_per_lookup;
     // The planner's hit rates: the ids' skew (the generators' own is about
     // Zipf 1: log-uniform for learnable; random is uniform).
     let alpha = match args.ids.distribution()? {
@@ -393,23 +391,21 @@ fn planned_shape(
         None if matches!(args.data_generation, DataKind::Random) => 0.0,
         None => 1.0,
     };
-    let options = PlannerOptions {
-        disk_tier: (args.tier).planner_model(&config.tables, &table_optimizer, batch_ids, alpha)?,
-        ..planner_options(table_optimizer, args.mini_batch_size, pooling)
-    };
+    let options = planner_options(args.optim.table_optimizer(), args.mini_batch_size, pooling);
     anyhow::ensure!(
         args.mini_batch_size >= launch.world_size(),
         "--mini-batch-size {} is the global batch: it needs at least one sample for each of the {} ranks",
         args.mini_batch_size,
         launch.world_size()
     );
-    let shape = RunShape {
-        per_rank: (args.mini_batch_size / launch.world_size().max(1), pooling),
+    let shape = BatchShape {
+        batch_size: args.mini_batch_size / launch.world_size().max(1),
+        ids_per_bag: pooling,
+        max_ids_per_bag: resolved.indices_per_lookup,
         // The step's batch, the pipeline's next ones and the evaluation's.
         in_flight: 4,
-        batch_ids,
     };
-    Ok((options, shape))
+    Ok((options, (shape, alpha)))
 }
 
 /// Training batches made before the clock, when they fit in this many

@@ -157,13 +157,10 @@ fn tables(
         .collect();
     let optimizer = args.optimizer.table_optimizer(args.learning_rate);
     let batch_ids = args.batch * args.pooling_factor;
-    let tiers = args.tier.tiers(&configs, &optimizer, batch_ids)?;
-    anyhow::ensure!(
-        args.tier.disk_dir.is_none() || tiers[0].is_some(),
-        "--cache-memory: a cache must hold {} batches' ids ({} rows a table); give it more",
-        super::tier::CACHE_BATCHES,
-        super::tier::CACHE_BATCHES * batch_ids
-    );
+    let tier = args.tier.options()?;
+    let tiers =
+        ember_models::disk_tier::tiers_for(tier.as_ref(), None, &configs, &optimizer, batch_ids)
+            .map_err(|e| args.tier.explain(e.into()))?;
     Ok((configs, tiers))
 }
 
@@ -246,8 +243,14 @@ fn check_memory(args: &EmbeddingArgs) -> anyhow::Result<()> {
 fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<EmbeddingReport> {
     let (configs, tiers) = tables(args)?;
     let cache = tiers[0].as_ref().map(|t| t.cache_rows);
-    let (_disk_lock, reclaimed) = args.tier.take_dir(true, "ember bench embedding")?;
-    if let Some(line) = reclaimed {
+    let taken = match args.tier.options()? {
+        Some(tier) => Some(
+            tier.take_dir("ember bench embedding")
+                .map_err(|e| args.tier.explain(e.into()))?,
+        ),
+        None => None,
+    };
+    if let Some(line) = taken.as_ref().and_then(|t| t.reclaimed_line()) {
         eprintln!("{line}");
     }
     let ebc = EmbeddingBagCollection::with_disk_tiers(

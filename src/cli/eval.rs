@@ -53,19 +53,17 @@ impl EvalArgs {
         );
         let ckpt = Checkpoint::open(&self.checkpoint)?;
         let none = ember_sparse::TableOptimizer::None;
-        let tables = &ckpt.config().tables;
-        let tiers = (self.tier).tiers(tables, &none, self.mini_batch_size)?;
-        let placement = (self.tier).placement(None, tables, &tiers, self.mini_batch_size)?;
-        let (disk_lock, reclaimed) = self.tier.take_dir(true, "ember eval/predict")?;
-        for line in [reclaimed, placement].into_iter().flatten() {
-            eprintln!("{line}");
-        }
         let dense = ember_dense::DenseOptimizerConfig::sgd(0.0);
-        let model = ckpt
-            .builder()
-            .optimizers(none, dense)
-            .disk_tiers(tiers)
-            .build()?;
+        let batches = ember_models::BatchShape {
+            batch_size: self.mini_batch_size,
+            ..Default::default()
+        };
+        let model = (ckpt.builder().optimizers(none, dense))
+            .disk_tier(self.tier.options()?)
+            .batches(batches)
+            .notes(&mut |line| eprintln!("{line}"))
+            .build()
+            .map_err(|e| self.tier.explain(e))?;
         let spec = self.loader.spec_for_checkpoint(&ckpt)?;
         let config = ember_dataloader::LoaderConfig {
             labels,
@@ -77,7 +75,6 @@ impl EvalArgs {
             model,
             loader,
             checkpoint_files: ckpt.files(),
-            _disk_lock: disk_lock,
         })
     }
 }
@@ -88,13 +85,10 @@ struct Opened {
     loader: ember_dataloader::Loader,
     /// The checkpoint's files, which no output may be.
     checkpoint_files: Vec<PathBuf>,
-    /// --disk-dir, held while the model's table files live.
-    _disk_lock: Option<DirLock>,
 }
 
 pub fn eval(args: &EvalArgs) -> anyhow::Result<MetricsReport> {
     super::with_threads(args.threads, || {
-        // Bound whole: the --disk-dir lock lives as long as the tables.
         let opened = args.open(true)?;
         let (mut model, loader) = (opened.model, opened.loader);
         let be = args.backend.build(ExecMode::Strict)?;

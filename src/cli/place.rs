@@ -1,75 +1,64 @@
 //! What `train` and `bench dlrm` do between their flags and their first
-//! step: plan the tables over `--devices` (or the ranks), put those that do
-//! not fit on the disk tier of `--disk-dir`, check the run fits in memory,
-//! and build the model through the library's builder.
+//! step: plan the tables over `--devices` (or the ranks), then let the
+//! library's builder put tables on the disk tier of `--disk-dir`, check
+//! the run fits in memory, and build the model.
 
-use ember_dataloader::lock::DirLock;
-use ember_models::{Dlrm, DlrmBuilder, DlrmConfig};
+use ember_models::{BatchShape, Dlrm, DlrmBuilder, DlrmConfig};
 use ember_sharding::{PlanStats, PlannerOptions};
-use ember_sparse::TableOptimizer;
 
 use super::plan::ShardingArgs;
 use super::tier::TierArgs;
 use super::world::Launch;
 
-/// The run's shape as the memory check and the disk tier's caches see it.
-pub struct RunShape {
-    /// Samples per step on this rank, and ids per bag.
-    pub per_rank: (usize, f64),
-    /// Batches held at once (the step's, the queues').
-    pub in_flight: usize,
-    /// Ids one batch looks up, which each disk-tier cache must hold.
-    pub batch_ids: usize,
-}
-
 /// A placed model and what its placement says.
 pub struct Placed {
-    /// The model (on a rank: its own shards).
+    /// The model (on a rank: its own shards; holding the disk directory).
     pub model: Dlrm,
     /// The planner's estimate, when it planned.
     pub stats: Option<PlanStats>,
-    /// The disk directory's lock, held while the run uses it.
-    pub disk_lock: Option<DirLock>,
 }
 
-/// Plans, places and builds `builder`'s model (of `config`, whose tables
-/// `table_optimizer` updates) for the run `what`. `say` hears, as soon as
-/// they are known (before a refusal), the tables reclaimed from a dead
-/// run's disk directory and where each table went.
-pub fn place(
+/// Plans `config`'s tables by the flags under `options` (whose disk-tier
+/// model `place` fills in), and builds `builder`'s model on them for
+/// batches of `shape`. `say` hears, as soon as they are known (before a
+/// refusal), the tables reclaimed from a dead run's disk directory and
+/// where each table went.
+pub fn place<'a>(
     (tier, sharding): (&TierArgs, &ShardingArgs),
     launch: &Launch,
-    (config, table_optimizer): (&DlrmConfig, TableOptimizer),
-    (options, shape): (&PlannerOptions, RunShape),
-    (builder, what, say): (DlrmBuilder<'_>, &str, &mut dyn FnMut(String)),
+    (config, mut options): (&DlrmConfig, PlannerOptions),
+    (shape, zipf_alpha): (BatchShape, f64),
+    (builder, say): (DlrmBuilder<'a>, &'a mut dyn FnMut(String)),
 ) -> anyhow::Result<Placed> {
     sharding.validate()?;
-    let devices = sharding.devices.unwrap_or(0);
-    let planned = launch.patiently(|| sharding.plan_for(config, options, launch))?;
+    let disk_tier = tier.options()?;
+    if let Some(disk) = &disk_tier {
+        // The planner sees the global batch's ids in a table.
+        let ids = options.batch_size * shape.max_ids_per_bag;
+        let (tables, optimizer) = (&config.tables, &options.optimizer);
+        options.disk_tier = Some(disk.planner_model(tables, optimizer, ids, zipf_alpha));
+    }
+    let planned = launch.patiently(|| sharding.plan_for(config, &options, launch))?;
     let (plan, stats) = planned.unzip();
-    let tables = &config.tables;
-    let tiers = tier.tiers_for(plan.as_ref(), tables, &table_optimizer, shape.batch_ids)?;
-    let placement = tier.placement(plan.as_ref(), tables, &tiers, shape.batch_ids)?;
-    let (disk_lock, reclaimed) = tier.take_dir(launch.is_root(), what)?;
-    [reclaimed, placement]
-        .into_iter()
-        .flatten()
-        .for_each(&mut *say);
-    super::arch::check_memory(
-        &super::tier::resident(config, &tiers),
-        table_optimizer,
-        shape.per_rank,
-        shape.in_flight,
-        (devices, launch.world_size()),
-    )?;
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let model = launch.patiently(|| {
-        let builder = builder.plan(plan).world(launch.world().cloned());
-        Ok(builder.disk_tiers(tiers).build()?)
+        let builder = (builder.plan(plan.clone()))
+            .world(launch.world().cloned())
+            .disk_tier(disk_tier.clone())
+            .batches(shape)
+            .notes(say);
+        builder.build().map_err(|e| memory_flags(tier.explain(e)))
     })?;
-    Ok(Placed {
-        model,
-        stats,
-        disk_lock,
-    })
+    Ok(Placed { model, stats })
+}
+
+/// An out-of-memory refusal names the flags that size the run.
+fn memory_flags(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<ember_models::ModelError>() {
+        Some(ember_models::ModelError::Memory(_)) => anyhow::anyhow!(
+            "{e} (--mini-batch-size, --arch-mlp-bot/--arch-mlp-top, --dcn-num-layers/\
+             --dcn-low-rank-dim, --num-indices-per-lookup and the table sizes set them)"
+        ),
+        _ => e,
+    }
 }

@@ -260,7 +260,8 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanReport> {
     // Ids as skewed as Criteo's (Zipf 1) for the caches' hit rates.
     let batch_ids = (args.mini_batch_size as f64 * pooling) as usize;
     let options = PlannerOptions {
-        disk_tier: (args.tier).planner_model(&config.tables, &optimizer, batch_ids, 1.0)?,
+        disk_tier: (args.tier.options()?)
+            .map(|t| t.planner_model(&config.tables, &optimizer, batch_ids, 1.0)),
         ..planner_options(optimizer, args.mini_batch_size, pooling)
     };
     let sharding = ShardingArgs {

@@ -6,22 +6,20 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Serialize;
 
-use ember_dataloader::lock::DirLock;
 use ember_dataloader::{Dataset, DatasetSpec, Loader};
 use ember_dense::DenseOptimizerConfig;
 use ember_models::{
-    Checkpoint, Dlrm, DlrmConfig, FitOptions, Metrics, TrainData, TrainEvent, TrainState,
-    TrainSummary, Trainer, TrainerConfig,
+    BatchShape, Checkpoint, Dlrm, DlrmConfig, FitOptions, Metrics, TrainData, TrainEvent,
+    TrainState, TrainSummary, Trainer, TrainerConfig,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
 use super::backend::{BackendArgs, ModeArgs};
 use super::data::LoaderArgs;
-use super::place::{place, RunShape};
+use super::place::place;
 use super::plan::{planner_options, ShardingArgs};
 use super::world::{setup_timeout, Fault, Launch};
 use super::Progress;
-use ember_sharding::PlannerOptions;
 use ember_sparse::TableOptimizer;
 
 use ember_models::checkpoint::CHECKPOINT_FILE;
@@ -354,43 +352,14 @@ fn resume_from(
     let Some(dir) = args.checkpoint_dir.as_deref().filter(|_| args.resume) else {
         return Ok(None);
     };
-    match ember_models::checkpoint::latest(dir, launch.world())? {
-        Some(path) => Ok(Some(Checkpoint::open(&path)?)),
-        None => {
-            progress.line(&format!(
-                "no checkpoint at {}: starting from scratch",
-                dir.join(CHECKPOINT_FILE).display()
-            ));
-            Ok(None)
-        }
+    let ckpt = ember_models::checkpoint::resume(dir, launch.world())?;
+    if ckpt.is_none() {
+        progress.line(&format!(
+            "no checkpoint at {}: starting from scratch",
+            dir.join(CHECKPOINT_FILE).display()
+        ));
     }
-}
-
-/// Refuses to resume from a checkpoint that cannot train: one written for
-/// inference (`ember quantize`: no optimizer, or quantized tables).
-fn trains(ckpt: &Checkpoint) -> anyhow::Result<()> {
-    let path = ckpt.path().display();
-    if matches!(
-        ckpt.table_optimizer(),
-        Some(ember_sparse::TableOptimizer::None)
-    ) {
-        anyhow::bail!(
-            "--resume: {path} was written for inference (by `ember quantize`, or by a model without a table optimizer): it holds no optimizer state to go on with; resume from the training run's checkpoint"
-        );
-    }
-    if let Some(t) = ckpt
-        .config()
-        .tables
-        .iter()
-        .find(|t| !t.data_type.is_trainable())
-    {
-        anyhow::bail!(
-            "--resume: table '{}' of {path} is {}, which does not train; resume from the training run's checkpoint",
-            t.name,
-            t.data_type
-        );
-    }
-    Ok(())
+    Ok(ckpt)
 }
 
 fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
@@ -411,7 +380,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let dataset = Dataset::open(&args.data)?;
     let (config, spec, optimizers, state) = resolve(args, &mut resume, &dataset, &progress)?;
     let placed = (&config, optimizers, &state);
-    let (mut model, _disk_lock) = build_model(args, launch, &progress, placed, resume.as_ref())?;
+    let mut model = build_model(args, launch, &progress, placed, resume.as_ref())?;
     // The model holds the weights now: let go of the old file's mapping
     // before saves replace it.
     drop(resume);
@@ -480,7 +449,7 @@ fn resolve(
         Some(ckpt) => {
             let config = ckpt.config().clone();
             let spec = args.loader.spec_for_checkpoint(ckpt)?;
-            trains(ckpt)?;
+            anyhow::Context::context(ckpt.check_trainable(), "--resume")?;
             let state = ckpt
                 .train_state()
                 .cloned()
@@ -519,45 +488,37 @@ fn resolve(
 }
 
 /// The model as planned and placed: tables sharded by `--devices` (or
-/// the ranks), on the disk tier by `--disk-dir`, within memory; built (or
-/// read from the checkpoint) by every rank for its own shards. The disk
-/// directory's lock is held while the returned guard lives.
+/// the ranks), on the disk tier by `--disk-dir` (whose directory it
+/// holds), within memory; built (or read from the checkpoint) by every
+/// rank for its own shards.
 fn build_model(
     args: &TrainArgs,
     launch: &Launch,
     progress: &Progress,
     (config, optimizers, state): (&DlrmConfig, Optimizers, &TrainState),
     resume: Option<&Checkpoint>,
-) -> anyhow::Result<(Dlrm, Option<DirLock>)> {
-    // A batch looks up (about) one id per sample in each table, of ids
-    // about as skewed as Criteo's (Zipf 1).
-    let batch_ids = args.batch_size(state);
-    let disk_tier = (args.tier).planner_model(&config.tables, &optimizers.0, batch_ids, 1.0)?;
-    let options = PlannerOptions {
-        disk_tier,
-        ..planner_options(optimizers.0, args.batch(), 1.0)
-    };
+) -> anyhow::Result<Dlrm> {
     let builder = Dlrm::builder(config.clone())
         .optimizers(optimizers.0, optimizers.1)
         .seed(args.seed())
         .checkpoint(resume);
-    // Each rank steps its share of the global batch, one id per bag.
-    let per_rank = args.batch_size(state) / launch.world_size().max(1);
-    let shape = RunShape {
-        per_rank: (per_rank, 1.0),
+    // Each rank steps its share of the global batch, one id per bag (of
+    // ids about as skewed as Criteo's: Zipf 1).
+    let shape = BatchShape {
+        batch_size: args.batch_size(state) / launch.world_size().max(1),
         // The finished batches queued and the step's (the decoding queues
         // of row groups are the loader's own estimate).
         in_flight: args.loader.prefetch.saturating_add(1),
-        batch_ids: per_rank,
+        ..BatchShape::default()
     };
     let placed = place(
         (&args.tier, &args.sharding),
         launch,
-        (config, optimizers.0),
-        (&options, shape),
-        (builder, "ember train", &mut |line| progress.line(&line)),
+        (config, planner_options(optimizers.0, args.batch(), 1.0)),
+        (shape, 1.0),
+        (builder, &mut |line| progress.line(&line)),
     )?;
-    Ok((placed.model, placed.disk_lock))
+    Ok(placed.model)
 }
 
 /// Prints one event of the run: a progress line (rank 0), a JSON line with

@@ -48,6 +48,19 @@ pub use write::save;
 /// The file a one-process checkpoint is written to in its directory.
 pub const CHECKPOINT_FILE: &str = "model.safetensors";
 
+/// The checkpoint a run resumes from in `dir` ([`latest`], opened), if
+/// there is one (see [`Checkpoint::check_trainable`] before training on
+/// it). On a world, every rank calls this together.
+pub fn resume(
+    dir: &Path,
+    world: Option<&std::sync::Arc<dyn ember_sharding::Collective>>,
+) -> Result<Option<Checkpoint>, ModelError> {
+    let Some(path) = latest(dir, world)? else {
+        return Ok(None);
+    };
+    Checkpoint::open(&path).map(Some)
+}
+
 /// The checkpoint to resume from in `dir`: one file, or the set the ranks
 /// of a world wrote; the newer when both are there (a crash between
 /// writing one and removing the other). On a world, rank 0 decides for

@@ -190,6 +190,32 @@ impl Checkpoint {
     pub fn config(&self) -> &DlrmConfig {
         &self.config
     }
+    /// Refuses to train on from a checkpoint written for inference (by
+    /// [`quantize`](crate::checkpoint::quantize) or a model without a table optimizer: no
+    /// optimizer state to go on with; or with tables of a type that does
+    /// not train).
+    pub fn check_trainable(&self) -> Result<(), ModelError> {
+        let refuse = |why: String| {
+            let path = self.path().to_path_buf();
+            Err(crate::Unsupported::InferenceCheckpoint { path, why }.into())
+        };
+        if matches!(self.table_optimizer, Some(TableOptimizer::None)) {
+            return refuse("it holds no optimizer state to go on with".into());
+        }
+        match self
+            .config
+            .tables
+            .iter()
+            .find(|t| !t.data_type.is_trainable())
+        {
+            Some(t) => refuse(format!(
+                "table '{}' is {}, which does not train",
+                t.name, t.data_type
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The table optimizer it was trained with (`None` for a TorchRec file).
     pub fn table_optimizer(&self) -> Option<TableOptimizer> {
         self.table_optimizer

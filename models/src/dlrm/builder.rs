@@ -1,14 +1,18 @@
 //! The one way to make a [`Dlrm`]: new or from a checkpoint, alone or
 //! sharded, in RAM or on the disk tier, in one process or as a rank of a
-//! world. Every choice has a default but the architecture.
+//! world, checked against the machine's memory before anything is
+//! allocated. Every choice has a default but the architecture.
 
 use std::sync::Arc;
 
+use ember_dataloader::lock::DirLock;
 use ember_dense::DenseOptimizerConfig;
 use ember_sharding::{Collective, PlannerOptions, ShardingPlan, Topology};
 use ember_sparse::{DiskTierConfig, TableOptimizer};
 
 use super::{Dlrm, DlrmConfig};
+use crate::disk_tier::{self, DiskTierOptions};
+use crate::memory::{MemoryEstimate, RunShape};
 use crate::{Checkpoint, ModelError};
 
 /// Where the tables go.
@@ -51,8 +55,57 @@ pub struct DlrmBuilder<'a> {
     seed: u64,
     placement: Placement,
     world: Option<Arc<dyn Collective>>,
-    tiers: Vec<Option<DiskTierConfig>>,
+    tiers: Tiers,
     checkpoint: Option<&'a Checkpoint>,
+    batches: BatchShape,
+    memory_check: bool,
+    notes: Option<&'a mut dyn FnMut(String)>,
+}
+
+/// Which tables go on the disk tier.
+#[derive(Clone, Debug, Default)]
+enum Tiers {
+    /// All in RAM.
+    #[default]
+    Ram,
+    /// As given, table by table.
+    Given(Vec<Option<DiskTierConfig>>),
+    /// Sized by the builder from one budget (or as the plan says).
+    Sized(DiskTierOptions),
+}
+
+/// How a model is fed, as its memory check, its plan and its disk-tier
+/// caches see it ([`DlrmBuilder::batches`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchShape {
+    /// Samples in one step of this process (of a world: of this rank).
+    pub batch_size: usize,
+    /// Ids in one bag, on average (the memory check's and the planner's).
+    pub ids_per_bag: f64,
+    /// Ids in one bag at most (the disk tier's smallest cache holds
+    /// [`CACHE_BATCHES`](crate::disk_tier::CACHE_BATCHES) batches of them).
+    pub max_ids_per_bag: usize,
+    /// Batches held at once: those queued ahead of the step and the step's.
+    pub in_flight: usize,
+}
+
+impl Default for BatchShape {
+    /// 128 samples, one id per bag, two batches held.
+    fn default() -> Self {
+        Self {
+            batch_size: 128,
+            ids_per_bag: 1.0,
+            max_ids_per_bag: 1,
+            in_flight: 2,
+        }
+    }
+}
+
+impl BatchShape {
+    /// Ids one batch looks up in one table, at most.
+    fn table_ids(&self) -> usize {
+        self.batch_size.saturating_mul(self.max_ids_per_bag)
+    }
 }
 
 /// The table optimizer a builder starts with: row-wise Adagrad (FBGEMM's
@@ -81,8 +134,11 @@ impl Dlrm {
             seed: 0,
             placement: Placement::Local,
             world: None,
-            tiers: Vec::new(),
+            tiers: Tiers::Ram,
             checkpoint: None,
+            batches: BatchShape::default(),
+            memory_check: true,
+            notes: None,
         }
     }
 }
@@ -123,12 +179,11 @@ impl<'a> DlrmBuilder<'a> {
     }
 
     /// Shards the tables by the planner's plan for `topology`, under
-    /// `options` (`None`: a batch of 128, one id per bag, this builder's
-    /// table optimizer, any sharding type, no disk tier). On a world every
-    /// rank plans for itself, all to the same plan (the planner is
-    /// deterministic). With [`disk_tiers`](Self::disk_tiers), give options
-    /// with the disk tier's model, or a [`plan`](Self::plan): a plan made
-    /// without it may replicate a disk-tier table, which the build refuses.
+    /// `options` (`None`: the [`batches`](Self::batches) of every rank,
+    /// this builder's table optimizer, any sharding type). Where the
+    /// options give no disk-tier model, the [`disk_tier`](Self::disk_tier)'s
+    /// is used. On a world every rank plans for itself, all to the same
+    /// plan (the planner is deterministic).
     pub fn planner(mut self, topology: Topology, options: Option<PlannerOptions>) -> Self {
         self.placement = Placement::Planner(topology, options);
         self
@@ -154,8 +209,45 @@ impl<'a> DlrmBuilder<'a> {
 
     /// Puts the tables whose entry is `Some` on the disk tier (their
     /// shards too, each device caching its own); a missing entry: in RAM.
+    /// The caller holds the directories ([`DiskTierOptions::take_dir`]).
     pub fn disk_tiers(mut self, tiers: Vec<Option<DiskTierConfig>>) -> Self {
-        self.tiers = tiers;
+        self.tiers = Tiers::Given(tiers);
+        self
+    }
+
+    /// Puts tables on the disk tier of `options.dir`, their caches sized
+    /// from one budget: under a plan, the tables it puts there; without
+    /// one, every table whose cache holds [`CACHE_BATCHES`](crate::disk_tier::CACHE_BATCHES)
+    /// [`batches`](Self::batches) of ids (the others stay in RAM; none
+    /// fitting is an error). The model holds the directory while it lives
+    /// (on a world, rank 0 does): a second run there is refused, and files
+    /// of killed runs are removed as it is taken.
+    pub fn disk_tier(mut self, options: impl Into<Option<DiskTierOptions>>) -> Self {
+        self.tiers = options.into().map_or(Tiers::Ram, Tiers::Sized);
+        self
+    }
+
+    /// How the model is fed: sizes the memory check, the planner's
+    /// default options and the disk tier's smallest caches.
+    /// (Default: [`BatchShape::default`].)
+    pub fn batches(mut self, batches: BatchShape) -> Self {
+        self.batches = batches;
+        self
+    }
+
+    /// Whether the build refuses a model (with the batches it is fed) that
+    /// needs more memory than the machine has, by its [`MemoryEstimate`],
+    /// before allocating any of it ([`ModelError::Memory`]). (Default: on.)
+    pub fn memory_check(mut self, check: bool) -> Self {
+        self.memory_check = check;
+        self
+    }
+
+    /// Hears, as soon as each is known (before any refusal), what the
+    /// build decided that a run's output should say: which tables went to
+    /// the disk tier and why, and the files of killed runs it removed.
+    pub fn notes(mut self, say: &'a mut dyn FnMut(String)) -> Self {
+        self.notes = Some(say);
         self
     }
 
@@ -170,8 +262,8 @@ impl<'a> DlrmBuilder<'a> {
     }
 
     /// The model; errors name what is wrong with the configuration, the
-    /// plan, the world or the checkpoint.
-    pub fn build(self) -> Result<Dlrm, ModelError> {
+    /// plan, the world, the disk tier, the memory or the checkpoint.
+    pub fn build(mut self) -> Result<Dlrm, ModelError> {
         if let Some(ckpt) = self.checkpoint {
             if ckpt.config() != &self.config {
                 let path = ckpt.path().to_path_buf();
@@ -179,32 +271,136 @@ impl<'a> DlrmBuilder<'a> {
             }
         }
         self.config.validate()?;
-        let plan = match self.placement {
-            Placement::Local => None,
-            Placement::Plan(plan) => Some(plan),
-            Placement::Planner(topology, options) => {
-                let options = options.unwrap_or(PlannerOptions {
-                    batch_size: 128,
-                    pooling_factor: 1.0,
-                    optimizer: self.table_optimizer,
-                    sharding: None,
-                    disk_tier: None,
-                });
-                let tables = &self.config.tables;
-                Some(ember_sharding::plan(tables, &topology, &options)?.0)
-            }
-        };
+        let plan = self.planned()?;
         if self.world.is_some() && plan.is_none() {
             return Err(BuildError::WorldWithoutPlan.into());
         }
-        Dlrm::place(
+        let (tiers, disk_dir) = self.placed_tiers(plan.as_ref())?;
+        if self.memory_check {
+            self.check_memory(plan.as_ref(), &tiers)?;
+        }
+        let mut model = Dlrm::place(
             &self.config,
             (self.table_optimizer, self.dense_optimizer),
             self.seed,
             (plan, self.world.as_ref()),
             self.checkpoint,
-            self.tiers,
-        )
+            tiers,
+        )?;
+        model.disk_dir = disk_dir;
+        Ok(model)
+    }
+
+    /// The plan the tables are sharded by, if any.
+    fn planned(&self) -> Result<Option<ShardingPlan>, ModelError> {
+        Ok(match &self.placement {
+            Placement::Local => None,
+            Placement::Plan(plan) => Some(plan.clone()),
+            Placement::Planner(topology, options) => {
+                let tables = &self.config.tables;
+                let ranks = self.world.as_ref().map_or(1, |w| w.world_size());
+                let mut options = options.clone().unwrap_or(PlannerOptions {
+                    batch_size: self.batches.batch_size * ranks,
+                    pooling_factor: self.batches.ids_per_bag,
+                    optimizer: self.table_optimizer,
+                    sharding: None,
+                    disk_tier: None,
+                });
+                if let (None, Tiers::Sized(tier)) = (&options.disk_tier, &self.tiers) {
+                    let ids = self.batches.table_ids();
+                    let model = tier.planner_model(tables, &self.table_optimizer, ids, 1.0);
+                    options.disk_tier = Some(model);
+                }
+                Some(ember_sharding::plan(tables, topology, &options)?.0)
+            }
+        })
+    }
+
+    /// Each table's tier, and the disk tier's directory when this process
+    /// takes it (sized tiers; on a world, rank 0).
+    fn placed_tiers(
+        &mut self,
+        plan: Option<&ShardingPlan>,
+    ) -> Result<(Vec<Option<DiskTierConfig>>, Option<DirLock>), ModelError> {
+        let tables = &self.config.tables;
+        let options = match &self.tiers {
+            Tiers::Given(tiers) => return Ok((tiers.clone(), None)),
+            Tiers::Ram => None,
+            Tiers::Sized(options) => Some(options),
+        };
+        let ids = self.batches.table_ids();
+        let tiers = disk_tier::tiers_for(options, plan, tables, &self.table_optimizer, ids)?;
+        let Some(options) = options else {
+            return Ok((tiers, None));
+        };
+        let note = |line: String, notes: &mut Option<&mut dyn FnMut(String)>| {
+            if let Some(say) = notes {
+                say(line)
+            }
+        };
+        let root = self.world.as_ref().is_none_or(|w| w.rank() == 0);
+        let lock = match root {
+            true => {
+                let taken = options.take_dir(&holder()).map_err(ModelError::from)?;
+                if let Some(line) = taken.reclaimed_line() {
+                    note(line, &mut self.notes);
+                }
+                Some(taken.lock)
+            }
+            false => {
+                options.make_dir()?;
+                None
+            }
+        };
+        let line = disk_tier::placement_line(&options.dir, plan.is_some(), tables, &tiers);
+        note(line, &mut self.notes);
+        Ok((tiers, lock))
+    }
+
+    /// Refuses a model that cannot fit in this machine's memory with its
+    /// batches (a disk-tier table is its cache; a rank's tables its share).
+    fn check_memory(
+        &self,
+        plan: Option<&ShardingPlan>,
+        tiers: &[Option<DiskTierConfig>],
+    ) -> Result<(), ModelError> {
+        let mut resident = self.config.clone();
+        for (t, tier) in resident.tables.iter_mut().zip(tiers) {
+            if let Some(tier) = tier {
+                t.num_embeddings = t.num_embeddings.min(tier.cache_rows);
+            }
+        }
+        let ranks = self.world.as_ref().map_or(1, |w| w.world_size());
+        let devices = match (plan, ranks) {
+            (Some(p), 1) => p.num_devices,
+            _ => 0,
+        };
+        let b = self.batches;
+        let bags = b.batch_size as f64 * resident.num_sparse_features() as f64;
+        let mut estimate = MemoryEstimate::of(&RunShape {
+            config: &resident,
+            table_optimizer: self.table_optimizer,
+            batch_size: b.batch_size,
+            ids_per_batch: (bags * b.ids_per_bag).min(u64::MAX as f64) as u64,
+            batches_in_flight: b.in_flight,
+            devices,
+        });
+        estimate.tables /= ranks as u64;
+        estimate.check(crate::available_memory())
+    }
+}
+
+/// Who holds a disk-tier directory, for a run that finds it taken: this
+/// program and its arguments' first word (`ember train`).
+fn holder() -> String {
+    let mut args = std::env::args();
+    let program = args.next().unwrap_or_default();
+    let name = std::path::Path::new(&program)
+        .file_name()
+        .map_or(program.clone(), |n| n.to_string_lossy().into_owned());
+    match args.next().filter(|a| !a.starts_with('-')) {
+        Some(command) => format!("{name} {command}"),
+        None => name,
     }
 }
 

@@ -27,7 +27,9 @@ use crate::{
     TrainState, Unsupported,
 };
 
-pub use builder::{BuildError, DlrmBuilder, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER};
+pub use builder::{
+    BatchShape, BuildError, DlrmBuilder, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
+};
 pub use config::{ArchitectureError, DlrmConfig, InteractionType};
 pub use dense_arch::DenseArch;
 pub(crate) use dense_arch::{bottom_linear_prefix, top_linear_prefix};
@@ -103,6 +105,9 @@ pub struct Dlrm {
     read_ahead: bool,
     /// How the model reads its inputs (see [`Dlrm::dataset_spec`]).
     dataset_spec: Option<ember_dataloader::DatasetSpec>,
+    /// The disk tier's directory, held while the model's tables use it
+    /// (taken by [`DlrmBuilder::disk_tier`]).
+    disk_dir: Option<ember_dataloader::lock::DirLock>,
 }
 
 /// [`Model::input_dist`] of a sharded [`Dlrm`]: its tables' input router.
@@ -224,6 +229,7 @@ impl Dlrm {
             routed: None,
             read_ahead: false,
             dataset_spec: None,
+            disk_dir: None,
         })
     }
 

@@ -183,16 +183,14 @@ impl Model for DeepFm {
 
     fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
         let mut state = StateDict::new();
-        state.add_dense_optimizer("deep.", &self.optimizer, self.deep.params());
-        state.add_module("deep.", &self.deep);
+        state.add_trained("deep.", &self.optimizer, self.deep.params());
         state.add_collection("tables.", &self.tables);
         Ok(state)
     }
 
     fn load_state_dict(&mut self, file: &StateFile) -> Result<(), ModelError> {
         file.load_collection("tables.", &mut self.tables)?;
-        file.load_params("deep.", self.deep.params())?;
-        file.load_dense_optimizer("deep.", &mut self.optimizer, self.deep.params())
+        file.load_trained("deep.", &mut self.optimizer, self.deep.params())
     }
 }
 

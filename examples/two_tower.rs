@@ -222,18 +222,16 @@ impl Model for TwoTower {
 
     fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
         let mut state = StateDict::new();
-        state.add_params("", tower_params(&mut self.user_mlp, &mut self.item_mlp));
         let params = tower_params(&mut self.user_mlp, &mut self.item_mlp);
-        state.add_dense_optimizer("", &self.optimizer, params);
+        state.add_trained("", &self.optimizer, params);
         state.add_collection("tables.", &self.tables);
         Ok(state)
     }
 
     fn load_state_dict(&mut self, file: &StateFile) -> Result<(), ModelError> {
         file.load_collection("tables.", &mut self.tables)?;
-        file.load_params("", tower_params(&mut self.user_mlp, &mut self.item_mlp))?;
         let params = tower_params(&mut self.user_mlp, &mut self.item_mlp);
-        file.load_dense_optimizer("", &mut self.optimizer, params)
+        file.load_trained("", &mut self.optimizer, params)
     }
 }
 

@@ -56,10 +56,11 @@ pub mod prelude {
     };
     pub use ember_models::checkpoint::{StateDict, StateFile};
     pub use ember_models::{
-        evaluate, Backend, Batch, Checkpoint, DataGeneration, DataParallel, Dlrm, DlrmBuilder,
-        DlrmConfig, ExecMode, FitOptions, InMemory, InteractionType, Metrics, Model, ModelError,
-        OutputCheck, StepOutput, SyntheticBatches, SyntheticConfig, SyntheticData, TrainData,
-        TrainError, TrainEvent, TrainState, TrainSummary, Trainer, TrainerConfig, Unsupported,
+        evaluate, Backend, Batch, BatchShape, CacheBudget, Checkpoint, DataGeneration,
+        DataParallel, DiskTierOptions, Dlrm, DlrmBuilder, DlrmConfig, ExecMode, FitOptions,
+        InMemory, InteractionType, Metrics, Model, ModelError, OutputCheck, StepOutput,
+        SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainError, TrainEvent,
+        TrainState, TrainSummary, Trainer, TrainerConfig, Unsupported,
     };
     pub use ember_sharding::{
         Collective, InProcess, PlannerOptions, ShardedEmbeddingBagCollection, ShardingPlan,

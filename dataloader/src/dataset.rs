@@ -97,9 +97,6 @@ impl ParquetFile {
     }
 }
 
-/// How a set that is not whole is repaired.
-const REPAIR: &str = "rerun the ingest that wrote it (`ember ingest criteo --resume` repairs it, `ember ingest synthetic` writes the set anew), or remove the part";
-
 /// Refuses a part of a set (an ingest's input) whose completion marker is
 /// missing or does not list it: the set may be partial (a killed ingest),
 /// or the part left from an earlier run.
@@ -126,22 +123,25 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
             markers.insert(marker.clone(), read);
         }
         let name = f.path.file_name();
-        let repair = REPAIR;
         match &markers[&marker] {
             None => {
-                return Err(DataError::Config(format!(
-                    "{}: a part of '{prefix}', whose ingest never finished (no {}), so its \
-                     data may be partial: {repair}",
-                    f.path.display(),
-                    marker.display()
-                )))
+                return Err(DataError::PartialSet {
+                    path: f.path.clone(),
+                    why: format!(
+                        "a part of '{prefix}', whose ingest never finished (no {}), so its \
+                         data may be partial",
+                        marker.display()
+                    ),
+                })
             }
             Some(m) if !m.files.iter().any(|p| p.file_name() == name) => {
-                return Err(DataError::Config(format!(
-                    "{}: not among the parts {} lists (left by an earlier run?): {repair}",
-                    f.path.display(),
-                    marker.display()
-                )))
+                return Err(DataError::PartialSet {
+                    path: f.path.clone(),
+                    why: format!(
+                        "not among the parts {} lists (left by an earlier run?)",
+                        marker.display()
+                    ),
+                })
             }
             Some(_) => {}
         }
@@ -155,11 +155,13 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
             .filter_map(|p| p.file_name())
             .find(|name| !dir.join(name).is_file());
         if let Some(name) = missing {
-            return Err(DataError::Config(format!(
-                "{}: lists the part {}, which is missing, so the set is not whole: {REPAIR}",
-                marker.display(),
-                dir.join(name).display()
-            )));
+            return Err(DataError::PartialSet {
+                path: marker.clone(),
+                why: format!(
+                    "lists the part {}, which is missing, so the set is not whole",
+                    dir.join(name).display()
+                ),
+            });
         }
     }
     Ok(())
@@ -224,10 +226,8 @@ impl Dataset {
                     }
                 }
                 if found.is_empty() {
-                    return Err(DataError::Config(format!(
-                        "{}: no .parquet files in this directory",
-                        input.display()
-                    )));
+                    let path = Some(input.to_path_buf());
+                    return Err(DataError::NoInput { path });
                 }
                 found.sort();
                 paths.extend(found);
@@ -236,17 +236,16 @@ impl Dataset {
             }
         }
         if paths.is_empty() {
-            return Err(DataError::Config("no input files".into()));
+            return Err(DataError::NoInput { path: None });
         }
         let mut seen = std::collections::HashMap::new();
         for p in &paths {
             let real = std::fs::canonicalize(p).map_err(DataError::io(p))?;
             if let Some(first) = seen.insert(real, p) {
-                return Err(DataError::Config(format!(
-                    "{}: given twice (also as {}); each file is read once",
-                    p.display(),
-                    first.display()
-                )));
+                return Err(DataError::GivenTwice {
+                    path: p.clone(),
+                    first: first.clone(),
+                });
             }
         }
         let files: Vec<ParquetFile> = paths

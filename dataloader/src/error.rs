@@ -69,12 +69,107 @@ pub enum DataError {
         /// Why the line was rejected.
         reason: Reject,
     },
-    /// Invalid options or inputs, found before any data is read (a zero batch
-    /// size, a rank not below the world size, a directory without `.parquet`
-    /// files, two inputs writing the same outputs), or a decoding thread that
-    /// stopped without a result.
-    #[error("{0}")]
-    Config(String),
+    /// An option out of its range (a zero batch size, a rank not below the
+    /// world size, a prefetch depth above its limit), found before any data
+    /// is read.
+    #[error("{option} {value}: {expected}")]
+    Option {
+        /// The option, as the library and the CLI name it (`batch size`, `--prefetch`).
+        option: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        expected: String,
+    },
+    /// A dataset spec that does not hold together (which way: the message);
+    /// from a file, [`DataError::Spec`] names it.
+    #[error("dataset spec: {0}")]
+    InvalidSpec(String),
+    /// The loader's queues would not fit in memory when full.
+    #[error(
+        "the loader's queues need at least {:.2} GiB when full ({threads} threads x {prefetch} \
+         row groups of up to {largest_row_group} rows, and {prefetch} batches) and {:.2} GiB is \
+         available: lower --prefetch or --loader-threads, or write smaller row groups",
+        *need as f64 / (1u64 << 30) as f64,
+        *available as f64 / (1u64 << 30) as f64
+    )]
+    QueuesTooLarge {
+        /// Bytes the full queues hold.
+        need: u64,
+        /// Bytes available.
+        available: u64,
+        /// Decoding threads.
+        threads: usize,
+        /// Row groups (and batches) queued ahead.
+        prefetch: usize,
+        /// The largest row group's rows.
+        largest_row_group: usize,
+    },
+    /// A decoding thread stopped without a result (it panicked).
+    #[error("a decoding thread stopped without a result")]
+    DecoderStopped,
+    /// No input files: none given, or a directory without `.parquet` files
+    /// (`path`).
+    #[error("{}", match path { Some(p) => format!("{}: no .parquet files in this directory", p.display()), None => "no input files".into() })]
+    NoInput {
+        /// The directory, when one was given.
+        path: Option<PathBuf>,
+    },
+    /// A file given twice (under two names).
+    #[error("{}: given twice (also as {}); each file is read once", path.display(), first.display())]
+    GivenTwice {
+        /// The second name.
+        path: PathBuf,
+        /// The first.
+        first: PathBuf,
+    },
+    /// A part of an ingested set that is not whole (which way: `why`).
+    #[error("{}: {why}: rerun the ingest that wrote it (`ember ingest criteo --resume` repairs it, `ember ingest synthetic` writes the set anew), or remove the part", path.display())]
+    PartialSet {
+        /// The part (or the marker that lists a missing part).
+        path: PathBuf,
+        /// What is wrong, naming the completion marker.
+        why: String,
+    },
+    /// Two ingest inputs would write the same output files.
+    #[error("inputs {} and {} would write the same output files", first.display(), second.display())]
+    SameOutputs {
+        /// One input.
+        first: PathBuf,
+        /// The other.
+        second: PathBuf,
+    },
+    /// An ingest input with no lines.
+    #[error("{}: no lines (an empty file); --max-reject-fraction 1 accepts it", path.display())]
+    EmptyInput {
+        /// The input.
+        path: PathBuf,
+    },
+    /// An ingest input with more of its lines rejected than allowed: not
+    /// Criteo data.
+    #[error(
+        "{}: {rejected} of {lines} lines rejected{}: is it a Criteo TSV \
+         (a label and 13 integer and 26 categorical fields, tab-separated)? \
+         --max-reject-fraction (now {max}) sets how many may be",
+        path.display(),
+        first.as_ref().map_or(String::new(), |(line, why)| format!("; line {line}: {why}"))
+    )]
+    TooManyRejects {
+        /// The input.
+        path: PathBuf,
+        /// Lines rejected.
+        rejected: u64,
+        /// Lines in all.
+        lines: u64,
+        /// The first rejected line (1-based) and why.
+        first: Option<(u64, String)>,
+        /// The largest fraction allowed.
+        max: f64,
+    },
+    /// A batch that is not of the Criteo schema written to a Criteo file
+    /// (which way: the message).
+    #[error("not a batch of the Criteo schema: {0}")]
+    NotCriteo(String),
     /// Assembling a batch's [`KeyedJaggedTensor`](ember_sparse::KeyedJaggedTensor)
     /// failed.
     #[error(transparent)]

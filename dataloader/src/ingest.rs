@@ -193,26 +193,32 @@ pub fn ingest_criteo(
 ) -> Result<IngestSummary, DataError> {
     let start = Instant::now();
     if options.sink.row_group_size == 0 || options.sink.rows_per_file == Some(0) {
-        return Err(DataError::Config(
-            "row group size and rows per file must be at least 1".into(),
-        ));
+        return Err(DataError::Option {
+            option: "row group size and rows per file",
+            value: format!(
+                "{} and {:?}",
+                options.sink.row_group_size, options.sink.rows_per_file
+            ),
+            expected: "must be at least 1".into(),
+        });
     }
     let max_reject = options
         .max_reject_fraction
         .unwrap_or(DEFAULT_MAX_REJECT_FRACTION);
     if !(0.0..=1.0).contains(&max_reject) {
-        return Err(DataError::Config(format!(
-            "the largest reject fraction must be within 0 and 1, not {max_reject}"
-        )));
+        return Err(DataError::Option {
+            option: "the largest reject fraction (--max-reject-fraction)",
+            value: max_reject.to_string(),
+            expected: "must be within 0 and 1".into(),
+        });
     }
     let mut prefixes = BTreeMap::new();
     for input in inputs {
         if let Some(other) = prefixes.insert(output_prefix(input), input) {
-            return Err(DataError::Config(format!(
-                "inputs {} and {} would write the same output files",
-                other.display(),
-                input.display()
-            )));
+            return Err(DataError::SameOutputs {
+                first: other.to_path_buf(),
+                second: input.to_path_buf(),
+            });
         }
     }
     let _lock = DirLock::acquire(output, "ember ingest criteo")?;
@@ -295,23 +301,19 @@ fn check_rejects(s: &InputSummary, max: f64) -> Result<(), DataError> {
     let rejected: u64 = s.rejected.values().sum();
     let lines = s.rows_written + rejected;
     if lines == 0 && max < 1.0 {
-        return Err(DataError::Config(format!(
-            "{}: no lines (an empty file); --max-reject-fraction 1 accepts it",
-            s.input.display()
-        )));
+        let path = s.input.clone();
+        return Err(DataError::EmptyInput { path });
     }
     if rejected as f64 <= max * lines as f64 {
         return Ok(());
     }
-    let first = (s.first_rejected.first()).map_or(String::new(), |r| {
-        format!("; line {}: {}", r.line, r.reason)
-    });
-    Err(DataError::Config(format!(
-        "{}: {rejected} of {lines} lines rejected{first}: is it a Criteo TSV \
-         (a label and 13 integer and 26 categorical fields, tab-separated)? \
-         --max-reject-fraction (now {max}) sets how many may be",
-        s.input.display()
-    )))
+    Err(DataError::TooManyRejects {
+        path: s.input.clone(),
+        rejected,
+        lines,
+        first: (s.first_rejected.first()).map(|r| (r.line, r.reason.clone())),
+        max,
+    })
 }
 
 /// Bytes read so far from an input file, shared with the reader that counts them.

@@ -96,30 +96,28 @@ impl LoaderConfig {
     }
 
     fn validate(&self) -> Result<(), DataError> {
-        let fail = |m: String| Err(DataError::Config(m));
+        let fail = |option, value: usize, expected: String| {
+            let value = value.to_string();
+            Err(DataError::Option {
+                option,
+                value,
+                expected,
+            })
+        };
         if self.batch_size == 0 {
-            return fail("batch size must be at least 1".into());
+            return fail("batch size", 0, "must be at least 1".into());
         }
         if self.world_size == 0 || self.rank >= self.world_size {
-            return fail(format!(
-                "rank {} is not below world size {}",
-                self.rank, self.world_size
-            ));
+            let world = format!("must be below the world size, {}", self.world_size);
+            return fail("rank", self.rank, world);
         }
-        if self.threads == 0 || self.prefetch == 0 {
-            return fail("loader threads and prefetch depth must be at least 1".into());
+        if self.threads == 0 || self.threads > MAX_LOADER_THREADS {
+            let range = format!("from 1 to {MAX_LOADER_THREADS}");
+            return fail("loader threads (--loader-threads)", self.threads, range);
         }
-        if self.prefetch > MAX_PREFETCH {
-            return fail(format!(
-                "prefetch depth {} (--prefetch): at most {MAX_PREFETCH}",
-                self.prefetch
-            ));
-        }
-        if self.threads > MAX_LOADER_THREADS {
-            return fail(format!(
-                "{} loader threads (--loader-threads): at most {MAX_LOADER_THREADS}",
-                self.threads
-            ));
+        if self.prefetch == 0 || self.prefetch > MAX_PREFETCH {
+            let range = format!("from 1 to {MAX_PREFETCH}");
+            return fail("prefetch depth (--prefetch)", self.prefetch, range);
         }
         self.spec.validate()
     }
@@ -243,16 +241,13 @@ impl Loader {
         let queued = config.queued_bytes(largest);
         if let Some(have) = ember_sparse::storage::available_memory() {
             if queued > have {
-                return Err(DataError::Config(format!(
-                    "the loader's queues need at least {:.2} GiB when full ({} threads x {} \
-                     row groups of up to {largest} rows, and {} batches) and {:.2} GiB is \
-                     available: lower --prefetch or --loader-threads, or write smaller row groups",
-                    queued as f64 / (1u64 << 30) as f64,
-                    config.threads,
-                    config.prefetch,
-                    config.prefetch,
-                    have as f64 / (1u64 << 30) as f64
-                )));
+                return Err(DataError::QueuesTooLarge {
+                    need: queued,
+                    available: have,
+                    threads: config.threads,
+                    prefetch: config.prefetch,
+                    largest_row_group: largest,
+                });
             }
         }
         let spec = DecodeSpec::new(config.spec.clone())?.with_labels(config.labels);
@@ -444,9 +439,7 @@ impl Assembler {
         let mut have: usize = self.pending.iter().map(|(c, at)| c.rows - at).sum();
         while have < want && self.next_unit < self.num_units {
             let rx = &self.receivers[self.next_unit % self.receivers.len()];
-            let chunk = rx.recv().map_err(|_| {
-                DataError::Config("a decoding thread stopped without a result".into())
-            })??;
+            let chunk = rx.recv().map_err(|_| DataError::DecoderStopped)??;
             let at = if self.next_unit == 0 {
                 self.first_skip.min(chunk.rows)
             } else {

@@ -140,7 +140,7 @@ impl DatasetSpec {
             message: e.to_string(),
         })?;
         spec.validate().map_err(|e| match e {
-            DataError::Config(message) => DataError::Spec {
+            DataError::InvalidSpec(message) => DataError::Spec {
                 path: path.to_path_buf(),
                 message,
             },
@@ -153,7 +153,7 @@ impl DatasetSpec {
     /// label, unique column and feature names, every feature in exactly one
     /// table, tables of at least one row and one column.
     pub fn validate(&self) -> Result<(), DataError> {
-        let fail = |m: String| Err(DataError::Config(format!("dataset spec: {m}")));
+        let fail = |m: String| Err(DataError::InvalidSpec(m));
         if self.label.is_empty() {
             return fail("the label column has no name".into());
         }

@@ -151,8 +151,8 @@ impl CriteoBatchBuilder {
     pub fn push_batch(&mut self, batch: &crate::Batch) -> Result<(), DataError> {
         let (dense, sparse) = (&batch.dense, &batch.sparse);
         if dense.cols() != NUM_INT || sparse.keys().len() != NUM_CAT {
-            return Err(DataError::Config(format!(
-                "the Criteo schema needs {NUM_INT} dense and {NUM_CAT} sparse features, not {} and {}",
+            return Err(DataError::NotCriteo(format!(
+                "it needs {NUM_INT} dense and {NUM_CAT} sparse features, not {} and {}",
                 dense.cols(),
                 sparse.keys().len()
             )));
@@ -160,19 +160,19 @@ impl CriteoBatchBuilder {
         if let Some((k, key)) =
             (sparse.keys().iter().enumerate()).find(|(k, key)| **key != cat_column(*k))
         {
-            return Err(DataError::Config(format!(
-                "the Criteo schema's sparse feature {k} is {}, not {key}",
+            return Err(DataError::NotCriteo(format!(
+                "its sparse feature {k} is {}, not {key}",
                 cat_column(k)
             )));
         }
         if sparse.weights().is_some() {
-            return Err(DataError::Config(
-                "the Criteo schema has no per-id weights; the batch has".into(),
+            return Err(DataError::NotCriteo(
+                "it has no per-id weights; the batch has".into(),
             ));
         }
         if let Some(r) = batch.labels.iter().position(|&y| y != 0.0 && y != 1.0) {
-            return Err(DataError::Config(format!(
-                "row {r} has label {}: the Criteo schema's labels are 0 or 1",
+            return Err(DataError::NotCriteo(format!(
+                "row {r} has label {}: its labels are 0 or 1",
                 batch.labels[r]
             )));
         }
@@ -322,8 +322,11 @@ impl StagedSet {
         let staged_marker = ParquetSink::marker_path(&self.staging, &self.prefix);
         let marker = ParquetSink::marker_path(&self.dir, &self.prefix);
         let text = std::fs::read(&staged_marker).map_err(DataError::io(&staged_marker))?;
-        let mut json: serde_json::Value = serde_json::from_slice(&text)
-            .map_err(|e| DataError::Config(format!("{}: {e}", staged_marker.display())))?;
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| DataError::Spec {
+                path: staged_marker.clone(),
+                message: format!("not a completion marker: {e}"),
+            })?;
         let moved: Vec<PathBuf> = (files.iter())
             .map(|f| self.dir.join(f.file_name().unwrap_or_default()))
             .collect();

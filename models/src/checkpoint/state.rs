@@ -94,6 +94,22 @@ impl<'a> StateDict<'a> {
         self
     }
 
+    /// Adds dense parameters (copied) and `optimizer`'s state for them, as
+    /// [`add_params`](Self::add_params) and
+    /// [`add_dense_optimizer`](Self::add_dense_optimizer) from one list;
+    /// [`StateFile::load_trained`] reads both back.
+    pub fn add_trained(
+        &mut self,
+        prefix: &str,
+        optimizer: &DenseOptimizer<f32>,
+        params: Vec<Param<'_, f32>>,
+    ) -> &mut Self {
+        for p in &params {
+            self.push(format!("{prefix}{}", p.name), &p.shape, p.value.to_vec());
+        }
+        self.add_dense_optimizer(prefix, optimizer, params)
+    }
+
     /// Adds a module's parameters (borrowed, not copied) under `prefix` +
     /// their names, in their shapes.
     pub fn add_module<M: Module<f32> + ?Sized>(
@@ -284,6 +300,21 @@ impl StateFile {
             p.value.copy_from_slice(&values);
         }
         Ok(())
+    }
+
+    /// Reads dense parameters and their optimizer's state saved by
+    /// [`StateDict::add_trained`].
+    pub fn load_trained(
+        &self,
+        prefix: &str,
+        optimizer: &mut DenseOptimizer<f32>,
+        mut params: Vec<Param<'_, f32>>,
+    ) -> Result<(), ModelError> {
+        for p in &mut params {
+            let values = self.checked(&format!("{prefix}{}", p.name), &p.shape, Allowed::Finite)?;
+            p.value.copy_from_slice(&values);
+        }
+        self.load_dense_optimizer(prefix, optimizer, params)
     }
 
     /// Restores a dense optimizer saved by [`StateDict::add_dense_optimizer`]

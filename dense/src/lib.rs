@@ -6,12 +6,15 @@
 //! - Layers ([`Linear`], [`Mlp`], [`DotInteraction`], [`LowRankCrossNet`], [`BceWithLogits`])
 //!   own their parameters, gradients and activation buffers; the math goes through a backend.
 //! - [`DenseOptimizer`] updates parameters exposed through [`HasParams`].
+//! - [`jagged`]: sequences of rows without padding ([`Jagged`]) and their
+//!   operators (padding, softmax, batched products), forward and backward.
 //! - [`conformance`]: the test suite every backend must pass.
 
 pub mod backend;
 pub mod conformance;
 pub mod error;
 pub mod init;
+pub mod jagged;
 pub mod layers;
 pub mod native;
 pub mod optim;
@@ -23,6 +26,7 @@ pub mod tensor;
 pub use backend::{Activation, DenseBackend};
 pub use error::DenseError;
 pub use init::Initializer;
+pub use jagged::Jagged;
 pub use layers::crossnet::LowRankCrossNet;
 pub use layers::interaction::DotInteraction;
 pub use layers::linear::Linear;

@@ -22,7 +22,10 @@ mod tier;
 
 /// The half-precision types a [`KeyedTensor`] may hold (the `half` crate's).
 pub use ::half::{bf16, f16};
-pub use collection::{initial_rows, EmbeddingBagCollection, EmbeddingTable, RowMaker, TablePart};
+pub use collection::{
+    initial_rows, EmbeddingBagCollection, EmbeddingCollection, EmbeddingConfig, EmbeddingTable,
+    JaggedEmbeddings, RowMaker, TablePart,
+};
 pub use config::{EmbeddingBagConfig, PoolingType};
 pub use dtype::{DataType, MX_GROUP};
 pub use error::SparseError;

@@ -22,17 +22,21 @@ const UPDATE_PREFETCH_DISTANCE: usize = 8;
 
 #[derive(Debug, Default)]
 pub(super) struct BackwardScratch {
-    entries: Vec<Entry>,
+    pub(super) entries: Vec<Entry>,
     segment_starts: Vec<usize>,
 }
 
 /// One occurrence of an id in a batch: where its gradient comes from.
 #[derive(Clone, Copy, Debug)]
-struct Entry {
-    id: u64,
-    sample: u32,
-    column: u32,
-    scale: f32,
+pub(super) struct Entry {
+    /// The row.
+    pub(super) id: u64,
+    /// The gradient's row (a sample; unpooled, the id's output row).
+    pub(super) sample: u32,
+    /// The gradient's first column in that row.
+    pub(super) column: u32,
+    /// What the gradient is scaled by (mean pooling, per-id weights).
+    pub(super) scale: f32,
 }
 
 impl EmbeddingBagCollection {
@@ -75,16 +79,31 @@ impl EmbeddingBagCollection {
     fn update_tables(&mut self, kjt: &KeyedJaggedTensor, grad: &[f32]) -> Result<(), SparseError> {
         let keys = self.resolve_keys(kjt)?;
         let width = self.width;
-        // Every id is checked before any table changes, so an error leaves
-        // the tables and the step count as they were.
-        let slots = &self.slots;
+        // Lent out while the tables step (no copy), back on every path.
+        let slots = std::mem::take(&mut self.slots);
+        let collect = |t: usize, table: &mut EmbeddingTable| {
+            let features = slots.iter().zip(&keys).filter(|(slot, _)| slot.table == t);
+            table.collect_entries(features, kjt)
+        };
+        let result = self.step_tables(grad, width, collect);
+        self.slots = slots;
+        result
+    }
+
+    /// One optimizer step of every table: `collect(t, table)` gathers table
+    /// `t`'s occurrences (every id checked before any table changes, so an
+    /// error leaves the tables and the step count as they were), whose
+    /// gradient rows lie `width` apart in `grad`.
+    pub(super) fn step_tables(
+        &mut self,
+        grad: &[f32],
+        width: usize,
+        collect: impl Fn(usize, &mut EmbeddingTable) -> Result<(), SparseError> + Sync,
+    ) -> Result<(), SparseError> {
         self.tables
             .par_iter_mut()
             .enumerate()
-            .try_for_each(|(t, table)| {
-                let features = slots.iter().zip(&keys).filter(|(slot, _)| slot.table == t);
-                table.collect_entries(features, kjt)
-            })?;
+            .try_for_each(|(t, table)| collect(t, table))?;
         self.step += 1;
         let optimizer = self.optimizer;
         let factors = StepFactors::at(&optimizer, self.step);
@@ -136,6 +155,14 @@ impl EmbeddingTable {
                 }
             }
         }
+        self.segment_entries();
+        Ok(())
+    }
+
+    /// Sorts the collected occurrences by (id, sample, column) and marks
+    /// where each id's segment starts.
+    pub(super) fn segment_entries(&mut self) {
+        let entries = &mut self.scratch.entries;
         entries.sort_unstable_by_key(|e| (e.id, e.sample, e.column));
         let starts = &mut self.scratch.segment_starts;
         starts.clear();
@@ -145,7 +172,6 @@ impl EmbeddingTable {
             }
         }
         starts.push(entries.len());
-        Ok(())
     }
 
     /// Sums each segment's gradient and applies the optimizer to its row.

@@ -26,12 +26,14 @@ macro_rules! with_fixed_dim {
 mod backward;
 mod forward;
 mod init;
+mod sequence;
 mod staging;
 mod store;
 
 use backward::BackwardScratch;
 use init::new_table;
 pub use init::{initial_rows, RowMaker};
+pub use sequence::{EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings};
 use store::TableStore;
 
 /// One table: its storage (its rows, in its data type, and their

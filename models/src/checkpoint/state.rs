@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use ember_dense::{DenseOptimizer, DenseOptimizerConfig, Module, Param};
 use ember_sharding::RowSplit;
-use ember_sparse::{EmbeddingBagCollection, TableOptimizer};
+use ember_sparse::{EmbeddingBagCollection, EmbeddingCollection, EmbeddingTable, TableOptimizer};
 use memmap2::Mmap;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
@@ -149,20 +149,34 @@ impl<'a> StateDict<'a> {
     /// Adds every table of `ebc` (weights borrowed) and its optimizer state
     /// under `<prefix>embedding_bags.<table>`, and the tables' step count.
     pub fn add_collection(&mut self, prefix: &str, ebc: &'a EmbeddingBagCollection) -> &mut Self {
-        let names: Vec<String> = ebc
-            .tables()
-            .iter()
-            .map(|t| format!("{prefix}embedding_bags.{}", t.name()))
-            .collect();
-        for (table, name) in ebc.tables().iter().zip(&names) {
-            table_tensors(
-                name,
-                &SavedTable::of(table),
-                ebc.optimizer(),
-                &mut self.tensors,
-            );
+        let tables = (ebc.tables(), ebc.optimizer(), ebc.step());
+        self.add_tables(&format!("{prefix}embedding_bags."), prefix, tables)
+    }
+
+    /// Adds every table of an [`EmbeddingCollection`] and its optimizer
+    /// state under `<prefix>embeddings.<table>` (TorchRec's names for an
+    /// `EmbeddingCollection`), and the tables' step count.
+    pub fn add_embedding_collection(
+        &mut self,
+        prefix: &str,
+        ec: &'a EmbeddingCollection,
+    ) -> &mut Self {
+        let tables = (ec.tables(), ec.optimizer(), ec.step());
+        self.add_tables(&format!("{prefix}embeddings."), prefix, tables)
+    }
+
+    /// Tables under `<names><table>`, their step count under `prefix`.
+    fn add_tables(
+        &mut self,
+        names: &str,
+        prefix: &str,
+        (tables, optimizer, step): (&'a [EmbeddingTable], &TableOptimizer, u64),
+    ) -> &mut Self {
+        for table in tables {
+            let name = format!("{names}{}", table.name());
+            table_tensors(&name, &SavedTable::of(table), optimizer, &mut self.tensors);
         }
-        self.metadata(table_step_key(prefix), ebc.step().to_string())
+        self.metadata(table_step_key(prefix), step.to_string())
     }
 
     /// Writes the state into `dir` (made if missing) as its one-process
@@ -363,9 +377,36 @@ impl StateFile {
         ebc: &mut EmbeddingBagCollection,
     ) -> Result<(), ModelError> {
         let optimizer = *ebc.optimizer();
-        for table in ebc.tables_mut() {
+        let names = format!("{prefix}embedding_bags.");
+        self.load_tables(&names, ebc.tables_mut(), optimizer)?;
+        ebc.set_step(self.steps(&table_step_key(prefix))?);
+        Ok(())
+    }
+
+    /// Reads the tables saved by [`StateDict::add_embedding_collection`]
+    /// into `ec`, as [`load_collection`](Self::load_collection) does.
+    pub fn load_embedding_collection(
+        &self,
+        prefix: &str,
+        ec: &mut EmbeddingCollection,
+    ) -> Result<(), ModelError> {
+        let optimizer = *ec.optimizer();
+        let names = format!("{prefix}embeddings.");
+        self.load_tables(&names, ec.tables_mut(), optimizer)?;
+        ec.set_step(self.steps(&table_step_key(prefix))?);
+        Ok(())
+    }
+
+    /// Tables saved under `<names><table>`, with `optimizer`'s state.
+    fn load_tables(
+        &self,
+        names: &str,
+        tables: &mut [EmbeddingTable],
+        optimizer: TableOptimizer,
+    ) -> Result<(), ModelError> {
+        for table in tables {
             let (rows, dim) = (table.num_embeddings(), table.dim());
-            let name = format!("{prefix}embedding_bags.{}", table.name());
+            let name = format!("{names}{}", table.name());
             let (dtype, shape) = weight_layout(table.data_type(), rows, dim);
             let weight = format!("{name}.weight");
             let state = |s: &str, shape: &[usize], allowed| {
@@ -410,7 +451,6 @@ impl StateFile {
                 .map_err(|m| self.fail_on(&weight, m))?
                 .0?;
         }
-        ebc.set_step(self.steps(&table_step_key(prefix))?);
         Ok(())
     }
 }

@@ -51,8 +51,8 @@ pub mod prelude {
         SparseColumn,
     };
     pub use ember_dense::{
-        Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, Linear, Mlp,
-        Module, NativeBackend, Param, Sequential, Tensor,
+        Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, Jagged, Linear,
+        Mlp, Module, NativeBackend, Param, Sequential, Tensor,
     };
     pub use ember_models::checkpoint::{StateDict, StateFile};
     pub use ember_models::{
@@ -67,8 +67,9 @@ pub mod prelude {
         ShardingType, Topology,
     };
     pub use ember_sparse::{
-        DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, JaggedTensor,
-        KeyedJaggedTensor, KeyedTensor, PoolingType, TableOptimizer,
+        DataType, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
+        EmbeddingConfig, JaggedEmbeddings, JaggedTensor, KeyedJaggedTensor, KeyedTensor,
+        PoolingType, TableOptimizer,
     };
 }
 
@@ -111,6 +112,8 @@ pub mod book {
     pub struct GuidesPrecision;
     #[doc = include_str!("../docs/src/guides/reliability.md")]
     pub struct GuidesReliability;
+    #[doc = include_str!("../docs/src/guides/sequences.md")]
+    pub struct GuidesSequences;
     #[doc = include_str!("../docs/src/guides/sharding.md")]
     pub struct GuidesSharding;
     #[doc = include_str!("../docs/src/guides/tables-and-kjt.md")]

@@ -618,7 +618,10 @@ fn an_embedding_collection_saves_under_torchrecs_names_and_resumes_exactly() {
     // The same seed, as a resumed run has: bf16 rows round stochastically
     // by it (the rows and Adam's moments come from the file).
     let mut loaded = EmbeddingCollection::new(configs, opt, 1).unwrap();
-    assert_ne!(trained.forward(&batch(vec![1; 7])), loaded.forward(&batch(vec![1; 7])));
+    assert_ne!(
+        trained.forward(&batch(vec![1; 7])),
+        loaded.forward(&batch(vec![1; 7]))
+    );
     StateFile::open(&path)
         .unwrap()
         .load_embedding_collection("sequence.", &mut loaded)

@@ -636,3 +636,43 @@ fn an_embedding_collection_saves_under_torchrecs_names_and_resumes_exactly() {
         loaded.forward(&all).unwrap()
     );
 }
+
+/// TorchRec's own `EmbeddingCollection` (its state_dict, a batch and its
+/// forward), written by scripts/torchrec_sequence_fixture.py: Ember's reads
+/// the same tensors under the same names and returns the same rows.
+#[test]
+fn torchrecs_embedding_collection_loads_and_looks_up_the_same() {
+    use ember_models::checkpoint::StateFile;
+    use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torchrec_embedding_collection.safetensors");
+    let file = StateFile::open(&path).unwrap();
+    let configs = vec![
+        EmbeddingConfig::new("t_items", 50, 4, &["history", "candidate"]),
+        EmbeddingConfig::new("t_actions", 5, 4, &["action"]),
+    ];
+    let mut ec = EmbeddingCollection::new(configs, TableOptimizer::None, 1).unwrap();
+    file.load_embedding_collection("", &mut ec).unwrap();
+    let ints = |name: &str, len| -> Vec<i64> {
+        let v = file.tensor(name, &[len]).unwrap();
+        v.iter().map(|&x| x as i64).collect()
+    };
+    let keys = ["history", "candidate", "action"]
+        .map(String::from)
+        .to_vec();
+    let kjt = KeyedJaggedTensor::from_lengths(
+        keys.clone(),
+        ints("batch.values", 11),
+        &ints("batch.lengths", 9),
+        None,
+    )
+    .unwrap();
+    let out = ec.forward(&kjt).unwrap();
+    for key in &keys {
+        let (rows, _) = out.feature(key).unwrap();
+        let want = file
+            .tensor(&format!("output.{key}"), &[rows.len() / 4, 4])
+            .unwrap();
+        assert_eq!(rows, &want[..], "{key}");
+    }
+}

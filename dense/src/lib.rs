@@ -33,6 +33,7 @@ pub use layers::linear::Linear;
 pub use layers::loss::BceWithLogits;
 pub use layers::mlp::Mlp;
 pub use layers::module::{Module, ParamView, Sequential};
+pub use layers::norm::LayerNorm;
 pub use native::NativeBackend;
 pub use optim::{DenseOptimizer, DenseOptimizerConfig};
 pub use param::{HasParams, Param};

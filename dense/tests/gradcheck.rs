@@ -321,3 +321,55 @@ fn dlrm_dense_chain() {
         l
     });
 }
+
+#[test]
+fn layer_norm_gradients() {
+    use ember_dense::{HasParams, LayerNorm};
+    for affine in [false, true] {
+        let mut rng = Initializer::new(21);
+        let mut norm = LayerNorm::<f64>::new(5, 1e-6, affine);
+        if affine {
+            norm.weight = rng.uniform_vec(5, 1.0);
+            norm.bias = rng.uniform_vec(5, 1.0);
+        }
+        let x = random(&mut rng, 4, 5);
+        let r = random(&mut rng, 4, 5);
+        let loss = |n: &mut LayerNorm<f64>, x: &Tensor<f64>| {
+            let mut y = Tensor::zeros(0, 0);
+            n.forward(x, &mut y);
+            weighted_sum(&y, &r)
+        };
+        let mut y = Tensor::zeros(0, 0);
+        norm.forward(&x, &mut y);
+        // Each row is normalised: mean 0, variance 1 (less eps) before the affine map.
+        if !affine {
+            for row in y.data().chunks(5) {
+                assert!(row.iter().sum::<f64>().abs() < 1e-12);
+                assert!((row.iter().map(|v| v * v).sum::<f64>() / 5.0 - 1.0).abs() < 1e-4);
+            }
+        }
+        let mut dx = Tensor::zeros(0, 0);
+        norm.backward(&r, &mut dx);
+        let mut probe = norm.clone();
+        check("layer norm dx", x.data(), dx.data(), |i, v| {
+            let mut x = x.clone();
+            x.data_mut()[i] = v;
+            loss(&mut probe, &x)
+        });
+        if affine {
+            let (w, gw) = (norm.weight.clone(), norm.weight_grad.clone());
+            check("layer norm weight", &w, &gw, |i, v| {
+                let mut p = norm.clone();
+                p.weight[i] = v;
+                loss(&mut p, &x)
+            });
+            let (b, gb) = (norm.bias.clone(), norm.bias_grad.clone());
+            check("layer norm bias", &b, &gb, |i, v| {
+                let mut p = norm.clone();
+                p.bias[i] = v;
+                loss(&mut p, &x)
+            });
+            assert_eq!(norm.params().len(), 2);
+        }
+    }
+}

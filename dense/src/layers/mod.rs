@@ -7,3 +7,4 @@ pub mod linear;
 pub mod loss;
 pub mod mlp;
 pub mod module;
+pub mod norm;

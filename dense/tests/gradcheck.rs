@@ -373,3 +373,25 @@ fn layer_norm_gradients() {
         }
     }
 }
+
+#[test]
+fn layer_norm_of_many_rows_is_each_rows() {
+    use ember_dense::LayerNorm;
+    // Enough rows for the parallel blocks (and a last, partial one).
+    let mut rng = Initializer::new(4);
+    let x = random(&mut rng, 1001, 7);
+    let dy = random(&mut rng, 1001, 7);
+    let mut all = LayerNorm::<f64>::new(7, 1e-5, true);
+    let (mut y, mut dx) = (Tensor::zeros(0, 0), Tensor::zeros(0, 0));
+    all.forward(&x, &mut y);
+    all.backward(&dy, &mut dx);
+    for r in [0, 63, 64, 999, 1000] {
+        let mut one = LayerNorm::<f64>::new(7, 1e-5, true);
+        let row = |t: &Tensor<f64>| Tensor::from_vec(1, 7, t.row(r).to_vec()).unwrap();
+        let (mut y1, mut dx1) = (Tensor::zeros(0, 0), Tensor::zeros(0, 0));
+        one.forward(&row(&x), &mut y1);
+        one.backward(&row(&dy), &mut dx1);
+        assert_eq!(y1.data(), y.row(r), "row {r}");
+        assert_eq!(dx1.data(), dx.row(r), "row {r}");
+    }
+}

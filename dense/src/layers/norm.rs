@@ -65,39 +65,27 @@ impl<T: Real> LayerNorm<T> {
         y.resize(rows, d);
         self.normed.resize(rows, d);
         self.rstd.resize(rows, T::ZERO);
-        let eps = T::from_f64(self.eps);
-        let (weight, bias) = (&self.weight, &self.bias);
-        let row = |((xr, (nr, yr)), rs): ((&[T], (&mut [T], &mut [T])), &mut T)| {
-            let n = T::from_f64(d as f64);
-            let mean = xr.iter().fold(T::ZERO, |s, &v| s + v) / n;
-            let var = xr.iter().fold(T::ZERO, |s, &v| s + (v - mean) * (v - mean)) / n;
-            let r = T::ONE / (var + eps).sqrt();
-            *rs = r;
-            for (c, ((&v, o), out)) in xr.iter().zip(nr.iter_mut()).zip(yr.iter_mut()).enumerate() {
-                *o = (v - mean) * r;
-                *out = match weight.is_empty() {
-                    true => *o,
-                    false => *o * weight[c] + bias[c],
-                };
-            }
-        };
         if d == 0 {
             return;
         }
-        let items = x.data().chunks(d).zip(
-            self.normed
-                .data_mut()
-                .chunks_mut(d)
-                .zip(y.data_mut().chunks_mut(d)),
-        );
+        let (eps, weight, bias) = (T::from_f64(self.eps), &self.weight, &self.bias);
+        let block = |b: usize, (normed, out): (&mut [T], &mut [T]), rstd: &mut [T]| {
+            let x = &x.data()[b * ROWS_PER_TASK * d..];
+            for (r, rs) in rstd.iter_mut().enumerate() {
+                let at = r * d..(r + 1) * d;
+                let (xr, nr, yr) = (&x[at.clone()], &mut normed[at.clone()], &mut out[at]);
+                *rs = normalize_row(xr, nr, eps);
+                affine(nr, yr, weight, bias);
+            }
+        };
+        let chunk = ROWS_PER_TASK * d;
+        let parts = (self.normed.data_mut().chunks_mut(chunk)).zip(y.data_mut().chunks_mut(chunk));
+        let parts = parts.zip(self.rstd.chunks_mut(ROWS_PER_TASK)).enumerate();
         if rows >= 4 * ROWS_PER_TASK {
-            let items: Vec<_> = items.zip(self.rstd.iter_mut()).collect();
-            items
-                .into_par_iter()
-                .with_min_len(ROWS_PER_TASK)
-                .for_each(row);
+            let parts: Vec<_> = parts.collect();
+            parts.into_par_iter().for_each(|(b, (o, r))| block(b, o, r));
         } else {
-            items.zip(self.rstd.iter_mut()).for_each(row);
+            parts.for_each(|(b, (o, r))| block(b, o, r));
         }
     }
 
@@ -112,54 +100,77 @@ impl<T: Real> LayerNorm<T> {
             "LayerNorm::backward: dy of the forward's shape"
         );
         dx.resize(rows, d);
-        if !self.weight.is_empty() {
-            self.weight_grad.fill(T::ZERO);
-            self.bias_grad.fill(T::ZERO);
-            for (nr, gr) in self
-                .normed
-                .data()
-                .chunks(d.max(1))
-                .zip(dy.data().chunks(d.max(1)))
-            {
-                for c in 0..d {
-                    self.weight_grad[c] += gr[c] * nr[c];
-                    self.bias_grad[c] += gr[c];
-                }
-            }
-        }
         if d == 0 {
             return;
         }
-        let weight = &self.weight;
-        let n = T::from_f64(d as f64);
-        // dx = rstd (g - mean(g) - x̂ mean(g x̂)), g = dy * weight.
-        let row = |(((nr, gr), &r), out): (((&[T], &[T]), &T), &mut [T])| {
-            let g = |c: usize| match weight.is_empty() {
-                true => gr[c],
-                false => gr[c] * weight[c],
-            };
-            let (mut sg, mut sgx) = (T::ZERO, T::ZERO);
-            for c in 0..d {
-                sg += g(c);
-                sgx += g(c) * nr[c];
+        if !self.weight.is_empty() {
+            self.weight_grad.fill(T::ZERO);
+            self.bias_grad.fill(T::ZERO);
+            for (nr, gr) in self.normed.data().chunks(d).zip(dy.data().chunks(d)) {
+                let grads = self.weight_grad.iter_mut().zip(self.bias_grad.iter_mut());
+                for ((gw, gb), (&n, &g)) in grads.zip(nr.iter().zip(gr)) {
+                    *gw += g * n;
+                    *gb += g;
+                }
             }
-            let (mg, mgx) = (sg / n, sgx / n);
-            for c in 0..d {
-                out[c] = r * (g(c) - mg - nr[c] * mgx);
+        }
+        let (normed, rstd, weight) = (&self.normed, &self.rstd, &self.weight);
+        let block = |b: usize, out: &mut [T]| {
+            let first = b * ROWS_PER_TASK;
+            for (r, dxr) in out.chunks_mut(d).enumerate() {
+                let at = (first + r) * d..(first + r + 1) * d;
+                let (nr, gr) = (&normed.data()[at.clone()], &dy.data()[at]);
+                backward_row(nr, gr, rstd[first + r], weight, dxr);
             }
         };
-        let items = (self.normed.data().chunks(d).zip(dy.data().chunks(d)))
-            .zip(self.rstd.iter())
-            .zip(dx.data_mut().chunks_mut(d));
+        let parts = dx.data_mut().chunks_mut(ROWS_PER_TASK * d).enumerate();
         if rows >= 4 * ROWS_PER_TASK {
-            let items: Vec<_> = items.collect();
-            items
-                .into_par_iter()
-                .with_min_len(ROWS_PER_TASK)
-                .for_each(row);
+            let parts: Vec<_> = parts.collect();
+            parts.into_par_iter().for_each(|(b, o)| block(b, o));
         } else {
-            items.for_each(row);
+            parts.for_each(|(b, o)| block(b, o));
         }
+    }
+}
+
+/// `normed = (x - mean) / sqrt(var + eps)`; returns 1 / sqrt(var + eps).
+fn normalize_row<T: Real>(x: &[T], normed: &mut [T], eps: T) -> T {
+    let n = T::from_f64(x.len() as f64);
+    let mean = x.iter().fold(T::ZERO, |s, &v| s + v) / n;
+    let var = x.iter().fold(T::ZERO, |s, &v| s + (v - mean) * (v - mean)) / n;
+    let r = T::ONE / (var + eps).sqrt();
+    for (o, &v) in normed.iter_mut().zip(x) {
+        *o = (v - mean) * r;
+    }
+    r
+}
+
+/// `y = normed * weight + bias` (`normed` without affine parameters).
+fn affine<T: Real>(normed: &[T], y: &mut [T], weight: &[T], bias: &[T]) {
+    if weight.is_empty() {
+        y.copy_from_slice(normed);
+        return;
+    }
+    for (((o, &n), &w), &b) in y.iter_mut().zip(normed).zip(weight).zip(bias) {
+        *o = n * w + b;
+    }
+}
+
+/// `dx = rstd (g - mean(g) - x̂ mean(g x̂))` with `g = dy * weight`.
+fn backward_row<T: Real>(normed: &[T], dy: &[T], rstd: T, weight: &[T], dx: &mut [T]) {
+    let n = T::from_f64(normed.len() as f64);
+    let g = |c: usize| match weight.is_empty() {
+        true => dy[c],
+        false => dy[c] * weight[c],
+    };
+    let (mut sg, mut sgx) = (T::ZERO, T::ZERO);
+    for (c, &x) in normed.iter().enumerate() {
+        sg += g(c);
+        sgx += g(c) * x;
+    }
+    let (mg, mgx) = (sg / n, sgx / n);
+    for (c, (o, &x)) in dx.iter_mut().zip(normed).enumerate() {
+        *o = rstd * (g(c) - mg - x * mgx);
     }
 }
 

@@ -8,6 +8,7 @@ use crate::tensor::Tensor;
 
 /// A deterministic stream of random numbers for initialization: the same seed gives the same
 /// parameters on every machine (values are drawn in `f64` and then rounded to `T`).
+#[derive(Clone, Debug)]
 pub struct Initializer {
     rng: Xoshiro256PlusPlus,
 }

@@ -28,6 +28,7 @@ pub use error::DenseError;
 pub use init::Initializer;
 pub use jagged::Jagged;
 pub use layers::crossnet::LowRankCrossNet;
+pub use layers::hstu::{HstuConfig, HstuInput, HstuLayer};
 pub use layers::interaction::DotInteraction;
 pub use layers::linear::Linear;
 pub use layers::loss::BceWithLogits;

@@ -2,71 +2,12 @@
 //! `jagged_dense_bmm` and `jagged_jagged_bmm`), forward and backward. Each
 //! sample's product is one GEMM on its own rows; samples run in parallel.
 
-use gemm::Parallelism;
 use rayon::prelude::*;
 
+use super::gemm::{gemm, View};
 use super::{check, parallel, Jagged};
 use crate::real::Real;
 use crate::tensor::Tensor;
-
-/// `c` (`m x n`, row-major) = op(a) · op(b), plus `c` when `accumulate`: `a`
-/// is `m x k` row-major (`k x m` when `trans_a`), `b` is `k x n` (`n x k`
-/// when `trans_b`).
-#[allow(clippy::too_many_arguments)]
-fn gemm<T: Real>(
-    (m, k, n): (usize, usize, usize),
-    a: &[T],
-    trans_a: bool,
-    b: &[T],
-    trans_b: bool,
-    accumulate: bool,
-    c: &mut [T],
-) {
-    assert!(
-        a.len() == m * k && b.len() == k * n && c.len() == m * n,
-        "jagged gemm: internal shape error"
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            c.fill(T::ZERO);
-        }
-        return;
-    }
-    // (row stride, column stride) of op(a) and op(b) over their buffers.
-    let (a_rs, a_cs) = if trans_a { (1, m) } else { (k, 1) };
-    let (b_rs, b_cs) = if trans_b { (1, k) } else { (n, 1) };
-    // SAFETY: each buffer holds exactly its operand's elements (asserted
-    // above) and the strides walk inside it; `c` is an exclusive borrow of
-    // m*n elements with row stride n that the shared operands cannot alias.
-    // `T` is f32 or f64 (sealed `Real`), which gemm supports. gemm computes
-    // dst = alpha·dst + beta·lhs·rhs.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            T::ONE,
-            T::ONE,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
-    }
-}
 
 /// Sequence `b`'s length.
 fn seq_len<T: Real>(x: &Jagged<T>, b: usize) -> usize {
@@ -94,7 +35,13 @@ pub fn jagged_dense_bmm<T: Real>(x: &Jagged<T>, y: &Tensor<T>) -> Jagged<T> {
     for_each(z.segments_mut(), work, |b, zb| {
         let l = seq_len(x, b);
         let yb = &y.data()[b * n * m..(b + 1) * n * m];
-        gemm((l, n, m), x.segment(b), false, yb, false, false, zb);
+        gemm(
+            View::rows(x.segment(b), l, n),
+            View::rows(yb, n, m),
+            zb,
+            m,
+            false,
+        );
     });
     z
 }
@@ -117,7 +64,13 @@ pub fn jagged_dense_bmm_backward<T: Real>(
     for_each(dx.segments_mut(), work, |b, dxb| {
         let l = seq_len(x, b);
         let yb = &y.data()[b * n * m..(b + 1) * n * m];
-        gemm((l, m, n), dz.segment(b), false, yb, true, false, dxb);
+        gemm(
+            View::rows(dz.segment(b), l, m),
+            View::rows(yb, n, m).t(),
+            dxb,
+            n,
+            false,
+        );
     });
     let mut dy = Tensor::zeros(x.batch() * n, m);
     let blocks: Vec<&mut [T]> = match n * m {
@@ -127,13 +80,11 @@ pub fn jagged_dense_bmm_backward<T: Real>(
     for_each(blocks, work, |b, dyb| {
         let l = seq_len(x, b);
         gemm(
-            (n, l, m),
-            x.segment(b),
-            true,
-            dz.segment(b),
-            false,
-            false,
+            View::rows(x.segment(b), l, n).t(),
+            View::rows(dz.segment(b), l, m),
             dyb,
+            m,
+            false,
         );
     });
     (dx, dy)
@@ -155,13 +106,11 @@ pub fn jagged_jagged_bmm<T: Real>(x: &Jagged<T>, y: &Jagged<T>) -> Tensor<T> {
     for_each(blocks, x.total_len() * n * m, |b, zb| {
         let l = seq_len(x, b);
         gemm(
-            (n, l, m),
-            x.segment(b),
-            true,
-            y.segment(b),
-            false,
-            false,
+            View::rows(x.segment(b), l, n).t(),
+            View::rows(y.segment(b), l, m),
             zb,
+            m,
+            false,
         );
     });
     z
@@ -186,26 +135,22 @@ pub fn jagged_jagged_bmm_backward<T: Real>(
     for_each(dx.segments_mut(), work, |b, dxb| {
         let l = seq_len(x, b);
         gemm(
-            (l, m, n),
-            y.segment(b),
-            false,
-            dz_block(b),
-            true,
-            false,
+            View::rows(y.segment(b), l, m),
+            View::rows(dz_block(b), n, m).t(),
             dxb,
+            n,
+            false,
         );
     });
     let mut dy = Jagged::zeros_like(y, m);
     for_each(dy.segments_mut(), work, |b, dyb| {
         let l = seq_len(x, b);
         gemm(
-            (l, n, m),
-            x.segment(b),
-            false,
-            dz_block(b),
-            false,
-            false,
+            View::rows(x.segment(b), l, n),
+            View::rows(dz_block(b), n, m),
             dyb,
+            m,
+            false,
         );
     });
     (dx, dy)

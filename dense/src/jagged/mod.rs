@@ -20,6 +20,7 @@
 //! tested against live in the tests.
 
 mod bmm;
+pub(crate) mod gemm;
 mod softmax;
 
 pub use bmm::{

@@ -2,6 +2,7 @@
 //! The math itself is delegated to a [`crate::DenseBackend`].
 
 pub mod crossnet;
+pub mod hstu;
 pub mod interaction;
 pub mod linear;
 pub mod loss;

@@ -1,0 +1,174 @@
+//! HSTU's pointwise attention on jagged sequences, forward and backward:
+//! per sample and head, `O = (SiLU(alpha Q Kᵀ + rab) / n ⊙ M) V` over the
+//! sample's own tokens only (no padding), samples in parallel. The
+//! attention matrix is not kept: the backward makes it again.
+
+use rayon::prelude::*;
+
+use crate::jagged::gemm::{gemm, View};
+use crate::real::Real;
+
+/// The shape of one attention: heads, dims, scale, and which token sees which.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    pub(crate) heads: usize,
+    /// Query and key width per head.
+    pub(crate) qk_dim: usize,
+    /// Value width per head.
+    pub(crate) v_dim: usize,
+    /// Multiplies `Q Kᵀ` before the bias.
+    pub(crate) alpha: f64,
+    /// Divides `SiLU(..)`: the layer's maximum sequence length.
+    pub(crate) n: f64,
+}
+
+/// The inputs of one sample: its rows of the projection's output, `width`
+/// wide, whose columns from `v_at`, `q_at`, `k_at` hold `V`, `Q`, `K` (every
+/// head side by side).
+pub(crate) struct Sample<'a, T> {
+    pub(crate) rows: &'a [T],
+    pub(crate) width: usize,
+    pub(crate) v_at: usize,
+    pub(crate) q_at: usize,
+    pub(crate) k_at: usize,
+    /// Tokens.
+    pub(crate) len: usize,
+    /// The last `targets` tokens are candidates: each sees the history and
+    /// itself, not the other candidates; the history never sees them.
+    pub(crate) targets: usize,
+}
+
+impl<T> Sample<'_, T> {
+    /// Whether query `i` sees key `j`.
+    pub(crate) fn sees(&self, i: usize, j: usize) -> bool {
+        let history = self.len - self.targets;
+        j == i || (j < i && j < history)
+    }
+}
+
+/// `s = alpha q kᵀ + bias` for one head: `[len, len]` into `s`.
+fn scores<T: Real>(
+    x: &Sample<'_, T>,
+    shape: &Shape,
+    h: usize,
+    bias: &dyn Fn(usize, usize) -> T,
+    s: &mut Vec<T>,
+) {
+    let n = x.len;
+    s.resize(n * n, T::ZERO);
+    let q = View::columns(x.rows, x.width, x.q_at + h * shape.qk_dim, shape.qk_dim);
+    let k = View::columns(x.rows, x.width, x.k_at + h * shape.qk_dim, shape.qk_dim);
+    gemm(q, k.t(), s, n, false);
+    let alpha = T::from_f64(shape.alpha);
+    for (i, row) in s.chunks_mut(n.max(1)).enumerate() {
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = *v * alpha + bias(i, j);
+        }
+    }
+}
+
+fn sigmoid<T: Real>(z: T) -> T {
+    T::ONE / (T::ONE + (-z).exp())
+}
+
+/// One sample's attention output, `[len, heads * v_dim]` into `out`.
+pub(crate) fn forward<T: Real>(
+    x: &Sample<'_, T>,
+    shape: &Shape,
+    bias: &dyn Fn(usize, usize) -> T,
+    out: &mut [T],
+) {
+    let (n, vw) = (x.len, shape.heads * shape.v_dim);
+    let inv_n = T::ONE / T::from_f64(shape.n);
+    let mut s = Vec::new();
+    for h in 0..shape.heads {
+        scores(x, shape, h, bias, &mut s);
+        for (i, row) in s.chunks_mut(n.max(1)).enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = match x.sees(i, j) {
+                    true => *v * sigmoid(*v) * inv_n,
+                    false => T::ZERO,
+                };
+            }
+        }
+        let v = View::columns(x.rows, x.width, x.v_at + h * shape.v_dim, shape.v_dim);
+        let at = (h * shape.v_dim).min(out.len());
+        let o = &mut out[at..];
+        gemm(View::rows(&s, n, n), v, o, vw, false);
+    }
+}
+
+/// One sample's gradients from its output's, `d_out` (`[len, heads *
+/// v_dim]`): those of `V`, `Q`, `K` written into `d_rows` (laid out as
+/// `x.rows`; other columns untouched), and `d_bias(i, j, g)` told each
+/// score's gradient, head by head.
+pub(crate) fn backward<T: Real>(
+    x: &Sample<'_, T>,
+    shape: &Shape,
+    bias: &dyn Fn(usize, usize) -> T,
+    d_out: &[T],
+    d_rows: &mut [T],
+    d_bias: &mut dyn FnMut(usize, usize, T),
+) {
+    let (n, w, vw) = (x.len, x.width, shape.heads * shape.v_dim);
+    let inv_n = T::ONE / T::from_f64(shape.n);
+    let alpha = T::from_f64(shape.alpha);
+    let (mut s, mut p, mut dp) = (Vec::new(), vec![T::ZERO; n * n], vec![T::ZERO; n * n]);
+    for h in 0..shape.heads {
+        scores(x, shape, h, bias, &mut s);
+        let (qc, kc) = (x.q_at + h * shape.qk_dim, x.k_at + h * shape.qk_dim);
+        let (vc, oc) = (x.v_at + h * shape.v_dim, h * shape.v_dim);
+        // p = SiLU(s) / n ⊙ M, and dP = dO Vᵀ.
+        for (idx, (pv, &sv)) in p.iter_mut().zip(&s).enumerate() {
+            *pv = match x.sees(idx / n, idx % n) {
+                true => sv * sigmoid(sv) * inv_n,
+                false => T::ZERO,
+            };
+        }
+        let d_o = View::columns(d_out, vw, oc, shape.v_dim);
+        let v = View::columns(x.rows, w, vc, shape.v_dim);
+        gemm(d_o, v.t(), &mut dp, n, false);
+        // dV = Pᵀ dO.
+        gemm(View::rows(&p, n, n).t(), d_o, tail(d_rows, vc), w, false);
+        // dS = dP ⊙ M ⊙ SiLU'(s) / n, kept in dp.
+        for (idx, (g, &sv)) in dp.iter_mut().zip(&s).enumerate() {
+            let (i, j) = (idx / n, idx % n);
+            *g = match x.sees(i, j) {
+                true => {
+                    let sg = sigmoid(sv);
+                    *g * sg * (T::ONE + sv * (T::ONE - sg)) * inv_n
+                }
+                false => T::ZERO,
+            };
+            if x.sees(i, j) {
+                d_bias(i, j, *g);
+            }
+        }
+        // dQ = alpha dS K, dK = alpha dSᵀ Q (alpha applied after).
+        let q = View::columns(x.rows, w, qc, shape.qk_dim);
+        let k = View::columns(x.rows, w, kc, shape.qk_dim);
+        let ds = View::rows(&dp, n, n);
+        gemm(ds, k, tail(d_rows, qc), w, false);
+        gemm(ds.t(), q, tail(d_rows, kc), w, false);
+        for row in d_rows.chunks_mut(w.max(1)) {
+            for c in (qc..qc + shape.qk_dim).chain(kc..kc + shape.qk_dim) {
+                row[c] *= alpha;
+            }
+        }
+    }
+}
+
+/// Runs `f(b, item)` on each sample's item, in parallel when `work` is
+/// worth it.
+pub(crate) fn per_sample<I: Send>(items: Vec<I>, work: usize, f: impl Fn(usize, I) + Sync + Send) {
+    match work >= 1 << 15 {
+        true => items.into_par_iter().enumerate().for_each(|(b, i)| f(b, i)),
+        false => items.into_iter().enumerate().for_each(|(b, i)| f(b, i)),
+    }
+}
+
+/// `data` from `at` on (empty past its end).
+fn tail<T>(data: &mut [T], at: usize) -> &mut [T] {
+    let at = at.min(data.len());
+    &mut data[at..]
+}

@@ -5,7 +5,8 @@ use clap::{Parser, Subcommand};
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
-    bench_dlrm, bench_embedding, bench_loader, devices, docs, eval, plan, quantize, train,
+    bench_dlrm, bench_embedding, bench_hstu, bench_loader, devices, docs, eval, plan, quantize,
+    train,
 };
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
@@ -52,6 +53,9 @@ enum Bench {
     Embedding(bench_embedding::EmbeddingArgs),
     /// Decoded-batch throughput of the Parquet loader.
     Loader(bench_loader::LoaderBenchArgs),
+    /// HSTU training steps on synthetic user histories (jagged, and
+    /// against padded with --padded).
+    Hstu(bench_hstu::HstuArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -91,6 +95,9 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 Command::Bench(Bench::Loader(args)) => {
                     print(&bench_loader::run(&args)?, args.json, launch)
                 }
+                Command::Bench(Bench::Hstu(args)) => {
+                    print(&bench_hstu::run(&args)?, args.json, launch)
+                }
                 Command::Ingest(IngestCommand::Criteo(args)) => {
                     print(&IngestReport(ingest::criteo(&args)?), args.json, launch)
                 }
@@ -122,6 +129,7 @@ impl Command {
             Command::Bench(Bench::Dlrm(_)) => "bench dlrm",
             Command::Bench(Bench::Embedding(_)) => "bench embedding",
             Command::Bench(Bench::Loader(_)) => "bench loader",
+            Command::Bench(Bench::Hstu(_)) => "bench hstu",
             Command::Ingest(_) => "ingest",
             Command::Train(_) => "train",
             Command::Eval(_) => "eval",

@@ -888,3 +888,45 @@ fn absurd_flag_values_are_refused_before_anything_is_allocated() {
     }
     assert!(!std::path::Path::new(plan).exists());
 }
+
+#[test]
+fn bench_hstu_reports_its_split_and_padded_against_jagged() {
+    let args = [
+        "bench",
+        "hstu",
+        "--preset",
+        "ml1m",
+        "--layers",
+        "1",
+        "--max-seq-len",
+        "40",
+        "--batch-size",
+        "8",
+        "--num-batches",
+        "2",
+        "--padded",
+        "--json",
+    ];
+    let r = json(&args);
+    assert_eq!(r["shape"]["num_heads"], 1);
+    assert_eq!(r["shape"]["max_seq_len"], 40);
+    assert!(r["samples_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    let s = &r["split"];
+    let parts = ["lookup_ms", "attention_ms", "rest_ms"].map(|k| s[k].as_f64().unwrap());
+    assert!(parts.iter().all(|&p| p >= 0.0), "{s}");
+    let sum: f64 = parts.iter().sum();
+    assert!((sum - s["step_ms"].as_f64().unwrap()).abs() < 1e-6, "{s}");
+    assert!(r["gemm_peak_gflops"].as_f64().unwrap() > 0.0);
+    let p = &r["padded"];
+    assert!(p["token_ratio"].as_f64().unwrap() >= 1.0, "{p}");
+    assert!(p["tokens_per_batch"].as_f64().unwrap() >= r["tokens_per_batch"].as_f64().unwrap());
+    assert!(r["run"]["command"].as_str().unwrap().contains("bench hstu"));
+    for (flag, value) in [
+        ("--num-heads", "0"),
+        ("--length-alpha", "0"),
+        ("--max-seq-len", "0"),
+    ] {
+        let err = fails(&["bench", "hstu", "--preset", "ml1m", flag, value]);
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+}

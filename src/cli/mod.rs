@@ -6,6 +6,7 @@ pub mod arch;
 pub mod backend;
 pub mod bench_dlrm;
 pub mod bench_embedding;
+pub mod bench_hstu;
 pub mod bench_loader;
 pub mod data;
 pub mod devices;

@@ -130,6 +130,8 @@ pub struct HstuLayer<T> {
     saved: Saved<T>,
     output: Jagged<T>,
     input_grad: Jagged<T>,
+    /// Seconds the last forward's and backward's attention took.
+    attention_s: (f64, f64),
 }
 
 /// The forward's values the backward reads.
@@ -192,6 +194,7 @@ impl<T: Real> HstuLayer<T> {
             saved: Saved::default(),
             output: Jagged::default(),
             input_grad: Jagged::default(),
+            attention_s: (0.0, 0.0),
             uvqk,
             out_weight,
             out_bias,
@@ -204,6 +207,29 @@ impl<T: Real> HstuLayer<T> {
     /// The layer's shape and options.
     pub fn config(&self) -> &HstuConfig {
         &self.config
+    }
+
+    /// Seconds the attention (the part that grows with the square of the
+    /// lengths) took in the last forward and the last backward.
+    pub fn attention_seconds(&self) -> (f64, f64) {
+        self.attention_s
+    }
+
+    /// Floating-point operations of a forward and of a backward on
+    /// sequences of `lengths` (multiply and add count two; the attention
+    /// as computed, every token pair of a sample).
+    pub fn flops(&self, lengths: &[usize]) -> (f64, f64) {
+        let c = &self.config;
+        let tokens: usize = lengths.iter().sum();
+        let pairs: f64 = lengths.iter().map(|&n| (n * n) as f64).sum();
+        let (hv, hq) = (
+            (c.heads * c.linear_dim) as f64,
+            (c.heads * c.attention_dim) as f64,
+        );
+        let proj = 2.0 * tokens as f64 * c.dim as f64 * (c.uvqk_width() as f64 + hv);
+        // Forward: scores and P V; backward: scores again, dP, dV, dQ, dK.
+        let (attn_f, attn_b) = (2.0 * pairs * (hq + hv), 2.0 * pairs * (3.0 * hq + 2.0 * hv));
+        (proj + attn_f, 2.0 * proj + attn_b)
     }
 
     /// Training (dropout on) or evaluation (off).
@@ -270,7 +296,9 @@ impl<T: Real> HstuLayer<T> {
         }
         // The attention, sample by sample, on [.., v, q, k]'s columns.
         s.attn.resize(total, hv);
+        let start = std::time::Instant::now();
         attend(&c, shape, &self.pos_w, &self.ts_w, s);
+        self.attention_s.0 = start.elapsed().as_secs_f64();
         self.attn_norm.forward(&s.attn, &mut s.normed_attn);
         s.gated.resize(total, hv);
         let u_width = c.uvqk_width();
@@ -352,8 +380,10 @@ impl<T: Real> HstuLayer<T> {
         }
         let mut d_attn = Tensor::zeros(0, 0);
         self.attn_norm.backward(&d_normed, &mut d_attn);
+        let start = std::time::Instant::now();
         let (d_pos, d_ts) =
             attend_backward(&c, shape, (&self.pos_w, &self.ts_w), s, &d_attn, &mut d_act);
+        self.attention_s.1 = start.elapsed().as_secs_f64();
         self.pos_w_grad = d_pos;
         self.ts_w_grad = d_ts;
         // act = SiLU(pre_act), pre_act = x̂ W_uvqk.

@@ -195,4 +195,8 @@ pub enum SyntheticError {
     /// A bag size of 0.
     #[error("indices per lookup must be at least 1")]
     EmptyBags,
+    /// [`SyntheticHistories`](crate::sequential::SyntheticHistories) out
+    /// of range (which field: the message).
+    #[error("synthetic histories: {0}")]
+    Histories(String),
 }

@@ -23,6 +23,8 @@
 //!   learnable.
 //! - [`MemoryEstimate`] says what a run needs in memory before it is built,
 //!   so a configuration that cannot fit is refused instead of aborting.
+//! - [`sequential`]: user histories read as sequences: HSTU for retrieval,
+//!   synthetic histories, HR@k and NDCG@k.
 //! - [`disk_tier`] sizes tables' caches on the disk tier from one budget
 //!   ([`DiskTierOptions`]); [`Dlrm::builder`] plans, places, checks memory
 //!   and takes the disk tier's directory in one call.
@@ -38,6 +40,7 @@ mod evaluate;
 pub mod memory;
 mod metrics;
 mod model;
+pub mod sequential;
 pub mod sparse_arch;
 mod trainer;
 

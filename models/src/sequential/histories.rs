@@ -1,0 +1,185 @@
+//! User histories: synthetic ones with learnable structure, the
+//! leave-one-out split, and the batches sequence models read.
+
+use ember_dense::Tensor;
+use ember_sparse::rng::Rng;
+use ember_sparse::KeyedJaggedTensor;
+
+use crate::{Batch, ModelError, SyntheticError};
+
+/// The feature a sequence model's batch carries its histories under: item
+/// ids, and as weights each item's seconds since the user's first.
+pub const HISTORY_FEATURE: &str = "history";
+
+/// One user's items in time order, and when each was seen (seconds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserHistory {
+    /// Item ids, oldest first.
+    pub items: Vec<i64>,
+    /// Unix seconds, one per item, non-decreasing.
+    pub timestamps: Vec<i64>,
+}
+
+impl UserHistory {
+    /// The history without its last `n` items (leave-one-out: 1 for the
+    /// validation input, 2 for training).
+    pub fn without_last(&self, n: usize) -> UserHistory {
+        let keep = self.items.len().saturating_sub(n);
+        UserHistory {
+            items: self.items[..keep].to_vec(),
+            timestamps: self.timestamps[..keep].to_vec(),
+        }
+    }
+}
+
+/// Histories with structure a model can learn: items belong to topics and
+/// are Zipf-popular within them; a user stays in a topic and drifts to
+/// another with a fixed chance at each step; lengths are Zipf-distributed
+/// between 3 and a maximum. Reproducible from the seed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyntheticHistories {
+    /// Users, one history each.
+    pub num_users: usize,
+    /// Items (ids `0..num_items`).
+    pub num_items: usize,
+    /// Topics the items are spread over (item `i`'s is `i % num_topics`).
+    pub num_topics: usize,
+    /// The longest history.
+    pub max_len: usize,
+    /// Exponent of the lengths' Zipf law (larger: shorter histories).
+    pub length_alpha: f64,
+    /// Exponent of the items' popularity within a topic.
+    pub popularity_alpha: f64,
+    /// The chance, at each item, that the user moves to another topic.
+    pub drift: f64,
+    /// The seed.
+    pub seed: u64,
+}
+
+impl Default for SyntheticHistories {
+    /// 1,000 users over 500 items in 10 topics, histories of 3 to 50,
+    /// lengths and popularity Zipf 1, drift 0.1.
+    fn default() -> Self {
+        Self {
+            num_users: 1000,
+            num_items: 500,
+            num_topics: 10,
+            max_len: 50,
+            length_alpha: 1.0,
+            popularity_alpha: 1.0,
+            drift: 0.1,
+            seed: 0,
+        }
+    }
+}
+
+/// Shortest synthetic history: one to train on, one to validate, one to test.
+const MIN_LEN: usize = 3;
+
+/// Draws `1..=n`-ranked values with probability `k^-alpha` by inverse CDF.
+struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: usize, alpha: f64) -> Self {
+        let mut sum = 0.0;
+        let mut cdf: Vec<f64> = (1..=n)
+            .map(|k| {
+                sum += (k as f64).powf(-alpha);
+                sum
+            })
+            .collect();
+        cdf.iter_mut().for_each(|p| *p /= sum);
+        Self { cdf }
+    }
+
+    /// A rank in `0..n`.
+    fn draw(&self, rng: &mut Rng) -> usize {
+        let u = unit(rng);
+        self.cdf.partition_point(|&p| p < u).min(self.cdf.len() - 1)
+    }
+}
+
+fn unit(rng: &mut Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl SyntheticHistories {
+    /// Every user's history; an error names what is out of range.
+    pub fn generate(&self) -> Result<Vec<UserHistory>, ModelError> {
+        let bad = |what: &str| Err(SyntheticError::Histories(what.to_string()).into());
+        if self.num_topics == 0 || self.num_items < self.num_topics {
+            return bad("every topic needs an item: num_items >= num_topics >= 1");
+        }
+        if self.max_len < MIN_LEN {
+            return bad("max_len is at least 3 (train, validate, test)");
+        }
+        let finite_positive = |v: f64| v.is_finite() && v > 0.0;
+        if !finite_positive(self.length_alpha) || !finite_positive(self.popularity_alpha) {
+            return bad("length_alpha and popularity_alpha are finite and above 0");
+        }
+        if !(0.0..=1.0).contains(&self.drift) {
+            return bad("drift is a chance, within 0 and 1");
+        }
+        let per_topic = self.num_items / self.num_topics;
+        let popularity = Zipf::new(per_topic, self.popularity_alpha);
+        let lengths = Zipf::new(self.max_len - MIN_LEN + 1, self.length_alpha);
+        let mut rng = Rng::new(self.seed);
+        Ok((0..self.num_users)
+            .map(|_| {
+                let len = MIN_LEN + lengths.draw(&mut rng);
+                let mut topic = (rng.next_u64() % self.num_topics as u64) as usize;
+                let mut time = 1_600_000_000 + (rng.next_u64() % 10_000_000) as i64;
+                let mut history = UserHistory {
+                    items: Vec::with_capacity(len),
+                    timestamps: Vec::with_capacity(len),
+                };
+                for _ in 0..len {
+                    if unit(&mut rng) < self.drift {
+                        topic = (rng.next_u64() % self.num_topics as u64) as usize;
+                    }
+                    let rank = popularity.draw(&mut rng);
+                    history.items.push((rank * self.num_topics + topic) as i64);
+                    // Minutes to days apart.
+                    time += 60 + (rng.next_u64() % 86_400) as i64;
+                    history.timestamps.push(time);
+                }
+                history
+            })
+            .collect())
+    }
+}
+
+/// Batches of `batch_size` histories (the last one shorter), each cut to
+/// its most recent `max_len` items: the [`HISTORY_FEATURE`] with seconds
+/// since the history's first item as weights, no dense features, a zero
+/// label a user. Histories of fewer than 2 items are left out (nothing
+/// to predict).
+pub fn history_batches(
+    users: &[UserHistory],
+    batch_size: usize,
+    max_len: usize,
+) -> Result<Vec<Batch>, ModelError> {
+    let users: Vec<&UserHistory> = users.iter().filter(|u| u.items.len() >= 2).collect();
+    users
+        .chunks(batch_size.max(1))
+        .map(|chunk| {
+            let (mut ids, mut weights, mut lengths) = (Vec::new(), Vec::new(), Vec::new());
+            for u in chunk {
+                let from = u.items.len().saturating_sub(max_len);
+                ids.extend_from_slice(&u.items[from..]);
+                let first = u.timestamps[from];
+                weights.extend(u.timestamps[from..].iter().map(|&t| (t - first) as f32));
+                lengths.push((u.items.len() - from) as i64);
+            }
+            let keys = vec![HISTORY_FEATURE.to_string()];
+            let sparse = KeyedJaggedTensor::from_lengths(keys, ids, &lengths, Some(weights))?;
+            Ok(Batch {
+                dense: Tensor::zeros(chunk.len(), 0),
+                sparse,
+                labels: vec![0.0; chunk.len()],
+            })
+        })
+        .collect()
+}

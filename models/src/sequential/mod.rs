@@ -1,0 +1,17 @@
+//! Sequential recommenders: a user's history read as a sequence of items.
+//!
+//! - [`histories`]: [`UserHistory`], [`SyntheticHistories`] with learnable
+//!   structure, and [`history_batches`] (the [`HISTORY_FEATURE`] of a
+//!   [`Batch`](crate::Batch), seconds as weights).
+//! - [`retrieval`]: [`HstuRetrieval`], HSTU trained for next-item
+//!   retrieval with sampled softmax; a [`Model`](crate::Model).
+//! - [`metrics`]: [`evaluate_retrieval`] (HR@k, NDCG@k, MRR over the whole
+//!   catalogue or sampled negatives) for any [`SequenceRetriever`].
+
+pub mod histories;
+pub mod metrics;
+pub mod retrieval;
+
+pub use histories::{history_batches, SyntheticHistories, UserHistory, HISTORY_FEATURE};
+pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};
+pub use retrieval::{HstuRetrieval, HstuRetrievalConfig};

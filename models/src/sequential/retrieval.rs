@@ -1,0 +1,481 @@
+//! HSTU for retrieval: next-item prediction over a user's history with
+//! sampled softmax, as the reference's research configs train it
+//! (meta-recsys/generative-recommenders, `research/`).
+//!
+//! Each history token is its item's embedding times `sqrt(D)` plus a
+//! learned position embedding; a stack of [`HstuLayer`]s reads the
+//! sequence; each output, L2-normalised, is the query for the next item.
+//! The loss at each position is the softmax cross-entropy of the next
+//! item against `num_negatives` items drawn uniformly (with replacement;
+//! one equal to the positive is left out), on cosine similarities divided
+//! by `temperature`; item embeddings are L2-normalised as targets too.
+//! Left out of the reference: the input dropout (the layers' own dropout
+//! is kept).
+
+use ember_dense::jagged::Jagged;
+use ember_dense::{
+    DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, HstuConfig, HstuInput,
+    HstuLayer, Param, Tensor,
+};
+use ember_sparse::rng::Rng;
+use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
+
+use super::histories::HISTORY_FEATURE;
+use super::metrics::SequenceRetriever;
+use crate::checkpoint::{StateDict, StateFile};
+use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
+
+/// The feature of the items scored against each position.
+const TARGETS: &str = "targets";
+/// Norms below this are taken as this (the reference's eps).
+const NORM_EPS: f32 = 1e-6;
+
+/// An [`HstuRetrieval`]'s shape and training options; names follow the
+/// reference's gin configs where they exist.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HstuRetrievalConfig {
+    /// Items (ids `0..num_items`).
+    pub num_items: usize,
+    /// Item embedding and token width.
+    pub embedding_dim: usize,
+    /// HSTU layers.
+    pub num_blocks: usize,
+    /// Heads a layer.
+    pub num_heads: usize,
+    /// Query and key width per head.
+    pub attention_dim: usize,
+    /// Value and gate width per head.
+    pub linear_dim: usize,
+    /// The longest history read (longer ones: their most recent items).
+    pub max_sequence_len: usize,
+    /// Random negatives a position.
+    pub num_negatives: usize,
+    /// Divides the cosine similarities.
+    pub temperature: f32,
+    /// The layers' dropout.
+    pub dropout_rate: f64,
+    /// Adam's learning rate, for the layers, the positions and the items.
+    pub learning_rate: f32,
+    /// Seeds the weights, the dropout and the negatives.
+    pub seed: u64,
+}
+
+impl HstuRetrievalConfig {
+    /// The reference's MovieLens-1M shape: dim 50, 2 blocks of 1 head,
+    /// 128 negatives at temperature 0.05, dropout 0.2, Adam at 1e-3.
+    pub fn new(num_items: usize, max_sequence_len: usize) -> Self {
+        Self {
+            num_items,
+            embedding_dim: 50,
+            num_blocks: 2,
+            num_heads: 1,
+            attention_dim: 50,
+            linear_dim: 50,
+            max_sequence_len,
+            num_negatives: 128,
+            temperature: 0.05,
+            dropout_rate: 0.2,
+            learning_rate: 1e-3,
+            seed: 0,
+        }
+    }
+}
+
+/// HSTU trained for next-item retrieval (see the [module docs](self)).
+pub struct HstuRetrieval {
+    config: HstuRetrievalConfig,
+    items: EmbeddingCollection,
+    dense: DenseParts,
+    optimizer: DenseOptimizer<f32>,
+    negatives: Rng,
+    scores: Vec<f32>,
+}
+
+/// What Adam steps: the positions and the layers.
+struct DenseParts {
+    /// `[max_sequence_len, D]`, the reference's `_pos_emb`.
+    positions: Tensor<f32>,
+    positions_grad: Tensor<f32>,
+    layers: Vec<HstuLayer<f32>>,
+}
+
+impl DenseParts {
+    /// Under the reference's names.
+    fn params(&mut self) -> Vec<Param<'_, f32>> {
+        let (n, d) = self.positions.shape();
+        let mut params = vec![Param::new(
+            "_input_features_preproc._pos_emb.weight",
+            self.positions.data_mut(),
+            self.positions_grad.data_mut(),
+        )
+        .with_shape(&[n, d])];
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let prefix = format!("_hstu._attention_layers.{l}.");
+            params.extend(layer.params().into_iter().map(|p| p.with_prefix(&prefix)));
+        }
+        params
+    }
+}
+
+/// One batch's tokens, as the model reads it.
+struct Tokens {
+    /// Each user's inputs: its history without the last item.
+    input_lengths: Vec<usize>,
+    /// Inputs' item ids and seconds.
+    ids: Vec<i64>,
+    times: Vec<i64>,
+    /// Each user's last item and its seconds: the next item of its last input.
+    last: Vec<(i64, i64)>,
+}
+
+impl Tokens {
+    fn of(batch: &Batch) -> Result<Self, ModelError> {
+        let kjt = &batch.sparse;
+        let k = kjt
+            .key_index(HISTORY_FEATURE)
+            .ok_or_else(|| ember_sparse::SparseError::MissingFeature(HISTORY_FEATURE.into()))?;
+        let b = kjt.stride();
+        let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
+        let weights = kjt.weights();
+        let time = |p: usize| weights.map_or(0, |w| w[p] as i64);
+        let mut t = Tokens {
+            input_lengths: Vec::with_capacity(b),
+            ids: Vec::new(),
+            times: Vec::new(),
+            last: Vec::with_capacity(b),
+        };
+        for s in 0..b {
+            let (start, end) = (offsets[s], offsets[s + 1]);
+            let n = (end - start).saturating_sub(1);
+            t.input_lengths.push(n);
+            t.ids.extend_from_slice(&kjt.values()[start..start + n]);
+            t.times.extend((start..start + n).map(time));
+            t.last.push(match end > start {
+                true => (kjt.values()[end - 1], time(end - 1)),
+                false => (0, 0),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Each input's next item: the following input, or the user's last item.
+    fn next_items(&self) -> Vec<i64> {
+        let mut next = Vec::with_capacity(self.ids.len());
+        let mut at = 0;
+        for (b, &n) in self.input_lengths.iter().enumerate() {
+            if n > 0 {
+                next.extend_from_slice(&self.ids[at + 1..at + n]);
+                next.push(self.last[b].0);
+            }
+            at += n;
+        }
+        next
+    }
+}
+
+/// Rows of `x` scaled to unit length into `out`; returns each row's norm
+/// (at least the eps).
+fn normalize(x: &[f32], dim: usize, out: &mut Vec<f32>) -> Vec<f32> {
+    out.clear();
+    let mut norms = Vec::with_capacity(x.len() / dim.max(1));
+    for row in x.chunks(dim.max(1)) {
+        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(NORM_EPS);
+        norms.push(n);
+        out.extend(row.iter().map(|v| v / n));
+    }
+    norms
+}
+
+/// The gradient through `x / max(|x|, eps)` from the output's, in place:
+/// `(g - x̂ (x̂·g)) / |x|` (`g / eps` where the norm was clamped).
+fn normalize_backward(normed: &[f32], norms: &[f32], grad: &mut [f32], dim: usize) {
+    let rows = grad.chunks_mut(dim.max(1)).zip(normed.chunks(dim.max(1)));
+    for ((g, x), &n) in rows.zip(norms) {
+        let dot: f32 = g.iter().zip(x).map(|(a, b)| a * b).sum();
+        let clamped = n <= NORM_EPS;
+        for (gv, &xv) in g.iter_mut().zip(x) {
+            *gv = match clamped {
+                true => *gv / n,
+                false => (*gv - xv * dot) / n,
+            };
+        }
+    }
+}
+
+impl HstuRetrieval {
+    /// A new model of `config`.
+    pub fn new(config: HstuRetrievalConfig) -> Result<Self, ModelError> {
+        let (d, n) = (config.embedding_dim, config.max_sequence_len);
+        let table = EmbeddingConfig::new("items", config.num_items, d, &[HISTORY_FEATURE, TARGETS]);
+        let items = EmbeddingCollection::new(
+            vec![table],
+            TableOptimizer::adam(config.learning_rate),
+            config.seed,
+        )?;
+        let mut init = ember_dense::Initializer::new(config.seed ^ 0x9e37);
+        let layer = HstuConfig {
+            attention_dim: config.attention_dim,
+            linear_dim: config.linear_dim,
+            dropout: config.dropout_rate,
+            ..HstuConfig::new(d, config.num_heads, n)
+        };
+        let layers = (0..config.num_blocks)
+            .map(|l| HstuLayer::new(layer.clone(), config.seed + 1 + l as u64))
+            .collect();
+        let std = 1.0 / (d.max(1) as f64).sqrt();
+        let positions = Tensor::from_fn(n, d, |_, _| init.normal(0.0, std) as f32);
+        Ok(Self {
+            dense: DenseParts {
+                positions,
+                positions_grad: Tensor::zeros(n, d),
+                layers,
+            },
+            optimizer: DenseOptimizer::new(DenseOptimizerConfig::adam(config.learning_rate)),
+            negatives: Rng::new(config.seed ^ 0x6e65),
+            scores: Vec::new(),
+            items,
+            config,
+        })
+    }
+
+    /// The model's shape and options.
+    pub fn config(&self) -> &HstuRetrievalConfig {
+        &self.config
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.dense
+            .layers
+            .iter_mut()
+            .for_each(|l| l.set_training(training));
+    }
+
+    /// The item rows of `kjt` (history first), and the layers' input:
+    /// history rows times sqrt(D) plus their positions.
+    fn embed(
+        &self,
+        kjt: &KeyedJaggedTensor,
+        t: &Tokens,
+    ) -> Result<(Vec<f32>, Jagged<f32>), ModelError> {
+        let d = self.config.embedding_dim;
+        let looked = self.items.forward(kjt)?;
+        let scale = (d as f32).sqrt();
+        let total: usize = t.input_lengths.iter().sum();
+        let mut x = Tensor::zeros(total, d);
+        let mut r = 0;
+        for &n in &t.input_lengths {
+            for p in 0..n {
+                let (e, pos) = (
+                    &looked.values()[r * d..(r + 1) * d],
+                    self.dense.positions.row(p),
+                );
+                for ((o, &ev), &pv) in x.row_mut(r).iter_mut().zip(e).zip(pos) {
+                    *o = ev * scale + pv;
+                }
+                r += 1;
+            }
+        }
+        let x = Jagged::from_lengths(x, &t.input_lengths)?;
+        Ok((looked.values().to_vec(), x))
+    }
+
+    /// The layers' outputs on `t`'s inputs.
+    fn encode(&mut self, be: &dyn DenseBackend<f32>, t: &Tokens, x: Jagged<f32>) -> Jagged<f32> {
+        let query: Vec<i64> = t.last.iter().map(|l| l.1).collect();
+        let input = HstuInput {
+            timestamps: Some(&t.times),
+            query_times: Some(&query),
+            targets: None,
+        };
+        let mut h = x;
+        for layer in &mut self.dense.layers {
+            h = layer.forward(be, &h, input).clone();
+        }
+        h
+    }
+
+    /// The forward's KJT: the inputs, and for each a positive and
+    /// `num_negatives` random items.
+    fn lookup_input(&mut self, t: &Tokens) -> Result<KeyedJaggedTensor, ModelError> {
+        let r = self.config.num_negatives;
+        let items = self.config.num_items as u64;
+        let mut targets = Vec::with_capacity(t.ids.len() * (1 + r));
+        for pos in t.next_items() {
+            targets.push(pos);
+            targets.extend((0..r).map(|_| self.negatives.below(items) as i64));
+        }
+        let lengths: Vec<i64> = (t.input_lengths.iter().map(|&n| n as i64))
+            .chain(t.input_lengths.iter().map(|&n| (n * (1 + r)) as i64))
+            .collect();
+        let keys = vec![HISTORY_FEATURE.to_string(), TARGETS.to_string()];
+        let ids = t.ids.iter().copied().chain(targets).collect();
+        Ok(KeyedJaggedTensor::from_lengths(keys, ids, &lengths, None)?)
+    }
+}
+
+impl Model for HstuRetrieval {
+    fn train_step(
+        &mut self,
+        backend: &Backend,
+        batch: &Batch,
+        mode: ExecMode,
+    ) -> Result<StepOutput, ModelError> {
+        if !matches!(mode, ExecMode::Strict) {
+            let (model, runs) = ("HSTU retrieval", "strict");
+            return Err(Unsupported::Mode { model, runs, mode }.into());
+        }
+        let be = backend.dense();
+        let (d, r, temp) = (
+            self.config.embedding_dim,
+            self.config.num_negatives,
+            self.config.temperature,
+        );
+        let t = Tokens::of(batch)?;
+        let kjt = self.lookup_input(&t)?;
+        self.set_training(true);
+        let (looked, x) = self.embed(&kjt, &t)?;
+        let tokens = x.total_len();
+        let h = self.encode(be, &t, x);
+        // Cosine logits of each position against its positive and negatives.
+        let (mut q, mut e) = (Vec::new(), Vec::new());
+        let q_norms = normalize(h.values().data(), d, &mut q);
+        let e_norms = normalize(&looked[tokens * d..], d, &mut e);
+        let ids = kjt.values();
+        let (mut loss, mut dq, mut de) = (0.0f64, vec![0.0f32; q.len()], vec![0.0f32; e.len()]);
+        let per = 1 + r;
+        let mut logits = vec![0.0f32; per];
+        for tok in 0..tokens {
+            let qt = &q[tok * d..(tok + 1) * d];
+            let pos_id = ids[tokens + tok * per];
+            for (j, l) in logits.iter_mut().enumerate() {
+                let row = tok * per + j;
+                let same = j > 0 && ids[tokens + row] == pos_id;
+                let dot: f32 = qt
+                    .iter()
+                    .zip(&e[row * d..(row + 1) * d])
+                    .map(|(a, b)| a * b)
+                    .sum();
+                *l = if same { f32::NEG_INFINITY } else { dot / temp };
+            }
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+            loss += f64::from(sum.ln() + max - logits[0]);
+            for (j, &l) in logits.iter().enumerate() {
+                let p = (l - max).exp() / sum;
+                let g = (p - f32::from(j == 0)) / tokens as f32 / temp;
+                if g == 0.0 {
+                    continue;
+                }
+                let row = tok * per + j;
+                for c in 0..d {
+                    dq[tok * d + c] += g * e[row * d + c];
+                    de[row * d + c] += g * qt[c];
+                }
+            }
+        }
+        normalize_backward(&q, &q_norms, &mut dq, d);
+        normalize_backward(&e, &e_norms, &mut de, d);
+        let dh = Jagged::new(Tensor::from_vec(tokens, d, dq)?, h.offsets().to_vec())?;
+        let mut dx = dh;
+        for layer in self.dense.layers.iter_mut().rev() {
+            dx = layer.backward(be, &dx).clone();
+        }
+        // x = e * sqrt(D) + position: the items' gradient, then the positions'.
+        self.dense.positions_grad.fill(0.0);
+        let scale = (d as f32).sqrt();
+        let mut grad = Vec::with_capacity(looked.len());
+        let mut r0 = 0;
+        for &n in &t.input_lengths {
+            for p in 0..n {
+                let g = dx.values().row(r0 + p);
+                grad.extend(g.iter().map(|v| v * scale));
+                for (pg, &v) in self.dense.positions_grad.row_mut(p).iter_mut().zip(g) {
+                    *pg += v;
+                }
+            }
+            r0 += n;
+        }
+        grad.extend(de);
+        self.items.backward_update(&kjt, &grad)?;
+        self.optimizer.step(self.dense.params());
+        Ok(StepOutput {
+            loss: (loss / tokens.max(1) as f64) as f32,
+            times: Default::default(),
+        })
+    }
+
+    /// Each user's score of its last item (its history's others before
+    /// it): the cosine of query and item over the temperature.
+    fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
+        let q = self.user_queries(backend.dense(), batch)?;
+        let t = Tokens::of(batch)?;
+        let items = self.item_embeddings();
+        self.scores = (t.last.iter().enumerate())
+            .map(|(b, &(id, _))| {
+                let e = items.row(id as usize);
+                q.row(b).iter().zip(e).map(|(a, b)| a * b).sum::<f32>() / self.config.temperature
+            })
+            .collect();
+        Ok(&self.scores)
+    }
+
+    fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
+        let mut state = StateDict::new();
+        state.add_trained("", &self.optimizer, self.dense.params());
+        state.add_embedding_collection("_embedding_module.", &self.items);
+        Ok(state)
+    }
+
+    fn load_state_dict(&mut self, file: &StateFile) -> Result<(), ModelError> {
+        file.load_embedding_collection("_embedding_module.", &mut self.items)?;
+        file.load_trained("", &mut self.optimizer, self.dense.params())
+    }
+}
+
+impl SequenceRetriever for HstuRetrieval {
+    fn user_queries(
+        &mut self,
+        be: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<Tensor<f32>, ModelError> {
+        let d = self.config.embedding_dim;
+        let t = Tokens::of(batch)?;
+        let lengths: Vec<i64> = t.input_lengths.iter().map(|&n| n as i64).collect();
+        let kjt = KeyedJaggedTensor::from_lengths(
+            vec![HISTORY_FEATURE.into(), TARGETS.into()],
+            t.ids.clone(),
+            &[lengths.clone(), vec![0; lengths.len()]].concat(),
+            None,
+        )?;
+        self.set_training(false);
+        let (_, x) = self.embed(&kjt, &t)?;
+        let h = self.encode(be, &t, x);
+        let mut out = Tensor::zeros(t.input_lengths.len(), d);
+        for (b, &n) in t.input_lengths.iter().enumerate() {
+            if n > 0 {
+                let last = &h.segment(b)[(n - 1) * d..n * d];
+                let mut unit = Vec::new();
+                normalize(last, d, &mut unit);
+                out.row_mut(b).copy_from_slice(&unit);
+            }
+        }
+        Ok(out)
+    }
+
+    fn item_embeddings(&self) -> Tensor<f32> {
+        let (n, d) = (self.config.num_items, self.config.embedding_dim);
+        let table = &self.items.tables()[0];
+        let mut rows = Vec::with_capacity(n * d);
+        let mut row = vec![0.0f32; d];
+        for id in 0..n {
+            table.read_row(id, &mut row);
+            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(NORM_EPS);
+            rows.extend(row.iter().map(|v| v / norm));
+        }
+        Tensor::from_vec(n, d, rows).expect("items x dim")
+    }
+
+    fn num_items(&self) -> usize {
+        self.config.num_items
+    }
+}

@@ -56,7 +56,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
-    println!("popularity's HR@10 against all items: {:.3}", popularity(&users));
+    println!(
+        "popularity's HR@10 against all items: {:.3}",
+        popularity(&users)
+    );
     Ok(())
 }
 
@@ -71,6 +74,9 @@ fn popularity(users: &[UserHistory]) -> f64 {
     let mut order: Vec<usize> = (0..ITEMS).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(counts[i]));
     let last = |u: &UserHistory| *u.items.last().unwrap_or(&-1) as usize;
-    let hits = users.iter().filter(|u| order[..10].contains(&last(u))).count();
+    let hits = users
+        .iter()
+        .filter(|u| order[..10].contains(&last(u)))
+        .count();
     hits as f64 / users.len() as f64
 }

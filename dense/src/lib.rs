@@ -32,6 +32,7 @@ pub use layers::hstu::{HstuConfig, HstuInput, HstuLayer};
 pub use layers::interaction::DotInteraction;
 pub use layers::linear::Linear;
 pub use layers::loss::BceWithLogits;
+pub use layers::mha::MultiheadAttention;
 pub use layers::mlp::Mlp;
 pub use layers::module::{Module, ParamView, Sequential};
 pub use layers::norm::LayerNorm;

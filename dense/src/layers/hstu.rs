@@ -26,9 +26,7 @@
 //! is refused. Parameters keep the reference's names (`_uvqk`,
 //! `_o.weight`, `_o.bias`, `_rel_attn_bias._ts_w`, `_rel_attn_bias._pos_w`).
 
-mod attention;
-
-use attention::{per_sample, Sample, Shape};
+use super::attention::{self, per_sample, Sample, Shape};
 
 use crate::backend::{Activation, DenseBackend};
 use crate::init::Initializer;
@@ -244,6 +242,7 @@ impl<T: Real> HstuLayer<T> {
             v_dim: self.config.linear_dim,
             alpha: self.config.alpha,
             n: self.config.max_seq_len as f64,
+            softmax: false,
         }
     }
 

@@ -1,7 +1,8 @@
-//! HSTU's pointwise attention on jagged sequences, forward and backward:
-//! per sample and head, `O = (SiLU(alpha Q Kᵀ + rab) / n ⊙ M) V` over the
-//! sample's own tokens only (no padding), samples in parallel. The
-//! attention matrix is not kept: the backward makes it again.
+//! Causal attention on jagged sequences, forward and backward: per sample
+//! and head, `O = W(alpha Q Kᵀ + rab) V` over the sample's own tokens only
+//! (no padding), samples in parallel, where `W` is HSTU's pointwise
+//! `SiLU(S) / n ⊙ M` or a transformer's softmax over each row's visible
+//! keys. The attention matrix is not kept: the backward makes it again.
 
 use rayon::prelude::*;
 
@@ -20,6 +21,8 @@ pub(crate) struct Shape {
     pub(crate) alpha: f64,
     /// Divides `SiLU(..)`: the layer's maximum sequence length.
     pub(crate) n: f64,
+    /// A softmax over each row's visible keys instead of `SiLU(..) / n`.
+    pub(crate) softmax: bool,
 }
 
 /// The inputs of one sample: its rows of the projection's output, `width`
@@ -71,6 +74,35 @@ fn sigmoid<T: Real>(z: T) -> T {
     T::ONE / (T::ONE + (-z).exp())
 }
 
+/// Turns scores `s` (`[len, len]`) into attention weights in place.
+fn weigh<T: Real>(x: &Sample<'_, T>, shape: &Shape, s: &mut [T]) {
+    let n = x.len;
+    let inv_n = T::ONE / T::from_f64(shape.n);
+    for (i, row) in s.chunks_mut(n.max(1)).enumerate() {
+        if shape.softmax {
+            let max = (0..n)
+                .filter(|&j| x.sees(i, j))
+                .fold(T::from_f64(f64::NEG_INFINITY), |m, j| m.max(row[j]));
+            let mut sum = T::ZERO;
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = match x.sees(i, j) {
+                    true => (*v - max).exp(),
+                    false => T::ZERO,
+                };
+                sum += *v;
+            }
+            row.iter_mut().for_each(|v| *v /= sum);
+        } else {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = match x.sees(i, j) {
+                    true => *v * sigmoid(*v) * inv_n,
+                    false => T::ZERO,
+                };
+            }
+        }
+    }
+}
+
 /// One sample's attention output, `[len, heads * v_dim]` into `out`.
 pub(crate) fn forward<T: Real>(
     x: &Sample<'_, T>,
@@ -79,18 +111,10 @@ pub(crate) fn forward<T: Real>(
     out: &mut [T],
 ) {
     let (n, vw) = (x.len, shape.heads * shape.v_dim);
-    let inv_n = T::ONE / T::from_f64(shape.n);
     let mut s = Vec::new();
     for h in 0..shape.heads {
         scores(x, shape, h, bias, &mut s);
-        for (i, row) in s.chunks_mut(n.max(1)).enumerate() {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = match x.sees(i, j) {
-                    true => *v * sigmoid(*v) * inv_n,
-                    false => T::ZERO,
-                };
-            }
-        }
+        weigh(x, shape, &mut s);
         let v = View::columns(x.rows, x.width, x.v_at + h * shape.v_dim, shape.v_dim);
         let at = (h * shape.v_dim).min(out.len());
         let o = &mut out[at..];
@@ -118,29 +142,39 @@ pub(crate) fn backward<T: Real>(
         scores(x, shape, h, bias, &mut s);
         let (qc, kc) = (x.q_at + h * shape.qk_dim, x.k_at + h * shape.qk_dim);
         let (vc, oc) = (x.v_at + h * shape.v_dim, h * shape.v_dim);
-        // p = SiLU(s) / n ⊙ M, and dP = dO Vᵀ.
-        for (idx, (pv, &sv)) in p.iter_mut().zip(&s).enumerate() {
-            *pv = match x.sees(idx / n, idx % n) {
-                true => sv * sigmoid(sv) * inv_n,
-                false => T::ZERO,
-            };
-        }
+        // p = W(s), and dP = dO Vᵀ.
+        p.copy_from_slice(&s);
+        weigh(x, shape, &mut p);
         let d_o = View::columns(d_out, vw, oc, shape.v_dim);
         let v = View::columns(x.rows, w, vc, shape.v_dim);
         gemm(d_o, v.t(), &mut dp, n, false);
         // dV = Pᵀ dO.
         gemm(View::rows(&p, n, n).t(), d_o, tail(d_rows, vc), w, false);
-        // dS = dP ⊙ M ⊙ SiLU'(s) / n, kept in dp.
-        for (idx, (g, &sv)) in dp.iter_mut().zip(&s).enumerate() {
-            let (i, j) = (idx / n, idx % n);
-            *g = match x.sees(i, j) {
-                true => {
-                    let sg = sigmoid(sv);
-                    *g * sg * (T::ONE + sv * (T::ONE - sg)) * inv_n
-                }
+        // dS, kept in dp: dP ⊙ M ⊙ SiLU'(s) / n, or the softmax's
+        // P ⊙ (dP - rowsum(P ⊙ dP)).
+        for (i, (g_row, (s_row, p_row))) in (dp.chunks_mut(n.max(1)))
+            .zip(s.chunks(n.max(1)).zip(p.chunks(n.max(1))))
+            .enumerate()
+        {
+            let dot = match shape.softmax {
+                true => g_row
+                    .iter()
+                    .zip(p_row)
+                    .fold(T::ZERO, |a, (&g, &pv)| a + g * pv),
                 false => T::ZERO,
             };
-            if x.sees(i, j) {
+            for (j, g) in g_row.iter_mut().enumerate() {
+                if !x.sees(i, j) {
+                    *g = T::ZERO;
+                    continue;
+                }
+                *g = match shape.softmax {
+                    true => p_row[j] * (*g - dot),
+                    false => {
+                        let (sv, sg) = (s_row[j], sigmoid(s_row[j]));
+                        *g * sg * (T::ONE + sv * (T::ONE - sg)) * inv_n
+                    }
+                };
                 d_bias(i, j, *g);
             }
         }

@@ -49,10 +49,10 @@ fn reference(l: &MultiheadAttention<f64>, x: &Jagged<f64>) -> Vec<f64> {
                 };
                 let max = (0..=i).map(score).fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = (0..=i).map(|j| (score(j) - max).exp()).sum();
-                for j in 0..=i {
+                for (j, kv) in qkv.iter().enumerate().take(i + 1) {
                     let p = (score(j) - max).exp() / z;
                     for c in 0..hd {
-                        attn[h * hd + c] += p * qkv[j][2 * d + h * hd + c];
+                        attn[h * hd + c] += p * kv[2 * d + h * hd + c];
                     }
                 }
             }

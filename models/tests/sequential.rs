@@ -137,3 +137,52 @@ fn a_checkpoint_loads_into_a_model_of_another_seed() {
     assert_eq!(b.predict(&be, &batches[2]).unwrap(), &want[..]);
     assert_eq!(b.item_embeddings(), a.item_embeddings());
 }
+
+#[test]
+fn sasrec_learns_the_histories_structure() {
+    use ember_models::sequential::{SasRec, SasRecConfig};
+    let users = data();
+    let train: Vec<UserHistory> = users.iter().map(|u| u.without_last(2)).collect();
+    // SASRec reads windows of maxlen inputs: batches of maxlen + 1 items.
+    let batches = history_batches(&train, 64, MAX_LEN + 1).unwrap();
+    let config = SasRecConfig {
+        hidden_units: 32,
+        num_heads: 2,
+        lr: 3e-3,
+        seed: 3,
+        ..SasRecConfig::new(300, MAX_LEN)
+    };
+    let mut model = SasRec::new(config).unwrap();
+    let be = NativeBackend::new(2);
+    let trainer = Trainer::new(
+        TrainerConfig {
+            epochs: 8,
+            mode: ExecMode::Strict,
+            ..TrainerConfig::default()
+        },
+        Backend::native(),
+    );
+    let summary = trainer
+        .fit(&mut model, &InMemory(batches), FitOptions::default())
+        .unwrap();
+    let after = evaluate_retrieval(
+        &mut model,
+        &be,
+        &users,
+        (MAX_LEN + 1, 128),
+        (EvalNegatives::All, 10),
+        0,
+    )
+    .unwrap();
+    let popular = popularity_hit_rate(&users, 300);
+    eprintln!(
+        "sasrec loss {} -> {}, after {after:?}, popularity {popular:.3}",
+        summary.loss_first, summary.loss_last
+    );
+    assert!(summary.loss_last < summary.loss_first);
+    assert!(
+        after.hit_rate > 1.5 * popular,
+        "HR@10 {} against popularity's {popular}",
+        after.hit_rate
+    );
+}

@@ -183,3 +183,60 @@ pub fn history_batches(
         })
         .collect()
 }
+
+/// One batch's tokens, as the model reads it.
+pub(crate) struct Tokens {
+    /// Each user's inputs: its history without the last item.
+    pub(crate) input_lengths: Vec<usize>,
+    /// Inputs' item ids and seconds.
+    pub(crate) ids: Vec<i64>,
+    pub(crate) times: Vec<i64>,
+    /// Each user's last item and its seconds: the next item of its last input.
+    pub(crate) last: Vec<(i64, i64)>,
+}
+
+impl Tokens {
+    /// The tokens of `batch`'s [`HISTORY_FEATURE`].
+    pub(crate) fn of(batch: &Batch) -> Result<Self, ModelError> {
+        let kjt = &batch.sparse;
+        let k = kjt
+            .key_index(HISTORY_FEATURE)
+            .ok_or_else(|| ember_sparse::SparseError::MissingFeature(HISTORY_FEATURE.into()))?;
+        let b = kjt.stride();
+        let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
+        let weights = kjt.weights();
+        let time = |p: usize| weights.map_or(0, |w| w[p] as i64);
+        let mut t = Tokens {
+            input_lengths: Vec::with_capacity(b),
+            ids: Vec::new(),
+            times: Vec::new(),
+            last: Vec::with_capacity(b),
+        };
+        for s in 0..b {
+            let (start, end) = (offsets[s], offsets[s + 1]);
+            let n = (end - start).saturating_sub(1);
+            t.input_lengths.push(n);
+            t.ids.extend_from_slice(&kjt.values()[start..start + n]);
+            t.times.extend((start..start + n).map(time));
+            t.last.push(match end > start {
+                true => (kjt.values()[end - 1], time(end - 1)),
+                false => (0, 0),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Each input's next item: the following input, or the user's last item.
+    pub(crate) fn next_items(&self) -> Vec<i64> {
+        let mut next = Vec::with_capacity(self.ids.len());
+        let mut at = 0;
+        for (b, &n) in self.input_lengths.iter().enumerate() {
+            if n > 0 {
+                next.extend_from_slice(&self.ids[at + 1..at + n]);
+                next.push(self.last[b].0);
+            }
+            at += n;
+        }
+        next
+    }
+}

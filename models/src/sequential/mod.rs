@@ -5,13 +5,17 @@
 //!   [`Batch`](crate::Batch), seconds as weights).
 //! - [`retrieval`]: [`HstuRetrieval`], HSTU trained for next-item
 //!   retrieval with sampled softmax; a [`Model`](crate::Model).
+//! - [`sasrec`]: [`SasRec`], the transformer baseline, as the public
+//!   PyTorch SASRec trains it; a [`Model`](crate::Model).
 //! - [`metrics`]: [`evaluate_retrieval`] (HR@k, NDCG@k, MRR over the whole
 //!   catalogue or sampled negatives) for any [`SequenceRetriever`].
 
 pub mod histories;
 pub mod metrics;
 pub mod retrieval;
+pub mod sasrec;
 
 pub use histories::{history_batches, SyntheticHistories, UserHistory, HISTORY_FEATURE};
 pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};
 pub use retrieval::{HstuRetrieval, HstuRetrievalConfig};
+pub use sasrec::{SasRec, SasRecConfig};

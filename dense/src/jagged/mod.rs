@@ -8,7 +8,7 @@
 //! - [`to_padded`] / [`from_padded`]: to a padded dense `[batch * max_len,
 //!   dim]` and back (FBGEMM's `jagged_to_padded_dense` and
 //!   `dense_to_jagged`); each is the other's backward.
-//! - [`concat`] / [`split`]: sequences joined or cut per sample (a history
+//! - [`concat()`] / [`split`]: sequences joined or cut per sample (a history
 //!   and its candidates); each is the other's backward.
 //! - [`softmax`] and [`softmax_backward`]: a softmax over each sequence, per
 //!   column (FBGEMM's `jagged_softmax`).
@@ -34,8 +34,8 @@ use crate::error::DenseError;
 use crate::real::Real;
 use crate::tensor::Tensor;
 
-/// A batch of sequences of rows: sequence `b` is rows `offsets[b]..offsets[b
-/// + 1]` of `values` (`[total_len, dim]`). `offsets` starts at 0, never
+/// A batch of sequences of rows: sequence `b` is rows
+/// `offsets[b]..offsets[b + 1]` of `values` (`[total_len, dim]`). `offsets` starts at 0, never
 /// decreases and ends at `values.rows()`.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Jagged<T> {
@@ -288,7 +288,7 @@ pub fn concat<T: Real>(a: &Jagged<T>, b: &Jagged<T>) -> Jagged<T> {
 }
 
 /// Cuts each sequence of `x` after its first `first_lengths[b]` rows: the
-/// inverse of [`concat`], and its backward.
+/// inverse of [`concat()`], and its backward.
 pub fn split<T: Real>(x: &Jagged<T>, first_lengths: &[usize]) -> (Jagged<T>, Jagged<T>) {
     let lengths = x.lengths();
     check(

@@ -240,3 +240,65 @@ impl Tokens {
         next
     }
 }
+
+/// Reads SASRec's published data files: one `user item` pair of integers a
+/// line (whitespace-separated), each user's lines in time order. Returns
+/// the histories in order of the users' ids, with item ids as written and
+/// each line's number as its time (the files have none). An error names
+/// the file, the line and what is wrong.
+pub fn read_user_item_file(path: &std::path::Path) -> Result<Vec<UserHistory>, ModelError> {
+    use ember_dataloader::DataError;
+    let text = std::fs::read_to_string(path).map_err(|e| DataError::from_io(path, e))?;
+    let mut users: std::collections::BTreeMap<i64, UserHistory> = Default::default();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut fields = line.split_whitespace().map(str::parse::<i64>);
+        let bad = |column: &str| DataError::Column {
+            path: path.to_path_buf(),
+            column: column.into(),
+            message: format!("line {}: '{line}' is not `user item` (two integers)", n + 1),
+        };
+        let user = fields
+            .next()
+            .and_then(Result::ok)
+            .ok_or_else(|| bad("user"))?;
+        let item = fields
+            .next()
+            .and_then(Result::ok)
+            .ok_or_else(|| bad("item"))?;
+        if item < 0 || fields.next().is_some() {
+            return Err(bad("item").into());
+        }
+        let u = users.entry(user).or_insert(UserHistory {
+            items: Vec::new(),
+            timestamps: Vec::new(),
+        });
+        u.items.push(item);
+        u.timestamps.push(n as i64);
+    }
+    Ok(users.into_values().collect())
+}
+
+/// Writes histories as SASRec's `user item` lines (users numbered from 1
+/// in order; items as they are, plus `item_offset`: 1 for SASRec's code,
+/// whose item 0 is padding).
+pub fn write_user_item_file(
+    users: &[UserHistory],
+    item_offset: i64,
+    path: &std::path::Path,
+) -> Result<(), ModelError> {
+    use std::io::Write;
+    let mut file = ember_dataloader::atomic::AtomicFile::create(path)?;
+    let mut out = std::io::BufWriter::new(file.file());
+    for (u, history) in users.iter().enumerate() {
+        for item in &history.items {
+            writeln!(out, "{} {}", u + 1, item + item_offset)
+                .map_err(|e| ember_dataloader::DataError::from_io(path, e))?;
+        }
+    }
+    drop(out);
+    file.commit()?;
+    Ok(())
+}

@@ -15,7 +15,10 @@ pub mod metrics;
 pub mod retrieval;
 pub mod sasrec;
 
-pub use histories::{history_batches, SyntheticHistories, UserHistory, HISTORY_FEATURE};
+pub use histories::{
+    history_batches, read_user_item_file, write_user_item_file, SyntheticHistories, UserHistory,
+    HISTORY_FEATURE,
+};
 pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};
 pub use retrieval::{HstuRetrieval, HstuRetrievalConfig};
 pub use sasrec::{SasRec, SasRecConfig};

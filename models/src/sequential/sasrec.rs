@@ -130,11 +130,18 @@ fn jagged(t: Tensor<f32>, offsets: &[usize]) -> Jagged<f32> {
 }
 
 impl SasRec {
-    /// A new model of `config`, initialised as PyTorch's modules are.
+    /// A new model of `config`, initialised as the PyTorch SASRec's
+    /// `main.py` does: xavier-normal for every weight of two or more
+    /// dimensions (the item table uniform with that spread), torch's
+    /// defaults for the rest.
     pub fn new(config: SasRecConfig) -> Result<Self, ModelError> {
         let d = config.hidden_units;
         let (b1, b2) = (0.9, 0.98);
-        let table = EmbeddingConfig::new("items", config.num_items, d, &[HISTORY_FEATURE, TARGETS]);
+        let mut table =
+            EmbeddingConfig::new("items", config.num_items, d, &[HISTORY_FEATURE, TARGETS]);
+        // Xavier-normal's standard deviation, as a uniform range.
+        let bound = (3.0 * 2.0 / (config.num_items + d) as f64).sqrt() as f32;
+        (table.weight_init_min, table.weight_init_max) = (Some(-bound), Some(bound));
         let table_adam = TableOptimizer::Adam {
             lr: config.lr,
             beta1: b1,

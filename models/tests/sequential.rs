@@ -139,50 +139,55 @@ fn a_checkpoint_loads_into_a_model_of_another_seed() {
 }
 
 #[test]
-fn sasrec_learns_the_histories_structure() {
-    use ember_models::sequential::{SasRec, SasRecConfig};
+fn sasrec_learns_the_histories_structure_with_either_loss() {
+    use ember_models::sequential::{SasRec, SasRecConfig, SasRecLoss};
     let users = data();
     let train: Vec<UserHistory> = users.iter().map(|u| u.without_last(2)).collect();
     // SASRec reads windows of maxlen inputs: batches of maxlen + 1 items.
     let batches = history_batches(&train, 64, MAX_LEN + 1).unwrap();
-    let config = SasRecConfig {
-        hidden_units: 32,
-        num_heads: 2,
-        lr: 3e-3,
-        seed: 3,
-        ..SasRecConfig::new(300, MAX_LEN)
-    };
-    let mut model = SasRec::new(config).unwrap();
-    let be = NativeBackend::new(2);
-    let trainer = Trainer::new(
-        TrainerConfig {
-            epochs: 8,
-            mode: ExecMode::Strict,
-            ..TrainerConfig::default()
-        },
-        Backend::native(),
-    );
-    let summary = trainer
-        .fit(&mut model, &InMemory(batches), FitOptions::default())
-        .unwrap();
-    let after = evaluate_retrieval(
-        &mut model,
-        &be,
-        &users,
-        (MAX_LEN + 1, 128),
-        (EvalNegatives::All, 10),
-        0,
-    )
-    .unwrap();
     let popular = popularity_hit_rate(&users, 300);
-    eprintln!(
-        "sasrec loss {} -> {}, after {after:?}, popularity {popular:.3}",
-        summary.loss_first, summary.loss_last
-    );
-    assert!(summary.loss_last < summary.loss_first);
-    assert!(
-        after.hit_rate > 1.5 * popular,
-        "HR@10 {} against popularity's {popular}",
-        after.hit_rate
-    );
+    let sampled = SasRecLoss::SampledSoftmax {
+        negatives: 32,
+        temperature: 0.05,
+    };
+    for loss in [SasRecLoss::Bce, sampled] {
+        let config = SasRecConfig {
+            hidden_units: 32,
+            num_heads: 2,
+            lr: 3e-3,
+            loss,
+            seed: 3,
+            ..SasRecConfig::new(300, MAX_LEN)
+        };
+        let mut model = SasRec::new(config).unwrap();
+        let be = NativeBackend::new(2);
+        let trainer = Trainer::new(
+            TrainerConfig {
+                epochs: 8,
+                mode: ExecMode::Strict,
+                ..TrainerConfig::default()
+            },
+            Backend::native(),
+        );
+        let summary = trainer
+            .fit(
+                &mut model,
+                &InMemory(batches.clone()),
+                FitOptions::default(),
+            )
+            .unwrap();
+        let all = (EvalNegatives::All, 10);
+        let after =
+            evaluate_retrieval(&mut model, &be, &users, (MAX_LEN + 1, 128), all, 0).unwrap();
+        eprintln!(
+            "sasrec {loss:?}: loss {} -> {}, {after:?}, popularity {popular:.3}",
+            summary.loss_first, summary.loss_last
+        );
+        assert!(summary.loss_last < summary.loss_first, "{loss:?}");
+        assert!(
+            after.hit_rate > 1.5 * popular,
+            "{loss:?}: HR@10 {} against popularity's {popular}",
+            after.hit_rate
+        );
+    }
 }

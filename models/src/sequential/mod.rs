@@ -11,6 +11,7 @@
 //!   catalogue or sampled negatives) for any [`SequenceRetriever`].
 
 pub mod histories;
+mod loss;
 pub mod metrics;
 pub mod retrieval;
 pub mod sasrec;
@@ -21,4 +22,4 @@ pub use histories::{
 };
 pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};
 pub use retrieval::{HstuRetrieval, HstuRetrievalConfig};
-pub use sasrec::{SasRec, SasRecConfig};
+pub use sasrec::{SasRec, SasRecConfig, SasRecLoss};

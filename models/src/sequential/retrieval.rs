@@ -21,14 +21,13 @@ use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
 
 use super::histories::{Tokens, HISTORY_FEATURE};
+use super::loss::{normalize, sampled_softmax, NORM_EPS};
 use super::metrics::SequenceRetriever;
 use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
 
 /// The feature of the items scored against each position.
 const TARGETS: &str = "targets";
-/// Norms below this are taken as this (the reference's eps).
-const NORM_EPS: f32 = 1e-6;
 
 /// An [`HstuRetrieval`]'s shape and training options; names follow the
 /// reference's gin configs where they exist.
@@ -114,35 +113,6 @@ impl DenseParts {
             params.extend(layer.params().into_iter().map(|p| p.with_prefix(&prefix)));
         }
         params
-    }
-}
-
-/// Rows of `x` scaled to unit length into `out`; returns each row's norm
-/// (at least the eps).
-fn normalize(x: &[f32], dim: usize, out: &mut Vec<f32>) -> Vec<f32> {
-    out.clear();
-    let mut norms = Vec::with_capacity(x.len() / dim.max(1));
-    for row in x.chunks(dim.max(1)) {
-        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(NORM_EPS);
-        norms.push(n);
-        out.extend(row.iter().map(|v| v / n));
-    }
-    norms
-}
-
-/// The gradient through `x / max(|x|, eps)` from the output's, in place:
-/// `(g - x̂ (x̂·g)) / |x|` (`g / eps` where the norm was clamped).
-fn normalize_backward(normed: &[f32], norms: &[f32], grad: &mut [f32], dim: usize) {
-    let rows = grad.chunks_mut(dim.max(1)).zip(normed.chunks(dim.max(1)));
-    for ((g, x), &n) in rows.zip(norms) {
-        let dot: f32 = g.iter().zip(x).map(|(a, b)| a * b).sum();
-        let clamped = n <= NORM_EPS;
-        for (gv, &xv) in g.iter_mut().zip(x) {
-            *gv = match clamped {
-                true => *gv / n,
-                false => (*gv - xv * dot) / n,
-            };
-        }
     }
 }
 
@@ -281,44 +251,9 @@ impl Model for HstuRetrieval {
         let tokens = x.total_len();
         let h = self.encode(be, &t, x);
         // Cosine logits of each position against its positive and negatives.
-        let (mut q, mut e) = (Vec::new(), Vec::new());
-        let q_norms = normalize(h.values().data(), d, &mut q);
-        let e_norms = normalize(&looked[tokens * d..], d, &mut e);
-        let ids = kjt.values();
-        let (mut loss, mut dq, mut de) = (0.0f64, vec![0.0f32; q.len()], vec![0.0f32; e.len()]);
-        let per = 1 + r;
-        let mut logits = vec![0.0f32; per];
-        for tok in 0..tokens {
-            let qt = &q[tok * d..(tok + 1) * d];
-            let pos_id = ids[tokens + tok * per];
-            for (j, l) in logits.iter_mut().enumerate() {
-                let row = tok * per + j;
-                let same = j > 0 && ids[tokens + row] == pos_id;
-                let dot: f32 = qt
-                    .iter()
-                    .zip(&e[row * d..(row + 1) * d])
-                    .map(|(a, b)| a * b)
-                    .sum();
-                *l = if same { f32::NEG_INFINITY } else { dot / temp };
-            }
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
-            loss += f64::from(sum.ln() + max - logits[0]);
-            for (j, &l) in logits.iter().enumerate() {
-                let p = (l - max).exp() / sum;
-                let g = (p - f32::from(j == 0)) / tokens as f32 / temp;
-                if g == 0.0 {
-                    continue;
-                }
-                let row = tok * per + j;
-                for c in 0..d {
-                    dq[tok * d + c] += g * e[row * d + c];
-                    de[row * d + c] += g * qt[c];
-                }
-            }
-        }
-        normalize_backward(&q, &q_norms, &mut dq, d);
-        normalize_backward(&e, &e_norms, &mut de, d);
+        let scored = (h.values().data(), &looked[tokens * d..]);
+        let ids = &kjt.values()[tokens..];
+        let (loss, dq, de) = sampled_softmax(scored, ids, (1 + r, d), temp);
         let dh = Jagged::new(Tensor::from_vec(tokens, d, dq)?, h.offsets().to_vec())?;
         let mut dx = dh;
         for layer in self.dense.layers.iter_mut().rev() {
@@ -343,7 +278,7 @@ impl Model for HstuRetrieval {
         self.items.backward_update(&kjt, &grad)?;
         self.optimizer.step(self.dense.params());
         Ok(StepOutput {
-            loss: (loss / tokens.max(1) as f64) as f32,
+            loss: loss as f32,
             times: Default::default(),
         })
     }

@@ -25,6 +25,7 @@ use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
 
 use super::histories::{Tokens, HISTORY_FEATURE};
+use super::loss::{normalize, sampled_softmax};
 use super::metrics::SequenceRetriever;
 use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
@@ -52,8 +53,28 @@ pub struct SasRecConfig {
     pub lr: f32,
     /// Layer norm before each sublayer instead of after (`--norm_first`).
     pub norm_first: bool,
+    /// What it is trained to tell apart.
+    pub loss: SasRecLoss,
     /// Seeds the weights, the dropout and the negatives.
     pub seed: u64,
+}
+
+/// A [`SasRec`]'s training loss.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SasRecLoss {
+    /// SASRec's own: binary cross-entropy of the next item and of one
+    /// item the user never saw.
+    Bce,
+    /// HSTU's reference's: softmax cross-entropy of the next item against
+    /// `negatives` uniform random items, on cosine similarities over
+    /// `temperature` (scored by cosine too), as the HSTU paper compares
+    /// the two architectures.
+    SampledSoftmax {
+        /// Random items a position.
+        negatives: usize,
+        /// Divides the cosine similarities.
+        temperature: f32,
+    },
 }
 
 impl SasRecConfig {
@@ -69,6 +90,7 @@ impl SasRecConfig {
             dropout_rate: 0.2,
             lr: 1e-3,
             norm_first: false,
+            loss: SasRecLoss::Bce,
             seed: 0,
         }
     }
@@ -420,14 +442,33 @@ fn dense_params<'a>(
 }
 
 impl SasRec {
-    /// The lookup of `t`'s inputs and, per input, its next item and one
-    /// item of none of the user's inputs (drawn again until so).
+    /// Target rows an input scores: its next item and the negatives.
+    fn targets_per_input(&self) -> usize {
+        match self.config.loss {
+            SasRecLoss::Bce => 2,
+            SasRecLoss::SampledSoftmax { negatives, .. } => 1 + negatives,
+        }
+    }
+
+    /// The lookup of `t`'s inputs and, per input, its next item and the
+    /// negatives: one item of none of the user's inputs (drawn again until
+    /// so) for BCE, uniform random ones for the sampled softmax.
     fn lookup_input(&mut self, t: &Tokens) -> Result<KeyedJaggedTensor, ModelError> {
         let items = self.config.num_items as u64;
         let next = t.next_items();
-        let mut targets = Vec::with_capacity(2 * next.len());
+        let per = self.targets_per_input();
+        let mut targets = Vec::with_capacity(per * next.len());
+        if let SasRecLoss::SampledSoftmax { negatives, .. } = self.config.loss {
+            for &pos in &next {
+                targets.push(pos);
+                targets.extend((0..negatives).map(|_| self.rng.below(items) as i64));
+            }
+        }
         let mut at = 0;
         for (b, &n) in t.input_lengths.iter().enumerate() {
+            if per != 2 {
+                break;
+            }
             let seen: std::collections::HashSet<i64> = t.ids[at..at + n]
                 .iter()
                 .copied()
@@ -446,12 +487,42 @@ impl SasRec {
             at += n;
         }
         let lengths: Vec<i64> = (t.input_lengths.iter().map(|&n| n as i64))
-            .chain(t.input_lengths.iter().map(|&n| 2 * n as i64))
+            .chain(t.input_lengths.iter().map(|&n| (per * n) as i64))
             .collect();
         let keys = vec![HISTORY_FEATURE.to_string(), TARGETS.to_string()];
         let ids = t.ids.iter().copied().chain(targets).collect();
         Ok(KeyedJaggedTensor::from_lengths(keys, ids, &lengths, None)?)
     }
+}
+
+/// SASRec's loss: for each of the `features` (`[tokens, d]`), binary
+/// cross-entropy of its dot product with its positive (the first of its
+/// two `targets` rows) as 1 and with its negative as 0, each averaged over
+/// the tokens; returns it with the features' and targets' gradients.
+fn bce(features: &[f32], targets: &[f32], d: usize) -> (f64, Vec<f32>, Vec<f32>) {
+    let tokens = features.len() / d.max(1);
+    let (mut loss, mut df) = (0.0f64, vec![0.0f32; features.len()]);
+    let mut de = vec![0.0f32; targets.len()];
+    let per = 1.0 / tokens.max(1) as f32;
+    for tok in 0..tokens {
+        let ft = &features[tok * d..(tok + 1) * d];
+        for (j, label) in [(0, 1.0f32), (1, 0.0)] {
+            let at = (2 * tok + j) * d;
+            let row = &targets[at..at + d];
+            let logit: f32 = ft.iter().zip(row).map(|(a, b)| a * b).sum();
+            loss += f64::from(if label > 0.5 {
+                softplus(-logit)
+            } else {
+                softplus(logit)
+            });
+            let g = (sigmoid(logit) - label) * per;
+            for c in 0..d {
+                df[tok * d + c] += g * row[c];
+                de[at + c] += g * ft[c];
+            }
+        }
+    }
+    (loss / tokens.max(1) as f64, df, de)
 }
 
 fn softplus(x: f32) -> f32 {
@@ -482,25 +553,16 @@ impl Model for SasRec {
         self.training = true;
         let f = self.features(be, looked.values(), &t)?;
         let e = &looked.values()[tokens * d..];
-        let (mut loss, mut df, mut de) = (0.0f64, vec![0.0f32; tokens * d], vec![0.0f32; e.len()]);
-        let per = 1.0 / tokens.max(1) as f32;
-        for tok in 0..tokens {
-            let ft = f.values().row(tok);
-            for (j, label) in [(0, 1.0f32), (1, 0.0)] {
-                let row = &e[(2 * tok + j) * d..(2 * tok + j + 1) * d];
-                let logit: f32 = ft.iter().zip(row).map(|(a, b)| a * b).sum();
-                loss += f64::from(if label > 0.5 {
-                    softplus(-logit)
-                } else {
-                    softplus(logit)
-                });
-                let g = (sigmoid(logit) - label) * per;
-                for c in 0..d {
-                    df[tok * d + c] += g * row[c];
-                    de[(2 * tok + j) * d + c] += g * ft[c];
-                }
+        let (loss, df, de) = match self.config.loss {
+            SasRecLoss::Bce => bce(f.values().data(), e, d),
+            SasRecLoss::SampledSoftmax {
+                negatives,
+                temperature,
+            } => {
+                let ids = &kjt.values()[tokens..];
+                sampled_softmax((f.values().data(), e), ids, (1 + negatives, d), temperature)
             }
-        }
+        };
         let mut dx = Tensor::zeros(0, 0);
         self.last_norm
             .backward(&Tensor::from_vec(tokens, d, df)?, &mut dx);
@@ -535,7 +597,7 @@ impl Model for SasRec {
         );
         self.optimizer.step(params);
         Ok(StepOutput {
-            loss: (loss / tokens.max(1) as f64) as f32,
+            loss: loss as f32,
             times: Default::default(),
         })
     }
@@ -597,10 +659,16 @@ impl SequenceRetriever for SasRec {
         self.training = false;
         let f = self.features(be, looked.values(), &t)?;
         let mut out = Tensor::zeros(t.input_lengths.len(), d);
+        let cosine = self.config.loss != SasRecLoss::Bce;
         for (b, &n) in t.input_lengths.iter().enumerate() {
             if n > 0 {
-                out.row_mut(b)
-                    .copy_from_slice(&f.segment(b)[(n - 1) * d..n * d]);
+                let last = &f.segment(b)[(n - 1) * d..n * d];
+                let mut unit = Vec::new();
+                match cosine {
+                    true => drop(normalize(last, d, &mut unit)),
+                    false => unit.extend_from_slice(last),
+                }
+                out.row_mut(b).copy_from_slice(&unit);
             }
         }
         Ok(out)
@@ -612,6 +680,10 @@ impl SequenceRetriever for SasRec {
         let mut rows = vec![0.0f32; n * d];
         for (id, row) in rows.chunks_mut(d).enumerate() {
             table.read_row(id, row);
+        }
+        if self.config.loss != SasRecLoss::Bce {
+            let raw = std::mem::take(&mut rows);
+            normalize(&raw, d, &mut rows);
         }
         Tensor::from_vec(n, d, rows).expect("items x dim")
     }

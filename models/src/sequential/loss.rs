@@ -32,23 +32,41 @@ fn normalize_backward(normed: &[f32], norms: &[f32], grad: &mut [f32], dim: usiz
     }
 }
 
+/// The sampled softmax's buffers, kept from step to step: the target rows
+/// are many (a token's negatives each), and memory allocated afresh each
+/// step is memory the kernel maps afresh.
+#[derive(Debug, Default)]
+pub(crate) struct SoftmaxBuffers {
+    q: Vec<f32>,
+    e: Vec<f32>,
+    /// The raw queries' gradient, after a call.
+    pub(crate) dq: Vec<f32>,
+    /// The raw targets' gradient, after a call.
+    pub(crate) de: Vec<f32>,
+}
+
 /// The reference's sampled softmax: each of the `queries` (`[tokens, d]`)
 /// against its `per` target rows of `targets` (`[tokens * per, d]`; the
 /// first the positive, then the negatives, of ids `ids`), both
 /// L2-normalised, logits their dot products over `temperature`, a negative
-/// equal to the positive left out. Returns the mean cross-entropy and the
-/// gradients of the raw queries and targets.
+/// equal to the positive left out. Returns the mean cross-entropy; the
+/// gradients of the raw queries and targets are left in `b`.
 pub(crate) fn sampled_softmax(
     (queries, targets): (&[f32], &[f32]),
     ids: &[i64],
     (per, d): (usize, usize),
     temperature: f32,
-) -> (f64, Vec<f32>, Vec<f32>) {
-    let (mut q, mut e) = (Vec::new(), Vec::new());
-    let q_norms = normalize(queries, d, &mut q);
-    let e_norms = normalize(targets, d, &mut e);
+    b: &mut SoftmaxBuffers,
+) -> f64 {
+    let SoftmaxBuffers { q, e, dq, de } = b;
+    let q_norms = normalize(queries, d, q);
+    let e_norms = normalize(targets, d, e);
     let tokens = q.len() / d.max(1);
-    let (mut loss, mut dq, mut de) = (0.0f64, vec![0.0f32; q.len()], vec![0.0f32; e.len()]);
+    let mut loss = 0.0f64;
+    dq.clear();
+    dq.resize(q.len(), 0.0);
+    de.clear();
+    de.resize(e.len(), 0.0);
     let mut logits = vec![0.0f32; per];
     for tok in 0..tokens {
         let qt = &q[tok * d..(tok + 1) * d];
@@ -83,7 +101,7 @@ pub(crate) fn sampled_softmax(
             }
         }
     }
-    normalize_backward(&q, &q_norms, &mut dq, d);
-    normalize_backward(&e, &e_norms, &mut de, d);
-    (loss / tokens.max(1) as f64, dq, de)
+    normalize_backward(q, &q_norms, dq, d);
+    normalize_backward(e, &e_norms, de, d);
+    loss / tokens.max(1) as f64
 }

@@ -21,7 +21,7 @@ use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
 
 use super::histories::{Tokens, HISTORY_FEATURE};
-use super::loss::{normalize, sampled_softmax, NORM_EPS};
+use super::loss::{normalize, sampled_softmax, SoftmaxBuffers, NORM_EPS};
 use super::metrics::SequenceRetriever;
 use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
@@ -88,6 +88,17 @@ pub struct HstuRetrieval {
     optimizer: DenseOptimizer<f32>,
     negatives: Rng,
     scores: Vec<f32>,
+    buffers: Buffers,
+}
+
+/// A step's big buffers, kept from step to step.
+#[derive(Default)]
+struct Buffers {
+    /// The lookup: the inputs' rows, then every target row.
+    looked: ember_sparse::JaggedEmbeddings,
+    softmax: SoftmaxBuffers,
+    /// The lookup's gradient.
+    grad: Vec<f32>,
 }
 
 /// What Adam steps: the positions and the layers.
@@ -147,6 +158,7 @@ impl HstuRetrieval {
             optimizer: DenseOptimizer::new(DenseOptimizerConfig::adam(config.learning_rate)),
             negatives: Rng::new(config.seed ^ 0x6e65),
             scores: Vec::new(),
+            buffers: Buffers::default(),
             items,
             config,
         })
@@ -164,15 +176,12 @@ impl HstuRetrieval {
             .for_each(|l| l.set_training(training));
     }
 
-    /// The item rows of `kjt` (history first), and the layers' input:
-    /// history rows times sqrt(D) plus their positions.
-    fn embed(
-        &self,
-        kjt: &KeyedJaggedTensor,
-        t: &Tokens,
-    ) -> Result<(Vec<f32>, Jagged<f32>), ModelError> {
+    /// Looks up `kjt` (history first) into the buffers; returns the
+    /// layers' input: history rows times sqrt(D) plus their positions.
+    fn embed(&mut self, kjt: &KeyedJaggedTensor, t: &Tokens) -> Result<Jagged<f32>, ModelError> {
         let d = self.config.embedding_dim;
-        let looked = self.items.forward(kjt)?;
+        self.items.forward_into(kjt, &mut self.buffers.looked)?;
+        let looked = &self.buffers.looked;
         let scale = (d as f32).sqrt();
         let total: usize = t.input_lengths.iter().sum();
         let mut x = Tensor::zeros(total, d);
@@ -189,8 +198,7 @@ impl HstuRetrieval {
                 r += 1;
             }
         }
-        let x = Jagged::from_lengths(x, &t.input_lengths)?;
-        Ok((looked.values().to_vec(), x))
+        Ok(Jagged::from_lengths(x, &t.input_lengths)?)
     }
 
     /// The layers' outputs on `t`'s inputs.
@@ -247,13 +255,19 @@ impl Model for HstuRetrieval {
         let t = Tokens::of(batch)?;
         let kjt = self.lookup_input(&t)?;
         self.set_training(true);
-        let (looked, x) = self.embed(&kjt, &t)?;
+        let x = self.embed(&kjt, &t)?;
         let tokens = x.total_len();
         let h = self.encode(be, &t, x);
         // Cosine logits of each position against its positive and negatives.
-        let scored = (h.values().data(), &looked[tokens * d..]);
+        let Buffers {
+            looked,
+            softmax,
+            grad,
+        } = &mut self.buffers;
+        let scored = (h.values().data(), &looked.values()[tokens * d..]);
         let ids = &kjt.values()[tokens..];
-        let (loss, dq, de) = sampled_softmax(scored, ids, (1 + r, d), temp);
+        let loss = sampled_softmax(scored, ids, (1 + r, d), temp, softmax);
+        let dq = softmax.dq.clone();
         let dh = Jagged::new(Tensor::from_vec(tokens, d, dq)?, h.offsets().to_vec())?;
         let mut dx = dh;
         for layer in self.dense.layers.iter_mut().rev() {
@@ -262,7 +276,7 @@ impl Model for HstuRetrieval {
         // x = e * sqrt(D) + position: the items' gradient, then the positions'.
         self.dense.positions_grad.fill(0.0);
         let scale = (d as f32).sqrt();
-        let mut grad = Vec::with_capacity(looked.len());
+        grad.clear();
         let mut r0 = 0;
         for &n in &t.input_lengths {
             for p in 0..n {
@@ -274,8 +288,8 @@ impl Model for HstuRetrieval {
             }
             r0 += n;
         }
-        grad.extend(de);
-        self.items.backward_update(&kjt, &grad)?;
+        grad.extend_from_slice(&softmax.de);
+        self.items.backward_update(&kjt, grad)?;
         self.optimizer.step(self.dense.params());
         Ok(StepOutput {
             loss: loss as f32,
@@ -327,7 +341,7 @@ impl SequenceRetriever for HstuRetrieval {
             None,
         )?;
         self.set_training(false);
-        let (_, x) = self.embed(&kjt, &t)?;
+        let x = self.embed(&kjt, &t)?;
         let h = self.encode(be, &t, x);
         let mut out = Tensor::zeros(t.input_lengths.len(), d);
         for (b, &n) in t.input_lengths.iter().enumerate() {

@@ -25,7 +25,7 @@ use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
 
 use super::histories::{Tokens, HISTORY_FEATURE};
-use super::loss::{normalize, sampled_softmax};
+use super::loss::{normalize, sampled_softmax, SoftmaxBuffers};
 use super::metrics::SequenceRetriever;
 use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
@@ -126,6 +126,12 @@ pub struct SasRec {
     training: bool,
     emb_mask: Vec<f32>,
     scores: Vec<f32>,
+    /// A step's big buffers, kept from step to step (memory allocated
+    /// afresh is memory the kernel maps afresh): the lookup, the loss's,
+    /// the lookup's gradient.
+    looked: ember_sparse::JaggedEmbeddings,
+    softmax: SoftmaxBuffers,
+    grad: Vec<f32>,
 }
 
 /// Multiplies `x` by a fresh dropout mask (kept for the backward), or
@@ -209,6 +215,9 @@ impl SasRec {
             training: true,
             emb_mask: Vec::new(),
             scores: Vec::new(),
+            looked: Default::default(),
+            softmax: SoftmaxBuffers::default(),
+            grad: Vec::new(),
             items,
             config,
         })
@@ -548,7 +557,8 @@ impl Model for SasRec {
         let d = self.config.hidden_units;
         let t = self.window(Tokens::of(batch)?);
         let kjt = self.lookup_input(&t)?;
-        let looked = self.items.forward(&kjt)?;
+        let mut looked = std::mem::take(&mut self.looked);
+        self.items.forward_into(&kjt, &mut looked)?;
         let tokens: usize = t.input_lengths.iter().sum();
         self.training = true;
         let f = self.features(be, looked.values(), &t)?;
@@ -560,7 +570,10 @@ impl Model for SasRec {
                 temperature,
             } => {
                 let ids = &kjt.values()[tokens..];
-                sampled_softmax((f.values().data(), e), ids, (1 + negatives, d), temperature)
+                let b = &mut self.softmax;
+                let scored = (f.values().data(), e);
+                let loss = sampled_softmax(scored, ids, (1 + negatives, d), temperature, b);
+                (loss, b.dq.clone(), std::mem::take(&mut b.de))
             }
         };
         let mut dx = Tensor::zeros(0, 0);
@@ -575,7 +588,8 @@ impl Model for SasRec {
         undrop(dx.data_mut(), &self.emb_mask);
         self.positions_grad.fill(0.0);
         let scale = (d as f32).sqrt();
-        let mut grad = Vec::with_capacity(looked.values().len());
+        let mut grad = std::mem::take(&mut self.grad);
+        grad.clear();
         let mut r = 0;
         for &n in &t.input_lengths {
             for p in 0..n {
@@ -588,8 +602,13 @@ impl Model for SasRec {
                 r += 1;
             }
         }
-        grad.extend(de);
-        self.items.backward_update(&kjt, &grad)?;
+        grad.extend_from_slice(&de);
+        if self.config.loss != SasRecLoss::Bce {
+            self.softmax.de = de; // its capacity, for the next step
+        }
+        let updated = self.items.backward_update(&kjt, &grad);
+        (self.grad, self.looked) = (grad, looked);
+        updated?;
         let params = dense_params(
             (&mut self.positions, &mut self.positions_grad),
             &mut self.blocks,

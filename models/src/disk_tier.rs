@@ -36,7 +36,8 @@ impl Default for CacheBudget {
 impl fmt::Display for CacheBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Share(s) => write!(f, "{}%", s * 100.0),
+            // Rounded: 0.07 * 100 is 7.000000000000001.
+            Self::Share(s) => write!(f, "{}%", (s * 1e8).round() / 1e6),
             Self::Bytes(b) => write!(f, "{b} bytes"),
         }
     }
@@ -118,7 +119,7 @@ impl DiskTierOptions {
     ) -> DiskTierModel {
         DiskTierModel {
             cache_share: self.cache_share(tables, optimizer),
-            min_cache_rows: CACHE_BATCHES * batch_ids,
+            min_cache_rows: min_cache_rows(batch_ids),
             reads_per_s: ember_sharding::DEFAULT_DISK_READS_PER_S,
             zipf_alpha,
             policy: self.policy,
@@ -267,7 +268,7 @@ pub fn placement_line(
     if !ram.is_empty() {
         let why = match planned {
             true => "the plan fits them in memory",
-            false => "their caches would not hold 8 batches of ids",
+            false => "their caches would not hold enough batches of ids",
         };
         line += &format!("; in RAM: {} ({}), as {why}", ram.len(), list(&ram));
     }

@@ -125,6 +125,9 @@ pub enum BatchError {
     /// Evaluation data with no rows: metrics of nothing are undefined.
     #[error("no examples to evaluate: the evaluation data holds no rows")]
     NoRows,
+    /// User histories that cannot make a batch (which way: the message).
+    #[error("{0}")]
+    Histories(String),
 }
 
 /// An operation the model, its setup or its backend does not allow

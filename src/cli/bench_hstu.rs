@@ -124,6 +124,11 @@ impl HstuArgs {
             anyhow::ensure!(v >= 1, "{flag} must be at least 1");
         }
         anyhow::ensure!(
+            shape.max_seq_len <= MAX_SEQ_LEN,
+            "--max-seq-len {}: at most {MAX_SEQ_LEN}",
+            shape.max_seq_len
+        );
+        anyhow::ensure!(
             self.length_alpha.is_finite() && self.length_alpha > 0.0,
             "--length-alpha {}: a finite exponent above 0",
             self.length_alpha
@@ -131,6 +136,9 @@ impl HstuArgs {
         Ok(shape)
     }
 }
+
+/// The longest history the bench takes: DLRMv4's 4096, and room above.
+const MAX_SEQ_LEN: usize = 1 << 16;
 
 /// Milliseconds a step, by part.
 #[derive(Clone, Debug, Default, Serialize)]

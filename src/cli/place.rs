@@ -33,8 +33,9 @@ pub fn place<'a>(
     sharding.validate()?;
     let disk_tier = tier.options()?;
     if let Some(disk) = &disk_tier {
-        // The planner sees the global batch's ids in a table.
-        let ids = options.batch_size * shape.max_ids_per_bag;
+        // The planner sees the global batch's ids in a table: the run's
+        // (a resumed run's batch is its checkpoint's, not the flag's).
+        let ids = shape.batch_size * launch.world_size().max(1) * shape.max_ids_per_bag;
         let (tables, optimizer) = (&config.tables, &options.optimizer);
         options.disk_tier = Some(disk.planner_model(tables, optimizer, ids, zipf_alpha));
     }
@@ -42,7 +43,7 @@ pub fn place<'a>(
     let (plan, stats) = planned.unzip();
     // A rank builds (or reads) only its own shards; ranks wait for the slowest.
     let model = launch.patiently(|| {
-        let builder = (builder.plan(plan.clone()))
+        let builder = (builder.plan(plan))
             .world(launch.world().cloned())
             .disk_tier(disk_tier.clone())
             .batches(shape)

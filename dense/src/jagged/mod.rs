@@ -37,10 +37,20 @@ use crate::tensor::Tensor;
 /// A batch of sequences of rows: sequence `b` is rows
 /// `offsets[b]..offsets[b + 1]` of `values` (`[total_len, dim]`). `offsets` starts at 0, never
 /// decreases and ends at `values.rows()`.
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Jagged<T> {
     values: Tensor<T>,
     offsets: Vec<usize>,
+}
+
+impl<T: Real> Default for Jagged<T> {
+    /// No sequences.
+    fn default() -> Self {
+        Self {
+            values: Tensor::zeros(0, 0),
+            offsets: vec![0],
+        }
+    }
 }
 
 /// The offsets of `lengths`: `[0, l0, l0 + l1, ...]`, one more than the
@@ -223,6 +233,10 @@ pub fn to_padded<T: Real>(x: &Jagged<T>, max_len: usize, pad: T) -> Tensor<T> {
 /// inverse of [`to_padded`], and its backward.
 pub fn from_padded<T: Real>(padded: &Tensor<T>, offsets: &[usize], max_len: usize) -> Jagged<T> {
     let batch = offsets.len().saturating_sub(1);
+    let valid = offsets.first() == Some(&0) && offsets.windows(2).all(|w| w[0] <= w[1]);
+    check(valid, "jagged::from_padded", || {
+        "offsets must start at 0 and never decrease".into()
+    });
     check(
         padded.rows() == batch * max_len,
         "jagged::from_padded",

@@ -278,6 +278,10 @@ impl<T: Real> HstuLayer<T> {
             s.targets.len() == x.batch() && s.timestamps.len() == total,
             "HstuLayer::forward: targets a sample, timestamps a token"
         );
+        assert!(
+            input.query_times.is_none_or(|q| q.len() == x.batch()),
+            "HstuLayer::forward: query times a sample"
+        );
         s.next_times = next_times(&s.offsets, &s.timestamps, input.query_times);
         self.input_norm.forward(x.values(), &mut s.normed_x);
         be.matmul(
@@ -472,7 +476,7 @@ fn rel_bias<T: Real>(
         return T::ZERO;
     }
     let p = c.max_seq_len - 1 + j - i;
-    pos_w[p] + ts_w[bucket(next[i] - ts[j], c.time_buckets)]
+    pos_w[p] + ts_w[bucket(next[i].saturating_sub(ts[j]), c.time_buckets)]
 }
 
 /// The attention of every sample into `s.attn`.
@@ -551,7 +555,7 @@ fn attend_backward<T: Real>(
         let mut d_bias = |i: usize, j: usize, g: T| {
             if !pos_w.is_empty() {
                 d_pos[c.max_seq_len - 1 + j - i] += g;
-                d_ts[bucket(next[i] - ts[j], c.time_buckets)] += g;
+                d_ts[bucket(next[i].saturating_sub(ts[j]), c.time_buckets)] += g;
             }
         };
         let d_out = &d_attn.data()[r0 * hv..r1 * hv];

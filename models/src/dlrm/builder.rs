@@ -307,7 +307,8 @@ impl<'a> DlrmBuilder<'a> {
                     disk_tier: None,
                 });
                 if let (None, Tiers::Sized(tier)) = (&options.disk_tier, &self.tiers) {
-                    let ids = self.batches.table_ids();
+                    // The planner sees the global batch's ids in a table.
+                    let ids = self.batches.table_ids() * ranks;
                     let model = tier.planner_model(tables, &self.table_optimizer, ids, 1.0);
                     options.disk_tier = Some(model);
                 }

@@ -157,6 +157,10 @@ impl DlrmConfig {
 /// What is wrong with a [`DlrmConfig`] ([`ModelError::Architecture`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ArchitectureError {
+    /// A sequence model's configuration that describes no model (which
+    /// way: the message).
+    #[error("{0}")]
+    Sequence(String),
     /// No embedding table.
     #[error("at least one embedding table is needed")]
     NoTables,

@@ -161,6 +161,22 @@ pub fn history_batches(
     batch_size: usize,
     max_len: usize,
 ) -> Result<Vec<Batch>, ModelError> {
+    let bad = |what: String| Err(crate::BatchError::Histories(what).into());
+    if max_len < 2 {
+        return bad(format!(
+            "max_len {max_len}: a history batch needs 2 items a user"
+        ));
+    }
+    if let Some(u) = users
+        .iter()
+        .position(|u| u.items.len() != u.timestamps.len())
+    {
+        return bad(format!(
+            "user {u} has {} items and {} timestamps",
+            users[u].items.len(),
+            users[u].timestamps.len()
+        ));
+    }
     let users: Vec<&UserHistory> = users.iter().filter(|u| u.items.len() >= 2).collect();
     users
         .chunks(batch_size.max(1))
@@ -224,6 +240,44 @@ impl Tokens {
             });
         }
         Ok(t)
+    }
+
+    /// Each user's inputs cut to the last `max`.
+    pub(crate) fn cut(mut self, max: usize) -> Tokens {
+        if self.input_lengths.iter().all(|&n| n <= max) {
+            return self;
+        }
+        let (mut ids, mut times, mut at) = (Vec::new(), Vec::new(), 0);
+        for n in self.input_lengths.iter_mut() {
+            let skip = n.saturating_sub(max);
+            ids.extend_from_slice(&self.ids[at + skip..at + *n]);
+            times.extend_from_slice(&self.times[at + skip..at + *n]);
+            at += *n;
+            *n -= skip;
+        }
+        self.ids = ids;
+        self.times = times;
+        self
+    }
+
+    /// Each user's last item, checked to be one of `items` (a user without
+    /// items: `None`).
+    pub(crate) fn last_items(&self, items: usize) -> Result<Vec<Option<usize>>, ModelError> {
+        (self.last.iter().zip(&self.input_lengths))
+            .enumerate()
+            .map(|(b, (&(id, _), &n))| match (n, id) {
+                (0, _) => Ok(None),
+                (_, id) if id >= 0 && (id as usize) < items => Ok(Some(id as usize)),
+                (_, id) => Err(ember_sparse::SparseError::IdOutOfRange {
+                    table: "items".into(),
+                    feature: HISTORY_FEATURE.into(),
+                    sample: b,
+                    id,
+                    rows: items,
+                }
+                .into()),
+            })
+            .collect()
     }
 
     /// Each input's next item: the following input, or the user's last item.

@@ -6,7 +6,7 @@ use ember_dense::{DenseBackend, Tensor};
 use ember_sparse::rng::Rng;
 use serde::Serialize;
 
-use super::histories::{history_batches, UserHistory};
+use super::histories::{history_batches, UserHistory, HISTORY_FEATURE};
 use crate::ModelError;
 
 /// What a sequence model gives retrieval: a query per user and an
@@ -43,7 +43,8 @@ pub struct RetrievalMetrics {
     pub k: usize,
     /// Share of users whose item ranks in the top `k` (HR@k).
     pub hit_rate: f64,
-    /// Mean of `1 / log2(rank + 2)` over users ranked in the top `k` (NDCG@k).
+    /// Mean over users of `1 / log2(rank + 2)` when the item ranks in the
+    /// top `k`, 0 otherwise (NDCG@k).
     pub ndcg: f64,
     /// Mean of `1 / (rank + 1)` (MRR, no cut-off).
     pub mrr: f64,
@@ -75,7 +76,21 @@ pub fn evaluate_retrieval(
             let q = queries.row(b);
             let score =
                 |id: usize| -> f32 { q.iter().zip(items.row(id)).map(|(a, b)| a * b).sum() };
-            let target = *user.items.last().expect("at least 2 items") as usize;
+            let last = *user.items.last().expect("at least 2 items");
+            let target = match usize::try_from(last) {
+                Ok(t) if t < model.num_items() => t,
+                _ => {
+                    let (items, feature) = (model.num_items(), HISTORY_FEATURE.to_string());
+                    return Err(ember_sparse::SparseError::IdOutOfRange {
+                        table: "items".into(),
+                        feature,
+                        sample: b,
+                        id: last,
+                        rows: items,
+                    }
+                    .into());
+                }
+            };
             let s = score(target);
             let rank = match negatives {
                 EvalNegatives::All => (0..model.num_items())

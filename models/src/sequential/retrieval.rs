@@ -9,8 +9,11 @@
 //! item against `num_negatives` items drawn uniformly (with replacement;
 //! one equal to the positive is left out), on cosine similarities divided
 //! by `temperature`; item embeddings are L2-normalised as targets too.
-//! Left out of the reference: the input dropout (the layers' own dropout
-//! is kept).
+//! Adam with betas (0.9, 0.98) trains everything, as the reference's AdamW
+//! without weight decay. Where it differs from the reference: no input
+//! dropout (the layers' own is kept); the item table's Adam updates the
+//! rows of the batch only; items start uniform (TorchRec's range) rather
+//! than normal(0, 0.02).
 
 use ember_dense::jagged::Jagged;
 use ember_dense::{
@@ -131,10 +134,30 @@ impl HstuRetrieval {
     /// A new model of `config`.
     pub fn new(config: HstuRetrievalConfig) -> Result<Self, ModelError> {
         let (d, n) = (config.embedding_dim, config.max_sequence_len);
+        let bad = |what: &str| Err(crate::ArchitectureError::Sequence(what.to_string()).into());
+        let sizes = [
+            d,
+            n,
+            config.num_items,
+            config.num_heads,
+            config.attention_dim,
+            config.linear_dim,
+        ];
+        if sizes.contains(&0) || config.num_negatives == 0 {
+            return bad("every size and num_negatives are at least 1");
+        }
+        if !(config.temperature > 0.0 && config.temperature.is_finite()) {
+            return bad("the temperature is a finite number above 0");
+        }
         let table = EmbeddingConfig::new("items", config.num_items, d, &[HISTORY_FEATURE, TARGETS]);
         let items = EmbeddingCollection::new(
             vec![table],
-            TableOptimizer::adam(config.learning_rate),
+            TableOptimizer::Adam {
+                lr: config.learning_rate,
+                beta1: 0.9,
+                beta2: 0.98,
+                eps: 1e-8,
+            },
             config.seed,
         )?;
         let mut init = ember_dense::Initializer::new(config.seed ^ 0x9e37);
@@ -155,7 +178,12 @@ impl HstuRetrieval {
                 positions_grad: Tensor::zeros(n, d),
                 layers,
             },
-            optimizer: DenseOptimizer::new(DenseOptimizerConfig::adam(config.learning_rate)),
+            optimizer: DenseOptimizer::new(DenseOptimizerConfig::Adam {
+                lr: config.learning_rate,
+                beta1: 0.9,
+                beta2: 0.98,
+                eps: 1e-8,
+            }),
             negatives: Rng::new(config.seed ^ 0x6e65),
             scores: Vec::new(),
             buffers: Buffers::default(),
@@ -252,7 +280,7 @@ impl Model for HstuRetrieval {
             self.config.num_negatives,
             self.config.temperature,
         );
-        let t = Tokens::of(batch)?;
+        let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
         let kjt = self.lookup_input(&t)?;
         self.set_training(true);
         let x = self.embed(&kjt, &t)?;
@@ -301,12 +329,14 @@ impl Model for HstuRetrieval {
     /// it): the cosine of query and item over the temperature.
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
         let q = self.user_queries(backend.dense(), batch)?;
-        let t = Tokens::of(batch)?;
+        let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
+        let last = t.last_items(self.config.num_items)?;
         let items = self.item_embeddings();
-        self.scores = (t.last.iter().enumerate())
-            .map(|(b, &(id, _))| {
-                let e = items.row(id as usize);
-                q.row(b).iter().zip(e).map(|(a, b)| a * b).sum::<f32>() / self.config.temperature
+        let temperature = self.config.temperature;
+        self.scores = (last.iter().enumerate())
+            .map(|(b, id)| {
+                let e = id.map_or(&[][..], |id| items.row(id));
+                q.row(b).iter().zip(e).map(|(a, b)| a * b).sum::<f32>() / temperature
             })
             .collect();
         Ok(&self.scores)
@@ -332,7 +362,7 @@ impl SequenceRetriever for HstuRetrieval {
         batch: &Batch,
     ) -> Result<Tensor<f32>, ModelError> {
         let d = self.config.embedding_dim;
-        let t = Tokens::of(batch)?;
+        let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
         let lengths: Vec<i64> = t.input_lengths.iter().map(|&n| n as i64).collect();
         let kjt = KeyedJaggedTensor::from_lengths(
             vec![HISTORY_FEATURE.into(), TARGETS.into()],

@@ -12,9 +12,17 @@
 //! ```
 //!
 //! Layer norms have eps 1e-8; Adam has betas (0.9, 0.98), for the layers
-//! and the item table alike. Not applied: the attention weights' dropout.
-//! A window of `maxlen` inputs is read from batches of `maxlen + 1` items
-//! (the last is only a target), as SASRec's sampler cuts histories.
+//! and the item table alike. A window of `maxlen` inputs is read from
+//! batches of `maxlen + 1` items (the last is only a target), as SASRec's
+//! sampler cuts histories.
+//!
+//! Where it differs from that code: a sequence attends over its own items
+//! only (the PyTorch code left-pads to `maxlen`, and after the first block
+//! the padding positions it attends to are no longer zero); the item
+//! table's Adam updates the rows of the batch only (torch's dense Adam
+//! moves every row with its momentum); a negative is drawn again while it
+//! is one of the user's items in the window, at most 100 times; the
+//! attention weights have no dropout.
 
 use ember_dense::jagged::Jagged;
 use ember_dense::{
@@ -164,6 +172,22 @@ impl SasRec {
     /// defaults for the rest.
     pub fn new(config: SasRecConfig) -> Result<Self, ModelError> {
         let d = config.hidden_units;
+        let bad = |what: &str| Err(crate::ArchitectureError::Sequence(what.to_string()).into());
+        if d == 0 || config.num_heads == 0 || !d.is_multiple_of(config.num_heads) {
+            return bad("hidden_units must be a multiple (at least 1) of num_heads (at least 1)");
+        }
+        if config.maxlen == 0 || config.num_items == 0 {
+            return bad("maxlen and num_items are at least 1");
+        }
+        if let SasRecLoss::SampledSoftmax {
+            negatives,
+            temperature,
+        } = config.loss
+        {
+            if negatives == 0 || !(temperature > 0.0 && temperature.is_finite()) {
+                return bad("the sampled softmax needs negatives and a temperature above 0");
+            }
+        }
         let (b1, b2) = (0.9, 0.98);
         let mut table =
             EmbeddingConfig::new("items", config.num_items, d, &[HISTORY_FEATURE, TARGETS]);
@@ -178,18 +202,24 @@ impl SasRec {
         };
         let items = EmbeddingCollection::new(vec![table], table_adam, config.seed)?;
         let mut init = Initializer::new(config.seed ^ 0x5a5);
-        let positions = Tensor::from_fn(config.maxlen + 1, d, |_, _| {
-            init.normal(0.0, 1.0) as f32 * 0.1
-        });
+        let positions = init.xavier_normal(config.maxlen + 1, d);
         let blocks = (0..config.num_blocks)
             .map(|b| {
                 let seed = config.seed + 10 * b as u64;
+                let mut attn = MultiheadAttention::new(d, config.num_heads, seed + 1);
+                attn.in_proj.weight = init.xavier_normal(3 * d, d);
+                attn.out_proj.weight = init.xavier_normal(d, d);
+                // Conv1d's weight [d, d, 1]: fans of d and d.
+                let mut conv1 = Linear::new(d, d, Activation::Relu, seed + 2);
+                conv1.weight = init.xavier_normal(d, d);
+                let mut conv2 = Linear::new(d, d, Activation::None, seed + 3);
+                conv2.weight = init.xavier_normal(d, d);
                 Block {
                     attn_norm: LayerNorm::new(d, LN_EPS, true),
-                    attn: MultiheadAttention::new(d, config.num_heads, seed + 1),
+                    attn,
                     fwd_norm: LayerNorm::new(d, LN_EPS, true),
-                    conv1: Linear::new(d, d, Activation::Relu, seed + 2),
-                    conv2: Linear::new(d, d, Activation::None, seed + 3),
+                    conv1,
+                    conv2,
                     ffn_in: Tensor::zeros(0, d),
                     hidden: Tensor::zeros(0, d),
                     dropped: Tensor::zeros(0, d),
@@ -235,22 +265,8 @@ impl SasRec {
     }
 
     /// Cuts each user's inputs to the last `maxlen`.
-    fn window(&self, mut t: Tokens) -> Tokens {
-        let max = self.config.maxlen;
-        if t.input_lengths.iter().all(|&n| n <= max) {
-            return t;
-        }
-        let (mut ids, mut times, mut at) = (Vec::new(), Vec::new(), 0);
-        for n in t.input_lengths.iter_mut() {
-            let skip = n.saturating_sub(max);
-            ids.extend_from_slice(&t.ids[at + skip..at + *n]);
-            times.extend_from_slice(&t.times[at + skip..at + *n]);
-            at += *n;
-            *n -= skip;
-        }
-        t.ids = ids;
-        t.times = times;
-        t
+    fn window(&self, t: Tokens) -> Tokens {
+        t.cut(self.config.maxlen)
     }
 
     /// The features of `t`'s inputs (and the inputs' embedding rows, for
@@ -475,7 +491,7 @@ impl SasRec {
         }
         let mut at = 0;
         for (b, &n) in t.input_lengths.iter().enumerate() {
-            if per != 2 {
+            if self.config.loss != SasRecLoss::Bce {
                 break;
             }
             let seen: std::collections::HashSet<i64> = t.ids[at..at + n]
@@ -624,15 +640,14 @@ impl Model for SasRec {
     /// Each user's logit of its last item after the others.
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
         let q = self.user_queries(backend.dense(), batch)?;
-        let t = Tokens::of(batch)?;
+        let last = self
+            .window(Tokens::of(batch)?)
+            .last_items(self.config.num_items)?;
         let items = self.item_embeddings();
-        self.scores = (t.last.iter().enumerate())
-            .map(|(b, &(id, _))| {
-                q.row(b)
-                    .iter()
-                    .zip(items.row(id as usize))
-                    .map(|(a, b)| a * b)
-                    .sum()
+        self.scores = (last.iter().enumerate())
+            .map(|(b, id)| {
+                let e = id.map_or(&[][..], |id| items.row(id));
+                q.row(b).iter().zip(e).map(|(a, b)| a * b).sum()
             })
             .collect();
         Ok(&self.scores)

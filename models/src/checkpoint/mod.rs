@@ -39,7 +39,7 @@ mod valid;
 mod write;
 pub use names::{dense_shapes, table_weight_name, weight_layout};
 pub use quantize::{quantize, QuantizeSummary};
-pub use read::Checkpoint;
+pub use read::{resume, Checkpoint};
 pub use set::{remove_set, save_set, INDEX_FILE};
 pub use state::{StateDict, StateFile};
 pub(crate) use write::fail_at;
@@ -47,19 +47,6 @@ pub use write::save;
 
 /// The file a one-process checkpoint is written to in its directory.
 pub const CHECKPOINT_FILE: &str = "model.safetensors";
-
-/// The checkpoint a run resumes from in `dir` ([`latest`], opened), if
-/// there is one (see [`Checkpoint::check_trainable`] before training on
-/// it). On a world, every rank calls this together.
-pub fn resume(
-    dir: &Path,
-    world: Option<&std::sync::Arc<dyn ember_sharding::Collective>>,
-) -> Result<Option<Checkpoint>, ModelError> {
-    let Some(path) = latest(dir, world)? else {
-        return Ok(None);
-    };
-    Checkpoint::open(&path).map(Some)
-}
 
 /// The checkpoint to resume from in `dir`: one file, or the set the ranks
 /// of a world wrote; the newer when both are there (a crash between

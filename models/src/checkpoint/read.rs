@@ -444,3 +444,16 @@ pub(super) fn meta_value<T: serde::de::DeserializeOwned>(
 fn same_kind(a: &TableOptimizer, b: &TableOptimizer) -> bool {
     std::mem::discriminant(a) == std::mem::discriminant(b)
 }
+
+/// The checkpoint a run resumes from in `dir` ([`latest`](super::latest), opened), if
+/// there is one (see [`Checkpoint::check_trainable`] before training on
+/// it). On a world, every rank calls this together.
+pub fn resume(
+    dir: &Path,
+    world: Option<&std::sync::Arc<dyn ember_sharding::Collective>>,
+) -> Result<Option<Checkpoint>, ModelError> {
+    let Some(path) = super::latest(dir, world)? else {
+        return Ok(None);
+    };
+    Checkpoint::open(&path).map(Some)
+}

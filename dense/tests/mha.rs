@@ -122,3 +122,61 @@ fn forward_matches_the_equations_and_backward_finite_differences() {
         }
     }
 }
+
+#[test]
+fn dropout_masks_are_drawn_again_by_the_backward() {
+    let be = NativeBackend::new(1);
+    let (mut l, x) = (layer(), input());
+    l.set_dropout(0.3);
+    // Each forward draws its own masks: probes start from before the forward.
+    let fresh = l.clone();
+    let y = l.forward(&be, &x);
+    let mut plain = fresh.clone();
+    plain.set_dropout(0.0);
+    assert_ne!(y, plain.forward(&be, &x), "some weights are dropped");
+    let r: Vec<f64> = Initializer::new(4).uniform_vec(36, 1.0);
+    let dy = Jagged::new(
+        Tensor::from_vec(9, 4, r.clone()).unwrap(),
+        x.offsets().to_vec(),
+    )
+    .unwrap();
+    let dx = l.backward(&be, &dy);
+    let loss = |mut probe: MultiheadAttention<f64>, x: &Jagged<f64>| -> f64 {
+        let y = probe.forward(&be, x);
+        y.values().data().iter().zip(&r).map(|(a, b)| a * b).sum()
+    };
+    let eps = 1e-6;
+    for (i, &g) in dx.values().data().iter().enumerate() {
+        let at = |v: f64| {
+            let mut x = x.clone();
+            x.values_mut().data_mut()[i] = v;
+            loss(fresh.clone(), &x)
+        };
+        let v = x.values().data()[i];
+        let numeric = (at(v + eps) - at(v - eps)) / (2.0 * eps);
+        assert!(
+            (numeric - g).abs() < 1e-6 * (1.0 + g.abs()),
+            "x[{i}]: {g} vs {numeric}"
+        );
+    }
+    let grads: Vec<(String, Vec<f64>)> = l
+        .params()
+        .into_iter()
+        .map(|p| (p.name, p.grad.to_vec()))
+        .collect();
+    for (k, (name, grad)) in grads.iter().enumerate() {
+        for (i, &g) in grad.iter().enumerate() {
+            let at = |v: f64| {
+                let mut probe = fresh.clone();
+                probe.params()[k].value[i] = v;
+                loss(probe, &x)
+            };
+            let v = fresh.clone().params()[k].value[i];
+            let numeric = (at(v + eps) - at(v - eps)) / (2.0 * eps);
+            assert!(
+                (numeric - g).abs() < 1e-6 * (1.0 + g.abs()),
+                "{name}[{i}]: {g} vs {numeric}"
+            );
+        }
+    }
+}

@@ -23,12 +23,19 @@ pub(crate) struct Shape {
     pub(crate) n: f64,
     /// A softmax over each row's visible keys instead of `SiLU(..) / n`.
     pub(crate) softmax: bool,
+    /// Dropout on the attention weights: the chance, and the key its masks
+    /// are drawn from (each weight's by hashing the key, the sample's
+    /// first row, the head and the weight's place, so that the backward
+    /// draws the same mask without keeping it).
+    pub(crate) dropout: (f64, u64),
 }
 
 /// The inputs of one sample: its rows of the projection's output, `width`
 /// wide, whose columns from `v_at`, `q_at`, `k_at` hold `V`, `Q`, `K` (every
 /// head side by side).
 pub(crate) struct Sample<'a, T> {
+    /// The sample's first row in the batch (its dropout masks' place).
+    pub(crate) first_row: usize,
     pub(crate) rows: &'a [T],
     pub(crate) width: usize,
     pub(crate) v_at: usize,
@@ -103,6 +110,32 @@ fn weigh<T: Real>(x: &Sample<'_, T>, shape: &Shape, s: &mut [T]) {
     }
 }
 
+/// Multiplies each attention weight of head `h` by its dropout mask: 0
+/// with the dropout's chance, else `1 / (1 - p)`.
+fn drop_weights<T: Real>(x: &Sample<'_, T>, shape: &Shape, h: usize, w: &mut [T]) {
+    let (p, key) = shape.dropout;
+    if p <= 0.0 {
+        return;
+    }
+    let keep = T::from_f64(1.0 / (1.0 - p));
+    let n = x.len;
+    for (i, row) in w.chunks_mut(n.max(1)).enumerate() {
+        let row_key = splitmix(key ^ splitmix(((x.first_row + i) as u64) << 8 | h as u64));
+        for (j, v) in row.iter_mut().enumerate() {
+            let u = (splitmix(row_key ^ j as u64) >> 11) as f64 / (1u64 << 53) as f64;
+            *v = if u < p { T::ZERO } else { *v * keep };
+        }
+    }
+}
+
+/// SplitMix64's finaliser: a well-mixed 64-bit hash.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// One sample's attention output, `[len, heads * v_dim]` into `out`.
 pub(crate) fn forward<T: Real>(
     x: &Sample<'_, T>,
@@ -115,6 +148,7 @@ pub(crate) fn forward<T: Real>(
     for h in 0..shape.heads {
         scores(x, shape, h, bias, &mut s);
         weigh(x, shape, &mut s);
+        drop_weights(x, shape, h, &mut s);
         let v = View::columns(x.rows, x.width, x.v_at + h * shape.v_dim, shape.v_dim);
         let at = (h * shape.v_dim).min(out.len());
         let o = &mut out[at..];
@@ -138,6 +172,7 @@ pub(crate) fn backward<T: Real>(
     let inv_n = T::ONE / T::from_f64(shape.n);
     let alpha = T::from_f64(shape.alpha);
     let (mut s, mut p, mut dp) = (Vec::new(), vec![T::ZERO; n * n], vec![T::ZERO; n * n]);
+    let mut pd = Vec::new();
     for h in 0..shape.heads {
         scores(x, shape, h, bias, &mut s);
         let (qc, kc) = (x.q_at + h * shape.qk_dim, x.k_at + h * shape.qk_dim);
@@ -148,8 +183,23 @@ pub(crate) fn backward<T: Real>(
         let d_o = View::columns(d_out, vw, oc, shape.v_dim);
         let v = View::columns(x.rows, w, vc, shape.v_dim);
         gemm(d_o, v.t(), &mut dp, n, false);
-        // dV = Pᵀ dO.
-        gemm(View::rows(&p, n, n).t(), d_o, tail(d_rows, vc), w, false);
+        // With dropout (masks D): O = (P ⊙ D) V, so dV = (P ⊙ D)ᵀ dO and
+        // dP = (dO Vᵀ) ⊙ D.
+        let dropped = shape.dropout.0 > 0.0;
+        if dropped {
+            pd.clear();
+            pd.extend_from_slice(&p);
+            drop_weights(x, shape, h, &mut pd);
+            drop_weights(x, shape, h, &mut dp);
+        }
+        let weights = if dropped { &pd } else { &p };
+        gemm(
+            View::rows(weights, n, n).t(),
+            d_o,
+            tail(d_rows, vc),
+            w,
+            false,
+        );
         // dS, kept in dp: dP ⊙ M ⊙ SiLU'(s) / n, or the softmax's
         // P ⊙ (dP - rowsum(P ⊙ dP)).
         for (i, (g_row, (s_row, p_row))) in (dp.chunks_mut(n.max(1)))

@@ -243,6 +243,7 @@ impl<T: Real> HstuLayer<T> {
             alpha: self.config.alpha,
             n: self.config.max_seq_len as f64,
             softmax: false,
+            dropout: (0.0, 0),
         }
     }
 
@@ -505,6 +506,7 @@ fn attend<T: Real>(c: &HstuConfig, shape: Shape, pos_w: &[T], ts_w: &[T], s: &mu
             "HstuLayer: sample {b} has more candidates than tokens"
         );
         let sample = Sample {
+            first_row: r0,
             rows: &act.data()[r0 * width..r1 * width],
             width,
             v_at,
@@ -541,6 +543,7 @@ fn attend_backward<T: Real>(
     let one = |b: usize, d_rows: &mut [T]| {
         let (r0, r1) = (offsets[b], offsets[b + 1]);
         let sample = Sample {
+            first_row: r0,
             rows: &s.act.data()[r0 * width..r1 * width],
             width,
             v_at,

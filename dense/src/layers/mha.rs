@@ -3,7 +3,8 @@
 //! (SASRec's blocks): `[Q, K, V] = x W_inᵀ + b_in`; per head,
 //! `softmax(Q Kᵀ / sqrt(dim / heads) + mask) V`; then `W_out · + b_out`.
 //! Each sample attends over its own tokens only, samples in parallel.
-//! Attention-weight dropout is not applied.
+//! Attention-weight dropout (torch's `dropout`) applies while training
+//! ([`MultiheadAttention::set_dropout`]); each step draws new masks.
 
 use super::attention::{self, per_sample, Sample, Shape};
 use crate::backend::{Activation, DenseBackend};
@@ -18,6 +19,10 @@ use crate::tensor::Tensor;
 #[derive(Clone, Debug)]
 pub struct MultiheadAttention<T> {
     heads: usize,
+    /// Dropout on the attention weights, and the key of the last
+    /// forward's masks and of the next's.
+    dropout: f64,
+    masks: (u64, u64),
     /// `[3·dim, dim]` and `[3·dim]`: torch's `in_proj_weight`, `in_proj_bias`.
     pub in_proj: Linear<T>,
     /// torch's `out_proj`.
@@ -46,6 +51,8 @@ impl<T: Real> MultiheadAttention<T> {
         out_proj.bias.iter_mut().for_each(|b| *b = T::ZERO);
         Self {
             heads,
+            dropout: 0.0,
+            masks: (0, seed),
             in_proj,
             out_proj,
             input: Tensor::zeros(0, dim),
@@ -54,6 +61,12 @@ impl<T: Real> MultiheadAttention<T> {
             attn: Tensor::zeros(0, dim),
             out: Tensor::zeros(0, dim),
         }
+    }
+
+    /// The chance each attention weight is dropped in the coming forwards
+    /// (0: none, for evaluation).
+    pub fn set_dropout(&mut self, p: f64) {
+        self.dropout = p;
     }
 
     fn shape(&self) -> Shape {
@@ -65,6 +78,7 @@ impl<T: Real> MultiheadAttention<T> {
             alpha: 1.0 / (head as f64).sqrt(),
             n: 1.0,
             softmax: true,
+            dropout: (self.dropout, self.masks.0),
         }
     }
 
@@ -79,6 +93,14 @@ impl<T: Real> MultiheadAttention<T> {
         self.input.copy_from(x.values());
         self.offsets = x.offsets().to_vec();
         self.in_proj.forward(be, x.values(), &mut self.qkv);
+        // This forward's masks (the backward's too), and the next's key.
+        self.masks = (
+            self.masks.1,
+            self.masks
+                .1
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407),
+        );
         self.attn.resize(x.total_len(), d);
         let (shape, offsets, qkv) = (self.shape(), &self.offsets, &self.qkv);
         let work: usize = offsets
@@ -142,6 +164,7 @@ where
 {
     let (r0, r1) = (offsets[b], offsets[b + 1]);
     Sample {
+        first_row: r0,
         rows: &qkv.data()[r0 * 3 * d..r1 * 3 * d],
         width: 3 * d,
         q_at: 0,

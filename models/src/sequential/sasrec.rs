@@ -21,8 +21,7 @@
 //! the padding positions it attends to are no longer zero); the item
 //! table's Adam updates the rows of the batch only (torch's dense Adam
 //! moves every row with its momentum); a negative is drawn again while it
-//! is one of the user's items in the window, at most 100 times; the
-//! attention weights have no dropout.
+//! is one of the user's items in the window, at most 100 times.
 
 use ember_dense::jagged::Jagged;
 use ember_dense::{
@@ -303,6 +302,7 @@ impl SasRec {
         let offsets = ember_dense::jagged::complete_cumsum(&t.input_lengths);
         let mut x = jagged(x, &offsets);
         for block in &mut self.blocks {
+            block.attn.set_dropout(if on { p } else { 0.0 });
             x = block.forward(be, x, self.config.norm_first, (p, on), &mut self.dropout);
         }
         let mut f = Tensor::zeros(0, 0);

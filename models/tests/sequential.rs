@@ -191,3 +191,43 @@ fn sasrec_learns_the_histories_structure_with_either_loss() {
         );
     }
 }
+
+#[test]
+fn hstu_learns_with_in_batch_negatives_too() {
+    use ember_models::sequential::NegativeSampling;
+    let users = data();
+    let train: Vec<UserHistory> = users.iter().map(|u| u.without_last(2)).collect();
+    let batches = history_batches(&train, 64, MAX_LEN).unwrap();
+    let config = HstuRetrievalConfig {
+        negative_sampling: NegativeSampling::InBatch,
+        ..config()
+    };
+    let mut model = HstuRetrieval::new(config).unwrap();
+    let trainer = Trainer::new(
+        TrainerConfig {
+            epochs: 8,
+            mode: ExecMode::Strict,
+            ..TrainerConfig::default()
+        },
+        Backend::native(),
+    );
+    let summary = trainer
+        .fit(&mut model, &InMemory(batches), FitOptions::default())
+        .unwrap();
+    let be = NativeBackend::new(2);
+    let all = (EvalNegatives::All, 10);
+    let after = evaluate_retrieval(&mut model, &be, &users, (MAX_LEN, 128), all, 0).unwrap();
+    let popular = popularity_hit_rate(&users, 300);
+    eprintln!(
+        "in-batch: loss {} -> {}, {after:?}",
+        summary.loss_first, summary.loss_last
+    );
+    assert!(summary.loss_last < summary.loss_first);
+    // Below uniform negatives' (popular items are negatives more often,
+    // and nothing corrects for it), and still well above popularity.
+    assert!(
+        after.hit_rate > 1.3 * popular,
+        "HR@10 {} against popularity's {popular}",
+        after.hit_rate
+    );
+}

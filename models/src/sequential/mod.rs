@@ -21,5 +21,5 @@ pub use histories::{
     HISTORY_FEATURE,
 };
 pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};
-pub use retrieval::{HstuRetrieval, HstuRetrievalConfig};
+pub use retrieval::{HstuRetrieval, HstuRetrievalConfig, NegativeSampling};
 pub use sasrec::{SasRec, SasRecConfig, SasRecLoss};

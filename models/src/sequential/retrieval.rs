@@ -6,7 +6,8 @@
 //! learned position embedding; a stack of [`HstuLayer`]s reads the
 //! sequence; each output, L2-normalised, is the query for the next item.
 //! The loss at each position is the softmax cross-entropy of the next
-//! item against `num_negatives` items drawn uniformly (with replacement;
+//! item against `num_negatives` items drawn uniformly, or from the batch's
+//! positives ([`NegativeSampling`]) (with replacement;
 //! one equal to the positive is left out), on cosine similarities divided
 //! by `temperature`; item embeddings are L2-normalised as targets too.
 //! Adam with betas (0.9, 0.98) trains everything, as the reference's AdamW
@@ -32,6 +33,20 @@ use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported
 /// The feature of the items scored against each position.
 const TARGETS: &str = "targets";
 
+/// Where a sampled softmax draws its negatives (the reference's two
+/// samplers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NegativeSampling {
+    /// Uniformly from every item (the reference's `local` sampler, its
+    /// research configs' choice).
+    #[default]
+    Uniform,
+    /// From the batch's positives: items as often as the batch holds them
+    /// (the reference's in-batch sampler, without its popularity
+    /// correction).
+    InBatch,
+}
+
 /// An [`HstuRetrieval`]'s shape and training options; names follow the
 /// reference's gin configs where they exist.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +67,8 @@ pub struct HstuRetrievalConfig {
     pub max_sequence_len: usize,
     /// Random negatives a position.
     pub num_negatives: usize,
+    /// Where the negatives come from.
+    pub negative_sampling: NegativeSampling,
     /// Divides the cosine similarities.
     pub temperature: f32,
     /// The layers' dropout.
@@ -75,6 +92,7 @@ impl HstuRetrievalConfig {
             linear_dim: 50,
             max_sequence_len,
             num_negatives: 128,
+            negative_sampling: NegativeSampling::Uniform,
             temperature: 0.05,
             dropout_rate: 0.2,
             learning_rate: 1e-3,
@@ -245,14 +263,25 @@ impl HstuRetrieval {
     }
 
     /// The forward's KJT: the inputs, and for each a positive and
-    /// `num_negatives` random items.
+    /// `num_negatives` random items (see [`NegativeSampling`]).
     fn lookup_input(&mut self, t: &Tokens) -> Result<KeyedJaggedTensor, ModelError> {
         let r = self.config.num_negatives;
-        let items = self.config.num_items as u64;
+        let positives = t.next_items();
+        let (pool, from_batch) = match self.config.negative_sampling {
+            NegativeSampling::Uniform => (self.config.num_items as u64, false),
+            NegativeSampling::InBatch => (positives.len() as u64, true),
+        };
         let mut targets = Vec::with_capacity(t.ids.len() * (1 + r));
-        for pos in t.next_items() {
+        for &pos in &positives {
             targets.push(pos);
-            targets.extend((0..r).map(|_| self.negatives.below(items) as i64));
+            targets.extend((0..r).map(|_| {
+                let k = self.negatives.below(pool.max(1));
+                if from_batch {
+                    positives[k as usize]
+                } else {
+                    k as i64
+                }
+            }));
         }
         let lengths: Vec<i64> = (t.input_lengths.iter().map(|&n| n as i64))
             .chain(t.input_lengths.iter().map(|&n| (n * (1 + r)) as i64))

@@ -19,7 +19,9 @@ use ember_sparse::{
 };
 use serde::Serialize;
 
+use super::bench_embedding::median;
 use super::Progress;
+use ember_models::sequential::Zipf;
 
 /// Shapes people compare against.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -206,29 +208,6 @@ impl std::fmt::Display for HstuReport {
     }
 }
 
-/// History lengths: Zipf(`alpha`) over `1..=max`, drawn by the inverse CDF.
-struct Lengths {
-    cdf: Vec<f64>,
-}
-
-impl Lengths {
-    fn new(max: usize, alpha: f64) -> Self {
-        let mut cdf: Vec<f64> = (1..=max).map(|k| (k as f64).powf(-alpha)).collect();
-        let mut sum = 0.0;
-        for p in cdf.iter_mut() {
-            sum += *p;
-            *p = sum;
-        }
-        cdf.iter_mut().for_each(|p| *p /= sum);
-        Self { cdf }
-    }
-
-    fn draw(&self, rng: &mut Rng) -> usize {
-        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        (self.cdf.partition_point(|&p| p < u) + 1).min(self.cdf.len())
-    }
-}
-
 /// One batch: the users' histories as a KJT of item ids, their timestamps.
 struct HistoryBatch {
     kjt: KeyedJaggedTensor,
@@ -236,9 +215,12 @@ struct HistoryBatch {
     timestamps: Vec<i64>,
 }
 
-fn batch(shape: &HstuShape, lengths: &Lengths, rng: &mut Rng) -> anyhow::Result<HistoryBatch> {
+fn batch(shape: &HstuShape, lengths: &Zipf, rng: &mut Rng) -> anyhow::Result<HistoryBatch> {
     let items = IdDistribution::Zipf { alpha: 1.0 }.sampler(shape.num_items as u64)?;
-    let lens: Vec<usize> = (0..shape.batch_size).map(|_| lengths.draw(rng)).collect();
+    // Lengths 1..=max-seq-len.
+    let lens: Vec<usize> = (0..shape.batch_size)
+        .map(|_| 1 + lengths.draw(rng))
+        .collect();
     let total: usize = lens.iter().sum();
     let ids: Vec<i64> = (0..total).map(|_| items.sample(rng) as i64).collect();
     let mut timestamps = Vec::with_capacity(total);
@@ -272,11 +254,6 @@ fn gemm_peak(be: &NativeBackend) -> f64 {
         .collect();
     rates.sort_by(f64::total_cmp);
     rates[rates.len() / 2]
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The layers' forward and backward on `x`; returns the input's gradient
@@ -331,7 +308,7 @@ fn run_in_pool(args: &HstuArgs, shape: HstuShape) -> anyhow::Result<HstuReport> 
         .collect();
     let mut optimizer = DenseOptimizer::new(DenseOptimizerConfig::adam(1e-3));
     let gemm_peak_gflops = gemm_peak(&be);
-    let lengths = Lengths::new(shape.max_seq_len, shape.length_alpha);
+    let lengths = Zipf::new(shape.max_seq_len, shape.length_alpha);
     let mut rng = Rng::new(args.seed ^ 0x4857);
     let progress = Progress::new(args.num_batches as u64, "hstu", args.json);
     let (mut splits, mut layer_ms, mut padded_ms) = (Vec::new(), Vec::new(), Vec::new());
@@ -391,15 +368,13 @@ fn run_in_pool(args: &HstuArgs, shape: HstuShape) -> anyhow::Result<HstuReport> 
     }
     progress.finish();
     let n = args.num_batches as f64;
-    let mid = median(splits.iter().map(|s| s.step_ms).collect());
-    let split = splits
-        .iter()
-        .find(|s| s.step_ms == mid)
-        .cloned()
-        .unwrap_or_default();
-    let jagged_layers_ms = median(layer_ms);
+    // The median step's split (a step that was taken, not an average).
+    let mut by_time = splits.clone();
+    by_time.sort_by(|a, b| a.step_ms.total_cmp(&b.step_ms));
+    let split = by_time.get(by_time.len() / 2).cloned().unwrap_or_default();
+    let jagged_layers_ms = median(&mut layer_ms);
     let padded = (!padded_ms.is_empty()).then(|| {
-        let layers_ms = median(padded_ms);
+        let layers_ms = median(&mut padded_ms);
         PaddedRun {
             tokens_per_batch: padded_tokens / n,
             layers_ms,

@@ -195,7 +195,7 @@ fn check(ok: bool, op: &'static str, detail: impl FnOnce() -> String) {
 }
 
 /// Whether work of `elements` is worth spreading over rayon's threads.
-fn parallel(elements: usize) -> bool {
+pub(crate) fn parallel(elements: usize) -> bool {
     elements >= 1 << 15
 }
 

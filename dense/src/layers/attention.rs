@@ -245,9 +245,27 @@ pub(crate) fn backward<T: Real>(
 /// Runs `f(b, item)` on each sample's item, in parallel when `work` is
 /// worth it.
 pub(crate) fn per_sample<I: Send>(items: Vec<I>, work: usize, f: impl Fn(usize, I) + Sync + Send) {
-    match work >= 1 << 15 {
-        true => items.into_par_iter().enumerate().for_each(|(b, i)| f(b, i)),
-        false => items.into_iter().enumerate().for_each(|(b, i)| f(b, i)),
+    map_samples(items, work, f);
+}
+
+/// `f(b, item)` of each sample's item, in order, computed in parallel when
+/// `work` is worth it.
+pub(crate) fn map_samples<I: Send, R: Send>(
+    items: Vec<I>,
+    work: usize,
+    f: impl Fn(usize, I) -> R + Sync + Send,
+) -> Vec<R> {
+    match crate::jagged::parallel(work) {
+        true => items
+            .into_par_iter()
+            .enumerate()
+            .map(|(b, i)| f(b, i))
+            .collect(),
+        false => items
+            .into_iter()
+            .enumerate()
+            .map(|(b, i)| f(b, i))
+            .collect(),
     }
 }
 

@@ -26,7 +26,7 @@
 //! is refused. Parameters keep the reference's names (`_uvqk`,
 //! `_o.weight`, `_o.bias`, `_rel_attn_bias._ts_w`, `_rel_attn_bias._pos_w`).
 
-use super::attention::{self, per_sample, Sample, Shape};
+use super::attention::{self, map_samples, per_sample, Sample, Shape};
 
 use crate::backend::{Activation, DenseBackend};
 use crate::init::Initializer;
@@ -565,20 +565,7 @@ fn attend_backward<T: Real>(
         attention::backward(&sample, &shape, &bias, d_out, d_rows, &mut d_bias);
         (d_pos, d_ts)
     };
-    let partials: Vec<(Vec<T>, Vec<T>)> = match work >= 1 << 15 {
-        true => {
-            use rayon::prelude::*;
-            rows.into_par_iter()
-                .enumerate()
-                .map(|(b, r)| one(b, r))
-                .collect()
-        }
-        false => rows
-            .into_iter()
-            .enumerate()
-            .map(|(b, r)| one(b, r))
-            .collect(),
-    };
+    let partials = map_samples(rows, work, one);
     let (mut d_pos, mut d_ts) = (vec![T::ZERO; pos_w.len()], vec![T::ZERO; ts_w.len()]);
     for (p, t) in partials {
         d_pos.iter_mut().zip(p).for_each(|(a, b)| *a += b);

@@ -11,6 +11,10 @@ use crate::{Batch, ModelError, SyntheticError};
 /// ids, and as weights each item's seconds since the user's first.
 pub const HISTORY_FEATURE: &str = "history";
 
+/// The feature of the items a sequence model scores each input against
+/// (its next item and the negatives).
+pub(crate) const TARGETS_FEATURE: &str = "targets";
+
 /// One user's items in time order, and when each was seen (seconds).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UserHistory {
@@ -76,13 +80,17 @@ impl Default for SyntheticHistories {
 /// Shortest synthetic history: one to train on, one to validate, one to test.
 const MIN_LEN: usize = 3;
 
-/// Draws `1..=n`-ranked values with probability `k^-alpha` by inverse CDF.
-struct Zipf {
+/// Zipf's law over ranks `0..n`: rank `k` with probability proportional
+/// to `(k + 1)^-alpha`, drawn by the inverse CDF (history lengths and
+/// popularity here; `n` is small, so the table is exact and cheap).
+#[derive(Clone, Debug)]
+pub struct Zipf {
     cdf: Vec<f64>,
 }
 
 impl Zipf {
-    fn new(n: usize, alpha: f64) -> Self {
+    /// The law over `n` ranks (at least 1) of exponent `alpha`.
+    pub fn new(n: usize, alpha: f64) -> Self {
         let mut sum = 0.0;
         let mut cdf: Vec<f64> = (1..=n)
             .map(|k| {
@@ -95,7 +103,7 @@ impl Zipf {
     }
 
     /// A rank in `0..n`.
-    fn draw(&self, rng: &mut Rng) -> usize {
+    pub fn draw(&self, rng: &mut Rng) -> usize {
         let u = unit(rng);
         self.cdf.partition_point(|&p| p < u).min(self.cdf.len() - 1)
     }
@@ -278,6 +286,22 @@ impl Tokens {
                 .into()),
             })
             .collect()
+    }
+
+    /// The lookup of the inputs (the [`HISTORY_FEATURE`]) and of `per`
+    /// target items an input (the `targets` feature), `targets` in input
+    /// order.
+    pub(crate) fn lookup(
+        &self,
+        targets: Vec<i64>,
+        per: usize,
+    ) -> Result<KeyedJaggedTensor, ModelError> {
+        let lengths: Vec<i64> = (self.input_lengths.iter().map(|&n| n as i64))
+            .chain(self.input_lengths.iter().map(|&n| (per * n) as i64))
+            .collect();
+        let keys = vec![HISTORY_FEATURE.to_string(), TARGETS_FEATURE.to_string()];
+        let ids = self.ids.iter().copied().chain(targets).collect();
+        Ok(KeyedJaggedTensor::from_lengths(keys, ids, &lengths, None)?)
     }
 
     /// Each input's next item: the following input, or the user's last item.

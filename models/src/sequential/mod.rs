@@ -13,12 +13,13 @@
 pub mod histories;
 mod loss;
 pub mod metrics;
+mod readout;
 pub mod retrieval;
 pub mod sasrec;
 
 pub use histories::{
     history_batches, read_user_item_file, write_user_item_file, SyntheticHistories, UserHistory,
-    HISTORY_FEATURE,
+    Zipf, HISTORY_FEATURE,
 };
 pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};
 pub use retrieval::{HstuRetrieval, HstuRetrievalConfig, NegativeSampling};

@@ -24,14 +24,12 @@ use ember_dense::{
 use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
 
-use super::histories::{Tokens, HISTORY_FEATURE};
-use super::loss::{normalize, sampled_softmax, SoftmaxBuffers, NORM_EPS};
+use super::histories::{Tokens, HISTORY_FEATURE, TARGETS_FEATURE};
+use super::loss::{sampled_softmax, SoftmaxBuffers};
 use super::metrics::SequenceRetriever;
+use super::readout::{item_rows, last_item_scores, last_rows};
 use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
-
-/// The feature of the items scored against each position.
-const TARGETS: &str = "targets";
 
 /// Where a sampled softmax draws its negatives (the reference's two
 /// samplers).
@@ -167,7 +165,12 @@ impl HstuRetrieval {
         if !(config.temperature > 0.0 && config.temperature.is_finite()) {
             return bad("the temperature is a finite number above 0");
         }
-        let table = EmbeddingConfig::new("items", config.num_items, d, &[HISTORY_FEATURE, TARGETS]);
+        let table = EmbeddingConfig::new(
+            "items",
+            config.num_items,
+            d,
+            &[HISTORY_FEATURE, TARGETS_FEATURE],
+        );
         let items = EmbeddingCollection::new(
             vec![table],
             TableOptimizer::Adam {
@@ -283,12 +286,7 @@ impl HstuRetrieval {
                 }
             }));
         }
-        let lengths: Vec<i64> = (t.input_lengths.iter().map(|&n| n as i64))
-            .chain(t.input_lengths.iter().map(|&n| (n * (1 + r)) as i64))
-            .collect();
-        let keys = vec![HISTORY_FEATURE.to_string(), TARGETS.to_string()];
-        let ids = t.ids.iter().copied().chain(targets).collect();
-        Ok(KeyedJaggedTensor::from_lengths(keys, ids, &lengths, None)?)
+        t.lookup(targets, 1 + r)
     }
 }
 
@@ -324,7 +322,7 @@ impl Model for HstuRetrieval {
         let scored = (h.values().data(), &looked.values()[tokens * d..]);
         let ids = &kjt.values()[tokens..];
         let loss = sampled_softmax(scored, ids, (1 + r, d), temp, softmax);
-        let dq = softmax.dq.clone();
+        let dq = std::mem::take(&mut softmax.dq);
         let dh = Jagged::new(Tensor::from_vec(tokens, d, dq)?, h.offsets().to_vec())?;
         let mut dx = dh;
         for layer in self.dense.layers.iter_mut().rev() {
@@ -360,14 +358,8 @@ impl Model for HstuRetrieval {
         let q = self.user_queries(backend.dense(), batch)?;
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
         let last = t.last_items(self.config.num_items)?;
-        let items = self.item_embeddings();
-        let temperature = self.config.temperature;
-        self.scores = (last.iter().enumerate())
-            .map(|(b, id)| {
-                let e = id.map_or(&[][..], |id| items.row(id));
-                q.row(b).iter().zip(e).map(|(a, b)| a * b).sum::<f32>() / temperature
-            })
-            .collect();
+        let scale = 1.0 / self.config.temperature;
+        self.scores = last_item_scores(&q, &self.items, &last, (true, scale));
         Ok(&self.scores)
     }
 
@@ -390,41 +382,16 @@ impl SequenceRetriever for HstuRetrieval {
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
     ) -> Result<Tensor<f32>, ModelError> {
-        let d = self.config.embedding_dim;
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
-        let lengths: Vec<i64> = t.input_lengths.iter().map(|&n| n as i64).collect();
-        let kjt = KeyedJaggedTensor::from_lengths(
-            vec![HISTORY_FEATURE.into(), TARGETS.into()],
-            t.ids.clone(),
-            &[lengths.clone(), vec![0; lengths.len()]].concat(),
-            None,
-        )?;
+        let kjt = t.lookup(Vec::new(), 0)?;
         self.set_training(false);
         let x = self.embed(&kjt, &t)?;
         let h = self.encode(be, &t, x);
-        let mut out = Tensor::zeros(t.input_lengths.len(), d);
-        for (b, &n) in t.input_lengths.iter().enumerate() {
-            if n > 0 {
-                let last = &h.segment(b)[(n - 1) * d..n * d];
-                let mut unit = Vec::new();
-                normalize(last, d, &mut unit);
-                out.row_mut(b).copy_from_slice(&unit);
-            }
-        }
-        Ok(out)
+        Ok(last_rows(&h, true))
     }
 
     fn item_embeddings(&self) -> Tensor<f32> {
-        let (n, d) = (self.config.num_items, self.config.embedding_dim);
-        let table = &self.items.tables()[0];
-        let mut rows = Vec::with_capacity(n * d);
-        let mut row = vec![0.0f32; d];
-        for id in 0..n {
-            table.read_row(id, &mut row);
-            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(NORM_EPS);
-            rows.extend(row.iter().map(|v| v / norm));
-        }
-        Tensor::from_vec(n, d, rows).expect("items x dim")
+        item_rows(&self.items, true)
     }
 
     fn num_items(&self) -> usize {

@@ -31,13 +31,13 @@ use ember_dense::{
 use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
 
-use super::histories::{Tokens, HISTORY_FEATURE};
-use super::loss::{normalize, sampled_softmax, SoftmaxBuffers};
+use super::histories::{Tokens, HISTORY_FEATURE, TARGETS_FEATURE};
+use super::loss::{sampled_softmax, SoftmaxBuffers};
 use super::metrics::SequenceRetriever;
+use super::readout::{item_rows, last_item_scores, last_rows};
 use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
 
-const TARGETS: &str = "targets";
 const LN_EPS: f64 = 1e-8;
 
 /// A [`SasRec`]'s shape and training options, under the PyTorch SASRec's
@@ -188,8 +188,12 @@ impl SasRec {
             }
         }
         let (b1, b2) = (0.9, 0.98);
-        let mut table =
-            EmbeddingConfig::new("items", config.num_items, d, &[HISTORY_FEATURE, TARGETS]);
+        let mut table = EmbeddingConfig::new(
+            "items",
+            config.num_items,
+            d,
+            &[HISTORY_FEATURE, TARGETS_FEATURE],
+        );
         // Xavier-normal's standard deviation, as a uniform range.
         let bound = (3.0 * 2.0 / (config.num_items + d) as f64).sqrt() as f32;
         (table.weight_init_min, table.weight_init_max) = (Some(-bound), Some(bound));
@@ -261,11 +265,6 @@ impl SasRec {
     /// input at `maxlen`).
     fn position(&self, n: usize, t: usize) -> usize {
         self.config.maxlen + 1 - n.min(self.config.maxlen) + t
-    }
-
-    /// Cuts each user's inputs to the last `maxlen`.
-    fn window(&self, t: Tokens) -> Tokens {
-        t.cut(self.config.maxlen)
     }
 
     /// The features of `t`'s inputs (and the inputs' embedding rows, for
@@ -483,40 +482,34 @@ impl SasRec {
         let next = t.next_items();
         let per = self.targets_per_input();
         let mut targets = Vec::with_capacity(per * next.len());
-        if let SasRecLoss::SampledSoftmax { negatives, .. } = self.config.loss {
-            for &pos in &next {
-                targets.push(pos);
-                targets.extend((0..negatives).map(|_| self.rng.below(items) as i64));
-            }
-        }
-        let mut at = 0;
-        for (b, &n) in t.input_lengths.iter().enumerate() {
-            if self.config.loss != SasRecLoss::Bce {
-                break;
-            }
-            let seen: std::collections::HashSet<i64> = t.ids[at..at + n]
-                .iter()
-                .copied()
-                .chain([t.last[b].0])
-                .collect();
-            for &pos in &next[at..at + n] {
-                let mut neg = self.rng.below(items) as i64;
-                for _ in 0..100 {
-                    if !seen.contains(&neg) {
-                        break;
-                    }
-                    neg = self.rng.below(items) as i64;
+        let mut draw = || self.rng.below(items) as i64;
+        match self.config.loss {
+            SasRecLoss::SampledSoftmax { negatives, .. } => {
+                for &pos in &next {
+                    targets.push(pos);
+                    targets.extend((0..negatives).map(|_| draw()));
                 }
-                targets.extend([pos, neg]);
             }
-            at += n;
+            SasRecLoss::Bce => {
+                let mut at = 0;
+                for (b, &n) in t.input_lengths.iter().enumerate() {
+                    let user = t.ids[at..at + n].iter().copied().chain([t.last[b].0]);
+                    let seen: std::collections::HashSet<i64> = user.collect();
+                    for &pos in &next[at..at + n] {
+                        let mut neg = draw();
+                        for _ in 0..100 {
+                            if !seen.contains(&neg) {
+                                break;
+                            }
+                            neg = draw();
+                        }
+                        targets.extend([pos, neg]);
+                    }
+                    at += n;
+                }
+            }
         }
-        let lengths: Vec<i64> = (t.input_lengths.iter().map(|&n| n as i64))
-            .chain(t.input_lengths.iter().map(|&n| (per * n) as i64))
-            .collect();
-        let keys = vec![HISTORY_FEATURE.to_string(), TARGETS.to_string()];
-        let ids = t.ids.iter().copied().chain(targets).collect();
-        Ok(KeyedJaggedTensor::from_lengths(keys, ids, &lengths, None)?)
+        t.lookup(targets, per)
     }
 }
 
@@ -571,7 +564,7 @@ impl Model for SasRec {
         }
         let be = backend.dense();
         let d = self.config.hidden_units;
-        let t = self.window(Tokens::of(batch)?);
+        let t = Tokens::of(batch)?.cut(self.config.maxlen);
         let kjt = self.lookup_input(&t)?;
         let mut looked = std::mem::take(&mut self.looked);
         self.items.forward_into(&kjt, &mut looked)?;
@@ -640,16 +633,10 @@ impl Model for SasRec {
     /// Each user's logit of its last item after the others.
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
         let q = self.user_queries(backend.dense(), batch)?;
-        let last = self
-            .window(Tokens::of(batch)?)
-            .last_items(self.config.num_items)?;
-        let items = self.item_embeddings();
-        self.scores = (last.iter().enumerate())
-            .map(|(b, id)| {
-                let e = id.map_or(&[][..], |id| items.row(id));
-                q.row(b).iter().zip(e).map(|(a, b)| a * b).sum()
-            })
-            .collect();
+        let t = Tokens::of(batch)?.cut(self.config.maxlen);
+        let last = t.last_items(self.config.num_items)?;
+        let cosine = self.config.loss != SasRecLoss::Bce;
+        self.scores = last_item_scores(&q, &self.items, &last, (cosine, 1.0));
         Ok(&self.scores)
     }
 
@@ -682,44 +669,16 @@ impl SequenceRetriever for SasRec {
         be: &dyn DenseBackend<f32>,
         batch: &Batch,
     ) -> Result<Tensor<f32>, ModelError> {
-        let d = self.config.hidden_units;
-        let t = self.window(Tokens::of(batch)?);
-        let lengths: Vec<i64> = t.input_lengths.iter().map(|&n| n as i64).collect();
-        let zeros = vec![0; lengths.len()];
-        let keys = vec![HISTORY_FEATURE.into(), TARGETS.into()];
-        let kjt =
-            KeyedJaggedTensor::from_lengths(keys, t.ids.clone(), &[lengths, zeros].concat(), None)?;
+        let t = Tokens::of(batch)?.cut(self.config.maxlen);
+        let kjt = t.lookup(Vec::new(), 0)?;
         let looked = self.items.forward(&kjt)?;
         self.training = false;
         let f = self.features(be, looked.values(), &t)?;
-        let mut out = Tensor::zeros(t.input_lengths.len(), d);
-        let cosine = self.config.loss != SasRecLoss::Bce;
-        for (b, &n) in t.input_lengths.iter().enumerate() {
-            if n > 0 {
-                let last = &f.segment(b)[(n - 1) * d..n * d];
-                let mut unit = Vec::new();
-                match cosine {
-                    true => drop(normalize(last, d, &mut unit)),
-                    false => unit.extend_from_slice(last),
-                }
-                out.row_mut(b).copy_from_slice(&unit);
-            }
-        }
-        Ok(out)
+        Ok(last_rows(&f, self.config.loss != SasRecLoss::Bce))
     }
 
     fn item_embeddings(&self) -> Tensor<f32> {
-        let (n, d) = (self.config.num_items, self.config.hidden_units);
-        let table = &self.items.tables()[0];
-        let mut rows = vec![0.0f32; n * d];
-        for (id, row) in rows.chunks_mut(d).enumerate() {
-            table.read_row(id, row);
-        }
-        if self.config.loss != SasRecLoss::Bce {
-            let raw = std::mem::take(&mut rows);
-            normalize(&raw, d, &mut rows);
-        }
-        Tensor::from_vec(n, d, rows).expect("items x dim")
+        item_rows(&self.items, self.config.loss != SasRecLoss::Bce)
     }
 
     fn num_items(&self) -> usize {

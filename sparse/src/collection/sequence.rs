@@ -65,19 +65,15 @@ impl EmbeddingConfig {
     /// The table as the bag collection underneath holds it.
     fn bag_config(&self) -> EmbeddingBagConfig {
         EmbeddingBagConfig {
+            name: self.name.clone(),
+            num_embeddings: self.num_embeddings,
+            embedding_dim: self.embedding_dim,
+            feature_names: self.feature_names.clone(),
+            pooling: crate::PoolingType::Sum,
             weight_init_min: self.weight_init_min,
             weight_init_max: self.weight_init_max,
-            ..EmbeddingBagConfig::new(&self.name, self.num_embeddings, self.embedding_dim, &[])
+            data_type: self.data_type,
         }
-        .with_data_type(self.data_type)
-        .with_features(&self.feature_names)
-    }
-}
-
-impl EmbeddingBagConfig {
-    fn with_features(mut self, features: &[String]) -> Self {
-        self.feature_names = features.to_vec();
-        self
     }
 }
 

@@ -66,61 +66,13 @@ fn reference(l: &MultiheadAttention<f64>, x: &Jagged<f64>) -> Vec<f64> {
 fn forward_matches_the_equations_and_backward_finite_differences() {
     let be = NativeBackend::new(1);
     let (mut l, x) = (layer(), input());
+    let fresh = l.clone();
     let y = l.forward(&be, &x);
     let want = reference(&l, &x);
     for (g, w) in y.values().data().iter().zip(&want) {
         assert!((g - w).abs() < 1e-12, "{g} vs {w}");
     }
-    let r: Vec<f64> = Initializer::new(4).uniform_vec(36, 1.0);
-    let dy = Jagged::new(
-        Tensor::from_vec(9, 4, r.clone()).unwrap(),
-        x.offsets().to_vec(),
-    )
-    .unwrap();
-    let dx = l.backward(&be, &dy);
-    let loss = |l: &mut MultiheadAttention<f64>, x: &Jagged<f64>| -> f64 {
-        l.forward(&be, x)
-            .values()
-            .data()
-            .iter()
-            .zip(&r)
-            .map(|(a, b)| a * b)
-            .sum()
-    };
-    let eps = 1e-6;
-    for (i, &g) in dx.values().data().iter().enumerate() {
-        let at = |v: f64| {
-            let mut x = x.clone();
-            x.values_mut().data_mut()[i] = v;
-            loss(&mut l.clone(), &x)
-        };
-        let v = x.values().data()[i];
-        let numeric = (at(v + eps) - at(v - eps)) / (2.0 * eps);
-        assert!(
-            (numeric - g).abs() < 1e-6 * (1.0 + g.abs()),
-            "x[{i}]: {g} vs {numeric}"
-        );
-    }
-    let grads: Vec<(String, Vec<f64>)> = l
-        .params()
-        .into_iter()
-        .map(|p| (p.name, p.grad.to_vec()))
-        .collect();
-    for (k, (name, grad)) in grads.iter().enumerate() {
-        for (i, &g) in grad.iter().enumerate() {
-            let at = |v: f64| {
-                let mut probe = l.clone();
-                probe.params()[k].value[i] = v;
-                loss(&mut probe, &x)
-            };
-            let v = l.clone().params()[k].value[i];
-            let numeric = (at(v + eps) - at(v - eps)) / (2.0 * eps);
-            assert!(
-                (numeric - g).abs() < 1e-6 * (1.0 + g.abs()),
-                "{name}[{i}]: {g} vs {numeric}"
-            );
-        }
-    }
+    check_gradients(&mut l, &fresh, &x);
 }
 
 #[test]
@@ -134,18 +86,37 @@ fn dropout_masks_are_drawn_again_by_the_backward() {
     let mut plain = fresh.clone();
     plain.set_dropout(0.0);
     assert_ne!(y, plain.forward(&be, &x), "some weights are dropped");
-    let r: Vec<f64> = Initializer::new(4).uniform_vec(36, 1.0);
+    check_gradients(&mut l, &fresh, &x);
+}
+
+/// Backpropagates `Σ r ⊙ y` through `trained` (just after its forward on
+/// `x`) and checks the input's and every parameter's gradient against
+/// central differences of that loss, each probe a copy of `fresh` (the
+/// layer before that forward, so that probes draw its dropout masks).
+fn check_gradients(
+    trained: &mut MultiheadAttention<f64>,
+    fresh: &MultiheadAttention<f64>,
+    x: &Jagged<f64>,
+) {
+    let be = NativeBackend::new(1);
+    let r: Vec<f64> = Initializer::new(4).uniform_vec(x.values().len(), 1.0);
     let dy = Jagged::new(
-        Tensor::from_vec(9, 4, r.clone()).unwrap(),
+        Tensor::from_vec(x.total_len(), x.dim(), r.clone()).unwrap(),
         x.offsets().to_vec(),
     )
     .unwrap();
-    let dx = l.backward(&be, &dy);
+    let dx = trained.backward(&be, &dy);
     let loss = |mut probe: MultiheadAttention<f64>, x: &Jagged<f64>| -> f64 {
         let y = probe.forward(&be, x);
         y.values().data().iter().zip(&r).map(|(a, b)| a * b).sum()
     };
     let eps = 1e-6;
+    let close = |what: String, g: f64, numeric: f64| {
+        assert!(
+            (numeric - g).abs() < 1e-6 * (1.0 + g.abs()),
+            "{what}: {g} vs {numeric}"
+        );
+    };
     for (i, &g) in dx.values().data().iter().enumerate() {
         let at = |v: f64| {
             let mut x = x.clone();
@@ -153,13 +124,13 @@ fn dropout_masks_are_drawn_again_by_the_backward() {
             loss(fresh.clone(), &x)
         };
         let v = x.values().data()[i];
-        let numeric = (at(v + eps) - at(v - eps)) / (2.0 * eps);
-        assert!(
-            (numeric - g).abs() < 1e-6 * (1.0 + g.abs()),
-            "x[{i}]: {g} vs {numeric}"
+        close(
+            format!("x[{i}]"),
+            g,
+            (at(v + eps) - at(v - eps)) / (2.0 * eps),
         );
     }
-    let grads: Vec<(String, Vec<f64>)> = l
+    let grads: Vec<(String, Vec<f64>)> = trained
         .params()
         .into_iter()
         .map(|p| (p.name, p.grad.to_vec()))
@@ -169,13 +140,13 @@ fn dropout_masks_are_drawn_again_by_the_backward() {
             let at = |v: f64| {
                 let mut probe = fresh.clone();
                 probe.params()[k].value[i] = v;
-                loss(probe, &x)
+                loss(probe, x)
             };
             let v = fresh.clone().params()[k].value[i];
-            let numeric = (at(v + eps) - at(v - eps)) / (2.0 * eps);
-            assert!(
-                (numeric - g).abs() < 1e-6 * (1.0 + g.abs()),
-                "{name}[{i}]: {g} vs {numeric}"
+            close(
+                format!("{name}[{i}]"),
+                g,
+                (at(v + eps) - at(v - eps)) / (2.0 * eps),
             );
         }
     }

@@ -38,6 +38,22 @@ fn config() -> HstuRetrievalConfig {
     }
 }
 
+/// Eight epochs of `batches` by the library's Trainer.
+fn fit_eight_epochs(
+    model: &mut dyn Model,
+    batches: Vec<ember_models::Batch>,
+) -> ember_models::TrainSummary {
+    let config = TrainerConfig {
+        epochs: 8,
+        mode: ExecMode::Strict,
+        ..TrainerConfig::default()
+    };
+    let trainer = Trainer::new(config, Backend::native());
+    trainer
+        .fit(model, &InMemory(batches), FitOptions::default())
+        .unwrap()
+}
+
 /// HR@10 of ranking by popularity in the training histories.
 fn popularity_hit_rate(users: &[UserHistory], items: usize) -> f64 {
     let mut counts = vec![0usize; items];
@@ -72,17 +88,7 @@ fn hstu_learns_the_histories_structure() {
         0,
     )
     .unwrap();
-    let trainer = Trainer::new(
-        TrainerConfig {
-            epochs: 8,
-            mode: ExecMode::Strict,
-            ..TrainerConfig::default()
-        },
-        Backend::native(),
-    );
-    let summary = trainer
-        .fit(&mut model, &InMemory(batches), FitOptions::default())
-        .unwrap();
+    let summary = fit_eight_epochs(&mut model, batches);
     let after = evaluate_retrieval(
         &mut model,
         &be,
@@ -161,21 +167,7 @@ fn sasrec_learns_the_histories_structure_with_either_loss() {
         };
         let mut model = SasRec::new(config).unwrap();
         let be = NativeBackend::new(2);
-        let trainer = Trainer::new(
-            TrainerConfig {
-                epochs: 8,
-                mode: ExecMode::Strict,
-                ..TrainerConfig::default()
-            },
-            Backend::native(),
-        );
-        let summary = trainer
-            .fit(
-                &mut model,
-                &InMemory(batches.clone()),
-                FitOptions::default(),
-            )
-            .unwrap();
+        let summary = fit_eight_epochs(&mut model, batches.clone());
         let all = (EvalNegatives::All, 10);
         let after =
             evaluate_retrieval(&mut model, &be, &users, (MAX_LEN + 1, 128), all, 0).unwrap();
@@ -203,17 +195,7 @@ fn hstu_learns_with_in_batch_negatives_too() {
         ..config()
     };
     let mut model = HstuRetrieval::new(config).unwrap();
-    let trainer = Trainer::new(
-        TrainerConfig {
-            epochs: 8,
-            mode: ExecMode::Strict,
-            ..TrainerConfig::default()
-        },
-        Backend::native(),
-    );
-    let summary = trainer
-        .fit(&mut model, &InMemory(batches), FitOptions::default())
-        .unwrap();
+    let summary = fit_eight_epochs(&mut model, batches);
     let be = NativeBackend::new(2);
     let all = (EvalNegatives::All, 10);
     let after = evaluate_retrieval(&mut model, &be, &users, (MAX_LEN, 128), all, 0).unwrap();

@@ -69,6 +69,23 @@ pub enum DataError {
         /// Why the line was rejected.
         reason: Reject,
     },
+    /// A line of an interactions file (CSV, TSV, MovieLens `::` or
+    /// `user item`) that cannot be read.
+    #[error("{}:{line}: {message}", path.display())]
+    BadLine {
+        /// The text file.
+        path: PathBuf,
+        /// The 1-based line number.
+        line: u64,
+        /// What is wrong, naming the column.
+        message: String,
+    },
+    /// An interactions file with no interactions.
+    #[error("{}: no interactions (an empty file, or a header alone)", path.display())]
+    NoInteractions {
+        /// The input.
+        path: PathBuf,
+    },
     /// An option out of its range (a zero batch size, a rank not below the
     /// world size, a prefetch depth above its limit), found before any data
     /// is read.

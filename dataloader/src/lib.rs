@@ -10,6 +10,7 @@
 //! - [`transform`]: the named dense and categorical transforms.
 //! - [`dataset`]: a validated set of Parquet files and row-group decoding.
 //! - [`loader`]: the pipelined, shuffled, rank-sharded batch iterator.
+//! - [`sequences`]: user histories: interactions grouped by user into Parquet list columns.
 
 pub mod atomic;
 pub mod criteo;
@@ -20,6 +21,7 @@ pub mod ingest;
 pub mod loader;
 pub mod lock;
 pub mod schema;
+pub mod sequences;
 pub mod spec;
 pub mod transform;
 pub mod writer;

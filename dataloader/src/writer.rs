@@ -41,7 +41,7 @@ pub enum Codec {
 }
 
 impl Codec {
-    fn compression(self) -> Compression {
+    pub(crate) fn compression(self) -> Compression {
         match self {
             Codec::Zstd => Compression::ZSTD(ZstdLevel::default()),
             Codec::Snappy => Compression::SNAPPY,
@@ -576,7 +576,7 @@ impl PredictionWriter {
 /// descriptor of it). Finished so, a failed write (a full disk) keeps its
 /// I/O error; left to `into_inner`, the last flush's error reaches us only
 /// as text.
-fn finish_parquet(
+pub(crate) fn finish_parquet(
     mut writer: ArrowWriter<std::fs::File>,
     temp: &std::path::Path,
 ) -> Result<std::fs::File, DataError> {

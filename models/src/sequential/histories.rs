@@ -11,35 +11,25 @@ use crate::{Batch, ModelError, SyntheticError};
 /// ids, and as weights each item's seconds since the user's first.
 pub const HISTORY_FEATURE: &str = "history";
 
+/// The feature a batch carries each history item's action under (when
+/// the histories have actions), in the [`HISTORY_FEATURE`]'s layout.
+pub const ACTIONS_FEATURE: &str = "actions";
+
 /// The feature of the items a sequence model scores each input against
 /// (its next item and the negatives).
 pub(crate) const TARGETS_FEATURE: &str = "targets";
 
-/// One user's items in time order, and when each was seen (seconds).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserHistory {
-    /// Item ids, oldest first.
-    pub items: Vec<i64>,
-    /// Unix seconds, one per item, non-decreasing.
-    pub timestamps: Vec<i64>,
-}
-
-impl UserHistory {
-    /// The history without its last `n` items (leave-one-out: 1 for the
-    /// validation input, 2 for training).
-    pub fn without_last(&self, n: usize) -> UserHistory {
-        let keep = self.items.len().saturating_sub(n);
-        UserHistory {
-            items: self.items[..keep].to_vec(),
-            timestamps: self.timestamps[..keep].to_vec(),
-        }
-    }
-}
+pub use ember_dataloader::sequences::UserHistory;
 
 /// Histories with structure a model can learn: items belong to topics and
 /// are Zipf-popular within them; a user stays in a topic and drifts to
 /// another with a fixed chance at each step; lengths are Zipf-distributed
-/// between 3 and a maximum. Reproducible from the seed.
+/// between 3 and a maximum. Each item comes with an action of two bits,
+/// drawn apart from the items (the histories are those of a run without
+/// actions): bit 0, engaged, likelier (0.8 against 0.3) on items of the
+/// user's first topic; bit 1, liked, from the user's own propensity
+/// (uniform in 0.1 to 0.9) raised or lowered by the item's quality (half
+/// the items, by id, are good). Reproducible from the seed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SyntheticHistories {
     /// Users, one history each.
@@ -134,6 +124,7 @@ impl SyntheticHistories {
         let popularity = Zipf::new(per_topic, self.popularity_alpha);
         let lengths = Zipf::new(self.max_len - MIN_LEN + 1, self.length_alpha);
         let mut rng = Rng::new(self.seed);
+        let mut actions_rng = Rng::new(self.seed ^ 0x5eed_ac71);
         Ok((0..self.num_users)
             .map(|_| {
                 let len = MIN_LEN + lengths.draw(&mut rng);
@@ -142,13 +133,23 @@ impl SyntheticHistories {
                 let mut history = UserHistory {
                     items: Vec::with_capacity(len),
                     timestamps: Vec::with_capacity(len),
+                    actions: Vec::with_capacity(len),
                 };
+                let home = topic;
+                let propensity = 0.1 + 0.8 * unit(&mut actions_rng);
                 for _ in 0..len {
                     if unit(&mut rng) < self.drift {
                         topic = (rng.next_u64() % self.num_topics as u64) as usize;
                     }
                     let rank = popularity.draw(&mut rng);
-                    history.items.push((rank * self.num_topics + topic) as i64);
+                    let item = rank * self.num_topics + topic;
+                    history.items.push(item as i64);
+                    history.actions.push(synthetic_action(
+                        &mut actions_rng,
+                        item % self.num_topics == home,
+                        propensity,
+                        item,
+                    ));
                     // Minutes to days apart.
                     time += 60 + (rng.next_u64() % 86_400) as i64;
                     history.timestamps.push(time);
@@ -159,9 +160,20 @@ impl SyntheticHistories {
     }
 }
 
+/// Bit 0 (engaged) and bit 1 (liked) of a synthetic action.
+fn synthetic_action(rng: &mut Rng, home_topic: bool, propensity: f64, item: usize) -> i64 {
+    let engaged = unit(rng) < if home_topic { 0.8 } else { 0.3 };
+    // Good items: half of them, spread over topics and popularity by a hash.
+    let good = (item as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 1;
+    let logit = (propensity / (1.0 - propensity)).ln() + if good { 1.5 } else { -1.5 };
+    let liked = unit(rng) < 1.0 / (1.0 + (-logit).exp());
+    i64::from(engaged) | i64::from(liked) << 1
+}
+
 /// Batches of `batch_size` histories (the last one shorter), each cut to
 /// its most recent `max_len` items: the [`HISTORY_FEATURE`] with seconds
-/// since the history's first item as weights, no dense features, a zero
+/// since the history's first item as weights (and, when every history of
+/// the batch has actions, the [`ACTIONS_FEATURE`]), no dense features, a zero
 /// label a user. Histories of fewer than 2 items are left out (nothing
 /// to predict).
 pub fn history_batches(
@@ -190,14 +202,27 @@ pub fn history_batches(
         .chunks(batch_size.max(1))
         .map(|chunk| {
             let (mut ids, mut weights, mut lengths) = (Vec::new(), Vec::new(), Vec::new());
+            let with_actions = chunk.iter().all(|u| u.actions.len() == u.items.len());
+            let mut actions = Vec::new();
             for u in chunk {
                 let from = u.items.len().saturating_sub(max_len);
                 ids.extend_from_slice(&u.items[from..]);
                 let first = u.timestamps[from];
                 weights.extend(u.timestamps[from..].iter().map(|&t| (t - first) as f32));
                 lengths.push((u.items.len() - from) as i64);
+                if with_actions {
+                    actions.extend_from_slice(&u.actions[from..]);
+                }
             }
-            let keys = vec![HISTORY_FEATURE.to_string()];
+            let mut keys = vec![HISTORY_FEATURE.to_string()];
+            if with_actions {
+                // The actions ride as a second feature of the same lengths
+                // (their weights: the same seconds).
+                keys.push(ACTIONS_FEATURE.to_string());
+                ids.extend(actions);
+                lengths.extend_from_within(..);
+                weights.extend_from_within(..);
+            }
             let sparse = KeyedJaggedTensor::from_lengths(keys, ids, &lengths, Some(weights))?;
             Ok(Batch {
                 dense: Tensor::zeros(chunk.len(), 0),
@@ -317,66 +342,4 @@ impl Tokens {
         }
         next
     }
-}
-
-/// Reads SASRec's published data files: one `user item` pair of integers a
-/// line (whitespace-separated), each user's lines in time order. Returns
-/// the histories in order of the users' ids, with item ids as written and
-/// each line's number as its time (the files have none). An error names
-/// the file, the line and what is wrong.
-pub fn read_user_item_file(path: &std::path::Path) -> Result<Vec<UserHistory>, ModelError> {
-    use ember_dataloader::DataError;
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::from_io(path, e))?;
-    let mut users: std::collections::BTreeMap<i64, UserHistory> = Default::default();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut fields = line.split_whitespace().map(str::parse::<i64>);
-        let bad = |column: &str| DataError::Column {
-            path: path.to_path_buf(),
-            column: column.into(),
-            message: format!("line {}: '{line}' is not `user item` (two integers)", n + 1),
-        };
-        let user = fields
-            .next()
-            .and_then(Result::ok)
-            .ok_or_else(|| bad("user"))?;
-        let item = fields
-            .next()
-            .and_then(Result::ok)
-            .ok_or_else(|| bad("item"))?;
-        if item < 0 || fields.next().is_some() {
-            return Err(bad("item").into());
-        }
-        let u = users.entry(user).or_insert(UserHistory {
-            items: Vec::new(),
-            timestamps: Vec::new(),
-        });
-        u.items.push(item);
-        u.timestamps.push(n as i64);
-    }
-    Ok(users.into_values().collect())
-}
-
-/// Writes histories as SASRec's `user item` lines (users numbered from 1
-/// in order; items as they are, plus `item_offset`: 1 for SASRec's code,
-/// whose item 0 is padding).
-pub fn write_user_item_file(
-    users: &[UserHistory],
-    item_offset: i64,
-    path: &std::path::Path,
-) -> Result<(), ModelError> {
-    use std::io::Write;
-    let mut file = ember_dataloader::atomic::AtomicFile::create(path)?;
-    let mut out = std::io::BufWriter::new(file.file());
-    for (u, history) in users.iter().enumerate() {
-        for item in &history.items {
-            writeln!(out, "{} {}", u + 1, item + item_offset)
-                .map_err(|e| ember_dataloader::DataError::from_io(path, e))?;
-        }
-    }
-    drop(out);
-    file.commit()?;
-    Ok(())
 }

@@ -3,6 +3,10 @@
 //! - [`histories`]: [`UserHistory`], [`SyntheticHistories`] with learnable
 //!   structure, and [`history_batches`] (the [`HISTORY_FEATURE`] of a
 //!   [`Batch`](crate::Batch), seconds as weights).
+//! - [`loader`]: [`HistoryLoader`], histories as shuffled batches bucketed
+//!   by length.
+//! - [`ranking`]: [`HstuRanking`], HSTU scoring candidates' actions
+//!   (DLRMv4's shape); a [`Model`](crate::Model).
 //! - [`retrieval`]: [`HstuRetrieval`], HSTU trained for next-item
 //!   retrieval with sampled softmax; a [`Model`](crate::Model).
 //! - [`sasrec`]: [`SasRec`], the transformer baseline, as the public
@@ -11,16 +15,22 @@
 //!   catalogue or sampled negatives) for any [`SequenceRetriever`].
 
 pub mod histories;
+pub mod loader;
 mod loss;
 pub mod metrics;
+pub mod ranking;
 mod readout;
 pub mod retrieval;
 pub mod sasrec;
 
-pub use histories::{
-    history_batches, read_user_item_file, write_user_item_file, SyntheticHistories, UserHistory,
-    Zipf, HISTORY_FEATURE,
+pub use ember_dataloader::sequences::{
+    read_histories, read_user_item_file, write_histories, write_user_item_file,
 };
+pub use histories::{
+    history_batches, SyntheticHistories, UserHistory, Zipf, ACTIONS_FEATURE, HISTORY_FEATURE,
+};
+pub use loader::HistoryLoader;
 pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};
+pub use ranking::{HstuRanking, HstuRankingConfig, RankingMetrics};
 pub use retrieval::{HstuRetrieval, HstuRetrievalConfig, NegativeSampling};
 pub use sasrec::{SasRec, SasRecConfig, SasRecLoss};

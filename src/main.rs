@@ -5,8 +5,8 @@ use clap::{Parser, Subcommand};
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
-    bench_dlrm, bench_embedding, bench_hstu, bench_loader, devices, docs, eval, plan, quantize,
-    train,
+    bench_dlrm, bench_embedding, bench_hstu, bench_loader, devices, docs, eval, ingest_sequences,
+    plan, quantize, train, train_sequence,
 };
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
@@ -25,8 +25,8 @@ enum Command {
     /// Convert data into Ember's Parquet schema.
     #[command(subcommand)]
     Ingest(IngestCommand),
-    /// Train a DLRM on Parquet data.
-    Train(train::TrainArgs),
+    /// Train a DLRM on Parquet data, or a sequence model (`--model`) on user histories.
+    Train(Box<train::TrainArgs>),
     /// AUC, log loss and accuracy of a checkpoint on Parquet data.
     Eval(eval::EvalArgs),
     /// Write a checkpoint's predictions for Parquet data to a Parquet file.
@@ -85,7 +85,13 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
         Command::Bench(Bench::Dlrm(args)) => {
             print(&bench_dlrm::run(&args, launch)?, args.json, launch)
         }
-        Command::Train(args) => print(&train::run(&args, launch)?, args.json, launch),
+        Command::Train(args) => match args.sequence.model {
+            Some(kind) => {
+                launch.single_process_only("train --model")?;
+                print(&train_sequence::run(&args, kind)?, args.json, launch)
+            }
+            None => print(&train::run(&args, launch)?, args.json, launch),
+        },
         command => {
             launch.single_process_only(command.name())?;
             match command {
@@ -104,6 +110,14 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 Command::Ingest(IngestCommand::Synthetic(args)) => {
                     print(&ingest::synthetic(&args)?, args.json, launch)
                 }
+                Command::Ingest(IngestCommand::Sequences(args)) => {
+                    print(&ingest_sequences::sequences(&args)?, args.json, launch)
+                }
+                Command::Ingest(IngestCommand::SyntheticHistories(args)) => print(
+                    &ingest_sequences::synthetic_histories(&args)?,
+                    args.json,
+                    launch,
+                ),
                 Command::Eval(args) => print(&eval::eval(&args)?, args.json, launch),
                 Command::Predict(args) => print(&eval::predict(&args)?, args.eval.json, launch),
                 Command::Quantize(args) => print(&quantize::run(&args)?, args.json, launch),

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use arrow_array::cast::AsArray;
-use common::{ember, ember_fails, json, predictions, s, synthetic, tensors};
+use common::{ember, ember_fails, have_pyarrow, json, predictions, python, s, synthetic, tensors};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 #[test]
@@ -63,20 +63,6 @@ fn real_criteo_rows_ingest_without_loss() {
         ));
         assert_eq!(rows.trim(), "200");
     }
-}
-
-/// Runs a Python program; its stdout.
-fn python(program: &str) -> String {
-    let out = Command::new("python3")
-        .args(["-c", program])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 const ARCH: &[&str] = &[
@@ -509,22 +495,6 @@ fn data_errors_name_the_file_and_column() {
         !out.status.success() && err.contains("missing.safetensors"),
         "{err}"
     );
-}
-
-/// Whether `python3` has pyarrow; `EMBER_REQUIRE_PYARROW=1` (set by
-/// `scripts/test`) makes its absence a failure rather than a skip.
-fn have_pyarrow() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok && std::env::var_os("EMBER_REQUIRE_PYARROW").is_some() {
-        panic!("EMBER_REQUIRE_PYARROW is set but python3 cannot import pyarrow");
-    }
-    if !ok {
-        eprintln!("skipped: python3 has no pyarrow (pip install pyarrow)");
-    }
-    ok
 }
 
 #[test]

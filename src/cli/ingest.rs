@@ -1,4 +1,5 @@
-//! `ember ingest criteo` and `ember ingest synthetic`: data into Parquet.
+//! `ember ingest criteo` and `ember ingest synthetic`: data into Parquet
+//! (user histories: [`super::ingest_sequences`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -22,6 +23,12 @@ pub enum IngestCommand {
     Criteo(CriteoArgs),
     /// Learnable synthetic data in the same schema (for benchmarks and tests).
     Synthetic(SyntheticArgs),
+    /// Interactions (Parquet, CSV/TSV, MovieLens `::`, `user item`) into
+    /// per-user histories: one Parquet row per user, list columns.
+    Sequences(super::ingest_sequences::SequencesArgs),
+    /// Learnable synthetic user histories (topics, drift, Zipf popularity
+    /// and lengths, two action bits) in the same schema.
+    SyntheticHistories(super::ingest_sequences::SyntheticHistoriesArgs),
 }
 
 #[derive(Args, Clone, Debug)]

@@ -14,6 +14,7 @@ pub mod docs;
 pub mod eval;
 pub mod ids;
 pub mod ingest;
+pub mod ingest_sequences;
 pub mod place;
 pub mod plan;
 mod progress;
@@ -21,6 +22,7 @@ pub mod quantize;
 pub mod run_info;
 pub mod tier;
 pub mod train;
+pub mod train_sequence;
 pub mod world;
 
 pub use progress::{peak_rss_bytes, Progress};

@@ -39,6 +39,9 @@ pub struct TrainArgs {
     pub arch: ArchArgs,
     #[command(flatten)]
     pub optim: OptimArgs,
+    /// A sequence model instead of a DLRM (see `--model`).
+    #[command(flatten)]
+    pub sequence: super::train_sequence::SequenceArgs,
     #[command(flatten)]
     pub loader: LoaderArgs,
     /// Shard the tables (checkpoints stay in the unsharded layout, so a run
@@ -53,7 +56,7 @@ pub struct TrainArgs {
     pub backend: BackendArgs,
     #[command(flatten)]
     pub mode: ModeArgs,
-    /// Samples per step, over all ranks [default: 2048]
+    /// Samples per step, over all ranks [default: 2048; sequence models: 128 users]
     #[arg(long)]
     pub mini_batch_size: Option<usize>,
     #[arg(long, default_value_t = 1)]

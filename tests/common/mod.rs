@@ -142,3 +142,33 @@ pub fn names(dir: &Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// Runs a Python program; its stdout.
+pub fn python(program: &str) -> String {
+    let out = Command::new("python3")
+        .args(["-c", program])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Whether `python3` has pyarrow; `EMBER_REQUIRE_PYARROW=1` (set by
+/// `scripts/test`) makes its absence a failure rather than a skip.
+pub fn have_pyarrow() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok && std::env::var_os("EMBER_REQUIRE_PYARROW").is_some() {
+        panic!("EMBER_REQUIRE_PYARROW is set but python3 cannot import pyarrow");
+    }
+    if !ok {
+        eprintln!("skipped: python3 has no pyarrow (pip install pyarrow)");
+    }
+    ok
+}

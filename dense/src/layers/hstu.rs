@@ -235,6 +235,13 @@ impl<T: Real> HstuLayer<T> {
         self.training = training;
     }
 
+    /// Restarts the dropout draws from `seed`. A model reseeds its layers
+    /// from its step count, so that a run resumed from a checkpoint draws
+    /// the masks the uninterrupted run drew.
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = Initializer::new(seed ^ 0x5eed);
+    }
+
     fn shape(&self) -> Shape {
         Shape {
             heads: self.config.heads,

@@ -69,6 +69,12 @@ impl<T: Real> MultiheadAttention<T> {
         self.dropout = p;
     }
 
+    /// Restarts the masks' keys from `seed` (see
+    /// [`HstuLayer::reseed`](crate::HstuLayer::reseed)).
+    pub fn reseed(&mut self, seed: u64) {
+        self.masks = (0, seed);
+    }
+
     fn shape(&self) -> Shape {
         let head = self.in_proj.in_features() / self.heads;
         Shape {

@@ -34,3 +34,12 @@ pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceR
 pub use ranking::{HstuRanking, HstuRankingConfig, RankingMetrics};
 pub use retrieval::{HstuRetrieval, HstuRetrievalConfig, NegativeSampling};
 pub use sasrec::{SasRec, SasRecConfig, SasRecLoss};
+
+/// The seed of a model's draws (dropout, negatives) at `step`: models
+/// reseed from it before each step, so that a run resumed from a
+/// checkpoint (which keeps the step) draws what the uninterrupted run drew.
+pub(crate) fn step_seed(seed: u64, step: u64) -> u64 {
+    let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^ (z >> 27)
+}

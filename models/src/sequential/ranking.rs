@@ -475,6 +475,10 @@ impl Model for HstuRanking {
             let (model, runs) = ("HSTU ranking", "strict");
             return Err(Unsupported::Mode { model, runs, mode }.into());
         }
+        let seed = super::step_seed(self.config.seed, self.items.step());
+        for (l, layer) in self.dense.layers.iter_mut().enumerate() {
+            layer.reseed(seed + 1 + l as u64);
+        }
         let t = RankTokens::of(
             batch,
             self.config.num_candidates,

@@ -307,6 +307,11 @@ impl Model for HstuRetrieval {
             self.config.num_negatives,
             self.config.temperature,
         );
+        let seed = super::step_seed(self.config.seed, self.items.step());
+        self.negatives = Rng::new(seed ^ 0x6e65);
+        for (l, layer) in self.dense.layers.iter_mut().enumerate() {
+            layer.reseed(seed + 1 + l as u64);
+        }
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
         let kjt = self.lookup_input(&t)?;
         self.set_training(true);

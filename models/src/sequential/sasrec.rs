@@ -564,6 +564,12 @@ impl Model for SasRec {
         }
         let be = backend.dense();
         let d = self.config.hidden_units;
+        let seed = super::step_seed(self.config.seed, self.items.step());
+        self.rng = Rng::new(seed ^ 0x6e6567);
+        self.dropout = Initializer::new(seed ^ 0xd20);
+        for (b, block) in self.blocks.iter_mut().enumerate() {
+            block.attn.reseed(seed + 1 + b as u64);
+        }
         let t = Tokens::of(batch)?.cut(self.config.maxlen);
         let kjt = self.lookup_input(&t)?;
         let mut looked = std::mem::take(&mut self.looked);

@@ -1,0 +1,511 @@
+//! `ember train --model sasrec|hstu-retrieval|hstu-ranking`: a sequence
+//! model on a user-history file (`ember ingest sequences`), trained by the
+//! library's Trainer from the bucketed history loader, evaluated on the
+//! held-out items at each epoch's end (or every `--eval-every` steps) and
+//! tested at the end.
+//!
+//! The split is leave-one-out, as SASRec and HSTU's reference evaluate:
+//! each user's last item is the test item and the one before it the
+//! validation item; users of fewer than 4 items train on every item and
+//! are not evaluated. Ranking holds out `--num-candidates` items the same
+//! way (the last ones for test, the ones before for validation).
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use ember_models::sequential::{
+    evaluate_retrieval, read_histories, EvalNegatives, HistoryLoader, HstuRanking,
+    HstuRankingConfig, HstuRetrieval, HstuRetrievalConfig, NegativeSampling, RankingMetrics,
+    RetrievalMetrics, SasRec, SasRecConfig, SasRecLoss, SequenceRetriever, UserHistory,
+};
+use ember_models::{
+    Backend, ExecMode, FitOptions, Model, TrainData, TrainEvent, TrainState, Trainer, TrainerConfig,
+};
+
+use super::train::TrainArgs;
+use super::Progress;
+
+/// The sequence models `ember train --model` trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SequenceModel {
+    /// SASRec (causal self-attention, learned positions), the baseline.
+    Sasrec,
+    /// HSTU for next-item retrieval with sampled softmax.
+    HstuRetrieval,
+    /// HSTU ranking candidates' actions (DLRMv4's shape).
+    HstuRanking,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SamplingArg {
+    Uniform,
+    InBatch,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LossArg {
+    Bce,
+    SampledSoftmax,
+}
+
+/// `all`, or a count of sampled items.
+fn parse_eval_negatives(text: &str) -> Result<EvalNegatives, String> {
+    match text {
+        "all" => Ok(EvalNegatives::All),
+        n => match n.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(EvalNegatives::Sampled(n)),
+            _ => Err(format!(
+                "'{n}': `all` or a number of sampled items (SASRec's 100)"
+            )),
+        },
+    }
+}
+
+/// The flags of `train --model`, named as SASRec's and HSTU's references
+/// name them (in kebab case).
+#[derive(Args, Clone, Debug)]
+pub struct SequenceArgs {
+    /// Train a sequence model on a user-history file (`--data`, from
+    /// `ember ingest sequences`) instead of a DLRM.
+    #[arg(long, value_enum)]
+    pub model: Option<SequenceModel>,
+    /// The most recent items read per user (SASRec's maxlen, HSTU's
+    /// max_sequence_length; ranking: candidates included) [default: 200]
+    #[arg(long)]
+    pub max_seq_len: Option<usize>,
+    /// Item embedding and token width (SASRec's hidden_units) [default: 50]
+    #[arg(long)]
+    pub embedding_dim: Option<usize>,
+    /// Attention blocks [default: 2]
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
+    /// Heads a block [default: 1]
+    #[arg(long)]
+    pub num_heads: Option<usize>,
+    /// HSTU's query and key width per head [default: embedding dim / heads]
+    #[arg(long)]
+    pub attention_dim: Option<usize>,
+    /// HSTU's value and gate width per head [default: embedding dim / heads]
+    #[arg(long)]
+    pub linear_dim: Option<usize>,
+    /// [default: 0.2]
+    #[arg(long)]
+    pub dropout_rate: Option<f64>,
+    /// Sampled-softmax negatives a position [default: 128]
+    #[arg(long)]
+    pub num_negatives: Option<usize>,
+    /// Where sampled-softmax negatives come from [default: uniform]
+    #[arg(long, value_enum)]
+    pub negative_sampling: Option<SamplingArg>,
+    /// Divides the cosine similarities of the sampled softmax [default: 0.05]
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// SASRec's loss: bce (its own) or sampled-softmax (HSTU's) [default: bce]
+    #[arg(long, value_enum)]
+    pub loss: Option<LossArg>,
+    /// Each held-out item ranked against `all` items or this many sampled
+    /// ones the user never saw (SASRec's 100) [default: all]
+    #[arg(long, value_parser = parse_eval_negatives)]
+    pub eval_negatives: Option<EvalNegatives>,
+    /// The cut-off of HR@k and NDCG@k.
+    #[arg(long, default_value_t = 10)]
+    pub top_k: usize,
+    /// Ranking: candidates a user (its last items) [default: 8]
+    #[arg(long)]
+    pub num_candidates: Option<usize>,
+    /// Ranking: action bits predicted, each a task [default: 2]
+    #[arg(long)]
+    pub num_tasks: Option<usize>,
+    /// Sort windows of this many batches by history length (1: no bucketing).
+    #[arg(long, default_value_t = 16)]
+    pub bucket_batches: usize,
+}
+
+/// What one evaluation measured.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum Quality {
+    Retrieval(RetrievalMetrics),
+    Ranking(RankingMetrics),
+}
+
+impl std::fmt::Display for Quality {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Quality::Retrieval(m) => write!(
+                f,
+                "HR@{k} {:.4}, NDCG@{k} {:.4}, MRR {:.4} ({} users)",
+                m.hit_rate,
+                m.ndcg,
+                m.mrr,
+                m.users,
+                k = m.k
+            ),
+            Quality::Ranking(m) => {
+                write!(f, "{} candidates, AUC by task:", m.candidates)?;
+                for (t, task) in m.tasks.iter().enumerate() {
+                    write!(f, " {t}: {:.4}", task.auc)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One evaluation on the validation items (a JSON line with `--json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalRecord {
+    pub event: &'static str,
+    pub steps: u64,
+    pub epoch: u64,
+    #[serde(flatten)]
+    pub quality: Quality,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SequenceTrainReport {
+    pub event: &'static str,
+    pub model: SequenceModel,
+    /// Users trained on, and those evaluated.
+    pub users: usize,
+    pub evaluated_users: usize,
+    pub items: usize,
+    pub steps: u64,
+    pub samples: u64,
+    /// Training time, evaluations and checkpoints excluded.
+    pub train_seconds: f64,
+    pub seconds_per_epoch: f64,
+    pub samples_per_s: f64,
+    /// An epoch's tokens as padded batches would hold them, over the real
+    /// ones (what bucketing saves a padded kernel).
+    pub padded_over_real_tokens: f64,
+    pub loss_first: f64,
+    pub loss_last: f64,
+    /// Every evaluation on the validation items.
+    pub evals: Vec<EvalRecord>,
+    /// On the test items, at the end.
+    pub test: Quality,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl std::fmt::Display for SequenceTrainReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} steps, {} samples in {:.1} s ({:.2} s an epoch, {:.0} samples/s); loss {:.4} -> {:.4}\ntest: {}",
+            self.steps,
+            self.samples,
+            self.train_seconds,
+            self.seconds_per_epoch,
+            self.samples_per_s,
+            self.loss_first,
+            self.loss_last,
+            self.test
+        )
+    }
+}
+
+/// The model being trained (boxed: one of them lives for the run).
+enum Built {
+    SasRec(Box<SasRec>),
+    Retrieval(Box<HstuRetrieval>),
+    Ranking(Box<HstuRanking>),
+}
+
+impl Built {
+    fn model(&mut self) -> &mut dyn Model {
+        match self {
+            Built::SasRec(m) => m.as_mut(),
+            Built::Retrieval(m) => m.as_mut(),
+            Built::Ranking(m) => m.as_mut(),
+        }
+    }
+
+    fn evaluate(
+        &mut self,
+        backend: &Backend,
+        users: &[UserHistory],
+        args: &SequenceArgs,
+        max_len: usize,
+    ) -> anyhow::Result<Quality> {
+        let retriever: &mut dyn SequenceRetriever = match self {
+            Built::SasRec(m) => m.as_mut(),
+            Built::Retrieval(m) => m.as_mut(),
+            Built::Ranking(m) => {
+                return Ok(Quality::Ranking(m.evaluate(backend.dense(), users, 256)?))
+            }
+        };
+        let negatives = args.eval_negatives.unwrap_or(EvalNegatives::All);
+        let m = evaluate_retrieval(
+            retriever,
+            backend.dense(),
+            users,
+            (max_len + 1, 256),
+            (negatives, args.top_k),
+            1,
+        )?;
+        Ok(Quality::Retrieval(m))
+    }
+}
+
+/// The training, validation and test histories: each evaluated user's
+/// history less its last `2 * held` items, less its last `held`, and
+/// whole (users of fewer than `2 * held + 2` items: training only).
+fn split(
+    users: &[UserHistory],
+    held: usize,
+) -> (Vec<UserHistory>, Vec<UserHistory>, Vec<UserHistory>) {
+    let (mut train, mut valid, mut test) = (Vec::new(), Vec::new(), Vec::new());
+    for u in users {
+        if u.items.len() < 2 * held + 2 {
+            train.push(u.clone());
+        } else {
+            train.push(u.without_last(2 * held));
+            valid.push(u.without_last(held));
+            test.push(u.clone());
+        }
+    }
+    (train, valid, test)
+}
+
+fn build(args: &TrainArgs, kind: SequenceModel, items: usize) -> anyhow::Result<Built> {
+    let s = &args.sequence;
+    let max_len = s.max_seq_len.unwrap_or(200);
+    let dim = s.embedding_dim.unwrap_or(50);
+    let heads = s.num_heads.unwrap_or(1);
+    let blocks = s.num_blocks.unwrap_or(2);
+    let per_head = dim / heads.max(1);
+    let dropout = s.dropout_rate.unwrap_or(0.2);
+    let lr = args.optim.learning_rate.unwrap_or(1e-3);
+    let seed = args.seed.unwrap_or(123);
+    let negatives = s.num_negatives.unwrap_or(128);
+    let temperature = s.temperature.unwrap_or(0.05);
+    anyhow::ensure!(
+        (0.0..1.0).contains(&dropout),
+        "--dropout-rate {dropout}: must be within 0 and 1 (1 excluded)"
+    );
+    Ok(match kind {
+        SequenceModel::Sasrec => Built::SasRec(Box::new(SasRec::new(SasRecConfig {
+            hidden_units: dim,
+            num_blocks: blocks,
+            num_heads: heads,
+            dropout_rate: dropout,
+            lr,
+            loss: match s.loss.unwrap_or(LossArg::Bce) {
+                LossArg::Bce => SasRecLoss::Bce,
+                LossArg::SampledSoftmax => SasRecLoss::SampledSoftmax {
+                    negatives,
+                    temperature,
+                },
+            },
+            seed,
+            ..SasRecConfig::new(items, max_len)
+        })?)),
+        SequenceModel::HstuRetrieval => {
+            Built::Retrieval(Box::new(HstuRetrieval::new(HstuRetrievalConfig {
+                embedding_dim: dim,
+                num_blocks: blocks,
+                num_heads: heads,
+                attention_dim: s.attention_dim.unwrap_or(per_head),
+                linear_dim: s.linear_dim.unwrap_or(per_head),
+                num_negatives: negatives,
+                negative_sampling: match s.negative_sampling.unwrap_or(SamplingArg::Uniform) {
+                    SamplingArg::Uniform => NegativeSampling::Uniform,
+                    SamplingArg::InBatch => NegativeSampling::InBatch,
+                },
+                temperature,
+                dropout_rate: dropout,
+                learning_rate: lr,
+                seed,
+                ..HstuRetrievalConfig::new(items, max_len)
+            })?))
+        }
+        SequenceModel::HstuRanking => {
+            Built::Ranking(Box::new(HstuRanking::new(HstuRankingConfig {
+                embedding_dim: dim,
+                num_blocks: blocks,
+                num_heads: heads,
+                attention_dim: s.attention_dim.unwrap_or(per_head),
+                linear_dim: s.linear_dim.unwrap_or(per_head),
+                num_candidates: s.num_candidates.unwrap_or(8),
+                num_tasks: s.num_tasks.unwrap_or(2),
+                head_hidden: dim,
+                dropout_rate: dropout,
+                learning_rate: lr,
+                seed,
+                ..HstuRankingConfig::new(items, max_len)
+            })?))
+        }
+    })
+}
+
+/// The flags of a DLRM run that mean nothing to a sequence model.
+fn dlrm_only_flags(args: &TrainArgs) -> Vec<&'static str> {
+    let mut given = args.arch.given_architecture_flags();
+    if args.optim.optimizer.is_some() {
+        given.push("--optimizer");
+    }
+    if !args.eval_data.is_empty() {
+        given.push("--eval-data (the evaluation items are held out of --data)");
+    }
+    given
+}
+
+pub fn run(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<SequenceTrainReport> {
+    let ignored = dlrm_only_flags(args);
+    anyhow::ensure!(
+        ignored.is_empty(),
+        "--model {}: {} apply to DLRM runs only",
+        kind.to_possible_value()
+            .map_or("?".into(), |v| v.get_name().to_string()),
+        ignored.join(", ")
+    );
+    anyhow::ensure!(
+        args.data.len() == 1 && args.data[0].is_file(),
+        "--data: one user-history Parquet file (from `ember ingest sequences`), not {}",
+        args.data
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    anyhow::ensure!(
+        !args.resume || args.checkpoint_dir.is_some(),
+        "--resume needs --checkpoint-dir"
+    );
+    super::with_threads(args.threads, || run_in_pool(args, kind))?
+}
+
+fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<SequenceTrainReport> {
+    let s = &args.sequence;
+    let users = read_histories(&args.data[0])?;
+    let items = 1 + users
+        .iter()
+        .flat_map(|u| &u.items)
+        .max()
+        .copied()
+        .unwrap_or(0) as usize;
+    let ranking = kind == SequenceModel::HstuRanking;
+    let held = if ranking {
+        s.num_candidates.unwrap_or(8)
+    } else {
+        1
+    };
+    let (train, valid, test) = split(&users, held);
+    let max_len = s.max_seq_len.unwrap_or(200);
+    // Retrieval reads max_len inputs and the item after them.
+    let window = if ranking { max_len } else { max_len + 1 };
+    let batch = args.mini_batch_size.unwrap_or(128);
+    anyhow::ensure!(batch > 0, "--mini-batch-size must be at least 1");
+    let seed = args.seed.unwrap_or(123);
+    let loader = HistoryLoader::new(train, batch, window)
+        .shuffled(seed)
+        .bucketed(s.bucket_batches);
+    let (padded, real) = loader.padded_and_real_tokens(0);
+    let mut built = build(args, kind, items)?;
+    let backend = Backend::native();
+    let mut state = TrainState::default();
+    if args.resume {
+        let dir = args.checkpoint_dir.as_ref().expect("checked in run");
+        let path = dir.join(ember_models::checkpoint::CHECKPOINT_FILE);
+        state = built.model().load_checkpoint(&path)?.unwrap_or_default();
+    }
+    let per_epoch = loader.batches_per_epoch(0);
+    let total = (args.epochs * per_epoch).min(args.max_steps.unwrap_or(u64::MAX));
+    let every = if args.eval_every > 0 {
+        args.eval_every
+    } else {
+        per_epoch.max(1)
+    };
+    let progress = Progress::new(total, "train", args.json);
+    let mut evals = Vec::new();
+    let (mut samples, mut seconds, mut loss_first, mut loss_last) = (0, 0.0, f64::NAN, f64::NAN);
+    let mut checkpoint = None;
+    while state.steps < total {
+        let stop = ((state.steps / every + 1) * every).min(total);
+        let trainer = Trainer::new(
+            TrainerConfig {
+                epochs: args.epochs,
+                max_steps: Some(stop),
+                mode: ExecMode::Strict,
+                eval_at_epoch_end: false,
+                checkpoint_dir: args.checkpoint_dir.clone(),
+                checkpoint_every: args.checkpoint_every,
+                log_every: args.print_freq.max(1),
+                ..TrainerConfig::default()
+            },
+            Backend::native(),
+        );
+        let mut listen = |e: &TrainEvent| {
+            match e {
+            TrainEvent::Step { .. } => progress.inc(),
+            TrainEvent::Log { .. } if args.json => {
+                println!("{}", serde_json::to_string(e).expect("events serialise"))
+            }
+            TrainEvent::Log { epoch, batch, loss, ms_per_step, .. } => progress.line(&format!(
+                "Finished training it {batch} of epoch {epoch}, {ms_per_step:.2} ms/it, loss {loss:.6}"
+            )),
+            _ => {}
+        }
+        };
+        let options = FitOptions {
+            eval: None,
+            from: state.clone(),
+            on_event: Some(&mut listen),
+        };
+        let summary = trainer.fit(built.model(), &loader, options)?;
+        anyhow::ensure!(
+            summary.state.steps > state.steps,
+            "training stopped at step {} of {total}",
+            state.steps
+        );
+        samples += summary.samples;
+        seconds += summary.train_seconds;
+        if loss_first.is_nan() {
+            loss_first = summary.loss_first;
+        }
+        loss_last = summary.loss_last;
+        checkpoint = summary.checkpoint.or(checkpoint);
+        state = summary.state;
+        let quality = built.evaluate(&backend, &valid, s, max_len)?;
+        let record = EvalRecord {
+            event: "eval",
+            steps: state.steps,
+            epoch: state.epoch,
+            quality,
+        };
+        match args.json {
+            true => println!("{}", serde_json::to_string(&record)?),
+            false => progress.line(&format!(
+                "valid at step {}: {}",
+                record.steps, record.quality
+            )),
+        }
+        evals.push(record);
+    }
+    progress.finish();
+    let test = built.evaluate(&backend, &test, s, max_len)?;
+    let epochs = samples as f64 / loader.users().len().max(1) as f64;
+    Ok(SequenceTrainReport {
+        event: "summary",
+        model: kind,
+        users: loader.users().len(),
+        evaluated_users: valid.len(),
+        items,
+        steps: state.steps,
+        samples,
+        train_seconds: seconds,
+        seconds_per_epoch: seconds / epochs.max(1e-9),
+        samples_per_s: samples as f64 / seconds.max(1e-9),
+        padded_over_real_tokens: padded as f64 / real.max(1) as f64,
+        loss_first,
+        loss_last,
+        evals,
+        test,
+        checkpoint,
+    })
+}

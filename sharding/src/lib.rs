@@ -12,6 +12,8 @@
 //!   feature; without it, the same API fails with "built without mpi").
 //! - [`sharded`]: the sharded collection: input distribution, lookups on the
 //!   owning devices, output distribution, and the routed fused backward.
+//! - [`sequence`]: the sharded `EmbeddingCollection` (unpooled rows),
+//!   table-wise and row-wise.
 
 pub mod collective;
 mod error;
@@ -22,6 +24,7 @@ pub mod mpi;
 pub mod mpi;
 pub mod plan;
 pub mod planner;
+pub mod sequence;
 pub mod sharded;
 pub mod topology;
 mod wire;
@@ -32,6 +35,7 @@ pub use plan::{RowSplit, Shard, ShardingPlan, ShardingType, TablePlan};
 pub use planner::{
     plan, stats, DiskTierModel, PlanStats, PlannerOptions, DEFAULT_DISK_READS_PER_S,
 };
+pub use sequence::ShardedEmbeddingCollection;
 pub use sharded::{
     shard_tier, InitialRows, InputRouter, LocalShard, RoutedInput, ShardSource,
     ShardedEmbeddingBagCollection, ShardingStats, WithDiskTiers,

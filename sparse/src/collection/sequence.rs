@@ -62,8 +62,9 @@ impl EmbeddingConfig {
         self
     }
 
-    /// The table as the bag collection underneath holds it.
-    fn bag_config(&self) -> EmbeddingBagConfig {
+    /// The table as a bag collection holds it (sum pooling): what the
+    /// planner and sharding plans take.
+    pub fn bag_config(&self) -> EmbeddingBagConfig {
         EmbeddingBagConfig {
             name: self.name.clone(),
             num_embeddings: self.num_embeddings,
@@ -93,6 +94,37 @@ pub struct JaggedEmbeddings {
 }
 
 impl JaggedEmbeddings {
+    /// Rows in this layout from their parts (a sharded collection's
+    /// output): `offsets` has `keys.len() * stride + 1` non-decreasing
+    /// entries from 0, the last `values.len() / dim`.
+    pub fn from_parts(
+        keys: Vec<String>,
+        stride: usize,
+        dim: usize,
+        offsets: Vec<usize>,
+        values: Vec<f32>,
+    ) -> Result<Self, SparseError> {
+        let fits = offsets.len() == keys.len() * stride + 1
+            && offsets.first() == Some(&0)
+            && offsets.windows(2).all(|w| w[0] <= w[1])
+            && offsets.last().map(|&o| o * dim) == Some(values.len());
+        if !fits {
+            return Err(SparseError::KeyedTensorShape(format!(
+                "jagged rows: {} offsets for {} keys of {stride} samples, {} values of dim {dim}",
+                offsets.len(),
+                keys.len(),
+                values.len()
+            )));
+        }
+        Ok(Self {
+            keys,
+            stride,
+            dim,
+            offsets,
+            values,
+        })
+    }
+
     /// The features, in order.
     pub fn keys(&self) -> &[String] {
         &self.keys

@@ -1,0 +1,447 @@
+//! The sharded `EmbeddingCollection`: unpooled lookups (one row per id,
+//! TorchRec's `ShardedEmbeddingCollection`) over tables split by rows
+//! (table-wise, row-wise, row-wise mod, table-row-wise). One instance per
+//! device, each holding its shards as an ordinary [`EmbeddingCollection`]
+//! and its own samples' ids; a step is two all-to-alls forward and one
+//! backward:
+//!
+//! ```text
+//! forward:  ids out     each id goes to the device owning its row
+//!                       (grouped by the owner's shard, in position order)
+//!           lookup      owners read their shards' rows (every table dtype)
+//!           rows back   whole rows return to the ids' devices and are
+//!                       placed at their positions
+//! backward: grads out   each position's gradient row goes to the owner
+//!           update      owners run the fused backward on their shards:
+//!                       equal ids merge into one update, as unsharded
+//! ```
+//!
+//! Unpooled rows are never split by columns: a column-wise or
+//! data-parallel plan is refused. Owners serve each shard feature by
+//! feature, source device by source device: with every device's samples
+//! in rank order that is the unsharded collection's order, so equal ids'
+//! gradients sum in the same order and a sharded step on fp32 tables
+//! holds the same bits as the unsharded step on the whole batch (fp16 and
+//! bf16 shards round stochastically from their own seeds: near, not
+//! bitwise). Works over any [`Collective`]: threads of this process
+//! ([`ShardedEmbeddingCollection::threads`]) or MPI ranks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ember_sparse::{
+    EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings, KeyedJaggedTensor,
+    SparseError,
+};
+
+use crate::collective::{Collective, InProcess};
+use crate::plan::{RowSplit, ShardingPlan, ShardingType};
+use crate::ShardingError;
+
+/// Where one shard of a table lives.
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    device: usize,
+    rows: RowSplit,
+    /// Its table's index in the device's local collection.
+    local: usize,
+    /// The device's slot of the table's first feature (one slot per shard
+    /// and feature, so that the owner serves the ids feature by feature,
+    /// in the unsharded collection's order).
+    first_slot: usize,
+}
+
+/// An `EmbeddingCollection`'s tables split over devices by a
+/// [`ShardingPlan`] (see the [module docs](self)); this device's part.
+pub struct ShardedEmbeddingCollection {
+    configs: Vec<EmbeddingConfig>,
+    /// Each table's shards.
+    places: Vec<Vec<Place>>,
+    /// Each feature's table, and its index among the table's features.
+    tables_of: HashMap<String, (usize, usize)>,
+    /// Slots on each device (the same on every rank).
+    slot_counts: Vec<usize>,
+    /// This device's shards, feature `s<slot>` of a slot's shard reading
+    /// its local table.
+    local: EmbeddingCollection,
+    collective: Arc<dyn Collective>,
+    /// The last forward's routing, for its backward.
+    last: Option<Routing>,
+}
+
+/// Where each id of a forward went and what this device served.
+struct Routing {
+    /// Per input position: (owner, slot there, index among the ids this
+    /// device sent to that slot).
+    positions: Vec<(usize, usize, usize)>,
+    /// Per owner: ids sent to each of its slots.
+    sent: Vec<Vec<usize>>,
+    /// The lookup this device ran for the others (local features, one
+    /// sample per source device).
+    served: KeyedJaggedTensor,
+    /// The rows it sent to each source device, in `served` order.
+    served_rows: Vec<usize>,
+}
+
+fn local_feature(k: usize) -> String {
+    format!("s{k}")
+}
+
+fn bytes_of<T: Copy>(values: &[T], to: fn(T) -> [u8; 8]) -> Vec<u8> {
+    values.iter().flat_map(|&v| to(v)).collect()
+}
+
+impl ShardedEmbeddingCollection {
+    /// Every device's part of `source` as `plan` places it, each with an
+    /// in-process collective: run device `d`'s part on its own thread, with
+    /// the `d`-th block of the batch's samples.
+    pub fn threads(
+        source: &EmbeddingCollection,
+        plan: &ShardingPlan,
+    ) -> Result<Vec<Self>, ShardingError> {
+        (InProcess::group(plan.num_devices).into_iter())
+            .map(|c| Self::on_rank(source, plan, Arc::new(c)))
+            .collect()
+    }
+
+    /// This rank's part of `source` (its rows and step count; the
+    /// optimizer state starts fresh, as `source`'s does before its first
+    /// update) as `plan` places it, exchanging over `collective` (one rank
+    /// per device of the plan).
+    pub fn on_rank(
+        source: &EmbeddingCollection,
+        plan: &ShardingPlan,
+        collective: Arc<dyn Collective>,
+    ) -> Result<Self, ShardingError> {
+        let configs = source.configs().to_vec();
+        let bags: Vec<EmbeddingBagConfig> = configs.iter().map(|c| c.bag_config()).collect();
+        plan.validate(&bags, source.optimizer())?;
+        if collective.world_size() != plan.num_devices {
+            return Err(ShardingError::Plan(format!(
+                "the plan has {} devices, the collective {} ranks",
+                plan.num_devices,
+                collective.world_size()
+            )));
+        }
+        let me = collective.rank();
+        let mut places = vec![Vec::new(); configs.len()];
+        let mut local_counts = vec![0; plan.num_devices];
+        let mut slot_counts = vec![0; plan.num_devices];
+        let mut local_configs = Vec::new();
+        let mut local_sources = Vec::new();
+        for (t, c) in configs.iter().enumerate() {
+            let p = (plan.tables.iter().find(|p| p.table == c.name))
+                .ok_or_else(|| ShardingError::Plan(format!("table {} has no plan", c.name)))?;
+            if matches!(
+                p.sharding,
+                ShardingType::ColumnWise | ShardingType::DataParallel
+            ) {
+                return Err(ShardingError::Plan(format!(
+                    "table {}: {:?} splits or replicates rows an unpooled lookup returns whole; \
+                     shard an embedding collection table-wise or row-wise",
+                    c.name, p.sharding
+                )));
+            }
+            for shard in &p.shards {
+                let local = local_counts[shard.device];
+                local_counts[shard.device] += 1;
+                let first_slot = slot_counts[shard.device];
+                slot_counts[shard.device] += c.feature_names.len();
+                places[t].push(Place {
+                    device: shard.device,
+                    rows: shard.rows,
+                    local,
+                    first_slot,
+                });
+                if shard.device == me {
+                    let rows = shard.rows.count(c.num_embeddings);
+                    let features: Vec<String> = (first_slot..first_slot + c.feature_names.len())
+                        .map(local_feature)
+                        .collect();
+                    let features: Vec<&str> = features.iter().map(String::as_str).collect();
+                    let mut lc = EmbeddingConfig::new(
+                        &format!("{}.{local}", c.name),
+                        rows,
+                        c.embedding_dim,
+                        &features,
+                    );
+                    lc.data_type = c.data_type;
+                    local_configs.push(lc);
+                    local_sources.push((t, shard.rows, rows));
+                }
+            }
+        }
+        let mut local = EmbeddingCollection::new(local_configs, *source.optimizer(), 0)?;
+        let dim = source.dim();
+        let mut row = vec![0.0f32; dim];
+        for (k, &(t, split, rows)) in local_sources.iter().enumerate() {
+            let (from, to) = (&source.tables()[t], &mut local.tables_mut()[k]);
+            for l in 0..rows {
+                from.try_read_row(split.global(l), &mut row)?;
+                to.write_row(l, &row);
+            }
+        }
+        local.set_step(source.step());
+        let tables_of = (configs.iter().enumerate())
+            .flat_map(|(t, c)| {
+                c.feature_names
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, f)| (f.clone(), (t, i)))
+            })
+            .collect();
+        Ok(Self {
+            configs,
+            places,
+            tables_of,
+            slot_counts,
+            local,
+            collective,
+            last: None,
+        })
+    }
+
+    /// The tables, as the unsharded collection has them.
+    pub fn configs(&self) -> &[EmbeddingConfig] {
+        &self.configs
+    }
+
+    /// This device's shards (a local table per shard).
+    pub fn local(&self) -> &EmbeddingCollection {
+        &self.local
+    }
+
+    /// The rows of this device's samples' ids (`kjt`: its samples only),
+    /// in [`EmbeddingCollection::forward`]'s layout. Every device calls it
+    /// together.
+    pub fn forward(&mut self, kjt: &KeyedJaggedTensor) -> Result<JaggedEmbeddings, ShardingError> {
+        let n = self.collective.world_size();
+        let dim = self.configs.first().map_or(0, |c| c.embedding_dim);
+        // Route: each id to its owner's local table.
+        let mut sent: Vec<Vec<usize>> = self.slot_counts.iter().map(|&k| vec![0; k]).collect();
+        let mut ids: Vec<Vec<Vec<i64>>> = self
+            .slot_counts
+            .iter()
+            .map(|&k| vec![Vec::new(); k])
+            .collect();
+        let mut positions = Vec::with_capacity(kjt.values().len());
+        let b = kjt.stride();
+        for (k, key) in kjt.keys().iter().enumerate() {
+            let (t, fi) = *self
+                .tables_of
+                .get(key)
+                .ok_or_else(|| SparseError::MissingFeature(key.clone()))?;
+            let rows = self.configs[t].num_embeddings;
+            let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
+            for s in 0..b {
+                for &id in &kjt.values()[offsets[s]..offsets[s + 1]] {
+                    if id < 0 || id as usize >= rows {
+                        return Err(SparseError::IdOutOfRange {
+                            table: self.configs[t].name.clone(),
+                            feature: key.clone(),
+                            sample: s,
+                            id,
+                            rows,
+                        }
+                        .into());
+                    }
+                    let place = (self.places[t].iter())
+                        .find_map(|p| p.rows.local(id as usize).map(|l| (p, l)))
+                        .expect("a validated plan covers every row");
+                    let (p, l) = place;
+                    let slot = p.first_slot + fi;
+                    positions.push((p.device, slot, sent[p.device][slot]));
+                    sent[p.device][slot] += 1;
+                    ids[p.device][slot].push(l as i64);
+                }
+            }
+        }
+        let send: Vec<Vec<u8>> = (0..n)
+            .map(|d| {
+                let counts: Vec<u64> = sent[d].iter().map(|&c| c as u64).collect();
+                let mut out = bytes_of(&counts, u64::to_le_bytes);
+                out.extend(bytes_of(&ids[d].concat(), i64::to_le_bytes));
+                out
+            })
+            .collect();
+        let received = self.collective.all_to_all_v(send)?;
+        // Serve: slot k, sample s = source device s.
+        let mine = self.slot_counts[self.collective.rank()];
+        let word = |bytes: &[u8], i: usize| {
+            <[u8; 8]>::try_from(&bytes[8 * i..8 * i + 8]).expect("8 bytes")
+        };
+        let mut lengths = vec![0i64; mine * n];
+        let mut served_ids: Vec<Vec<i64>> = vec![Vec::new(); mine];
+        for (s, bytes) in received.iter().enumerate() {
+            let mut at = mine;
+            for k in 0..mine {
+                let count = u64::from_le_bytes(word(bytes, k)) as usize;
+                lengths[k * n + s] = count as i64;
+                served_ids[k].extend((at..at + count).map(|i| i64::from_le_bytes(word(bytes, i))));
+                at += count;
+            }
+        }
+        let keys: Vec<String> = (0..mine).map(local_feature).collect();
+        let served = KeyedJaggedTensor::from_lengths(keys, served_ids.concat(), &lengths, None)?;
+        let rows = match mine {
+            0 => Vec::new(),
+            _ => self.local.forward(&served)?.values().to_vec(),
+        };
+        // Rows back to each source, slot by slot.
+        let mut replies = vec![Vec::new(); n];
+        let mut served_rows = vec![0; n];
+        let mut at = 0;
+        for k in 0..mine {
+            for (s, reply) in replies.iter_mut().enumerate() {
+                let count = lengths[k * n + s] as usize;
+                reply.extend(
+                    rows[at * dim..(at + count) * dim]
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes()),
+                );
+                served_rows[s] += count;
+                at += count;
+            }
+        }
+        let back = self.collective.all_to_all_v(replies)?;
+        // Place each position's row.
+        let starts: Vec<Vec<usize>> = (sent.iter())
+            .map(|c| {
+                c.iter()
+                    .scan(0, |a, &x| {
+                        let s = *a;
+                        *a += x;
+                        Some(s)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut values = vec![0.0f32; positions.len() * dim];
+        for (p, &(d, k, j)) in positions.iter().enumerate() {
+            let r = starts[d][k] + j;
+            let bytes = &back[d][4 * r * dim..4 * (r + 1) * dim];
+            for (o, c) in values[p * dim..(p + 1) * dim]
+                .iter_mut()
+                .zip(bytes.chunks_exact(4))
+            {
+                *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+            }
+        }
+        self.last = Some(Routing {
+            positions,
+            sent,
+            served,
+            served_rows,
+        });
+        let offsets = kjt.offsets().to_vec();
+        Ok(JaggedEmbeddings::from_parts(
+            kjt.keys().to_vec(),
+            b,
+            dim,
+            offsets,
+            values,
+        )?)
+    }
+
+    /// The backward of the last [`forward`](Self::forward) (`grad`: its
+    /// rows' gradients, `[ids, dim]`), with the optimizer fused on the
+    /// owners. Every device calls it together.
+    pub fn backward_update(&mut self, grad: &[f32]) -> Result<(), ShardingError> {
+        let n = self.collective.world_size();
+        let last = (self.last.take())
+            .ok_or_else(|| ShardingError::Plan("a backward without its forward".into()))?;
+        let dim = self.configs.first().map_or(0, |c| c.embedding_dim);
+        if grad.len() != last.positions.len() * dim {
+            return Err(SparseError::GradShape {
+                rows: grad.len() / dim.max(1),
+                cols: dim,
+                expected_rows: last.positions.len(),
+                expected_cols: dim,
+            }
+            .into());
+        }
+        let starts: Vec<Vec<usize>> = (last.sent.iter())
+            .map(|c| {
+                c.iter()
+                    .scan(0, |a, &x| {
+                        let s = *a;
+                        *a += x;
+                        Some(s)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut out: Vec<Vec<f32>> = (last.sent.iter())
+            .map(|c| vec![0.0; c.iter().sum::<usize>() * dim])
+            .collect();
+        for (p, &(d, k, j)) in last.positions.iter().enumerate() {
+            let r = starts[d][k] + j;
+            out[d][r * dim..(r + 1) * dim].copy_from_slice(&grad[p * dim..(p + 1) * dim]);
+        }
+        let send = out
+            .iter()
+            .map(|g| g.iter().flat_map(|v| v.to_le_bytes()).collect())
+            .collect();
+        let received = self.collective.all_to_all_v(send)?;
+        // Back into the served order: slot k, then source s.
+        let mine = self.slot_counts[self.collective.rank()];
+        let mut grads = Vec::with_capacity(last.served.values().len() * dim);
+        let mut taken = vec![0usize; n];
+        let b = last.served.stride();
+        for k in 0..mine {
+            for (s, bytes) in received.iter().enumerate() {
+                let count = last.served.offsets()[k * b + s + 1] - last.served.offsets()[k * b + s];
+                let from = taken[s];
+                grads.extend(
+                    bytes[4 * from * dim..4 * (from + count) * dim]
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
+                );
+                taken[s] += count;
+            }
+        }
+        debug_assert!(taken.iter().zip(&last.served_rows).all(|(a, b)| a == b));
+        if mine > 0 {
+            self.local.backward_update(&last.served, &grads)?;
+        }
+        Ok(())
+    }
+
+    /// Table `t`'s rows, gathered whole on rank 0 (`[rows, dim]`; `None`
+    /// on the other ranks), for checkpoints. Every device calls it
+    /// together.
+    pub fn gather_table(&self, t: usize) -> Result<Option<Vec<f32>>, ShardingError> {
+        let n = self.collective.world_size();
+        let (config, dim) = (&self.configs[t], self.configs[t].embedding_dim);
+        let me = self.collective.rank();
+        let mut send = vec![Vec::new(); n];
+        let mut row = vec![0.0f32; dim];
+        for p in self.places[t].iter().filter(|p| p.device == me) {
+            let table = &self.local.tables()[p.local];
+            for l in 0..p.rows.count(config.num_embeddings) {
+                table.try_read_row(l, &mut row)?;
+                send[0].extend(row.iter().flat_map(|v| v.to_le_bytes()));
+            }
+        }
+        let received = self.collective.all_to_all_v(send)?;
+        if me != 0 {
+            return Ok(None);
+        }
+        let mut rows = vec![0.0f32; config.num_embeddings * dim];
+        let mut read = vec![0usize; n];
+        for p in &self.places[t] {
+            for l in 0..p.rows.count(config.num_embeddings) {
+                let g = p.rows.global(l);
+                let bytes = &received[p.device][4 * read[p.device]..4 * (read[p.device] + dim)];
+                for (o, c) in rows[g * dim..(g + 1) * dim]
+                    .iter_mut()
+                    .zip(bytes.chunks_exact(4))
+                {
+                    *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+                }
+                read[p.device] += dim;
+            }
+        }
+        Ok(Some(rows))
+    }
+}

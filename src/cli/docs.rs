@@ -216,7 +216,7 @@ fn render(r: &Result, Pairs { ember, peer }: &Pairs, svg: &str) -> anyhow::Resul
     Ok(format!(
         "\n## {title}\n\n{about}\n\n| | samples/s, median of {n} | range |\n|---|---|---|\n{e}{p}\n\
          ![{title}: each pair's samples/s]({svg})\n\n\
-         **Ember / peer: {mid:.2}** (pairs {lo:.2} – {hi:.2}).\n\n\
+         **Ember / peer: {mid:.2}** (pairs {lo:.2} – {hi:.2}).\n\n{quality}\
          Machine: {cpu}, {cpus} CPUs; {date}, Ember {version}.\n\n\
          - Ember: `{command}`\n- Peer ({peer}): `{peer_command}`\n",
         title = r.title,
@@ -231,6 +231,37 @@ fn render(r: &Result, Pairs { ember, peer }: &Pairs, svg: &str) -> anyhow::Resul
         command = run.command,
         peer = r.peer.name,
         peer_command = r.peer.command,
+        quality = quality(r)?,
+    ))
+}
+
+/// Retrieval quality beside the throughput, when the runs report it
+/// (Ember's `test` of `train --model`, the peer's `hit_rate` and `ndcg`):
+/// a table of medians and ranges; empty otherwise.
+fn quality(r: &Result) -> anyhow::Result<String> {
+    let ember = |key: &str| -> Option<Vec<f64>> {
+        r.ember.iter().map(|run| run["test"][key].as_f64()).collect()
+    };
+    let peer = |key: &str| -> Option<Vec<f64>> {
+        r.peer.runs.iter().map(|run| run[key].as_f64()).collect()
+    };
+    let (Some(eh), Some(en), Some(ph), Some(pn)) =
+        (ember("hit_rate"), ember("ndcg"), peer("hit_rate"), peer("ndcg"))
+    else {
+        return Ok(String::new());
+    };
+    let k = r.ember[0]["test"]["k"].as_u64().context("`test` has no k")?;
+    let cell = |v: &[f64]| {
+        let (lo, mid, hi) = spread(v);
+        format!("{mid:.4} ({lo:.4} – {hi:.4})")
+    };
+    Ok(format!(
+        "| test, median (range) | HR@{k} | NDCG@{k} |\n|---|---|---|\n| Ember | {} | {} |\n| {} | {} | {} |\n\n",
+        cell(&eh),
+        cell(&en),
+        r.peer.name,
+        cell(&ph),
+        cell(&pn)
     ))
 }
 

@@ -119,6 +119,10 @@ pub struct SyntheticHistoriesArgs {
     /// The chance, at each item, that a user moves to another topic.
     #[arg(long, default_value_t = 0.1)]
     pub drift: f64,
+    /// The chance, at each item, that a new session starts (days later,
+    /// back in the user's first topic 4 times in 5); 0: no sessions.
+    #[arg(long, default_value_t = 0.0)]
+    pub session_start: f64,
     #[arg(long, default_value_t = 123)]
     pub seed: u64,
     #[arg(long)]
@@ -158,6 +162,7 @@ pub fn synthetic_histories(
         max_len: args.max_len,
         length_alpha: args.length_alpha,
         drift: args.drift,
+        session_start: args.session_start,
         seed: args.seed,
         ..SyntheticHistories::default()
     }

@@ -190,6 +190,8 @@ pub struct SequenceTrainReport {
     pub test: Quality,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<PathBuf>,
+    /// The machine, date and command.
+    pub run: super::run_info::RunInfo,
 }
 
 impl std::fmt::Display for SequenceTrainReport {
@@ -507,5 +509,6 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
         evals,
         test,
         checkpoint,
+        run: super::run_info::RunInfo::now(),
     })
 }

@@ -46,6 +46,13 @@ pub struct SyntheticHistories {
     pub popularity_alpha: f64,
     /// The chance, at each item, that the user moves to another topic.
     pub drift: f64,
+    /// The chance, at each item, that a new session starts: 3 to 30 days
+    /// after the last item, back in the user's first topic 4 times in 5
+    /// (else a random one); within a session items are minutes apart.
+    /// 0 (the default): no sessions, items minutes to a day apart. Only
+    /// a model that reads time can tell a session's first item from the
+    /// rest.
+    pub session_start: f64,
     /// The seed.
     pub seed: u64,
 }
@@ -62,6 +69,7 @@ impl Default for SyntheticHistories {
             length_alpha: 1.0,
             popularity_alpha: 1.0,
             drift: 0.1,
+            session_start: 0.0,
             seed: 0,
         }
     }
@@ -117,14 +125,15 @@ impl SyntheticHistories {
         if !finite_positive(self.length_alpha) || !finite_positive(self.popularity_alpha) {
             return bad("length_alpha and popularity_alpha are finite and above 0");
         }
-        if !(0.0..=1.0).contains(&self.drift) {
-            return bad("drift is a chance, within 0 and 1");
+        if !(0.0..=1.0).contains(&self.drift) || !(0.0..=1.0).contains(&self.session_start) {
+            return bad("drift and session_start are chances, within 0 and 1");
         }
         let per_topic = self.num_items / self.num_topics;
         let popularity = Zipf::new(per_topic, self.popularity_alpha);
         let lengths = Zipf::new(self.max_len - MIN_LEN + 1, self.length_alpha);
         let mut rng = Rng::new(self.seed);
         let mut actions_rng = Rng::new(self.seed ^ 0x5eed_ac71);
+        let mut session_rng = Rng::new(self.seed ^ 0x5e55_1025);
         Ok((0..self.num_users)
             .map(|_| {
                 let len = MIN_LEN + lengths.draw(&mut rng);
@@ -137,9 +146,20 @@ impl SyntheticHistories {
                 };
                 let home = topic;
                 let propensity = 0.1 + 0.8 * unit(&mut actions_rng);
-                for _ in 0..len {
+                for k in 0..len {
                     if unit(&mut rng) < self.drift {
                         topic = (rng.next_u64() % self.num_topics as u64) as usize;
+                    }
+                    // Sessions draw from their own stream: without them the
+                    // histories are those of earlier versions.
+                    let new_session = k > 0
+                        && self.session_start > 0.0
+                        && unit(&mut session_rng) < self.session_start;
+                    if new_session {
+                        topic = match unit(&mut session_rng) < 0.8 {
+                            true => home,
+                            false => session_rng.below(self.num_topics as u64) as usize,
+                        };
                     }
                     let rank = popularity.draw(&mut rng);
                     let item = rank * self.num_topics + topic;
@@ -150,8 +170,14 @@ impl SyntheticHistories {
                         propensity,
                         item,
                     ));
-                    // Minutes to days apart.
-                    time += 60 + (rng.next_u64() % 86_400) as i64;
+                    // Minutes to a day apart; with sessions, minutes
+                    // within one and days between.
+                    let gap = 60 + (rng.next_u64() % 86_400) as i64;
+                    time += match (self.session_start > 0.0, new_session) {
+                        (false, _) => gap,
+                        (true, false) => 60 + gap % 3600,
+                        (true, true) => 86_400 * (3 + session_rng.below(28) as i64),
+                    };
                     history.timestamps.push(time);
                 }
                 history

@@ -195,11 +195,10 @@ pub fn ingest_sequences(
                         .into(),
             }),
         };
-    let mut read = match format {
-        InteractionFormat::Parquet => read_parquet_interactions(input, progress)?,
-        text => read_text_interactions(input, text, progress)?,
+    let read = match format {
+        InteractionFormat::Parquet => read_parquet_interactions(input, options.actions, progress)?,
+        text => read_text_interactions(input, text, options.actions, progress)?,
     };
-    read.actions &= options.actions;
     if read.rows.is_empty() {
         return Err(DataError::NoInteractions {
             path: input.to_path_buf(),
@@ -273,12 +272,15 @@ fn column_role(name: &str) -> Option<&'static str> {
     })
 }
 
-fn columns_of_header(names: &[&str]) -> Result<Columns, String> {
+/// The columns `names` hold; a missing one is `(its role, the message)`.
+fn columns_of_header(names: &[&str]) -> Result<Columns, (&'static str, String)> {
     let find = |role| names.iter().position(|n| column_role(n) == Some(role));
-    let need = |role| {
+    let need = |role: &'static str| {
         find(role).ok_or_else(|| {
-        format!("the header ({}) has no {role} column (user, item, timestamp, action or their usual names)", names.join(", "))
-    })
+            let names = names.join(", ");
+            let m = format!("the header ({names}) has no {role} column (user, item, timestamp, action or their usual names)");
+            (role, m)
+        })
     };
     Ok(Columns {
         user: need("user")?,
@@ -291,6 +293,7 @@ fn columns_of_header(names: &[&str]) -> Result<Columns, String> {
 fn read_text_interactions(
     path: &Path,
     format: InteractionFormat,
+    actions: bool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Interactions, DataError> {
     let file = std::fs::File::open(path).map_err(DataError::io(path))?;
@@ -341,20 +344,29 @@ fn read_text_interactions(
             message,
         };
         let fields = split(text);
+        if format == InteractionFormat::UserItem && fields.len() != 2 {
+            let m = format!("'{text}' is not `user item` (two integers)");
+            return Err(bad(m));
+        }
         let cols = match columns {
+            Some(c) if format == InteractionFormat::MovieLens && !actions => {
+                Columns { action: None, ..c }
+            }
             Some(c) => c,
             None => {
                 // The first line: a header when its first field is not a number.
                 if fields[0].trim().parse::<i64>().is_err() {
                     let names: Vec<&str> = fields.iter().map(String::as_str).collect();
-                    columns = Some(columns_of_header(&names).map_err(bad)?);
+                    let mut c = columns_of_header(&names).map_err(|(_, m)| bad(m))?;
+                    c.action = c.action.filter(|_| actions);
+                    columns = Some(c);
                     continue;
                 }
                 let c = Columns {
                     user: 0,
                     item: 1,
                     time: (fields.len() > 2).then_some(2),
-                    action: (fields.len() > 3).then_some(3),
+                    action: (fields.len() > 3 && actions).then_some(3),
                 };
                 columns = Some(c);
                 c
@@ -370,8 +382,13 @@ fn read_text_interactions(
                     fields.len()
                 ))
             })?;
-            f.parse::<i64>()
-                .map_err(|_| bad(format!("{what} '{f}' is not an integer")))
+            f.parse::<i64>().map_err(|_| {
+                let hint = match what {
+                    "action" => " (--no-actions leaves the column out)",
+                    _ => "",
+                };
+                bad(format!("{what} '{f}' is not an integer{hint}"))
+            })
         };
         let item = field(cols.item, "item")?;
         if item < 0 {
@@ -394,26 +411,42 @@ fn read_text_interactions(
     Ok(out)
 }
 
-/// Column `name`'s values as i64 (any integer type; no nulls).
-fn int_values(path: &Path, column: &str, array: &ArrayRef) -> Result<Vec<i64>, DataError> {
+/// Column `name`'s values as i64 (any integer type; no nulls); `first`:
+/// the file's row of the array's first value, for messages.
+fn int_values(
+    path: &Path,
+    column: &str,
+    array: &ArrayRef,
+    first: usize,
+) -> Result<Vec<i64>, DataError> {
     let bad = |message: String| DataError::column(path, column, message);
-    if array.null_count() > 0 {
-        return Err(bad(format!("{} nulls", array.null_count())));
+    if let Some(r) = (0..array.len()).find(|&r| array.is_null(r)) {
+        return Err(bad(format!("row {}: null", first + r)));
     }
     use arrow_array::types::*;
     macro_rules! ints {
         ($($t:ty),*) => {
             $(if let Some(a) = array.as_primitive_opt::<$t>() {
-                return a.values().iter().map(|&v| i64::try_from(v).map_err(|_| bad(format!("{v} does not fit an int64")))).collect();
+                return (a.values().iter().enumerate())
+                    .map(|(r, &v)| i64::try_from(v).map_err(|_| bad(format!("row {}: {v} does not fit an int64", first + r))))
+                    .collect();
             })*
         };
     }
     ints!(Int64Type, Int32Type, Int16Type, Int8Type, UInt64Type, UInt32Type, UInt16Type, UInt8Type);
-    Err(bad(format!("{} is not an integer type", array.data_type())))
+    let hint = match column_role(column) {
+        Some("action") => " (--no-actions leaves the column out)",
+        _ => "",
+    };
+    Err(bad(format!(
+        "{} is not an integer type{hint}",
+        array.data_type()
+    )))
 }
 
 fn read_parquet_interactions(
     path: &Path,
+    actions: bool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Interactions, DataError> {
     let file = std::fs::File::open(path).map_err(DataError::io(path))?;
@@ -423,7 +456,9 @@ fn read_parquet_interactions(
         .map_err(DataError::parquet(path))?;
     let schema = reader.schema();
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    let cols = columns_of_header(&names).map_err(|m| DataError::column(path, "user", m))?;
+    let mut cols =
+        columns_of_header(&names).map_err(|(role, m)| DataError::column(path, role, m))?;
+    cols.action = cols.action.filter(|_| actions);
     let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     let mut out = Interactions {
         timestamps: cols.time.is_some(),
@@ -435,7 +470,8 @@ fn read_parquet_interactions(
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        let column = |at: usize| int_values(path, &names[at], batch.column(at));
+        let first = out.rows.len();
+        let column = |at: usize| int_values(path, &names[at], batch.column(at), first);
         let users = column(cols.user)?;
         let items = column(cols.item)?;
         if let Some(row) = items.iter().position(|&i| i < 0) {
@@ -486,8 +522,15 @@ pub fn write_histories(
     path: &Path,
     options: &SequenceIngestOptions,
 ) -> Result<(), DataError> {
-    let with_actions = !histories.is_empty()
-        && (histories.iter()).all(|h| h.actions.len() == h.items.len() && !h.items.is_empty());
+    if let Some(u) = users.filter(|u| u.len() != histories.len()) {
+        return Err(DataError::Option {
+            option: "user ids",
+            value: u.len().to_string(),
+            expected: format!("one per history ({})", histories.len()),
+        });
+    }
+    let with_actions = histories.iter().any(|h| !h.items.is_empty())
+        && (histories.iter()).all(|h| h.actions.len() == h.items.len());
     let list = || DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
     let mut fields = vec![
         Field::new("user", DataType::Int64, false),
@@ -612,7 +655,7 @@ pub fn read_histories(path: &Path) -> Result<Vec<UserHistory>, DataError> {
 /// each line's number as its time (the files have none). An error names
 /// the file, the line and what is wrong.
 pub fn read_user_item_file(path: &Path) -> Result<Vec<UserHistory>, DataError> {
-    let read = read_text_interactions(path, InteractionFormat::UserItem, &mut |_| {})?;
+    let read = read_text_interactions(path, InteractionFormat::UserItem, false, &mut |_| {})?;
     Ok(group_by_user(read.rows, false).1)
 }
 

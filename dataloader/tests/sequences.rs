@@ -102,6 +102,7 @@ fn bad_lines_are_named_and_leave_no_output() {
         ),
         ("d.dat", "1::2\n", "d.dat:1: no timestamp column"),
         ("e.txt", "", "e.txt: no interactions"),
+        ("f.txt", "1 2 3\n", "f.txt:1: '1 2 3' is not `user item`"),
     ];
     for (name, text, expected) in cases {
         let err = ingest(dir.path(), name, text).unwrap_err().to_string();
@@ -133,4 +134,38 @@ fn a_file_that_is_not_histories_is_refused_by_name() {
     w.close().unwrap();
     let err = read_histories(&path).unwrap_err().to_string();
     assert!(err.contains("column 'timestamps': missing"), "{err}");
+}
+
+#[test]
+fn no_actions_leaves_out_a_column_it_could_not_read() {
+    // MovieLens-20M's half-star ratings are not integer actions.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("ratings.csv");
+    std::fs::write(&input, "userId,movieId,rating,timestamp\n1,10,3.5,9\n1,11,4.0,5\n").unwrap();
+    let out = dir.path().join("h.parquet");
+    let err = ingest_sequences(&input, &out, &SequenceIngestOptions::default(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ratings.csv:2: action '3.5' is not an integer (--no-actions"), "{err}");
+    let options = SequenceIngestOptions {
+        actions: false,
+        ..SequenceIngestOptions::default()
+    };
+    let summary = ingest_sequences(&input, &out, &options, &mut |_| {}).unwrap();
+    assert!(!summary.actions);
+    assert_eq!(read_histories(&out).unwrap(), vec![history(&[11, 10], &[5, 9], &[])]);
+}
+
+#[test]
+fn histories_written_keep_their_actions_beside_an_empty_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("h.parquet");
+    let users = vec![history(&[1, 2], &[3, 4], &[1, 0]), history(&[], &[], &[])];
+    let options = SequenceIngestOptions::default();
+    ember_dataloader::sequences::write_histories(&users, None, &out, &options).unwrap();
+    assert_eq!(read_histories(&out).unwrap(), users);
+    let err = ember_dataloader::sequences::write_histories(&users, Some(&[7]), &out, &options)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("one per history (2)"), "{err}");
 }

@@ -164,6 +164,17 @@ pub enum Unsupported {
     /// sharded.
     #[error("a set holds sharded tables")]
     SetOfUnsharded,
+    /// A model whose scores are not one per sample (a ranking model scores
+    /// each candidate for each task): `predict` is refused.
+    #[error("{model} scores {what}, not one logit per sample: use {instead}")]
+    NotPerSample {
+        /// The model.
+        model: &'static str,
+        /// What it scores.
+        what: &'static str,
+        /// What to call instead.
+        instead: &'static str,
+    },
     /// A model that implements neither `state_dict` nor `save_checkpoint`
     /// (nor their loading halves).
     #[error(

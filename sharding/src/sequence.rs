@@ -36,6 +36,7 @@ use ember_sparse::{
 
 use crate::collective::{Collective, InProcess};
 use crate::plan::{RowSplit, ShardingPlan, ShardingType};
+use crate::wire::{Reader, Writer};
 use crate::ShardingError;
 
 /// Where one shard of a table lives.
@@ -79,16 +80,10 @@ struct Routing {
     /// The lookup this device ran for the others (local features, one
     /// sample per source device).
     served: KeyedJaggedTensor,
-    /// The rows it sent to each source device, in `served` order.
-    served_rows: Vec<usize>,
 }
 
 fn local_feature(k: usize) -> String {
     format!("s{k}")
-}
-
-fn bytes_of<T: Copy>(values: &[T], to: fn(T) -> [u8; 8]) -> Vec<u8> {
-    values.iter().flat_map(|&v| to(v)).collect()
 }
 
 impl ShardedEmbeddingCollection {
@@ -258,27 +253,36 @@ impl ShardedEmbeddingCollection {
         }
         let send: Vec<Vec<u8>> = (0..n)
             .map(|d| {
-                let counts: Vec<u64> = sent[d].iter().map(|&c| c as u64).collect();
-                let mut out = bytes_of(&counts, u64::to_le_bytes);
-                out.extend(bytes_of(&ids[d].concat(), i64::to_le_bytes));
-                out
+                let counts: Vec<i64> = sent[d].iter().map(|&c| c as i64).collect();
+                let mut w = Writer::new();
+                w.put(&counts);
+                w.put(&ids[d].concat());
+                w.0
             })
             .collect();
         let received = self.collective.all_to_all_v(send)?;
         // Serve: slot k, sample s = source device s.
         let mine = self.slot_counts[self.collective.rank()];
-        let word = |bytes: &[u8], i: usize| {
-            <[u8; 8]>::try_from(&bytes[8 * i..8 * i + 8]).expect("8 bytes")
-        };
         let mut lengths = vec![0i64; mine * n];
         let mut served_ids: Vec<Vec<i64>> = vec![Vec::new(); mine];
         for (s, bytes) in received.iter().enumerate() {
-            let mut at = mine;
-            for k in 0..mine {
-                let count = u64::from_le_bytes(word(bytes, k)) as usize;
-                lengths[k * n + s] = count as i64;
-                served_ids[k].extend((at..at + count).map(|i| i64::from_le_bytes(word(bytes, i))));
-                at += count;
+            let mut r = Reader::new(bytes);
+            let (counts, ids) = (r.get::<i64>(), r.get::<i64>());
+            let (counts, ids) = (counts.map_err(garbled(s))?, ids.map_err(garbled(s))?);
+            let total: i64 = counts.iter().sum();
+            if counts.len() != mine || counts.iter().any(|&c| c < 0) || total != ids.len() as i64 {
+                let m = format!(
+                    "{} slot counts summing to {total} for {} ids",
+                    counts.len(),
+                    ids.len()
+                );
+                return Err(garbled(s)(m));
+            }
+            let mut at = 0;
+            for (k, &count) in counts.iter().enumerate() {
+                lengths[k * n + s] = count;
+                served_ids[k].extend_from_slice(&ids[at..at + count as usize]);
+                at += count as usize;
             }
         }
         let keys: Vec<String> = (0..mine).map(local_feature).collect();
@@ -288,50 +292,27 @@ impl ShardedEmbeddingCollection {
             _ => self.local.forward(&served)?.values().to_vec(),
         };
         // Rows back to each source, slot by slot.
-        let mut replies = vec![Vec::new(); n];
-        let mut served_rows = vec![0; n];
+        let mut replies: Vec<Vec<f32>> = vec![Vec::new(); n];
         let mut at = 0;
         for k in 0..mine {
             for (s, reply) in replies.iter_mut().enumerate() {
                 let count = lengths[k * n + s] as usize;
-                reply.extend(
-                    rows[at * dim..(at + count) * dim]
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes()),
-                );
-                served_rows[s] += count;
+                reply.extend_from_slice(&rows[at * dim..(at + count) * dim]);
                 at += count;
             }
         }
-        let back = self.collective.all_to_all_v(replies)?;
+        let back = exchange_rows(self.collective.as_ref(), replies, &sent, dim)?;
         // Place each position's row.
-        let starts: Vec<Vec<usize>> = (sent.iter())
-            .map(|c| {
-                c.iter()
-                    .scan(0, |a, &x| {
-                        let s = *a;
-                        *a += x;
-                        Some(s)
-                    })
-                    .collect()
-            })
-            .collect();
+        let starts = slot_starts(&sent);
         let mut values = vec![0.0f32; positions.len() * dim];
         for (p, &(d, k, j)) in positions.iter().enumerate() {
             let r = starts[d][k] + j;
-            let bytes = &back[d][4 * r * dim..4 * (r + 1) * dim];
-            for (o, c) in values[p * dim..(p + 1) * dim]
-                .iter_mut()
-                .zip(bytes.chunks_exact(4))
-            {
-                *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
-            }
+            values[p * dim..(p + 1) * dim].copy_from_slice(&back[d][r * dim..(r + 1) * dim]);
         }
         self.last = Some(Routing {
             positions,
             sent,
             served,
-            served_rows,
         });
         let offsets = kjt.offsets().to_vec();
         Ok(JaggedEmbeddings::from_parts(
@@ -360,17 +341,7 @@ impl ShardedEmbeddingCollection {
             }
             .into());
         }
-        let starts: Vec<Vec<usize>> = (last.sent.iter())
-            .map(|c| {
-                c.iter()
-                    .scan(0, |a, &x| {
-                        let s = *a;
-                        *a += x;
-                        Some(s)
-                    })
-                    .collect()
-            })
-            .collect();
+        let starts = slot_starts(&last.sent);
         let mut out: Vec<Vec<f32>> = (last.sent.iter())
             .map(|c| vec![0.0; c.iter().sum::<usize>() * dim])
             .collect();
@@ -378,29 +349,29 @@ impl ShardedEmbeddingCollection {
             let r = starts[d][k] + j;
             out[d][r * dim..(r + 1) * dim].copy_from_slice(&grad[p * dim..(p + 1) * dim]);
         }
-        let send = out
-            .iter()
-            .map(|g| g.iter().flat_map(|v| v.to_le_bytes()).collect())
-            .collect();
-        let received = self.collective.all_to_all_v(send)?;
-        // Back into the served order: slot k, then source s.
+        // What each source sends this device: the rows it served it.
         let mine = self.slot_counts[self.collective.rank()];
+        let b = last.served.stride();
+        let expected: Vec<Vec<usize>> = (0..n)
+            .map(|s| {
+                (0..mine)
+                    .map(|k| {
+                        last.served.offsets()[k * b + s + 1] - last.served.offsets()[k * b + s]
+                    })
+                    .collect()
+            })
+            .collect();
+        let received = exchange_rows(self.collective.as_ref(), out, &expected, dim)?;
+        // Back into the served order: slot k, then source s.
         let mut grads = Vec::with_capacity(last.served.values().len() * dim);
         let mut taken = vec![0usize; n];
-        let b = last.served.stride();
         for k in 0..mine {
-            for (s, bytes) in received.iter().enumerate() {
+            for (s, rows) in received.iter().enumerate() {
                 let count = last.served.offsets()[k * b + s + 1] - last.served.offsets()[k * b + s];
-                let from = taken[s];
-                grads.extend(
-                    bytes[4 * from * dim..4 * (from + count) * dim]
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))),
-                );
+                grads.extend_from_slice(&rows[taken[s] * dim..(taken[s] + count) * dim]);
                 taken[s] += count;
             }
         }
-        debug_assert!(taken.iter().zip(&last.served_rows).all(|(a, b)| a == b));
         if mine > 0 {
             self.local.backward_update(&last.served, &grads)?;
         }
@@ -414,16 +385,26 @@ impl ShardedEmbeddingCollection {
         let n = self.collective.world_size();
         let (config, dim) = (&self.configs[t], self.configs[t].embedding_dim);
         let me = self.collective.rank();
-        let mut send = vec![Vec::new(); n];
+        let mut send: Vec<Vec<f32>> = vec![Vec::new(); n];
         let mut row = vec![0.0f32; dim];
         for p in self.places[t].iter().filter(|p| p.device == me) {
             let table = &self.local.tables()[p.local];
             for l in 0..p.rows.count(config.num_embeddings) {
                 table.try_read_row(l, &mut row)?;
-                send[0].extend(row.iter().flat_map(|v| v.to_le_bytes()));
+                send[0].extend_from_slice(&row);
             }
         }
-        let received = self.collective.all_to_all_v(send)?;
+        // Rank 0 hears each device's shards of the table, in plan order.
+        let expected: Vec<Vec<usize>> = (0..n)
+            .map(|d| match me {
+                0 => (self.places[t].iter())
+                    .filter(|p| p.device == d)
+                    .map(|p| p.rows.count(config.num_embeddings))
+                    .collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let received = exchange_rows(self.collective.as_ref(), send, &expected, dim)?;
         if me != 0 {
             return Ok(None);
         }
@@ -432,16 +413,64 @@ impl ShardedEmbeddingCollection {
         for p in &self.places[t] {
             for l in 0..p.rows.count(config.num_embeddings) {
                 let g = p.rows.global(l);
-                let bytes = &received[p.device][4 * read[p.device]..4 * (read[p.device] + dim)];
-                for (o, c) in rows[g * dim..(g + 1) * dim]
-                    .iter_mut()
-                    .zip(bytes.chunks_exact(4))
-                {
-                    *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
-                }
+                let at = read[p.device];
+                rows[g * dim..(g + 1) * dim].copy_from_slice(&received[p.device][at..at + dim]);
                 read[p.device] += dim;
             }
         }
         Ok(Some(rows))
     }
+}
+
+/// An error for a message from rank `source` that does not parse as the
+/// plan says it should (another plan, or a truncated message).
+fn garbled(source: usize) -> impl Fn(String) -> ShardingError {
+    move |m| {
+        ShardingError::Collective(format!(
+            "a message from rank {source} does not fit the plan: {m}"
+        ))
+    }
+}
+
+/// Each owner's first row of each of its slots, in the rows sent to it.
+fn slot_starts(sent: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    (sent.iter())
+        .map(|c| {
+            c.iter()
+                .scan(0, |a, &x| {
+                    let s = *a;
+                    *a += x;
+                    Some(s)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Sends `rows[d]` to each device `d`; returns what each device sent,
+/// checked to hold `expected[s]` rows (summed) of `dim` floats from device `s`.
+fn exchange_rows(
+    collective: &dyn Collective,
+    rows: Vec<Vec<f32>>,
+    expected: &[Vec<usize>],
+    dim: usize,
+) -> Result<Vec<Vec<f32>>, ShardingError> {
+    let send = (rows.iter())
+        .map(|r| {
+            let mut w = Writer::new();
+            w.put(r);
+            w.0
+        })
+        .collect();
+    let received = collective.all_to_all_v(send)?;
+    (received.iter().enumerate())
+        .map(|(s, bytes)| {
+            let got = Reader::new(bytes).get::<f32>().map_err(garbled(s))?;
+            let want = expected[s].iter().sum::<usize>() * dim;
+            match got.len() == want {
+                true => Ok(got),
+                false => Err(garbled(s)(format!("{} floats for {want}", got.len()))),
+            }
+        })
+        .collect()
 }

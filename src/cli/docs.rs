@@ -240,17 +240,25 @@ fn render(r: &Result, Pairs { ember, peer }: &Pairs, svg: &str) -> anyhow::Resul
 /// a table of medians and ranges; empty otherwise.
 fn quality(r: &Result) -> anyhow::Result<String> {
     let ember = |key: &str| -> Option<Vec<f64>> {
-        r.ember.iter().map(|run| run["test"][key].as_f64()).collect()
+        r.ember
+            .iter()
+            .map(|run| run["test"][key].as_f64())
+            .collect()
     };
     let peer = |key: &str| -> Option<Vec<f64>> {
         r.peer.runs.iter().map(|run| run[key].as_f64()).collect()
     };
-    let (Some(eh), Some(en), Some(ph), Some(pn)) =
-        (ember("hit_rate"), ember("ndcg"), peer("hit_rate"), peer("ndcg"))
-    else {
+    let (Some(eh), Some(en), Some(ph), Some(pn)) = (
+        ember("hit_rate"),
+        ember("ndcg"),
+        peer("hit_rate"),
+        peer("ndcg"),
+    ) else {
         return Ok(String::new());
     };
-    let k = r.ember[0]["test"]["k"].as_u64().context("`test` has no k")?;
+    let k = r.ember[0]["test"]["k"]
+        .as_u64()
+        .context("`test` has no k")?;
     let cell = |v: &[f64]| {
         let (lo, mid, hi) = spread(v);
         format!("{mid:.4} ({lo:.4} – {hi:.4})")

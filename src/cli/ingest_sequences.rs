@@ -85,8 +85,17 @@ pub fn sequences(args: &SequencesArgs) -> anyhow::Result<SequencesReport> {
         row_group_size: args.row_group_size,
         compression: args.compression,
     };
-    let total = std::fs::metadata(&args.input).map_or(0, |m| m.len());
-    let progress = Progress::bytes(total, "ingest", args.json);
+    let format = args
+        .format
+        .or_else(|| InteractionFormat::of_path(&args.input));
+    // Text is followed by bytes read, Parquet by rows (no total known ahead).
+    let progress = match format {
+        Some(InteractionFormat::Parquet) => Progress::new(0, "ingest", args.json),
+        _ => {
+            let total = std::fs::metadata(&args.input).map_or(0, |m| m.len());
+            Progress::bytes(total, "ingest", args.json)
+        }
+    };
     let summary = ingest_sequences(&args.input, &args.output, &options, &mut |b| {
         progress.set(b)
     });

@@ -190,6 +190,12 @@ impl std::fmt::Display for TrainReport {
 }
 
 pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
+    let sequence_flags = args.sequence.given();
+    anyhow::ensure!(
+        sequence_flags.is_empty(),
+        "{} are flags of sequence models: add --model sasrec|hstu-retrieval|hstu-ranking",
+        sequence_flags.join(", ")
+    );
     args.optim.validate()?;
     anyhow::ensure!(args.batch() > 0, "--mini-batch-size must be at least 1");
     anyhow::ensure!(

@@ -124,6 +124,62 @@ pub struct SequenceArgs {
     pub bucket_batches: usize,
 }
 
+impl SequenceArgs {
+    /// The sequence flags given (those with a default: when not at it).
+    pub fn given(&self) -> Vec<&'static str> {
+        [
+            ("--max-seq-len", self.max_seq_len.is_some()),
+            ("--embedding-dim", self.embedding_dim.is_some()),
+            ("--num-blocks", self.num_blocks.is_some()),
+            ("--num-heads", self.num_heads.is_some()),
+            ("--attention-dim", self.attention_dim.is_some()),
+            ("--linear-dim", self.linear_dim.is_some()),
+            ("--dropout-rate", self.dropout_rate.is_some()),
+            ("--num-negatives", self.num_negatives.is_some()),
+            ("--negative-sampling", self.negative_sampling.is_some()),
+            ("--temperature", self.temperature.is_some()),
+            ("--loss", self.loss.is_some()),
+            ("--eval-negatives", self.eval_negatives.is_some()),
+            ("--top-k", self.top_k != 10),
+            ("--num-candidates", self.num_candidates.is_some()),
+            ("--num-tasks", self.num_tasks.is_some()),
+            ("--bucket-batches", self.bucket_batches != 16),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
+    /// The given flags `model` has no use for.
+    fn unused_by(&self, model: SequenceModel) -> Vec<&'static str> {
+        let sampled_softmax = match model {
+            SequenceModel::Sasrec => self.loss == Some(LossArg::SampledSoftmax),
+            SequenceModel::HstuRetrieval => true,
+            SequenceModel::HstuRanking => false,
+        };
+        let unused: &[&str] = match model {
+            SequenceModel::Sasrec => &[
+                "--attention-dim",
+                "--linear-dim",
+                "--negative-sampling",
+                "--num-candidates",
+                "--num-tasks",
+            ],
+            SequenceModel::HstuRetrieval => &["--loss", "--num-candidates", "--num-tasks"],
+            SequenceModel::HstuRanking => &[
+                "--loss",
+                "--negative-sampling",
+                "--eval-negatives",
+                "--top-k",
+            ],
+        };
+        let softmax_only = ["--num-negatives", "--temperature"];
+        (self.given().into_iter())
+            .filter(|f| unused.contains(f) || (!sampled_softmax && softmax_only.contains(f)))
+            .collect()
+    }
+}
+
 /// What one evaluation measured.
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
@@ -280,7 +336,20 @@ fn build(args: &TrainArgs, kind: SequenceModel, items: usize) -> anyhow::Result<
     let dim = s.embedding_dim.unwrap_or(50);
     let heads = s.num_heads.unwrap_or(1);
     let blocks = s.num_blocks.unwrap_or(2);
-    let per_head = dim / heads.max(1);
+    let sizes = [
+        ("--max-seq-len", max_len),
+        ("--embedding-dim", dim),
+        ("--num-heads", heads),
+        ("--num-blocks", blocks),
+    ];
+    for (flag, v) in sizes {
+        anyhow::ensure!(v > 0, "{flag} must be at least 1");
+    }
+    anyhow::ensure!(
+        heads <= dim,
+        "--num-heads {heads}: more heads than --embedding-dim {dim} has columns"
+    );
+    let per_head = dim / heads;
     let dropout = s.dropout_rate.unwrap_or(0.2);
     let lr = args.optim.learning_rate.unwrap_or(1e-3);
     let seed = args.seed.unwrap_or(123);
@@ -347,24 +416,66 @@ fn build(args: &TrainArgs, kind: SequenceModel, items: usize) -> anyhow::Result<
 
 /// The flags of a DLRM run that mean nothing to a sequence model.
 fn dlrm_only_flags(args: &TrainArgs) -> Vec<&'static str> {
+    let (l, sh, t) = (&args.loader, &args.sharding, &args.tier);
     let mut given = args.arch.given_architecture_flags();
-    if args.optim.optimizer.is_some() {
-        given.push("--optimizer");
-    }
-    if !args.eval_data.is_empty() {
-        given.push("--eval-data (the evaluation items are held out of --data)");
-    }
+    given.extend(
+        [
+            ("--optimizer", args.optim.optimizer.is_some()),
+            (
+                "--eval-data (the evaluation items are held out of --data)",
+                !args.eval_data.is_empty(),
+            ),
+            ("--drop-last", args.drop_last),
+            ("--dataset-spec", l.dataset_spec.is_some()),
+            ("--label-column", l.label_column.is_some()),
+            ("--dense-columns", !l.dense_columns.is_empty()),
+            ("--sparse-columns", !l.sparse_columns.is_empty()),
+            ("--dense-transform", l.dense_transform.is_some()),
+            ("--id-transform", l.id_transform.is_some()),
+            ("--loader-threads", l.loader_threads != 1),
+            ("--prefetch", l.prefetch != 2),
+            ("--devices", sh.devices.is_some()),
+            (
+                "--sharding",
+                sh.sharding != super::plan::ShardingChoice::Auto,
+            ),
+            ("--plan", sh.plan.is_some()),
+            ("--memory-per-device", sh.memory_per_device.is_some()),
+            ("--disk-per-device", sh.disk_per_device.is_some()),
+            ("--disk-dir", t.disk_dir.is_some()),
+            ("--cache-memory", t.cache_memory.is_some()),
+            (
+                "--mode (sequence models run strict)",
+                args.mode.mode != ExecMode::Strict,
+            ),
+            (
+                "--dense-backend (sequence models run native)",
+                args.backend.dense_backend != super::backend::BackendKind::Native,
+            ),
+            ("--compile-cache", args.backend.compile_cache.is_some()),
+            ("--pjrt-plugin", args.backend.plugin.pjrt_plugin.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag)),
+    );
     given
 }
 
 pub fn run(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<SequenceTrainReport> {
+    let name = kind
+        .to_possible_value()
+        .map_or("?".into(), |v| v.get_name().to_string());
     let ignored = dlrm_only_flags(args);
     anyhow::ensure!(
         ignored.is_empty(),
-        "--model {}: {} apply to DLRM runs only",
-        kind.to_possible_value()
-            .map_or("?".into(), |v| v.get_name().to_string()),
+        "--model {name}: {} apply to DLRM runs only",
         ignored.join(", ")
+    );
+    let unused = args.sequence.unused_by(kind);
+    anyhow::ensure!(
+        unused.is_empty(),
+        "--model {name} has no use for {}",
+        unused.join(", ")
     );
     anyhow::ensure!(
         args.data.len() == 1 && args.data[0].is_file(),
@@ -384,7 +495,18 @@ pub fn run(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<SequenceTrai
 
 fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<SequenceTrainReport> {
     let s = &args.sequence;
-    let users = read_histories(&args.data[0])?;
+    let path = &args.data[0];
+    let users = read_histories(path)?;
+    if kind == SequenceModel::HstuRanking {
+        let r = users.iter().position(|u| u.actions.len() != u.items.len());
+        if let Some(r) = r {
+            anyhow::bail!(
+                "{}: row {r} has no actions: ranking predicts them (ingest an action column; \
+                 task t is bit t of the action)",
+                path.display()
+            );
+        }
+    }
     let items = 1 + users
         .iter()
         .flat_map(|u| &u.items)
@@ -404,9 +526,15 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
     let batch = args.mini_batch_size.unwrap_or(128);
     anyhow::ensure!(batch > 0, "--mini-batch-size must be at least 1");
     let seed = args.seed.unwrap_or(123);
-    let loader = HistoryLoader::new(train, batch, window)
-        .shuffled(seed)
-        .bucketed(s.bucket_batches);
+    let mut loader = HistoryLoader::new(train, batch, window).bucketed(s.bucket_batches);
+    if !args.no_shuffle {
+        loader = loader.shuffled(seed);
+    }
+    anyhow::ensure!(
+        !loader.users().is_empty(),
+        "{}: no user has 2 items or more to train on",
+        path.display()
+    );
     let (padded, real) = loader.padded_and_real_tokens(0);
     let mut built = build(args, kind, items)?;
     let backend = Backend::native();
@@ -417,7 +545,7 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
         state = built.model().load_checkpoint(&path)?.unwrap_or_default();
     }
     let per_epoch = loader.batches_per_epoch(0);
-    let total = (args.epochs * per_epoch).min(args.max_steps.unwrap_or(u64::MAX));
+    let total = (args.epochs.saturating_mul(per_epoch)).min(args.max_steps.unwrap_or(u64::MAX));
     let every = if args.eval_every > 0 {
         args.eval_every
     } else {
@@ -438,6 +566,7 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
                 checkpoint_dir: args.checkpoint_dir.clone(),
                 checkpoint_every: args.checkpoint_every,
                 log_every: args.print_freq.max(1),
+                pipeline: !args.mode.no_pipeline,
                 ..TrainerConfig::default()
             },
             Backend::native(),

@@ -63,7 +63,7 @@ impl HistoryLoader {
         }
         let len = |u: usize| self.users[u].items.len().min(self.max_len);
         let mut batches = Vec::with_capacity(self.users.len().div_ceil(self.batch_size));
-        for window in order.chunks_mut(self.batch_size * self.bucket_batches) {
+        for window in order.chunks_mut(self.batch_size.saturating_mul(self.bucket_batches)) {
             if self.bucket_batches > 1 {
                 window.sort_by_key(|&u| len(u));
             }

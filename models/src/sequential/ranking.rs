@@ -190,8 +190,12 @@ impl RankTokens {
             t.lengths.push(len - skip);
             t.candidates.push(c);
             t.ids.extend_from_slice(&values[start + skip..end]);
-            t.actions
-                .extend_from_slice(&values[a_start + skip..a_start + len]);
+            let actions = &values[a_start + skip..a_start + len];
+            if let Some(a) = actions.iter().find(|&&a| a < 0) {
+                let what = format!("sample {s}: action {a} is negative (actions are bit masks)");
+                return Err(crate::BatchError::Histories(what).into());
+            }
+            t.actions.extend_from_slice(actions);
             t.times
                 .extend((start + skip..end).map(|p| weights.map_or(0, |w| w[p] as i64)));
         }
@@ -230,10 +234,21 @@ impl HstuRanking {
             config.num_tasks,
             config.head_hidden,
         ];
-        if sizes.contains(&0) || config.num_tasks > 62 || config.max_sequence_len < 2 {
-            let what =
-                "every size is at least 1, max_sequence_len at least 2, num_tasks at most 62";
-            return Err(crate::ArchitectureError::Sequence(what.into()).into());
+        let bad = |what: String| Err(crate::ArchitectureError::Sequence(what).into());
+        if sizes.contains(&0) {
+            return bad(format!("every size is at least 1: {config:?}"));
+        }
+        if config.num_tasks > 62 {
+            return bad(format!(
+                "num_tasks {}: at most 62 action bits",
+                config.num_tasks
+            ));
+        }
+        if config.num_candidates >= config.max_sequence_len {
+            return bad(format!(
+                "num_candidates {} leaves no history in max_sequence_len {}",
+                config.num_candidates, config.max_sequence_len
+            ));
         }
         let table = EmbeddingConfig::new("items", config.num_items, d, &[HISTORY_FEATURE]);
         let items = EmbeddingCollection::new(vec![table], config.table_optimizer, config.seed)?;
@@ -430,6 +445,19 @@ impl HstuRanking {
         Ok((loss / n, kjt, de))
     }
 
+    /// Every candidate's logits in `batch`, task by task (`[candidates,
+    /// num_tasks]` row-major; each user's candidates in order).
+    pub fn candidate_logits(
+        &mut self,
+        be: &dyn DenseBackend<f32>,
+        batch: &Batch,
+    ) -> Result<&[f32], ModelError> {
+        let (c, n) = (self.config.num_candidates, self.config.max_sequence_len);
+        let t = RankTokens::of(batch, c, n)?;
+        self.forward(be, &t, false)?;
+        Ok(&self.logits)
+    }
+
     /// AUC and log loss per task of every candidate of `users` (each
     /// user's last `num_candidates` items, as training reads them), in
     /// batches of `batch_size`.
@@ -442,7 +470,7 @@ impl HstuRanking {
         let tasks = self.config.num_tasks;
         let mut acc = vec![MetricsAccumulator::default(); tasks];
         let mut candidates = 0;
-        for batch in history_batches(users, batch_size, usize::MAX)? {
+        for batch in history_batches(users, batch_size, self.config.max_sequence_len)? {
             let t = RankTokens::of(
                 &batch,
                 self.config.num_candidates,
@@ -493,16 +521,16 @@ impl Model for HstuRanking {
         })
     }
 
-    /// Every candidate's logits, task by task (`[candidates, num_tasks]`
-    /// row-major; the candidates of each user in order).
-    fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
-        let t = RankTokens::of(
-            batch,
-            self.config.num_candidates,
-            self.config.max_sequence_len,
-        )?;
-        self.forward(backend.dense(), &t, false)?;
-        Ok(&self.logits)
+    /// Refused: the model scores each candidate for each task, not one
+    /// logit per sample; [`HstuRanking::candidate_logits`] gives the scores
+    /// and [`HstuRanking::evaluate`] the metrics.
+    fn predict(&mut self, _: &Backend, _: &Batch) -> Result<&[f32], ModelError> {
+        Err(Unsupported::NotPerSample {
+            model: "HSTU ranking",
+            what: "each candidate for each task",
+            instead: "HstuRanking::candidate_logits or HstuRanking::evaluate",
+        }
+        .into())
     }
 
     fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {

@@ -25,10 +25,13 @@ command = [python, "main.py", "--dataset", "syn", "--train_dir", train_dir, "--d
            "--maxlen", "50", "--hidden_units", "50", "--num_blocks", "2", "--batch_size", "128",
            "--num_epochs", str(epochs), "--dropout_rate", "0.2"]
 out = subprocess.run(command, cwd=peer, capture_output=True, text=True, check=True).stdout
-# The line it prints after its last epoch: accumulated training time, then metrics.
-last = [l for l in out.splitlines() if l.startswith("epoch:")][-1]
-seconds = float(re.search(r"time: ([0-9.]+)", last).group(1))
-ndcg, hr = map(float, re.search(r"test \(NDCG@10: ([0-9.]+), HR@10: ([0-9.]+)\)", last).groups())
+# What it prints after its last epoch (after "Evaluating", on the same
+# line): the accumulated training time, then the metrics.
+line = re.compile(r"epoch:\s*\d+, time: ([0-9.]+)\(s\).*test \(NDCG@10: ([0-9.]+), HR@10: ([0-9.]+)\)")
+matches = line.findall(out)
+if not matches:
+    sys.exit("no evaluation line in the peer's output:\n" + out[-2000:])
+seconds, ndcg, hr = map(float, matches[-1])
 users = len({line.split()[0] for line in open(data) if line.strip()})
 print(json.dumps({
     "seconds_per_epoch": seconds / epochs,

@@ -203,16 +203,41 @@ fn flags_of_another_model_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let data = histories(dir.path());
     let err = ember_fails(&["train", "--data", &data, "--max-seq-len", "20"]);
-    assert!(err.contains("--max-seq-len are flags of sequence models"), "{err}");
-    let err = ember_fails(&["train", "--model", "sasrec", "--data", &data, "--num-candidates", "3"]);
-    assert!(err.contains("--model sasrec has no use for --num-candidates"), "{err}");
-    let err = ember_fails(&["train", "--model", "hstu-retrieval", "--data", &data, "--mode", "debug"]);
+    assert!(
+        err.contains("--max-seq-len are flags of sequence models"),
+        "{err}"
+    );
+    let err = ember_fails(&[
+        "train",
+        "--model",
+        "sasrec",
+        "--data",
+        &data,
+        "--num-candidates",
+        "3",
+    ]);
+    assert!(
+        err.contains("--model sasrec has no use for --num-candidates"),
+        "{err}"
+    );
+    let err = ember_fails(&[
+        "train",
+        "--model",
+        "hstu-retrieval",
+        "--data",
+        &data,
+        "--mode",
+        "debug",
+    ]);
     assert!(err.contains("--mode (sequence models run strict)"), "{err}");
     let args = ["--max-seq-len", "8", "--num-candidates", "8"];
     let mut all = vec!["train", "--model", "hstu-ranking", "--data", &data];
     all.extend_from_slice(&args);
     let err = ember_fails(&all);
-    assert!(err.contains("num_candidates 8 leaves no history in max_sequence_len 8"), "{err}");
+    assert!(
+        err.contains("num_candidates 8 leaves no history in max_sequence_len 8"),
+        "{err}"
+    );
     // Ranking needs actions: SASRec's files have none.
     let txt = dir.path().join("u.txt");
     std::fs::write(&txt, "1 1\n1 2\n1 3\n2 2\n2 3\n").unwrap();

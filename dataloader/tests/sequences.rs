@@ -141,19 +141,29 @@ fn no_actions_leaves_out_a_column_it_could_not_read() {
     // MovieLens-20M's half-star ratings are not integer actions.
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("ratings.csv");
-    std::fs::write(&input, "userId,movieId,rating,timestamp\n1,10,3.5,9\n1,11,4.0,5\n").unwrap();
+    std::fs::write(
+        &input,
+        "userId,movieId,rating,timestamp\n1,10,3.5,9\n1,11,4.0,5\n",
+    )
+    .unwrap();
     let out = dir.path().join("h.parquet");
     let err = ingest_sequences(&input, &out, &SequenceIngestOptions::default(), &mut |_| {})
         .unwrap_err()
         .to_string();
-    assert!(err.contains("ratings.csv:2: action '3.5' is not an integer (--no-actions"), "{err}");
+    assert!(
+        err.contains("ratings.csv:2: action '3.5' is not an integer (--no-actions"),
+        "{err}"
+    );
     let options = SequenceIngestOptions {
         actions: false,
         ..SequenceIngestOptions::default()
     };
     let summary = ingest_sequences(&input, &out, &options, &mut |_| {}).unwrap();
     assert!(!summary.actions);
-    assert_eq!(read_histories(&out).unwrap(), vec![history(&[11, 10], &[5, 9], &[])]);
+    assert_eq!(
+        read_histories(&out).unwrap(),
+        vec![history(&[11, 10], &[5, 9], &[])]
+    );
 }
 
 #[test]

@@ -23,7 +23,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, RecordBatchReader};
 use arrow_schema::{DataType, Field, Schema};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use serde::Serialize;
@@ -444,16 +444,29 @@ fn int_values(
     )))
 }
 
+/// `path`'s record batches.
+fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReader, DataError> {
+    let file = std::fs::File::open(path).map_err(DataError::io(path))?;
+    ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(DataError::parquet(path))?
+        .build()
+        .map_err(DataError::parquet(path))
+}
+
+/// A record batch of `path` that could not be decoded.
+fn unreadable(path: &Path, e: arrow_schema::ArrowError) -> DataError {
+    DataError::Parquet {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
 fn read_parquet_interactions(
     path: &Path,
     actions: bool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Interactions, DataError> {
-    let file = std::fs::File::open(path).map_err(DataError::io(path))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(DataError::parquet(path))?
-        .build()
-        .map_err(DataError::parquet(path))?;
+    let reader = open_parquet(path)?;
     let schema = reader.schema();
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     let mut cols =
@@ -466,10 +479,7 @@ fn read_parquet_interactions(
         ..Interactions::default()
     };
     for batch in reader {
-        let batch = batch.map_err(|e| DataError::Parquet {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let batch = batch.map_err(|e| unreadable(path, e))?;
         let first = out.rows.len();
         let column = |at: usize| int_values(path, &names[at], batch.column(at), first);
         let users = column(cols.user)?;
@@ -576,11 +586,7 @@ pub fn write_histories(
 /// wrote, in its row order. An error names the file, the column and the
 /// row.
 pub fn read_histories(path: &Path) -> Result<Vec<UserHistory>, DataError> {
-    let file = std::fs::File::open(path).map_err(DataError::io(path))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(DataError::parquet(path))?
-        .build()
-        .map_err(DataError::parquet(path))?;
+    let reader = open_parquet(path)?;
     let schema = reader.schema();
     let index = |name: &str| schema.index_of(name).ok();
     let missing = |name: &str| {
@@ -595,10 +601,7 @@ pub fn read_histories(path: &Path) -> Result<Vec<UserHistory>, DataError> {
     let actions_at = index("actions");
     let mut out = Vec::new();
     for batch in reader {
-        let batch = batch.map_err(|e| DataError::Parquet {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let batch = batch.map_err(|e| unreadable(path, e))?;
         let lists = |at: usize, name: &str| -> Result<Vec<Vec<i64>>, DataError> {
             let bad = |m: String| DataError::column(path, name, m);
             let list = (batch.column(at).as_list_opt::<i32>())

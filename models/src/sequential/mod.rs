@@ -22,6 +22,7 @@ pub mod ranking;
 mod readout;
 pub mod retrieval;
 pub mod sasrec;
+mod stack;
 
 pub use ember_dataloader::sequences::{
     read_histories, read_user_item_file, write_histories, write_user_item_file,
@@ -39,7 +40,5 @@ pub use sasrec::{SasRec, SasRecConfig, SasRecLoss};
 /// reseed from it before each step, so that a run resumed from a
 /// checkpoint (which keeps the step) draws what the uninterrupted run drew.
 pub(crate) fn step_seed(seed: u64, step: u64) -> u64 {
-    let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z ^ (z >> 27)
+    ember_sparse::rng::mix(&[seed, step])
 }

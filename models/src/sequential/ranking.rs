@@ -29,13 +29,15 @@
 
 use ember_dense::jagged::Jagged;
 use ember_dense::{
-    Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, HstuConfig,
-    HstuInput, HstuLayer, Mlp, Param, Tensor,
+    Activation, DenseBackend, DenseOptimizer, HasParams, HstuConfig, HstuInput, Mlp, Param, Tensor,
 };
-use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
+use ember_sparse::{
+    EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings, KeyedJaggedTensor, TableOptimizer,
+};
 use serde::Serialize;
 
 use super::histories::{history_batches, UserHistory, ACTIONS_FEATURE, HISTORY_FEATURE};
+use super::stack::{reference_adam, strict_only, HstuStack};
 use crate::checkpoint::{StateDict, StateFile};
 use crate::metrics::{Metrics, MetricsAccumulator};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
@@ -119,13 +121,15 @@ pub struct HstuRanking {
     optimizer: DenseOptimizer<f32>,
     /// Each candidate's logits, task by task.
     logits: Vec<f32>,
+    /// The last forward's item rows, kept from step to step.
+    looked: JaggedEmbeddings,
 }
 
 struct DenseParts {
     /// `[num_tasks + 1, D]`: a row per action bit, then the candidates'.
     actions: Tensor<f32>,
     actions_grad: Tensor<f32>,
-    layers: Vec<HstuLayer<f32>>,
+    layers: HstuStack,
     head: Mlp<f32>,
 }
 
@@ -138,10 +142,7 @@ impl DenseParts {
             self.actions_grad.data_mut(),
         )
         .with_shape(&[n, d])];
-        for (l, layer) in self.layers.iter_mut().enumerate() {
-            let prefix = format!("_hstu._attention_layers.{l}.");
-            params.extend(layer.params().into_iter().map(|p| p.with_prefix(&prefix)));
-        }
+        params.extend(self.layers.params());
         params
             .extend((self.head.params().into_iter()).map(|p| p.with_prefix("_multitask_module.")));
         params
@@ -155,6 +156,8 @@ struct RankTokens {
     ids: Vec<i64>,
     times: Vec<i64>,
     actions: Vec<i64>,
+    /// The rows of every candidate, in order.
+    candidate_rows: Vec<usize>,
 }
 
 impl RankTokens {
@@ -174,6 +177,7 @@ impl RankTokens {
             ids: Vec::new(),
             times: Vec::new(),
             actions: Vec::new(),
+            candidate_rows: Vec::new(),
         };
         for s in 0..b {
             let (start, end) = (offsets[h * b + s], offsets[h * b + s + 1]);
@@ -199,6 +203,11 @@ impl RankTokens {
             t.times
                 .extend((start + skip..end).map(|p| weights.map_or(0, |w| w[p] as i64)));
         }
+        let mut at = 0;
+        for (&n, &c) in t.lengths.iter().zip(&t.candidates) {
+            t.candidate_rows.extend(at + n - c..at + n);
+            at += n;
+        }
         Ok(t)
     }
 
@@ -207,15 +216,22 @@ impl RankTokens {
         r >= at + self.lengths[s] - self.candidates[s]
     }
 
-    /// The rows of every candidate, in order.
-    fn candidate_rows(&self) -> Vec<usize> {
-        let mut rows = Vec::new();
-        let mut at = 0;
-        for (&n, &c) in self.lengths.iter().zip(&self.candidates) {
-            rows.extend(at + n - c..at + n);
-            at += n;
-        }
-        rows
+    /// The action rows token `r` of sample `s` (whose first token is `at`)
+    /// adds: the candidates' row (`tasks`) for a candidate, else one per
+    /// bit of its action below `tasks`.
+    fn action_rows(
+        &self,
+        s: usize,
+        at: usize,
+        r: usize,
+        tasks: usize,
+    ) -> impl Iterator<Item = usize> {
+        // Bit k set: row k added (tasks <= 62, actions checked non-negative).
+        let mask = match self.is_candidate(s, at, r) {
+            true => 1u64 << tasks,
+            false => self.actions[r] as u64 & ((1u64 << tasks) - 1),
+        };
+        (0..=tasks).filter(move |&k| mask >> k & 1 == 1)
     }
 }
 
@@ -258,9 +274,7 @@ impl HstuRanking {
             dropout: config.dropout_rate,
             ..HstuConfig::new(d, config.num_heads, config.max_sequence_len)
         };
-        let layers = (0..config.num_blocks)
-            .map(|l| HstuLayer::new(layer.clone(), config.seed + 1 + l as u64))
-            .collect();
+        let layers = HstuStack::new(&layer, config.num_blocks, config.seed);
         let mut init = ember_dense::Initializer::new(config.seed ^ 0xac71);
         let std = 1.0 / (d as f64).sqrt();
         let actions = Tensor::from_fn(config.num_tasks + 1, d, |_, _| init.normal(0.0, std) as f32);
@@ -272,13 +286,9 @@ impl HstuRanking {
                 layers,
                 head: Mlp::new(&head_sizes, Activation::None, config.seed ^ 0x4ead),
             },
-            optimizer: DenseOptimizer::new(DenseOptimizerConfig::Adam {
-                lr: config.learning_rate,
-                beta1: 0.9,
-                beta2: 0.98,
-                eps: 1e-8,
-            }),
+            optimizer: DenseOptimizer::new(reference_adam(config.learning_rate)),
             logits: Vec::new(),
+            looked: JaggedEmbeddings::default(),
             items,
             config,
         })
@@ -301,19 +311,20 @@ impl HstuRanking {
         )?)
     }
 
-    /// Forward to the logits, which land in `self.logits`; returns the
-    /// lookup, its rows and the layers' output, for the backward.
+    /// Forward to the logits, which land in `self.logits` (the looked-up
+    /// rows in `self.looked`); returns the lookup and the layers' output,
+    /// for the backward.
     fn forward(
         &mut self,
         be: &dyn DenseBackend<f32>,
         t: &RankTokens,
         training: bool,
-    ) -> Result<(KeyedJaggedTensor, Vec<f32>, Jagged<f32>), ModelError> {
-        let d = self.config.embedding_dim;
+    ) -> Result<(KeyedJaggedTensor, Jagged<f32>), ModelError> {
+        let (d, tasks) = (self.config.embedding_dim, self.config.num_tasks);
         let scale = (d as f32).sqrt();
         let kjt = Self::lookup(t)?;
-        let looked = self.items.forward(&kjt)?;
-        let e = looked.values();
+        self.items.forward_into(&kjt, &mut self.looked)?;
+        let e = self.looked.values();
         let total = t.ids.len();
         let mut x = Tensor::zeros(total, d);
         let mut at = 0;
@@ -323,17 +334,10 @@ impl HstuRanking {
                 for (o, &v) in row.iter_mut().zip(&e[r * d..(r + 1) * d]) {
                     *o = v * scale;
                 }
-                let mut add = |k: usize| {
+                for k in t.action_rows(s, at, r, tasks) {
                     for (o, &v) in row.iter_mut().zip(self.dense.actions.row(k)) {
                         *o += v;
                     }
-                };
-                if t.is_candidate(s, at, r) {
-                    add(self.config.num_tasks);
-                } else {
-                    (0..self.config.num_tasks)
-                        .filter(|&b| t.actions[r] >> b & 1 == 1)
-                        .for_each(&mut add);
                 }
             }
             at += t.lengths[s];
@@ -343,12 +347,9 @@ impl HstuRanking {
             query_times: None,
             targets: Some(&t.candidates),
         };
-        let mut h = Jagged::from_lengths(x, &t.lengths)?;
-        for layer in &mut self.dense.layers {
-            layer.set_training(training);
-            h = layer.forward(be, &h, input).clone();
-        }
-        let rows = t.candidate_rows();
+        self.dense.layers.set_training(training);
+        let h = (self.dense.layers).forward(be, Jagged::from_lengths(x, &t.lengths)?, input);
+        let rows = &t.candidate_rows;
         let mut z = Tensor::zeros(rows.len(), 2 * d);
         for (c, &r) in rows.iter().enumerate() {
             let (hr, er) = (h.values().row(r), &e[r * d..(r + 1) * d]);
@@ -361,13 +362,13 @@ impl HstuRanking {
         let logits = self.dense.head.forward(be, &z);
         self.logits.clear();
         self.logits.extend_from_slice(logits.data());
-        Ok((kjt, looked.values().to_vec(), h))
+        Ok((kjt, h))
     }
 
     /// Each candidate's labels, task by task (bit `t` of its action).
     fn labels(&self, t: &RankTokens) -> Vec<f32> {
         let tasks = self.config.num_tasks;
-        (t.candidate_rows().iter())
+        (t.candidate_rows.iter())
             .flat_map(|&r| (0..tasks).map(move |b| (t.actions[r] >> b & 1) as f32))
             .collect()
     }
@@ -381,7 +382,8 @@ impl HstuRanking {
     ) -> Result<(f64, KeyedJaggedTensor, Vec<f32>), ModelError> {
         let (d, tasks) = (self.config.embedding_dim, self.config.num_tasks);
         let scale = (d as f32).sqrt();
-        let (kjt, e, h) = self.forward(be, t, true)?;
+        let (kjt, h) = self.forward(be, t, true)?;
+        let e = self.looked.values();
         // Mean BCE over candidates and tasks, and its gradient.
         let labels = self.labels(t);
         let n = labels.len().max(1) as f64;
@@ -393,7 +395,7 @@ impl HstuRanking {
                 ((1.0 / (1.0 + (-z64).exp()) - y as f64) / n) as f32
             })
             .collect();
-        let rows = t.candidate_rows();
+        let rows = &t.candidate_rows;
         let dlogits = Tensor::from_vec(rows.len(), tasks, dlogits)?;
         let dz = self
             .dense
@@ -414,10 +416,7 @@ impl HstuRanking {
                 de[r * d + k] = dzr[d + k] * hr[k] * scale;
             }
         }
-        let mut dx = Jagged::from_lengths(dh, &t.lengths)?;
-        for layer in self.dense.layers.iter_mut().rev() {
-            dx = layer.backward(be, &dx).clone();
-        }
+        let dx = (self.dense.layers).backward(be, Jagged::from_lengths(dh, &t.lengths)?);
         // x = s·e + action rows.
         self.dense.actions_grad.fill(0.0);
         let mut at = 0;
@@ -427,17 +426,10 @@ impl HstuRanking {
                 for (o, &v) in de[r * d..(r + 1) * d].iter_mut().zip(g) {
                     *o += v * scale;
                 }
-                let mut add = |k: usize| {
+                for k in t.action_rows(s, at, r, tasks) {
                     for (o, &v) in self.dense.actions_grad.row_mut(k).iter_mut().zip(g) {
                         *o += v;
                     }
-                };
-                if t.is_candidate(s, at, r) {
-                    add(tasks);
-                } else {
-                    (0..tasks)
-                        .filter(|&b| t.actions[r] >> b & 1 == 1)
-                        .for_each(&mut add);
                 }
             }
             at += t.lengths[s];
@@ -499,14 +491,9 @@ impl Model for HstuRanking {
         batch: &Batch,
         mode: ExecMode,
     ) -> Result<StepOutput, ModelError> {
-        if !matches!(mode, ExecMode::Strict) {
-            let (model, runs) = ("HSTU ranking", "strict");
-            return Err(Unsupported::Mode { model, runs, mode }.into());
-        }
+        strict_only("HSTU ranking", mode)?;
         let seed = super::step_seed(self.config.seed, self.items.step());
-        for (l, layer) in self.dense.layers.iter_mut().enumerate() {
-            layer.reseed(seed + 1 + l as u64);
-        }
+        self.dense.layers.reseed(seed);
         let t = RankTokens::of(
             batch,
             self.config.num_candidates,

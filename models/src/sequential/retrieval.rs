@@ -17,10 +17,7 @@
 //! than normal(0, 0.02).
 
 use ember_dense::jagged::Jagged;
-use ember_dense::{
-    DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, HstuConfig, HstuInput,
-    HstuLayer, Param, Tensor,
-};
+use ember_dense::{DenseBackend, DenseOptimizer, HstuConfig, HstuInput, Param, Tensor};
 use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
 
@@ -28,8 +25,9 @@ use super::histories::{Tokens, HISTORY_FEATURE, TARGETS_FEATURE};
 use super::loss::{sampled_softmax, SoftmaxBuffers};
 use super::metrics::SequenceRetriever;
 use super::readout::{item_rows, last_item_scores, last_rows};
+use super::stack::{reference_adam, strict_only, HstuStack};
 use crate::checkpoint::{StateDict, StateFile};
-use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
+use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput};
 
 /// Where a sampled softmax draws its negatives (the reference's two
 /// samplers).
@@ -125,7 +123,7 @@ struct DenseParts {
     /// `[max_sequence_len, D]`, the reference's `_pos_emb`.
     positions: Tensor<f32>,
     positions_grad: Tensor<f32>,
-    layers: Vec<HstuLayer<f32>>,
+    layers: HstuStack,
 }
 
 impl DenseParts {
@@ -138,10 +136,7 @@ impl DenseParts {
             self.positions_grad.data_mut(),
         )
         .with_shape(&[n, d])];
-        for (l, layer) in self.layers.iter_mut().enumerate() {
-            let prefix = format!("_hstu._attention_layers.{l}.");
-            params.extend(layer.params().into_iter().map(|p| p.with_prefix(&prefix)));
-        }
+        params.extend(self.layers.params());
         params
     }
 }
@@ -188,9 +183,7 @@ impl HstuRetrieval {
             dropout: config.dropout_rate,
             ..HstuConfig::new(d, config.num_heads, n)
         };
-        let layers = (0..config.num_blocks)
-            .map(|l| HstuLayer::new(layer.clone(), config.seed + 1 + l as u64))
-            .collect();
+        let layers = HstuStack::new(&layer, config.num_blocks, config.seed);
         let std = 1.0 / (d.max(1) as f64).sqrt();
         let positions = Tensor::from_fn(n, d, |_, _| init.normal(0.0, std) as f32);
         Ok(Self {
@@ -199,12 +192,7 @@ impl HstuRetrieval {
                 positions_grad: Tensor::zeros(n, d),
                 layers,
             },
-            optimizer: DenseOptimizer::new(DenseOptimizerConfig::Adam {
-                lr: config.learning_rate,
-                beta1: 0.9,
-                beta2: 0.98,
-                eps: 1e-8,
-            }),
+            optimizer: DenseOptimizer::new(reference_adam(config.learning_rate)),
             negatives: Rng::new(config.seed ^ 0x6e65),
             scores: Vec::new(),
             buffers: Buffers::default(),
@@ -216,13 +204,6 @@ impl HstuRetrieval {
     /// The model's shape and options.
     pub fn config(&self) -> &HstuRetrievalConfig {
         &self.config
-    }
-
-    fn set_training(&mut self, training: bool) {
-        self.dense
-            .layers
-            .iter_mut()
-            .for_each(|l| l.set_training(training));
     }
 
     /// Looks up `kjt` (history first) into the buffers; returns the
@@ -258,11 +239,7 @@ impl HstuRetrieval {
             query_times: Some(&query),
             targets: None,
         };
-        let mut h = x;
-        for layer in &mut self.dense.layers {
-            h = layer.forward(be, &h, input).clone();
-        }
-        h
+        self.dense.layers.forward(be, x, input)
     }
 
     /// The forward's KJT: the inputs, and for each a positive and
@@ -297,10 +274,7 @@ impl Model for HstuRetrieval {
         batch: &Batch,
         mode: ExecMode,
     ) -> Result<StepOutput, ModelError> {
-        if !matches!(mode, ExecMode::Strict) {
-            let (model, runs) = ("HSTU retrieval", "strict");
-            return Err(Unsupported::Mode { model, runs, mode }.into());
-        }
+        strict_only("HSTU retrieval", mode)?;
         let be = backend.dense();
         let (d, r, temp) = (
             self.config.embedding_dim,
@@ -309,12 +283,10 @@ impl Model for HstuRetrieval {
         );
         let seed = super::step_seed(self.config.seed, self.items.step());
         self.negatives = Rng::new(seed ^ 0x6e65);
-        for (l, layer) in self.dense.layers.iter_mut().enumerate() {
-            layer.reseed(seed + 1 + l as u64);
-        }
+        self.dense.layers.reseed(seed);
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
         let kjt = self.lookup_input(&t)?;
-        self.set_training(true);
+        self.dense.layers.set_training(true);
         let x = self.embed(&kjt, &t)?;
         let tokens = x.total_len();
         let h = self.encode(be, &t, x);
@@ -329,10 +301,7 @@ impl Model for HstuRetrieval {
         let loss = sampled_softmax(scored, ids, (1 + r, d), temp, softmax);
         let dq = std::mem::take(&mut softmax.dq);
         let dh = Jagged::new(Tensor::from_vec(tokens, d, dq)?, h.offsets().to_vec())?;
-        let mut dx = dh;
-        for layer in self.dense.layers.iter_mut().rev() {
-            dx = layer.backward(be, &dx).clone();
-        }
+        let dx = self.dense.layers.backward(be, dh);
         // x = e * sqrt(D) + position: the items' gradient, then the positions'.
         self.dense.positions_grad.fill(0.0);
         let scale = (d as f32).sqrt();
@@ -389,7 +358,7 @@ impl SequenceRetriever for HstuRetrieval {
     ) -> Result<Tensor<f32>, ModelError> {
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
         let kjt = t.lookup(Vec::new(), 0)?;
-        self.set_training(false);
+        self.dense.layers.set_training(false);
         let x = self.embed(&kjt, &t)?;
         let h = self.encode(be, &t, x);
         Ok(last_rows(&h, true))

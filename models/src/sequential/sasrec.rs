@@ -36,7 +36,7 @@ use super::loss::{sampled_softmax, SoftmaxBuffers};
 use super::metrics::SequenceRetriever;
 use super::readout::{item_rows, last_item_scores, last_rows};
 use crate::checkpoint::{StateDict, StateFile};
-use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
+use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput};
 
 const LN_EPS: f64 = 1e-8;
 
@@ -558,10 +558,7 @@ impl Model for SasRec {
         batch: &Batch,
         mode: ExecMode,
     ) -> Result<StepOutput, ModelError> {
-        if !matches!(mode, ExecMode::Strict) {
-            let (model, runs) = ("SASRec", "strict");
-            return Err(Unsupported::Mode { model, runs, mode }.into());
-        }
+        super::stack::strict_only("SASRec", mode)?;
         let be = backend.dense();
         let d = self.config.hidden_units;
         let seed = super::step_seed(self.config.seed, self.items.step());

@@ -13,7 +13,7 @@
 //! ```
 //!
 //! (`A`: a learned row per action bit, the reference's action encoder,
-//! and one for "not yet acted on"). A stack of [`HstuLayer`]s reads the
+//! and one for "not yet acted on"). A stack of [`HstuLayer`](ember_dense::HstuLayer)s reads the
 //! sequence with the candidate mask (a candidate sees the history and
 //! itself, never another candidate). At each candidate, with `h` its
 //! output and `e` its item's row,

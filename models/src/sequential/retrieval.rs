@@ -3,7 +3,7 @@
 //! (meta-recsys/generative-recommenders, `research/`).
 //!
 //! Each history token is its item's embedding times `sqrt(D)` plus a
-//! learned position embedding; a stack of [`HstuLayer`]s reads the
+//! learned position embedding; a stack of [`HstuLayer`](ember_dense::HstuLayer)s reads the
 //! sequence; each output, L2-normalised, is the query for the next item.
 //! The loss at each position is the softmax cross-entropy of the next
 //! item against `num_negatives` items drawn uniformly, or from the batch's

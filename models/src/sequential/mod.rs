@@ -42,3 +42,28 @@ pub use sasrec::{SasRec, SasRecConfig, SasRecLoss};
 pub(crate) fn step_seed(seed: u64, step: u64) -> u64 {
     ember_sparse::rng::mix(&[seed, step])
 }
+
+/// Multiplies `x` by a fresh dropout mask (kept for the backward), or
+/// leaves it when not training.
+pub(crate) fn dropout(
+    x: &mut [f32],
+    p: f64,
+    on: bool,
+    rng: &mut ember_dense::Initializer,
+    mask: &mut Vec<f32>,
+) {
+    mask.clear();
+    if !on || p <= 0.0 {
+        return;
+    }
+    let keep = (1.0 / (1.0 - p)) as f32;
+    mask.extend((0..x.len()).map(|_| if rng.unit() < p { 0.0 } else { keep }));
+    x.iter_mut().zip(mask.iter()).for_each(|(v, m)| *v *= m);
+}
+
+/// Applies a kept mask to a gradient (nothing when there is none).
+pub(crate) fn undrop(g: &mut [f32], mask: &[f32]) {
+    if !mask.is_empty() {
+        g.iter_mut().zip(mask).for_each(|(v, m)| *v *= m);
+    }
+}

@@ -3,7 +3,8 @@
 //! (meta-recsys/generative-recommenders, `research/`).
 //!
 //! Each history token is its item's embedding times `sqrt(D)` plus a
-//! learned position embedding; a stack of [`HstuLayer`](ember_dense::HstuLayer)s reads the
+//! learned position embedding, with dropout (the reference's input
+//! preprocessor, at the layers' rate); a stack of [`HstuLayer`](ember_dense::HstuLayer)s reads the
 //! sequence; each output, L2-normalised, is the query for the next item.
 //! The loss at each position is the softmax cross-entropy of the next
 //! item against `num_negatives` items drawn uniformly, or from the batch's
@@ -11,13 +12,15 @@
 //! one equal to the positive is left out), on cosine similarities divided
 //! by `temperature`; item embeddings are L2-normalised as targets too.
 //! Adam with betas (0.9, 0.98) trains everything, as the reference's AdamW
-//! without weight decay. Where it differs from the reference: no input
-//! dropout (the layers' own is kept); the item table's Adam updates the
+//! without weight decay. Where it differs from the reference: the item
+//! table's Adam updates the
 //! rows of the batch only; items start uniform (TorchRec's range) rather
 //! than normal(0, 0.02).
 
 use ember_dense::jagged::Jagged;
-use ember_dense::{DenseBackend, DenseOptimizer, HstuConfig, HstuInput, Param, Tensor};
+use ember_dense::{
+    DenseBackend, DenseOptimizer, HstuConfig, HstuInput, Initializer, Param, Tensor,
+};
 use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
 
@@ -26,6 +29,7 @@ use super::loss::{sampled_softmax, SoftmaxBuffers};
 use super::metrics::SequenceRetriever;
 use super::readout::{item_rows, last_item_scores, last_rows};
 use super::stack::{reference_adam, strict_only, HstuStack};
+use super::{dropout, undrop};
 use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput};
 
@@ -104,6 +108,8 @@ pub struct HstuRetrieval {
     dense: DenseParts,
     optimizer: DenseOptimizer<f32>,
     negatives: Rng,
+    /// Draws the input dropout's masks.
+    input_dropout: Initializer,
     scores: Vec<f32>,
     buffers: Buffers,
 }
@@ -116,6 +122,8 @@ struct Buffers {
     softmax: SoftmaxBuffers,
     /// The lookup's gradient.
     grad: Vec<f32>,
+    /// The input dropout's mask (empty when not training).
+    input_mask: Vec<f32>,
 }
 
 /// What Adam steps: the positions and the layers.
@@ -176,7 +184,7 @@ impl HstuRetrieval {
             },
             config.seed,
         )?;
-        let mut init = ember_dense::Initializer::new(config.seed ^ 0x9e37);
+        let mut init = Initializer::new(config.seed ^ 0x9e37);
         let layer = HstuConfig {
             attention_dim: config.attention_dim,
             linear_dim: config.linear_dim,
@@ -194,6 +202,7 @@ impl HstuRetrieval {
             },
             optimizer: DenseOptimizer::new(reference_adam(config.learning_rate)),
             negatives: Rng::new(config.seed ^ 0x6e65),
+            input_dropout: Initializer::new(config.seed ^ 0xd20),
             scores: Vec::new(),
             buffers: Buffers::default(),
             items,
@@ -207,8 +216,14 @@ impl HstuRetrieval {
     }
 
     /// Looks up `kjt` (history first) into the buffers; returns the
-    /// layers' input: history rows times sqrt(D) plus their positions.
-    fn embed(&mut self, kjt: &KeyedJaggedTensor, t: &Tokens) -> Result<Jagged<f32>, ModelError> {
+    /// layers' input: history rows times sqrt(D) plus their positions,
+    /// with dropout when `training`.
+    fn embed(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        t: &Tokens,
+        training: bool,
+    ) -> Result<Jagged<f32>, ModelError> {
         let d = self.config.embedding_dim;
         self.items.forward_into(kjt, &mut self.buffers.looked)?;
         let looked = &self.buffers.looked;
@@ -228,6 +243,8 @@ impl HstuRetrieval {
                 r += 1;
             }
         }
+        let (p, mask) = (self.config.dropout_rate, &mut self.buffers.input_mask);
+        dropout(x.data_mut(), p, training, &mut self.input_dropout, mask);
         Ok(Jagged::from_lengths(x, &t.input_lengths)?)
     }
 
@@ -283,11 +300,12 @@ impl Model for HstuRetrieval {
         );
         let seed = super::step_seed(self.config.seed, self.items.step());
         self.negatives = Rng::new(seed ^ 0x6e65);
+        self.input_dropout = Initializer::new(seed ^ 0xd20);
         self.dense.layers.reseed(seed);
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
         let kjt = self.lookup_input(&t)?;
         self.dense.layers.set_training(true);
-        let x = self.embed(&kjt, &t)?;
+        let x = self.embed(&kjt, &t, true)?;
         let tokens = x.total_len();
         let h = self.encode(be, &t, x);
         // Cosine logits of each position against its positive and negatives.
@@ -295,13 +313,15 @@ impl Model for HstuRetrieval {
             looked,
             softmax,
             grad,
+            input_mask,
         } = &mut self.buffers;
         let scored = (h.values().data(), &looked.values()[tokens * d..]);
         let ids = &kjt.values()[tokens..];
         let loss = sampled_softmax(scored, ids, (1 + r, d), temp, softmax);
         let dq = std::mem::take(&mut softmax.dq);
         let dh = Jagged::new(Tensor::from_vec(tokens, d, dq)?, h.offsets().to_vec())?;
-        let dx = self.dense.layers.backward(be, dh);
+        let mut dx = self.dense.layers.backward(be, dh);
+        undrop(dx.values_mut().data_mut(), input_mask);
         // x = e * sqrt(D) + position: the items' gradient, then the positions'.
         self.dense.positions_grad.fill(0.0);
         let scale = (d as f32).sqrt();
@@ -359,7 +379,7 @@ impl SequenceRetriever for HstuRetrieval {
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);
         let kjt = t.lookup(Vec::new(), 0)?;
         self.dense.layers.set_training(false);
-        let x = self.embed(&kjt, &t)?;
+        let x = self.embed(&kjt, &t, false)?;
         let h = self.encode(be, &t, x);
         Ok(last_rows(&h, true))
     }

@@ -35,6 +35,7 @@ use super::histories::{Tokens, HISTORY_FEATURE, TARGETS_FEATURE};
 use super::loss::{sampled_softmax, SoftmaxBuffers};
 use super::metrics::SequenceRetriever;
 use super::readout::{item_rows, last_item_scores, last_rows};
+use super::{dropout, undrop};
 use crate::checkpoint::{StateDict, StateFile};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput};
 
@@ -139,25 +140,6 @@ pub struct SasRec {
     looked: ember_sparse::JaggedEmbeddings,
     softmax: SoftmaxBuffers,
     grad: Vec<f32>,
-}
-
-/// Multiplies `x` by a fresh dropout mask (kept for the backward), or
-/// leaves it when not training.
-fn dropout(x: &mut [f32], p: f64, on: bool, rng: &mut Initializer, mask: &mut Vec<f32>) {
-    mask.clear();
-    if !on || p <= 0.0 {
-        return;
-    }
-    let keep = (1.0 / (1.0 - p)) as f32;
-    mask.extend((0..x.len()).map(|_| if rng.unit() < p { 0.0 } else { keep }));
-    x.iter_mut().zip(mask.iter()).for_each(|(v, m)| *v *= m);
-}
-
-/// Applies a kept mask to a gradient (nothing when there is none).
-fn undrop(g: &mut [f32], mask: &[f32]) {
-    if !mask.is_empty() {
-        g.iter_mut().zip(mask).for_each(|(v, m)| *v *= m);
-    }
 }
 
 fn jagged(t: Tensor<f32>, offsets: &[usize]) -> Jagged<f32> {

@@ -189,6 +189,10 @@ pub enum Unsupported {
         /// What it lacks.
         why: String,
     },
+    /// A checkpoint of a key-value table: its map from ids to rows is not
+    /// saved yet, and rows without it would load as other ids' rows.
+    #[error("table '{0}' is a key-value table, whose checkpoints are not supported yet")]
+    KeyValueCheckpoint(String),
 }
 
 /// What is wrong with a [`SyntheticConfig`](crate::SyntheticConfig)

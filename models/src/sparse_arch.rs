@@ -72,6 +72,14 @@ impl SparseArch {
         }
     }
 
+    /// Training or inference for the local tables' staging: key-value
+    /// tables admit new ids only in training (sharded tables hold none).
+    pub fn set_training(&mut self, training: bool) {
+        if let SparseArch::Local(e) = self {
+            e.set_training(training);
+        }
+    }
+
     /// A router of the input dist, to run it ahead on another thread
     /// (`None` when local, or on ranks whose collective has no second channel).
     pub fn input_router(&self) -> Option<InputRouter> {

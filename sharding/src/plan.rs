@@ -368,6 +368,9 @@ fn validate_table(
     if p.shards.is_empty() {
         return Err("no shards".into());
     }
+    if t.kv.is_some() {
+        return Err("a key-value table is not sharded yet: keep it in one process".into());
+    }
     if let Some(rows) = p.cache_rows {
         if p.sharding == ShardingType::DataParallel {
             return Err("a data-parallel table cannot be on the disk tier (cache_rows)".into());
@@ -558,6 +561,20 @@ mod tests {
         assert_eq!(m.count(10), 3); // 1, 4, 7
         assert_eq!(m.local(7), Some(2));
         assert_eq!(m.global(2), 7);
+    }
+
+    #[test]
+    fn a_key_value_table_is_not_sharded_yet() {
+        let kv = EmbeddingBagConfig {
+            kv: Some(ember_sparse::KvConfig::default()),
+            ..table()
+        };
+        let plan = ShardingPlan {
+            num_devices: 2,
+            tables: vec![TablePlan::table_wise(&kv, 1)],
+        };
+        let err = plan.validate(&[kv], &TableOptimizer::sgd(0.1));
+        assert!(err.unwrap_err().to_string().contains("key-value table"));
     }
 
     #[test]

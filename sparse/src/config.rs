@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DataType, SparseError};
+use crate::{DataType, KvConfig, SparseError};
 
 /// How the rows of a bag are combined.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +44,11 @@ pub struct EmbeddingBagConfig {
     /// `fp16` and `bf16` tables train; the quantized types are for inference.
     #[serde(default)]
     pub data_type: DataType,
+    /// Rows found by the raw id through a map, with admission and
+    /// eviction ([`KvConfig`]); `None` (absent in JSON): the id is the
+    /// row. Not part of TorchRec's config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv: Option<KvConfig>,
 }
 
 impl EmbeddingBagConfig {
@@ -61,6 +66,7 @@ impl EmbeddingBagConfig {
             weight_init_min: None,
             weight_init_max: None,
             data_type: DataType::Fp32,
+            kv: None,
         }
     }
 
@@ -120,6 +126,14 @@ impl EmbeddingBagConfig {
         }
         if self.feature_names.is_empty() {
             return fail("no feature looks this table up (feature_names is empty)");
+        }
+        if let Some(kv) = &self.kv {
+            if self.num_embeddings < 2 {
+                return fail("a key-value table needs 2 rows at least (one is the fallback)");
+            }
+            if let Some(problem) = kv.problem() {
+                return fail(&problem);
+            }
         }
         let (lo, hi) = self.init_range();
         if lo.is_nan() || hi.is_nan() || lo > hi {

@@ -12,6 +12,7 @@ mod dtype;
 mod error;
 mod ids;
 mod jagged;
+mod kv;
 mod optimizer;
 pub mod rng;
 pub mod roofline;
@@ -31,6 +32,10 @@ pub use dtype::{DataType, MX_GROUP};
 pub use error::SparseError;
 pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor, PooledValue};
+pub use kv::{
+    Admission, Eviction, Fallback, KvConfig, KvStats, DEFAULT_EVICTION_WINDOW,
+    DEFAULT_SCAN_PER_BATCH,
+};
 pub use optimizer::TableOptimizer;
 pub use tier::{
     disk_tier_file_bytes, reclaim_row_files, CachePolicy, DiskTierConfig, ReadAhead, TierStats,

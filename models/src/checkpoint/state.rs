@@ -30,7 +30,7 @@ use super::store::{f32s, file_view, map, Checksums};
 use super::valid::{check_rows, check_values, Allowed};
 use super::write::{fail_at, json, table_tensors, write_file, SavedTable, Tensor};
 use super::{TrainState, CHECKPOINT_FILE, META_TRAIN_STATE, OPTIMIZER_PREFIX};
-use crate::ModelError;
+use crate::{ModelError, Unsupported};
 
 /// A model's state on its way to a file: named f32 tensors (borrowed where
 /// they can be) and metadata.
@@ -38,6 +38,8 @@ use crate::ModelError;
 pub struct StateDict<'a> {
     tensors: Vec<(String, Tensor<'a>)>,
     metadata: HashMap<String, String>,
+    /// Why the state cannot be saved, found while adding it.
+    refused: Option<Unsupported>,
 }
 
 /// The metadata key of the step count of the tables under `prefix`.
@@ -173,6 +175,9 @@ impl<'a> StateDict<'a> {
         (tables, optimizer, step): (&'a [EmbeddingTable], &TableOptimizer, u64),
     ) -> &mut Self {
         for table in tables {
+            if table.is_key_value() {
+                self.refused = Some(Unsupported::KeyValueCheckpoint(table.name().into()));
+            }
             let name = format!("{names}{}", table.name());
             table_tensors(&name, &SavedTable::of(table), optimizer, &mut self.tensors);
         }
@@ -192,6 +197,9 @@ impl<'a> StateDict<'a> {
     /// Writes the state (and the training position, when given) to `path`
     /// atomically: a temporary file, fsynced, then renamed.
     pub fn save(mut self, path: &Path, train: Option<&TrainState>) -> Result<(), ModelError> {
+        if let Some(refused) = self.refused {
+            return Err(refused.into());
+        }
         self.metadata.insert("format".into(), "pt".into());
         if let Some(t) = train {
             self.metadata.insert(META_TRAIN_STATE.into(), json(t));

@@ -95,6 +95,9 @@ pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result
     let mut tensors = dense_tensors(model).map_err(|m| fail_at(path, m))?;
     let table_opt = model.sparse_arch().optimizer();
     let unsharded = model.sparse_arch().unsharded()?;
+    if let Some(t) = unsharded.tables().iter().find(|t| t.is_key_value()) {
+        return Err(crate::Unsupported::KeyValueCheckpoint(t.name().into()).into());
+    }
     for table in unsharded.tables() {
         table_tensors(
             &table_base_name(table.name()),

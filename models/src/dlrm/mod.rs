@@ -566,6 +566,7 @@ impl Model for Dlrm {
         mode: ExecMode,
     ) -> Result<StepOutput, ModelError> {
         backend.check_mode(mode)?;
+        self.sparse_arch.set_training(true);
         match (mode, backend.pjrt_backend()) {
             (ExecMode::Compiled, Some(pjrt)) => self.step_compiled(pjrt, batch),
             (ExecMode::Debug, _) => self.checked_step(backend.dense(), batch),
@@ -603,6 +604,8 @@ impl Model for Dlrm {
     }
 
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
+        // Key-value tables read in inference: new ids are not admitted.
+        self.sparse_arch.set_training(false);
         self.logits(backend.dense(), batch)
     }
 

@@ -192,7 +192,7 @@ fn seeded_maker(
 /// The initial values of one row (`seed`, table index, row): the one draw
 /// [`new_table`], [`initial_rows`] and a disk tier's first lookup of the
 /// row make, so they agree bit for bit.
-fn draw_row((lo, hi): (f32, f32), key: [u64; 3], out: &mut [f32]) {
+pub(super) fn draw_row((lo, hi): (f32, f32), key: [u64; 3], out: &mut [f32]) {
     let mut rng = crate::rng::Rng::new(crate::rng::mix(&key));
     for x in out {
         *x = lo + (hi - lo) * rng.next_f32();
@@ -222,6 +222,12 @@ pub(super) fn new_table(
     tier: Option<&DiskTierConfig>,
 ) -> Result<EmbeddingTable, SparseError> {
     if let Some(tier) = tier {
+        if config.kv.is_some() {
+            return Err(SparseError::InvalidConfig {
+                table: config.name.clone(),
+                reason: "key-value tables live in RAM (not yet on the disk tier)".into(),
+            });
+        }
         return new_disk_table(config, optimizer, seed, index, tier);
     }
     let (lo, hi) = config.init_range();
@@ -248,11 +254,9 @@ pub(super) fn new_table(
     let state = OptimizerState::new(optimizer, config.num_embeddings, dim).ok_or_else(|| {
         alloc_error(optimizer.state_floats_per_row(dim) * config.num_embeddings * 4)
     })?;
-    Ok(whole_table(
-        config,
-        Box::new(InMemory { rows, state }),
-        index,
-    ))
+    let mut table = whole_table(config, Box::new(InMemory { rows, state }), index);
+    table.attach_kv(seed.unwrap_or(0));
+    Ok(table)
 }
 
 /// A disk-tier table: an empty cache in front of a file whose rows are
@@ -305,5 +309,6 @@ fn whole_table(
         store,
         part: TablePart::whole(index),
         scratch: BackwardScratch::default(),
+        kv: None,
     }
 }

@@ -2,6 +2,7 @@
 //! scatter with the optimizer fused in. This file holds the table and collection
 //! types, their construction and accessors, and the helpers the kernels share.
 
+use crate::kv::KvIndex;
 use crate::rows::TableRows;
 use crate::{
     DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PooledValue,
@@ -26,6 +27,7 @@ macro_rules! with_fixed_dim {
 mod backward;
 mod forward;
 mod init;
+mod keyed;
 mod sequence;
 mod staging;
 mod store;
@@ -45,6 +47,8 @@ pub struct EmbeddingTable {
     store: Box<dyn TableStore>,
     part: TablePart,
     scratch: BackwardScratch,
+    /// A key-value table's map from raw ids to rows.
+    kv: Option<KvIndex>,
 }
 
 /// Where a table's rows sit in the whole table they are part of: a shard's
@@ -418,8 +422,10 @@ pub struct EmbeddingBagCollection {
     step: u64,
     /// Seeds the stochastic rounding of fp16/bf16 rows.
     rounding_seed: u64,
-    /// The batch `prefetch` staged for the disk-tier tables.
+    /// The batch `prefetch` staged for the disk-tier and key-value tables.
     staged: Option<Box<staging::Staged>>,
+    /// Whether staging admits new ids to key-value tables.
+    training: bool,
 }
 
 impl EmbeddingBagCollection {
@@ -566,6 +572,7 @@ impl EmbeddingBagCollection {
             step: 0,
             rounding_seed: 0,
             staged: None,
+            training: true,
         })
     }
 

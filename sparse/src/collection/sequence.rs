@@ -74,6 +74,7 @@ impl EmbeddingConfig {
             weight_init_min: self.weight_init_min,
             weight_init_max: self.weight_init_max,
             data_type: self.data_type,
+            kv: None,
         }
     }
 }

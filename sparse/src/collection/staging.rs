@@ -1,7 +1,8 @@
 //! Staging a batch for disk-tier tables: their ids looked up in each
 //! table's cache (misses read from its file) and rewritten as cache slots,
-//! so that the kernels run on the cache as on a table in RAM. Tables in
-//! RAM are left alone: their ids are their rows.
+//! so that the kernels run on the cache as on a table in RAM; and for
+//! key-value tables, their raw ids rewritten as rows (`keyed.rs`). Other
+//! tables in RAM are left alone: their ids are their rows.
 
 use rayon::prelude::*;
 
@@ -10,7 +11,7 @@ use crate::tier::{transfer, Miss, SlotPointers, Stage, Transfer};
 use crate::{KeyedJaggedTensor, ReadAhead, SparseError};
 
 /// A batch as staged by [`EmbeddingBagCollection::prefetch`]: the input, and
-/// the same bags with disk-tier ids rewritten as slots.
+/// the same bags with disk-tier and key-value ids rewritten as slots.
 #[derive(Debug)]
 pub(super) struct Staged {
     input: KeyedJaggedTensor,
@@ -28,6 +29,12 @@ impl EmbeddingBagCollection {
     /// Whether any table lives on the disk tier.
     pub fn has_disk_tier(&self) -> bool {
         self.tables.iter().any(|t| t.is_on_disk())
+    }
+
+    /// The first table whose ids staging rewrites (on the disk tier, or
+    /// key-value), if any.
+    fn first_staged(&self) -> Option<&EmbeddingTable> {
+        (self.tables.iter()).find(|t| t.is_on_disk() || t.is_key_value())
     }
 
     /// A [`ReadAhead`] of the disk-tier tables, to run on another thread
@@ -53,15 +60,17 @@ impl EmbeddingBagCollection {
     /// Brings the rows of `kjt`'s ids into the caches of the disk-tier
     /// tables (reading misses from their files, many reads in flight), for
     /// the [`forward`](Self::forward) of this batch, as FBGEMM's
-    /// `prefetch`. Does nothing when every table is in RAM. Ids are checked
-    /// here ([`SparseError::IdOutOfRange`]); a failed read or write is
-    /// [`SparseError::Disk`], naming the table and file.
+    /// `prefetch`; finds key-value tables' ids in their maps (in training,
+    /// admitting new ones). Does nothing when every table is in RAM and
+    /// keyed by row. Ids are checked here ([`SparseError::IdOutOfRange`]);
+    /// a failed read or write is [`SparseError::Disk`], naming the table
+    /// and file.
     pub fn prefetch(&mut self, kjt: &KeyedJaggedTensor) -> Result<(), SparseError> {
-        if !self.has_disk_tier() {
+        if self.first_staged().is_none() {
             return Ok(());
         }
         self.staged = None;
-        let slots = self.stage(kjt, Stage::Lookup)?;
+        let slots = self.stage_all(kjt, Stage::Lookup, self.training)?;
         self.staged = Some(Box::new(Staged {
             input: kjt.clone(),
             slots,
@@ -70,12 +79,12 @@ impl EmbeddingBagCollection {
     }
 
     /// The input the kernels read for `kjt`'s forward: `kjt` itself, or
-    /// with disk-tier tables the slots `prefetch` staged it as.
+    /// with disk-tier or key-value tables the slots `prefetch` staged it as.
     pub(super) fn forward_input<'a>(
         &'a self,
         kjt: &'a KeyedJaggedTensor,
     ) -> Result<&'a KeyedJaggedTensor, SparseError> {
-        let Some(first) = self.tables.iter().find(|t| t.is_on_disk()) else {
+        let Some(first) = self.first_staged() else {
             return Ok(kjt);
         };
         match &self.staged {
@@ -88,13 +97,13 @@ impl EmbeddingBagCollection {
 
     /// The staged batch the backward of `kjt` reads, its disk-tier rows
     /// marked changed: the one `prefetch` staged, or (for another batch)
-    /// `kjt` staged now, its missing rows read first. `None` when every
-    /// table is in RAM. The caller puts it back in `staged` when done.
+    /// `kjt` staged now, its missing rows read first. `None` when no
+    /// table is staged. The caller puts it back in `staged` when done.
     pub(super) fn update_input(
         &mut self,
         kjt: &KeyedJaggedTensor,
     ) -> Result<Option<Box<Staged>>, SparseError> {
-        if !self.has_disk_tier() {
+        if self.first_staged().is_none() {
             return Ok(None);
         }
         let staged = match self.staged.take() {
@@ -110,7 +119,7 @@ impl EmbeddingBagCollection {
             }
             _ => Box::new(Staged {
                 input: kjt.clone(),
-                slots: self.stage(kjt, Stage::Update)?,
+                slots: self.stage_all(kjt, Stage::Update, true)?,
             }),
         };
         Ok(Some(staged))
@@ -120,6 +129,24 @@ impl EmbeddingBagCollection {
     pub(super) fn restore_staged(&mut self, staged: Option<Box<Staged>>) {
         if staged.is_some() {
             self.staged = staged;
+        }
+    }
+
+    /// `kjt` with each key-value table's ids rewritten as its rows, then
+    /// each disk-tier table's as its cache slots.
+    fn stage_all(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        stage: Stage,
+        training: bool,
+    ) -> Result<KeyedJaggedTensor, SparseError> {
+        let rows = match self.has_key_value() {
+            true => std::borrow::Cow::Owned(self.stage_kv(kjt, training)?),
+            false => std::borrow::Cow::Borrowed(kjt),
+        };
+        match self.has_disk_tier() {
+            true => self.stage(&rows, stage),
+            false => Ok(rows.into_owned()),
         }
     }
 

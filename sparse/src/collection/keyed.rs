@@ -1,0 +1,175 @@
+//! Key-value tables in a collection: a batch's raw ids rewritten as rows
+//! through each table's [`KvIndex`] when the batch is staged, rows given
+//! to new ids made afresh, and the zero fallback row kept at zero.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::init::draw_row;
+use super::{EmbeddingBagCollection, EmbeddingTable};
+use crate::kv::{Fallback, Fresh, KvIndex, KvStats};
+use crate::{KeyedJaggedTensor, SparseError};
+
+/// Mixed into the seed of a row made for a new id, so that its draw is
+/// apart from the draws of the table's initial rows.
+const FRESH_ROW_TAG: u64 = 0x6b76_5f72_6f77;
+
+impl EmbeddingTable {
+    /// Builds the key-value index a config asks for, over every row but
+    /// the last (the fallback, zeroed when the fallback is zeros).
+    pub(super) fn attach_kv(&mut self, seed: u64) {
+        let Some(kv) = self.config.kv.clone() else {
+            return;
+        };
+        let capacity = self.num_embeddings() - 1;
+        self.kv = Some(KvIndex::new(kv, capacity, seed));
+        self.reset_fallback();
+    }
+
+    /// Whether rows are found by the raw id through a map.
+    pub fn is_key_value(&self) -> bool {
+        self.kv.is_some()
+    }
+
+    /// A key-value table's figures since it was built.
+    pub fn kv_stats(&self) -> Option<KvStats> {
+        self.kv.as_ref().map(KvIndex::stats)
+    }
+
+    /// The row a key-value table holds `id` in, if any.
+    pub fn kv_row_of(&self, id: u64) -> Option<usize> {
+        self.kv.as_ref()?.row_of(id).map(|r| r as usize)
+    }
+
+    /// The id a key-value table's row `row` holds, if any (never the
+    /// fallback row).
+    pub fn kv_id_of(&self, row: usize) -> Option<u64> {
+        let kv = self.kv.as_ref()?;
+        (row < kv.fallback_row()).then(|| kv.id_of(row)).flatten()
+    }
+
+    /// Bytes of a key-value table's map, headers and sketch.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.as_ref().map_or(0, KvIndex::bytes)
+    }
+
+    /// Rewrites this table's ids as rows (see [`KvIndex::assign`]) and
+    /// makes the rows given to new ids.
+    fn assign_rows(&mut self, ids: &mut [i64], step: u64, training: bool) {
+        let dim = self.dim();
+        let Self { store, kv, .. } = self;
+        let Some(kv) = kv.as_mut() else {
+            return;
+        };
+        let rows = store.resident().0;
+        let buffer = RefCell::new(vec![0f32; dim]);
+        let norm = |r: usize| {
+            let mut b = buffer.borrow_mut();
+            rows.read_row(r, &mut b);
+            b.iter().map(|v| v * v).sum::<f32>().sqrt()
+        };
+        let fresh = kv.assign(ids, step, training, &norm);
+        self.renew(&fresh);
+    }
+
+    /// Rows given to new ids: drawn from the seed and the id (so a new
+    /// id's row does not depend on where it lands) with zero optimizer
+    /// state.
+    fn renew(&mut self, fresh: &[Fresh]) {
+        if fresh.is_empty() {
+            return;
+        }
+        let (range, dim, index) = (self.config.init_range(), self.dim(), self.part.table);
+        let seed = self.kv.as_ref().map_or(0, KvIndex::seed);
+        let (rows, state, _) = self.store.parts_mut();
+        let per_row = state.floats_per_row();
+        let mut values = vec![0f32; dim];
+        for f in fresh {
+            draw_row(range, [seed ^ FRESH_ROW_TAG, index, f.id], &mut values);
+            let r = f.row as usize;
+            rows.write_row(r, &values);
+            state.as_mut_slice()[r * per_row..(r + 1) * per_row].fill(0.0);
+        }
+    }
+
+    /// Sets a zero fallback row (and its state) back to zero after an
+    /// update moved it.
+    pub(super) fn reset_fallback(&mut self) {
+        let Some(kv) = &self.kv else {
+            return;
+        };
+        if kv.config().fallback != Fallback::Zeros {
+            return;
+        }
+        let (r, dim) = (kv.fallback_row(), self.dim());
+        let (rows, state, _) = self.store.parts_mut();
+        rows.write_row(r, &vec![0.0; dim]);
+        let per_row = state.floats_per_row();
+        state.as_mut_slice()[r * per_row..(r + 1) * per_row].fill(0.0);
+    }
+}
+
+impl EmbeddingBagCollection {
+    /// Whether any table is a key-value table.
+    pub fn has_key_value(&self) -> bool {
+        self.tables.iter().any(|t| t.kv.is_some())
+    }
+
+    /// Training (the default) or inference: in training, staging admits
+    /// new ids to key-value tables and updates their rows' headers; in
+    /// inference, it only reads (new ids read the fallback).
+    pub fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+
+    /// Whether staging admits new ids (see [`set_training`](Self::set_training)).
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+
+    /// `kjt` with every key-value table's ids rewritten as its rows, at
+    /// the current step; `training` as [`set_training`](Self::set_training).
+    pub(super) fn stage_kv(
+        &mut self,
+        kjt: &KeyedJaggedTensor,
+        training: bool,
+    ) -> Result<KeyedJaggedTensor, SparseError> {
+        let keys = self.resolve_keys(kjt)?;
+        let (step, slots) = (self.step, &self.slots);
+        let mut values = kjt.values().to_vec();
+        // Each table's ids packed together, rewritten in parallel.
+        let mut work: Vec<KvStage<'_>> = (self.tables.iter_mut().enumerate())
+            .filter(|(_, table)| table.kv.is_some())
+            .map(|(t, table)| {
+                let ranges: Vec<_> = (slots.iter().zip(&keys))
+                    .filter(|(slot, _)| slot.table == t)
+                    .map(|(_, &k)| kjt.key_range(k))
+                    .collect();
+                let ids = ranges
+                    .iter()
+                    .flat_map(|r| values[r.clone()].to_vec())
+                    .collect();
+                KvStage { table, ranges, ids }
+            })
+            .collect();
+        (work.par_iter_mut()).for_each(|w| w.table.assign_rows(&mut w.ids, step, training));
+        for w in &work {
+            let mut rows = w.ids.iter();
+            for r in &w.ranges {
+                for v in &mut values[r.clone()] {
+                    *v = *rows.next().expect("one row per id");
+                }
+            }
+        }
+        Ok(kjt.with_values(values))
+    }
+}
+
+/// One key-value table's part of staging a batch: its features' value
+/// ranges, and their ids (rewritten as rows).
+struct KvStage<'a> {
+    table: &'a mut EmbeddingTable,
+    ranges: Vec<std::ops::Range<usize>>,
+    ids: Vec<i64>,
+}

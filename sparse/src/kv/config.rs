@@ -1,0 +1,148 @@
+//! How a key-value table admits, evicts and falls back (serde, in a
+//! table's [`EmbeddingBagConfig::kv`](crate::EmbeddingBagConfig::kv)).
+
+use serde::{Deserialize, Serialize};
+
+/// A table whose rows are found by the raw 64-bit id, not `id mod rows`:
+/// ids earn a row by [`admission`](Self::admission), lose it by
+/// [`eviction`](Self::eviction) when the table is full, and read the
+/// [`fallback`](Self::fallback) row while they have none.
+///
+/// A key-value table of `num_embeddings` rows keys `num_embeddings - 1`
+/// ids: its last row is the fallback row.
+///
+/// ```rust
+/// use ember_sparse::{Admission, Eviction, EmbeddingBagConfig, Fallback, KvConfig};
+///
+/// let table = EmbeddingBagConfig {
+///     kv: Some(KvConfig {
+///         admission: Admission::Count { min_count: 2, sketch_width: 1 << 20 },
+///         eviction: Eviction::Lru,
+///         fallback: Fallback::SharedRow,
+///         ..KvConfig::default()
+///     }),
+///     ..EmbeddingBagConfig::new("t_item", 1_000_001, 64, &["item"])
+/// };
+/// let json = r#"{"name": "t_item", "num_embeddings": 1000001, "embedding_dim": 64,
+///  "feature_names": ["item"],
+///  "kv": {"admission": {"kind": "count", "min_count": 2, "sketch_width": 1048576},
+///         "eviction": {"kind": "lru"}, "fallback": "shared_row"}}"#;
+/// assert_eq!(serde_json::from_str::<EmbeddingBagConfig>(json).unwrap(), table);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvConfig {
+    /// When a new id gets a row (every id, when absent).
+    #[serde(default)]
+    pub admission: Admission,
+    /// Which rows a full table gives up (LRU when absent).
+    #[serde(default)]
+    pub eviction: Eviction,
+    /// What an id without a row reads (zeros when absent).
+    #[serde(default)]
+    pub fallback: Fallback,
+    /// Rows one eviction pass looks at ([`DEFAULT_EVICTION_WINDOW`] when
+    /// absent): the pass gives up an eighth of them (TTL: every expired
+    /// one), so eviction is amortised over the admissions it makes room
+    /// for.
+    #[serde(default)]
+    pub eviction_window: Option<usize>,
+    /// Rows eviction may look at per batch ([`DEFAULT_SCAN_PER_BATCH`]
+    /// when absent): the bound on the time it adds to a step. New ids that
+    /// find no room within it read the fallback (counted as `full`).
+    #[serde(default)]
+    pub max_scan_per_batch: Option<usize>,
+}
+
+/// Rows one eviction pass looks at, unless configured.
+pub const DEFAULT_EVICTION_WINDOW: usize = 4096;
+/// Rows eviction looks at per batch at most, unless configured.
+pub const DEFAULT_SCAN_PER_BATCH: usize = 1 << 16;
+
+impl KvConfig {
+    /// Rows one eviction pass looks at.
+    pub fn window(&self) -> usize {
+        self.eviction_window
+            .unwrap_or(DEFAULT_EVICTION_WINDOW)
+            .max(1)
+    }
+    /// Rows eviction looks at per batch at most.
+    pub fn scan_per_batch(&self) -> usize {
+        self.max_scan_per_batch.unwrap_or(DEFAULT_SCAN_PER_BATCH)
+    }
+    /// What is wrong with the config, if anything.
+    pub(crate) fn problem(&self) -> Option<String> {
+        match self.admission {
+            Admission::Count { min_count: 0, .. } => {
+                Some("admission min_count must be at least 1".into())
+            }
+            Admission::Count {
+                sketch_width: 0, ..
+            } => Some("admission sketch_width must be at least 1".into()),
+            Admission::Probability { p } if !(p > 0.0 && p <= 1.0) => {
+                Some(format!("admission probability {p} is not in (0, 1]"))
+            }
+            _ => match self.eviction {
+                Eviction::Ttl { steps: 0 } => Some("eviction ttl steps must be at least 1".into()),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// When a new id gets a row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Admission {
+    /// At its first sighting.
+    #[default]
+    Always,
+    /// At its `min_count`-th sighting, counted (over-counted, never
+    /// under) in a count-min sketch of 4 rows of `sketch_width` counters:
+    /// memory bounded whatever the id space (DeepRec's counter filter,
+    /// TorchRec's threshold admission).
+    Count {
+        /// Sightings that earn a row.
+        min_count: u32,
+        /// Counters per sketch row.
+        sketch_width: usize,
+    },
+    /// At each sighting with chance `p` (TorchRec's probabilistic
+    /// admission): frequent ids get in soon, one-off ids rarely.
+    Probability {
+        /// The chance per sighting.
+        p: f64,
+    },
+}
+
+/// Which rows a full table gives up. Rows looked up in the current batch
+/// are never given up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Eviction {
+    /// The least recently seen.
+    #[default]
+    Lru,
+    /// The least often seen (ties: the least recently).
+    Lfu,
+    /// Those not seen for more than `steps` steps, and no others: a full
+    /// table with nothing expired admits nobody.
+    Ttl {
+        /// Steps a row lives unseen.
+        steps: u32,
+    },
+    /// The smallest in L2 norm (the rows that matter least to a pooled
+    /// sum).
+    L2Norm,
+}
+
+/// What an id without a row reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fallback {
+    /// Zeros; nothing is trained.
+    #[default]
+    Zeros,
+    /// One row shared by every such id, trained by their gradients.
+    SharedRow,
+}

@@ -1,0 +1,304 @@
+//! [`KvIndex`]: a key-value table's map from raw ids to rows, with each
+//! row's header, admission and eviction. The rows themselves are an
+//! ordinary table's: staging rewrites a batch's raw ids as rows, and the
+//! kernels run on them as on any table.
+
+use hashbrown::HashTable;
+use serde::Serialize;
+
+use super::sketch::CountMinSketch;
+use super::{Admission, Eviction, KvConfig};
+use crate::rng::{mix, splitmix};
+
+/// What a key-value table has done since it was built (or loaded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KvStats {
+    /// Ids looked up by training batches.
+    pub seen: u64,
+    /// New ids given a row.
+    pub admitted: u64,
+    /// Sightings of new ids that admission turned away.
+    pub rejected: u64,
+    /// Sightings of new ids admitted but left without a row: nothing could
+    /// be evicted within the batch's scan budget.
+    pub full: u64,
+    /// Rows given up to make room.
+    pub evicted: u64,
+    /// Lookups (training and inference) that read the fallback row.
+    pub fallback_reads: u64,
+    /// Rows holding an id now.
+    pub occupancy: u64,
+    /// Rows that can hold an id.
+    pub capacity: u64,
+}
+
+/// A row newly given to an id in a batch: the caller makes its values
+/// afresh and zeroes its optimizer state before the batch reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Fresh {
+    pub(crate) row: u32,
+    pub(crate) id: u64,
+}
+
+/// The map from raw ids to the rows `0..capacity` of a table whose row
+/// `capacity` is the fallback. Row `r` holds an id when `counts[r] > 0`.
+#[derive(Clone)]
+pub(crate) struct KvIndex {
+    config: KvConfig,
+    /// Seeds probabilistic admission.
+    seed: u64,
+    capacity: usize,
+    /// Rows by their id's hash (the ids themselves are in `keys`).
+    map: HashTable<u32>,
+    keys: Vec<u64>,
+    /// The step each row was last looked up by a training batch.
+    last_seen: Vec<u32>,
+    /// Training lookups since the row was given (0: the row is free).
+    counts: Vec<u32>,
+    /// Rows given up, reused last first.
+    free: Vec<u32>,
+    /// Rows `never_used..capacity` have never held an id.
+    never_used: usize,
+    /// Where the next eviction pass starts.
+    hand: usize,
+    sketch: Option<CountMinSketch>,
+    stats: KvStats,
+}
+
+impl std::fmt::Debug for KvIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (f.debug_struct("KvIndex"))
+            .field("config", &self.config)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn hash(id: u64) -> u64 {
+    splitmix(id)
+}
+
+impl KvIndex {
+    /// An empty index over `capacity` rows (the config checked).
+    pub(crate) fn new(config: KvConfig, capacity: usize, seed: u64) -> Self {
+        let sketch = match config.admission {
+            Admission::Count { sketch_width, .. } => Some(CountMinSketch::new(sketch_width)),
+            _ => None,
+        };
+        Self {
+            config,
+            seed,
+            capacity,
+            map: HashTable::new(),
+            keys: vec![0; capacity],
+            last_seen: vec![0; capacity],
+            counts: vec![0; capacity],
+            free: Vec::new(),
+            never_used: 0,
+            hand: 0,
+            sketch,
+            stats: KvStats {
+                capacity: capacity as u64,
+                ..KvStats::default()
+            },
+        }
+    }
+
+    /// The fallback row.
+    pub(crate) fn fallback_row(&self) -> usize {
+        self.capacity
+    }
+
+    /// Seeds probabilistic admission and the rows made for new ids.
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    pub(crate) fn config(&self) -> &KvConfig {
+        &self.config
+    }
+
+    pub(crate) fn stats(&self) -> KvStats {
+        self.stats
+    }
+
+    /// The row holding `id`, if any.
+    pub(crate) fn row_of(&self, id: u64) -> Option<u32> {
+        let keys = &self.keys;
+        self.map
+            .find(hash(id), |&r| keys[r as usize] == id)
+            .copied()
+    }
+
+    /// The id row `r` holds, if any.
+    pub(crate) fn id_of(&self, r: usize) -> Option<u64> {
+        (self.counts[r] > 0).then(|| self.keys[r])
+    }
+
+    /// Bytes of the map, the headers and the sketch.
+    pub(crate) fn bytes(&self) -> usize {
+        self.map.capacity() * (4 + 1)
+            + self.capacity * (8 + 4 + 4)
+            + 4 * self.free.capacity()
+            + self.sketch.as_ref().map_or(0, CountMinSketch::bytes)
+    }
+
+    /// Rewrites a batch's raw ids (as `i64` bits) as rows, in order. In
+    /// training, at `step`, new ids are admitted (rows given up to make
+    /// room) and every row looked up gets its header updated; otherwise
+    /// new ids only read the fallback. `norm(r)` is row `r`'s L2 norm (for
+    /// L2 eviction). Returns the rows given to new ids.
+    pub(crate) fn assign(
+        &mut self,
+        ids: &mut [i64],
+        step: u64,
+        training: bool,
+        norm: &dyn Fn(usize) -> f32,
+    ) -> Vec<Fresh> {
+        let step = step.min(u32::MAX as u64) as u32;
+        let mut fresh = Vec::new();
+        let mut budget = self.config.scan_per_batch();
+        for v in ids.iter_mut() {
+            let id = *v as u64;
+            let row = match self.row_of(id) {
+                Some(r) if training => {
+                    let r = r as usize;
+                    self.last_seen[r] = step;
+                    self.counts[r] = self.counts[r].saturating_add(1);
+                    Some(r)
+                }
+                Some(r) => Some(r as usize),
+                None if training => self.admit(id, step, &mut budget, norm, &mut fresh),
+                None => None,
+            };
+            if training {
+                self.stats.seen += 1;
+            }
+            *v = match row {
+                Some(r) => r as i64,
+                None => {
+                    self.stats.fallback_reads += 1;
+                    self.capacity as i64
+                }
+            };
+        }
+        fresh
+    }
+
+    /// A sighting of `id`, which holds no row: its row if admission lets
+    /// it in and room is found.
+    fn admit(
+        &mut self,
+        id: u64,
+        step: u32,
+        budget: &mut usize,
+        norm: &dyn Fn(usize) -> f32,
+        fresh: &mut Vec<Fresh>,
+    ) -> Option<usize> {
+        let admitted = match self.config.admission {
+            Admission::Always => true,
+            Admission::Count { min_count, .. } => {
+                let sketch = self.sketch.as_mut().expect("a count admission's sketch");
+                sketch.add(id) >= min_count
+            }
+            Admission::Probability { p } => {
+                let draw = mix(&[self.seed, id, self.stats.seen]);
+                ((draw >> 11) as f64 * (1.0 / (1u64 << 53) as f64)) < p
+            }
+        };
+        if !admitted {
+            self.stats.rejected += 1;
+            return None;
+        }
+        // Passes until one frees a row, within the batch's budget; a
+        // whole sweep that frees nothing spends the budget: nothing later
+        // in the batch can be freed either (its rows only get pinned).
+        let mut dry = 0;
+        let row = match self.take_free() {
+            Some(r) => r,
+            None => loop {
+                if *budget == 0 || self.capacity == 0 {
+                    self.stats.full += 1;
+                    return None;
+                }
+                let looked = self.evict_pass(step, norm);
+                *budget = budget.saturating_sub(looked);
+                if let Some(r) = self.take_free() {
+                    break r;
+                }
+                dry += looked;
+                if dry >= self.capacity {
+                    *budget = 0;
+                }
+            },
+        };
+        self.keys[row] = id;
+        self.last_seen[row] = step;
+        self.counts[row] = 1;
+        let keys = &self.keys;
+        self.map
+            .insert_unique(hash(id), row as u32, |&r| hash(keys[r as usize]));
+        self.stats.admitted += 1;
+        self.stats.occupancy += 1;
+        fresh.push(Fresh {
+            row: row as u32,
+            id,
+        });
+        Some(row)
+    }
+
+    fn take_free(&mut self) -> Option<usize> {
+        if let Some(r) = self.free.pop() {
+            return Some(r as usize);
+        }
+        (self.never_used < self.capacity).then(|| {
+            self.never_used += 1;
+            self.never_used - 1
+        })
+    }
+
+    /// Looks at the next window of rows from the hand and gives up the
+    /// policy's victims among those not looked up at `step`; returns the
+    /// rows looked at.
+    fn evict_pass(&mut self, step: u32, norm: &dyn Fn(usize) -> f32) -> usize {
+        let window = self.config.window().min(self.capacity);
+        let mut candidates: Vec<usize> = (0..window)
+            .map(|k| (self.hand + k) % self.capacity)
+            .filter(|&r| self.counts[r] > 0 && self.last_seen[r] != step)
+            .collect();
+        self.hand = (self.hand + window) % self.capacity;
+        let take = window.div_ceil(8);
+        let (seen, counts) = (&self.last_seen, &self.counts);
+        match self.config.eviction {
+            Eviction::Ttl { steps } => {
+                candidates.retain(|&r| step.saturating_sub(seen[r]) > steps);
+            }
+            Eviction::Lru => candidates.sort_by_key(|&r| (seen[r], r)),
+            Eviction::Lfu => candidates.sort_by_key(|&r| (counts[r], seen[r], r)),
+            Eviction::L2Norm => {
+                let mut scored: Vec<(f32, usize)> =
+                    candidates.iter().map(|&r| (norm(r), r)).collect();
+                scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                candidates = scored.into_iter().map(|(_, r)| r).collect();
+            }
+        }
+        if !matches!(self.config.eviction, Eviction::Ttl { .. }) {
+            candidates.truncate(take);
+        }
+        for r in candidates {
+            self.give_up(r);
+        }
+        window
+    }
+
+    fn give_up(&mut self, r: usize) {
+        let (keys, id) = (&self.keys, self.keys[r]);
+        if let Ok(entry) = self.map.find_entry(hash(id), |&s| keys[s as usize] == id) {
+            entry.remove();
+        }
+        self.counts[r] = 0;
+        self.free.push(r as u32);
+        self.stats.evicted += 1;
+        self.stats.occupancy -= 1;
+    }
+}

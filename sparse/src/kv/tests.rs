@@ -1,0 +1,279 @@
+//! The index against a plain model of the same rules (linear searches,
+//! exact counts, whole sorts) on random id streams: the same row for
+//! every lookup, the same evictions and fallbacks, the same figures.
+
+use proptest::prelude::*;
+
+use super::{Admission, Eviction, KvConfig, KvIndex};
+use crate::rng::mix;
+
+/// One row of the model: the id it holds, when last seen, how often.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    id: u64,
+    last: u32,
+    count: u32,
+}
+
+/// The rules of `KvIndex`, written plainly.
+struct Model {
+    config: KvConfig,
+    seed: u64,
+    rows: Vec<Option<Held>>,
+    free: Vec<usize>,
+    never_used: usize,
+    hand: usize,
+    sightings: std::collections::HashMap<u64, u32>,
+    seen: u64,
+    evicted: u64,
+    fallbacks: u64,
+}
+
+impl Model {
+    fn new(config: KvConfig, capacity: usize, seed: u64) -> Self {
+        Self {
+            config,
+            seed,
+            rows: vec![None; capacity],
+            free: Vec::new(),
+            never_used: 0,
+            hand: 0,
+            sightings: Default::default(),
+            seen: 0,
+            evicted: 0,
+            fallbacks: 0,
+        }
+    }
+
+    fn lookup(
+        &mut self,
+        id: u64,
+        step: u32,
+        training: bool,
+        norm: &dyn Fn(usize) -> f32,
+        budget: &mut usize,
+    ) -> usize {
+        let found = self.rows.iter().position(|h| h.is_some_and(|h| h.id == id));
+        let row = match found {
+            Some(r) => {
+                if training {
+                    let h = self.rows[r].as_mut().unwrap();
+                    h.last = step;
+                    h.count = h.count.saturating_add(1);
+                }
+                Some(r)
+            }
+            None if training => self.admit(id, step, norm, budget),
+            None => None,
+        };
+        if training {
+            self.seen += 1;
+        }
+        row.unwrap_or_else(|| {
+            self.fallbacks += 1;
+            self.rows.len()
+        })
+    }
+
+    fn admit(
+        &mut self,
+        id: u64,
+        step: u32,
+        norm: &dyn Fn(usize) -> f32,
+        budget: &mut usize,
+    ) -> Option<usize> {
+        let admitted = match self.config.admission {
+            Admission::Always => true,
+            Admission::Count { min_count, .. } => {
+                let n = self.sightings.entry(id).or_default();
+                *n += 1;
+                *n >= min_count
+            }
+            Admission::Probability { p } => {
+                let u = (mix(&[self.seed, id, self.seen]) >> 11) as f64 / (1u64 << 53) as f64;
+                u < p
+            }
+        };
+        if !admitted {
+            return None;
+        }
+        let mut dry = 0;
+        let row = loop {
+            if let Some(r) = self.free.pop() {
+                break r;
+            }
+            if self.never_used < self.rows.len() {
+                self.never_used += 1;
+                break self.never_used - 1;
+            }
+            if *budget == 0 {
+                return None;
+            }
+            let looked = self.evict(step, norm);
+            *budget = budget.saturating_sub(looked);
+            if self.free.is_empty() {
+                dry += looked;
+                if dry >= self.rows.len() {
+                    *budget = 0;
+                }
+            }
+        };
+        self.rows[row] = Some(Held {
+            id,
+            last: step,
+            count: 1,
+        });
+        Some(row)
+    }
+
+    fn evict(&mut self, step: u32, norm: &dyn Fn(usize) -> f32) -> usize {
+        let cap = self.rows.len();
+        let window = self.config.window().min(cap);
+        let mut looked: Vec<usize> = Vec::new();
+        for k in 0..window {
+            let r = (self.hand + k) % cap;
+            if self.rows[r].is_some_and(|h| h.last != step) {
+                looked.push(r);
+            }
+        }
+        self.hand = (self.hand + window) % cap;
+        let held = |r: usize| self.rows[r].unwrap();
+        let victims: Vec<usize> = match self.config.eviction {
+            Eviction::Ttl { steps } => looked
+                .into_iter()
+                .filter(|&r| step.saturating_sub(held(r).last) > steps)
+                .collect(),
+            policy => {
+                let mut order = looked;
+                for _ in 0..order.len() {
+                    // A bubble pass at a time: plain, and obviously a sort.
+                    for i in 1..order.len() {
+                        let (a, b) = (order[i - 1], order[i]);
+                        let before = match policy {
+                            Eviction::Lru => (held(b).last, b) < (held(a).last, a),
+                            Eviction::Lfu => {
+                                (held(b).count, held(b).last, b) < (held(a).count, held(a).last, a)
+                            }
+                            _ => norm(b) < norm(a) || (norm(b) == norm(a) && b < a),
+                        };
+                        if before {
+                            order.swap(i - 1, i);
+                        }
+                    }
+                }
+                order.into_iter().take(window.div_ceil(8)).collect()
+            }
+        };
+        for r in victims {
+            self.rows[r] = None;
+            self.free.push(r);
+            self.evicted += 1;
+        }
+        window
+    }
+}
+
+fn policies() -> impl Strategy<Value = Eviction> {
+    prop_oneof![
+        Just(Eviction::Lru),
+        Just(Eviction::Lfu),
+        (1u32..4).prop_map(|steps| Eviction::Ttl { steps }),
+        Just(Eviction::L2Norm),
+    ]
+}
+
+fn admissions() -> impl Strategy<Value = Admission> {
+    prop_oneof![
+        Just(Admission::Always),
+        (1u32..4).prop_map(|min_count| Admission::Count {
+            min_count,
+            sketch_width: 1 << 16
+        }),
+        (0.2f64..1.0).prop_map(|p| Admission::Probability { p }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn the_index_follows_the_plain_model(
+        eviction in policies(),
+        admission in admissions(),
+        capacity in 1usize..24,
+        window in 1usize..16,
+        scan in prop_oneof![Just(usize::MAX), 1usize..40],
+        batches in prop::collection::vec(
+            (prop::collection::vec(0u64..60, 0..20), any::<bool>()),
+            1..12,
+        ),
+    ) {
+        let config = KvConfig {
+            admission,
+            eviction,
+            eviction_window: Some(window),
+            max_scan_per_batch: Some(scan),
+            ..KvConfig::default()
+        };
+        let seed = 7;
+        let mut index = KvIndex::new(config.clone(), capacity, seed);
+        let mut model = Model::new(config, capacity, seed);
+        // A row's norm: a fixed function of the row, ties included.
+        let norm = |r: usize| (r % 5) as f32;
+        for (step, (ids, training)) in batches.into_iter().enumerate() {
+            let step = step as u32;
+            let mut rows: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+            let fresh = index.assign(&mut rows, step as u64, training, &norm);
+            let mut budget = scan;
+            let expected: Vec<i64> = ids
+                .iter()
+                .map(|&id| model.lookup(id, step, training, &norm, &mut budget) as i64)
+                .collect();
+            prop_assert_eq!(&rows, &expected, "step {}", step);
+            for f in &fresh {
+                prop_assert_eq!(index.id_of(f.row as usize), Some(f.id));
+            }
+            for (r, held) in model.rows.iter().enumerate() {
+                prop_assert_eq!(index.id_of(r), held.map(|h| h.id), "row {}", r);
+                if let Some(h) = held {
+                    prop_assert_eq!(index.row_of(h.id), Some(r as u32));
+                }
+            }
+            let stats = index.stats();
+            prop_assert_eq!(stats.seen, model.seen);
+            prop_assert_eq!(stats.evicted, model.evicted);
+            prop_assert_eq!(stats.fallback_reads, model.fallbacks);
+            let held = model.rows.iter().filter(|h| h.is_some()).count() as u64;
+            prop_assert_eq!(stats.occupancy, held);
+        }
+    }
+}
+
+#[test]
+fn rows_seen_in_the_batch_are_kept_and_a_full_table_falls_back() {
+    let config = KvConfig {
+        eviction_window: Some(4),
+        ..KvConfig::default()
+    };
+    let mut index = KvIndex::new(config, 2, 0);
+    // Two rows, three new ids in one batch: the third finds no row it may
+    // take (both were seen in this batch) and reads the fallback.
+    let mut ids = vec![10, 11, 12];
+    index.assign(&mut ids, 0, true, &|_| 0.0);
+    assert_eq!(ids, [0, 1, 2]);
+    let stats = index.stats();
+    assert_eq!(
+        (stats.admitted, stats.full, stats.fallback_reads),
+        (2, 1, 1)
+    );
+    // Next step, 12 takes the least recently seen row.
+    let mut ids = vec![11, 12];
+    index.assign(&mut ids, 1, true, &|_| 0.0);
+    assert_eq!(ids, [1, 0]);
+    assert_eq!(index.row_of(10), None);
+    // Inference reads, admits nobody and changes no header.
+    let mut ids = vec![10, 12];
+    index.assign(&mut ids, 2, false, &|_| 0.0);
+    assert_eq!(ids, [2, 0]);
+    assert_eq!(index.stats().seen, 5);
+}

@@ -1,15 +1,17 @@
 //! A DLRM with a key-value table: it trains (admitting ids), predicts
-//! without admitting any, and refuses a checkpoint it cannot yet write
-//! whole (the map from ids to rows) instead of writing rows that would
-//! load as other ids'.
+//! without admitting any, and saves its map with its rows: the loaded model
+//! predicts the same and trains on bitwise; a map broken in the file is
+//! refused, naming the table and the id.
 
 use ember_dense::NativeBackend;
 use ember_models::checkpoint::save;
 use ember_models::{
-    Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, InteractionType, Model, ModelError,
-    SyntheticConfig, SyntheticData, Unsupported,
+    Backend, Checkpoint, DataGeneration, Dlrm, DlrmConfig, ExecMode, InteractionType, Model,
+    SyntheticConfig, SyntheticData,
 };
 use ember_sparse::{Eviction, KvConfig};
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
 
 #[test]
 fn a_dlrm_trains_and_predicts_with_a_key_value_table() {
@@ -74,11 +76,62 @@ fn a_dlrm_trains_and_predicts_with_a_key_value_table() {
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.safetensors");
-    match save(&mut model, &path, None) {
-        Err(ModelError::Unsupported(Unsupported::KeyValueCheckpoint(table))) => {
-            assert_eq!(table, "t_cat_1")
-        }
-        other => panic!("{other:?}"),
+    let test = data.batch(100, 16);
+    let want = model.predict(&be, &test).unwrap().to_vec();
+    save(&mut model, &path, None).unwrap();
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let mut served = ckpt.inference_model().unwrap();
+    assert_eq!(served.predict(&be, &test).unwrap(), &want[..]);
+    let mut resumed = ckpt.builder().build().unwrap();
+    assert_eq!(stats(&resumed), stats(&model));
+    for i in 8..14 {
+        let batch = data.batch(i, 16);
+        let a = model
+            .train_step(&be, &batch, ExecMode::Strict)
+            .unwrap()
+            .loss;
+        let b = resumed
+            .train_step(&be, &batch, ExecMode::Strict)
+            .unwrap()
+            .loss;
+        assert_eq!(a.to_bits(), b.to_bits(), "step {i}");
     }
-    assert!(!path.exists());
+    let table = |m: &Dlrm| {
+        let t = &m.sparse_arch().local().unwrap().tables()[1];
+        (t.weights().to_vec(), t.kv_state())
+    };
+    assert_eq!(table(&resumed), table(&model));
+    assert_eq!(stats(&resumed), stats(&model));
+
+    // One id in two rows (the file rewritten without Ember's checksums,
+    // which would refuse any edit): refused, naming the table and the id.
+    let bytes = std::fs::read(&path).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let mut meta = header.metadata().clone().unwrap();
+    meta.remove("ember.crc32");
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ids = "sparse_arch.embedding_bag_collection.embedding_bags.t_cat_1.kv.ids";
+    let mut edited = st.tensor(ids).unwrap().data().to_vec();
+    let first_id: [u8; 8] = edited[..8].try_into().unwrap();
+    edited[8..16].copy_from_slice(&first_id);
+    let tensors: Vec<(String, TensorView<'_>)> = (st.tensors().into_iter())
+        .map(|(name, view)| match name == ids {
+            true => (
+                name,
+                TensorView::new(view.dtype(), view.shape().to_vec(), &edited).unwrap(),
+            ),
+            false => (name, view),
+        })
+        .collect();
+    let bad = dir.path().join("bad.safetensors");
+    safetensors::serialize_to_file(tensors, Some(meta), &bad).unwrap();
+    let err = match Checkpoint::open(&bad).and_then(|c| c.inference_model()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a broken map loaded"),
+    };
+    let id = u64::from_le_bytes(first_id);
+    assert!(
+        err.contains("t_cat_1") && err.contains(&format!("id {id} is held by two rows")),
+        "{err}"
+    );
 }

@@ -180,4 +180,13 @@ pub enum SparseError {
         /// The first disk-tier table.
         table: String,
     },
+    /// A key-value table's saved map that disagrees with itself or with
+    /// the table (a key twice, a row out of range, a header past the step).
+    #[error("key-value table '{table}': {reason}")]
+    KvState {
+        /// The table.
+        table: String,
+        /// What is wrong, naming the id or row.
+        reason: String,
+    },
 }

@@ -33,7 +33,7 @@ pub use error::SparseError;
 pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor, PooledValue};
 pub use kv::{
-    Admission, Eviction, Fallback, KvConfig, KvStats, DEFAULT_EVICTION_WINDOW,
+    Admission, Eviction, Fallback, KvConfig, KvPosition, KvState, KvStats, DEFAULT_EVICTION_WINDOW,
     DEFAULT_SCAN_PER_BATCH,
 };
 pub use optimizer::TableOptimizer;

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
 
+mod kv;
 mod names;
 mod quantize;
 mod read;

@@ -12,6 +12,7 @@ use ember_sharding::{
 use ember_sparse::{DiskTierConfig, EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
 use safetensors::tensor::Dtype;
 
+use super::names::table_base_name;
 use super::store::f32s;
 
 use super::valid::{check_rows, check_values, Allowed};
@@ -102,6 +103,9 @@ impl Checkpoint {
                 saved.decode_row(src, &mut row);
                 local.write_row(l, &row);
             }
+        }
+        if local.is_key_value() {
+            self.read_kv(&table_base_name(&config.name), local)?;
         }
         if !restore {
             return Ok(());

@@ -12,6 +12,7 @@ use ember_sparse::{DataType, EmbeddingTable, TableOptimizer};
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use serde::Serialize;
 
+use super::kv::add_kv_tensors;
 use super::names::{dense_shapes, table_base_name, weight_layout};
 use super::{
     TrainState, META_CONFIG, META_CRC32, META_DATASET_SPEC, META_DENSE_OPTIMIZER, META_DENSE_STEPS,
@@ -91,20 +92,14 @@ pub(super) fn json<T: Serialize>(v: &T) -> String {
 /// Writes `model` (weights and optimizer state) to `path` atomically:
 /// a temporary file in the same directory, fsynced, then renamed.
 pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result<(), ModelError> {
-    let meta = metadata(model, train);
+    let mut meta = metadata(model, train);
     let mut tensors = dense_tensors(model).map_err(|m| fail_at(path, m))?;
     let table_opt = model.sparse_arch().optimizer();
     let unsharded = model.sparse_arch().unsharded()?;
-    if let Some(t) = unsharded.tables().iter().find(|t| t.is_key_value()) {
-        return Err(crate::Unsupported::KeyValueCheckpoint(t.name().into()).into());
-    }
     for table in unsharded.tables() {
-        table_tensors(
-            &table_base_name(table.name()),
-            &SavedTable::of(table),
-            &table_opt,
-            &mut tensors,
-        );
+        let base = table_base_name(table.name());
+        table_tensors(&base, &SavedTable::of(table), &table_opt, &mut tensors);
+        add_kv_tensors(&base, table, &mut tensors, &mut meta);
     }
     write_file(tensors, meta, path)
 }

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::init::draw_row;
 use super::{EmbeddingBagCollection, EmbeddingTable};
-use crate::kv::{Fallback, Fresh, KvIndex, KvStats};
+use crate::kv::{Fallback, Fresh, KvIndex, KvState, KvStats};
 use crate::{KeyedJaggedTensor, SparseError};
 
 /// Mixed into the seed of a row made for a new id, so that its draw is
@@ -47,6 +47,31 @@ impl EmbeddingTable {
     pub fn kv_id_of(&self, row: usize) -> Option<u64> {
         let kv = self.kv.as_ref()?;
         (row < kv.fallback_row()).then(|| kv.id_of(row)).flatten()
+    }
+
+    /// A key-value table's map as saved (checkpoints).
+    pub fn kv_state(&self) -> Option<KvState> {
+        self.kv.as_ref().map(KvIndex::state)
+    }
+
+    /// Replaces a key-value table's map with a saved one, checked whole
+    /// first against itself and against `step` (the collection's step:
+    /// no header may be later); nothing changes on an error, which names
+    /// the id or row at fault ([`SparseError::KvState`]).
+    ///
+    /// # Panics
+    /// When the table is not a key-value table.
+    pub fn load_kv_state(&mut self, state: KvState, step: u64) -> Result<(), SparseError> {
+        let name = self.config.name.clone();
+        let kv = self
+            .kv
+            .as_mut()
+            .expect("load_kv_state: not a key-value table");
+        kv.restore(state, step)
+            .map_err(|reason| SparseError::KvState {
+                table: name,
+                reason,
+            })
     }
 
     /// Bytes of a key-value table's map, headers and sketch.

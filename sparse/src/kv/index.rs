@@ -11,7 +11,7 @@ use super::{Admission, Eviction, KvConfig};
 use crate::rng::{mix, splitmix};
 
 /// What a key-value table has done since it was built (or loaded).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct KvStats {
     /// Ids looked up by training batches.
     pub seen: u64,
@@ -30,6 +30,38 @@ pub struct KvStats {
     pub occupancy: u64,
     /// Rows that can hold an id.
     pub capacity: u64,
+}
+
+/// A key-value table's map as saved: per row the id, header and count (0:
+/// free), the free rows in reuse order, the sketch's counters, and where
+/// the index stands. Restored exactly, a run goes on bitwise.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvState {
+    /// The id each row holds (meaningless where `counts` is 0).
+    pub ids: Vec<u64>,
+    /// The step each row was last looked up by a training batch.
+    pub last_seen: Vec<u32>,
+    /// Training lookups since the row was given; 0: the row is free.
+    pub counts: Vec<u32>,
+    /// Free rows given up by eviction, reused last first.
+    pub free: Vec<u32>,
+    /// The admission sketch's counters (empty without count admission).
+    pub sketch: Vec<u32>,
+    /// Where the index stands.
+    pub position: KvPosition,
+}
+
+/// Where a key-value table's index stands (a checkpoint's metadata).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct KvPosition {
+    /// Seeds probabilistic admission and the rows made for new ids.
+    pub seed: u64,
+    /// Rows from here on have never held an id.
+    pub never_used: u64,
+    /// Where the next eviction pass starts.
+    pub hand: u64,
+    /// The figures so far.
+    pub stats: KvStats,
 }
 
 /// A row newly given to an id in a batch: the caller makes its values
@@ -120,6 +152,103 @@ impl KvIndex {
 
     pub(crate) fn stats(&self) -> KvStats {
         self.stats
+    }
+
+    /// The map as saved.
+    pub(crate) fn state(&self) -> KvState {
+        KvState {
+            ids: self.keys.clone(),
+            last_seen: self.last_seen.clone(),
+            counts: self.counts.clone(),
+            free: self.free.clone(),
+            sketch: self
+                .sketch
+                .as_ref()
+                .map_or(Vec::new(), |s| s.counters().to_vec()),
+            position: KvPosition {
+                seed: self.seed,
+                never_used: self.never_used as u64,
+                hand: self.hand as u64,
+                stats: self.stats,
+            },
+        }
+    }
+
+    /// Replaces the map with a saved one, checked whole first: one row per
+    /// id, free rows free and listed once, headers not past `step`. The
+    /// error names the id or row at fault.
+    pub(crate) fn restore(&mut self, state: KvState, step: u64) -> Result<(), String> {
+        let cap = self.capacity;
+        let lengths = [state.ids.len(), state.last_seen.len(), state.counts.len()];
+        if lengths.iter().any(|&n| n != cap) {
+            return Err(format!(
+                "{lengths:?} ids, headers and counts for {cap} rows"
+            ));
+        }
+        let sketch_len = self.sketch.as_ref().map_or(0, |s| s.counters().len());
+        if state.sketch.len() != sketch_len {
+            return Err(format!(
+                "{} sketch counters, not {sketch_len}",
+                state.sketch.len()
+            ));
+        }
+        let (never_used, hand) = (state.position.never_used as usize, state.position.hand);
+        if never_used > cap || hand as usize >= cap.max(1) {
+            return Err(format!(
+                "position (never used from row {never_used}, hand at row {hand}) past {cap} rows"
+            ));
+        }
+        let mut map = HashTable::with_capacity(never_used);
+        let mut listed = vec![false; cap];
+        for &r in &state.free {
+            let r = r as usize;
+            if r >= never_used || state.counts[r] > 0 || std::mem::replace(&mut listed[r], true) {
+                return Err(format!(
+                    "free row {r} is out of range, holds an id or is listed twice"
+                ));
+            }
+        }
+        for (r, &free) in listed.iter().enumerate() {
+            let (id, count) = (state.ids[r], state.counts[r]);
+            if count == 0 {
+                if r < never_used && !free {
+                    return Err(format!("row {r} is neither held nor free"));
+                }
+                continue;
+            }
+            if r >= never_used {
+                return Err(format!("row {r} holds id {id} past the rows ever used"));
+            }
+            if state.last_seen[r] as u64 > step {
+                return Err(format!(
+                    "id {id} (row {r}) was last seen at step {}, after the tables' step {step}",
+                    state.last_seen[r]
+                ));
+            }
+            let ids = &state.ids;
+            if map
+                .find(hash(id), |&s: &u32| ids[s as usize] == id)
+                .is_some()
+            {
+                return Err(format!("id {id} is held by two rows"));
+            }
+            map.insert_unique(hash(id), r as u32, |&s| hash(ids[s as usize]));
+        }
+        let occupancy = map.len() as u64;
+        if let Some(sketch) = self.sketch.as_mut() {
+            sketch.counters_mut().copy_from_slice(&state.sketch);
+        }
+        self.map = map;
+        (self.keys, self.last_seen, self.counts) = (state.ids, state.last_seen, state.counts);
+        self.free = state.free;
+        (self.never_used, self.hand) = (never_used, hand as usize);
+        self.seed = state.position.seed;
+        self.stats = KvStats {
+            occupancy,
+            capacity: cap as u64,
+            ..state.position.stats
+        };
+        Ok(())
     }
 
     /// The row holding `id`, if any.

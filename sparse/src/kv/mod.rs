@@ -14,5 +14,5 @@ mod tests;
 pub use config::{
     Admission, Eviction, Fallback, KvConfig, DEFAULT_EVICTION_WINDOW, DEFAULT_SCAN_PER_BATCH,
 };
-pub use index::KvStats;
 pub(crate) use index::{Fresh, KvIndex};
+pub use index::{KvPosition, KvState, KvStats};

@@ -44,6 +44,16 @@ impl CountMinSketch {
         least
     }
 
+    /// The counters, row-major `[SKETCH_DEPTH, width]` (to save).
+    pub(crate) fn counters(&self) -> &[u32] {
+        &self.counters
+    }
+
+    /// The counters, mutable (to restore).
+    pub(crate) fn counters_mut(&mut self) -> &mut [u32] {
+        &mut self.counters
+    }
+
     /// Bytes of its counters.
     pub(crate) fn bytes(&self) -> usize {
         4 * self.counters.len()

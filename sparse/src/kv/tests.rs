@@ -277,3 +277,60 @@ fn rows_seen_in_the_batch_are_kept_and_a_full_table_falls_back() {
     assert_eq!(ids, [2, 0]);
     assert_eq!(index.stats().seen, 5);
 }
+
+#[test]
+fn a_saved_map_restores_exactly_and_a_broken_one_is_refused() {
+    let config = KvConfig {
+        admission: Admission::Count {
+            min_count: 2,
+            sketch_width: 64,
+        },
+        eviction: Eviction::Lfu,
+        eviction_window: Some(3),
+        ..KvConfig::default()
+    };
+    let stream = |index: &mut KvIndex, steps: std::ops::Range<u64>| -> Vec<Vec<i64>> {
+        steps
+            .map(|step| {
+                let mut ids: Vec<i64> = (0..6).map(|k| ((step * 7 + k * 3) % 11) as i64).collect();
+                index.assign(&mut ids, step, true, &|r| r as f32);
+                ids
+            })
+            .collect()
+    };
+    let mut index = KvIndex::new(config.clone(), 5, 1);
+    stream(&mut index, 0..6);
+    let saved = index.state();
+    let mut restored = KvIndex::new(config.clone(), 5, 1);
+    restored.restore(saved.clone(), 6).unwrap();
+    assert_eq!(restored.state(), saved);
+    assert_eq!(stream(&mut restored, 6..12), stream(&mut index, 6..12));
+    assert_eq!(restored.state(), index.state());
+
+    let refused = |edit: &dyn Fn(&mut super::KvState)| {
+        let mut state = saved.clone();
+        edit(&mut state);
+        let mut fresh = KvIndex::new(config.clone(), 5, 1);
+        let err = fresh.restore(state, 6).unwrap_err();
+        assert_eq!(fresh.state(), KvIndex::new(config.clone(), 5, 1).state());
+        err
+    };
+    let held: Vec<usize> = (0..5).filter(|&r| saved.counts[r] > 0).collect();
+    let (a, b) = (held[0], held[1]);
+    let twice = refused(&|s| s.ids[b] = s.ids[a]);
+    assert!(
+        twice.contains(&format!("id {} is held by two rows", saved.ids[a])),
+        "{twice}"
+    );
+    let late = refused(&|s| s.last_seen[a] = 7);
+    assert!(late.contains("after the tables' step 6"), "{late}");
+    let short = refused(&|s| {
+        s.counts.pop();
+    });
+    assert!(short.contains("for 5 rows"), "{short}");
+    let orphan = refused(&|s| s.counts[a] = 0);
+    assert!(
+        orphan.contains(&format!("row {a} is neither held nor free")),
+        "{orphan}"
+    );
+}

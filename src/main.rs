@@ -5,8 +5,8 @@ use clap::{Parser, Subcommand};
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
-    bench_dlrm, bench_embedding, bench_hstu, bench_loader, devices, docs, eval, ingest_sequences,
-    plan, quantize, train, train_sequence,
+    bench_dlrm, bench_embedding, bench_hstu, bench_loader, bench_stream, devices, docs, eval,
+    ingest_sequences, plan, quantize, train, train_sequence,
 };
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
@@ -56,6 +56,9 @@ enum Bench {
     /// HSTU training steps on synthetic user histories (jagged, and
     /// against padded with --padded).
     Hstu(bench_hstu::HstuArgs),
+    /// A DLRM trained on a stream of windows of drifting raw-id data, each
+    /// window evaluated before it is trained on.
+    Stream(bench_stream::StreamArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -104,6 +107,9 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 Command::Bench(Bench::Hstu(args)) => {
                     print(&bench_hstu::run(&args)?, args.json, launch)
                 }
+                Command::Bench(Bench::Stream(args)) => {
+                    print(&bench_stream::run(&args)?, args.json, launch)
+                }
                 Command::Ingest(IngestCommand::Criteo(args)) => {
                     print(&IngestReport(ingest::criteo(&args)?), args.json, launch)
                 }
@@ -144,6 +150,7 @@ impl Command {
             Command::Bench(Bench::Embedding(_)) => "bench embedding",
             Command::Bench(Bench::Loader(_)) => "bench loader",
             Command::Bench(Bench::Hstu(_)) => "bench hstu",
+            Command::Bench(Bench::Stream(_)) => "bench stream",
             Command::Ingest(_) => "ingest",
             Command::Train(_) => "train",
             Command::Eval(_) => "eval",

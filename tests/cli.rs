@@ -930,3 +930,110 @@ fn bench_hstu_reports_its_split_and_padded_against_jagged() {
         assert!(err.contains(flag), "{flag}: {err}");
     }
 }
+
+#[test]
+fn key_value_tables_from_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("ember-kv-{}", std::process::id()));
+    let base = [
+        "bench",
+        "dlrm",
+        "--arch-embedding-size",
+        "4000-50-3000",
+        "--arch-sparse-feature-size",
+        "4",
+        "--arch-mlp-bot",
+        "13-8-4",
+        "--arch-mlp-top",
+        "8-1",
+        "--mini-batch-size",
+        "64",
+        "--num-batches",
+        "8",
+        "--num-indices-per-lookup",
+        "2",
+        "--num-indices-per-lookup-fixed",
+        "--data-generation",
+        "learnable",
+        "--json",
+    ];
+    let kv = [
+        "--kv-min-rows",
+        "100",
+        "--kv-admission",
+        "count:2:1024",
+        "--kv-eviction",
+        "lfu",
+    ];
+    let out = json(&[&base[..], &kv].concat());
+    let tables = out["key_value_tables"].as_array().unwrap();
+    // The two large tables are key-value, the 50-row one is not.
+    let names: Vec<&str> = tables
+        .iter()
+        .map(|t| t["table"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["t_cat_0", "t_cat_2"], "{out}");
+    for t in tables {
+        assert_eq!(t["seen"], 8 * 64 * 2, "{t}");
+        assert!(t["admitted"].as_u64().unwrap() > 0 && t["rejected"].as_u64().unwrap() > 0);
+    }
+    assert!(json(&base).get("key_value_tables").is_none());
+    // Saved, the maps travel with the rows.
+    let saved = dir.join("kv");
+    json(&[&base[..], &kv, &["--save", saved.to_str().unwrap()]].concat());
+    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let names: Vec<String> = (file.names().into_iter())
+        .filter(|n| n.contains(".kv."))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        names.iter().any(|n| n.ends_with("t_cat_0.kv.sketch")),
+        "{names:?}"
+    );
+    let err = fails(&[&base[..], &["--kv-min-rows", "100", "--kv-eviction", "mru"]].concat());
+    assert!(
+        err.contains("--kv-eviction") && err.contains("'mru'"),
+        "{err}"
+    );
+    let err = fails(&[&base[..], &["--kv-eviction", "lru"]].concat());
+    assert!(err.contains("--kv-min-rows"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bench_stream_evaluates_each_window_before_training_on_it() {
+    let out = json(&[
+        "bench",
+        "stream",
+        "--arch-embedding-size",
+        "500-500",
+        "--arch-sparse-feature-size",
+        "4",
+        "--arch-mlp-bot",
+        "13-8-4",
+        "--arch-mlp-top",
+        "8-1",
+        "--windows",
+        "3",
+        "--window-batches",
+        "4",
+        "--mini-batch-size",
+        "128",
+        "--kv-min-rows",
+        "2",
+        "--json",
+    ]);
+    let windows = out["windows"].as_array().unwrap();
+    assert_eq!(windows.len(), 3, "{out}");
+    let mean = (windows[1]["auc"].as_f64().unwrap() + windows[2]["auc"].as_f64().unwrap()) / 2.0;
+    assert!(
+        (out["mean_auc"].as_f64().unwrap() - mean).abs() < 1e-12,
+        "{out}"
+    );
+    let tables = out["key_value_tables"].as_array().unwrap();
+    // Raw ids 100x the rows: the tables fill and evict.
+    assert!(
+        tables.iter().all(|t| t["evicted"].as_u64().unwrap() > 0),
+        "{out}"
+    );
+}

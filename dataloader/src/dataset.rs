@@ -18,6 +18,7 @@ use crate::decode::{
 };
 pub use crate::decode::{Chunk, FeatureChunk};
 use crate::spec::DatasetSpec;
+use crate::transform::IdTransform;
 use crate::writer::{ParquetSink, PART_OF_KEY};
 use crate::DataError;
 
@@ -305,8 +306,9 @@ impl Dataset {
 #[derive(Clone, Debug)]
 pub struct DecodeSpec {
     spec: DatasetSpec,
-    /// The rows of each sparse column's table, in column order.
-    rows: Vec<u64>,
+    /// The rows of each sparse column's table, and how its ids reach
+    /// them, in column order.
+    rows: Vec<(u64, IdTransform)>,
     /// Whether the label column is read (else every label is NaN).
     labels: bool,
 }
@@ -317,8 +319,8 @@ impl DecodeSpec {
         spec.validate()?;
         let rows = (spec.sparse.iter())
             .map(|c| {
-                spec.rows_of(c.key())
-                    .expect("validated: every feature has a table")
+                let rows = (spec.rows_of(c.key())).expect("validated: every feature has a table");
+                (rows, spec.id_transform_of(c.key()))
             })
             .collect();
         Ok(Self {
@@ -445,8 +447,8 @@ impl DecodeSpec {
         append_labels(path, (&s.label, labels), rows, &mut chunk.labels)?;
         append_dense(path, batch, s, first, &mut chunk.dense)?;
         let features = s.sparse.iter().zip(&self.rows).zip(&mut chunk.features);
-        for ((c, &table_rows), out) in features {
-            append_ids(path, batch, (c, table_rows, s.id_transform), first, out)?;
+        for ((c, &(table_rows, transform)), out) in features {
+            append_ids(path, batch, (c, table_rows, transform), first, out)?;
         }
         chunk.rows += batch.num_rows();
         Ok(())

@@ -101,7 +101,8 @@ pub struct DatasetSpec {
     /// The tables: every sparse feature is in exactly one table's
     /// `feature_names`; its ids are reduced into the table's rows.
     pub tables: Vec<EmbeddingBagConfig>,
-    /// Raw id → table row (`modulo` when absent).
+    /// Raw id → table row (`modulo` when absent; key-value tables take
+    /// the raw id whatever this says).
     #[serde(default)]
     pub id_transform: IdTransform,
 }
@@ -212,6 +213,20 @@ impl DatasetSpec {
         (self.tables.iter())
             .find(|t| t.feature_names.iter().any(|f| f == key))
             .map(|t| t.num_embeddings as u64)
+    }
+
+    /// How feature `key`'s raw ids reach its table's rows: unchanged
+    /// ([`IdTransform::Raw`]) for a key-value table, whose map finds the
+    /// row; else the spec's `id_transform`.
+    pub fn id_transform_of(&self, key: &str) -> IdTransform {
+        let table = self
+            .tables
+            .iter()
+            .find(|t| t.feature_names.iter().any(|f| f == key));
+        match table.is_some_and(|t| t.kv.is_some()) {
+            true => IdTransform::Raw,
+            false => self.id_transform,
+        }
     }
 
     /// Whether some sparse column carries weights (then every batch's

@@ -78,11 +78,14 @@ pub enum IdTransform {
     /// `splitmix64(id) mod rows`: spreads ids whose low bits are correlated
     /// (sequential or bucketed ids) evenly over the rows.
     Hash,
+    /// The id unchanged: a key-value table's (its map finds the row), or
+    /// ids already known to be rows.
+    Raw,
 }
 
 impl IdTransform {
-    /// The table row for raw id `id`, in `0..rows`; `rows` must be at least 1
-    /// (the loader checks this).
+    /// The table row for raw id `id`, in `0..rows` (`Raw`: the id itself);
+    /// `rows` must be at least 1 (the loader checks this).
     #[inline]
     pub fn apply(self, id: i64, rows: u64) -> i64 {
         match self {
@@ -90,6 +93,7 @@ impl IdTransform {
             IdTransform::Modulo if (id as u64) < rows => id,
             IdTransform::Modulo => id.rem_euclid(rows as i64),
             IdTransform::Hash => (ember_sparse::rng::splitmix(id as u64) % rows) as i64,
+            IdTransform::Raw => id,
         }
     }
 }
@@ -119,7 +123,7 @@ macro_rules! named {
     };
 }
 named!(DenseTransform, "log1p" => DenseTransform::Log1p, "log-plus3" => DenseTransform::LogPlus3, "identity" => DenseTransform::Identity);
-named!(IdTransform, "modulo" => IdTransform::Modulo, "hash" => IdTransform::Hash);
+named!(IdTransform, "modulo" => IdTransform::Modulo, "hash" => IdTransform::Hash, "raw" => IdTransform::Raw);
 
 #[cfg(test)]
 mod tests {

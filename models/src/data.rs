@@ -85,9 +85,9 @@ impl SyntheticConfig {
 /// Weight of each sparse feature's hidden effect (unit variance) in the
 /// hidden logit: 26 features give the hidden model a logit spread of ~2.5,
 /// an AUC near 0.87 for a perfect learner.
-const SPARSE_EFFECT: f64 = 0.5;
+pub(crate) const SPARSE_EFFECT: f64 = 0.5;
 /// Scale of the hidden weights of the dense features.
-const DENSE_EFFECT: f64 = 1.5;
+pub(crate) const DENSE_EFFECT: f64 = 1.5;
 
 /// A deterministic synthetic data source.
 #[derive(Clone, Debug)]
@@ -222,7 +222,7 @@ fn power_law_id(rng: &mut Rng, rows: u64) -> u64 {
 }
 
 /// The hidden model's effect of id `id` of feature `f`: uniform with unit variance.
-fn hidden_effect(seed: u64, f: usize, id: u64) -> f64 {
+pub(crate) fn hidden_effect(seed: u64, f: usize, id: u64) -> f64 {
     let u = (mix(&[seed, f as u64, id]) >> 11) as f64 / (1u64 << 53) as f64;
     (2.0 * u - 1.0) * 3f64.sqrt()
 }

@@ -218,4 +218,7 @@ pub enum SyntheticError {
     /// of range (which field: the message).
     #[error("synthetic histories: {0}")]
     Histories(String),
+    /// [`DriftingConfig`](crate::DriftingConfig) out of range.
+    #[error("drifting data: {0}")]
+    Drift(&'static str),
 }

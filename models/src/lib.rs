@@ -35,6 +35,7 @@ pub mod compiled;
 mod data;
 pub mod disk_tier;
 mod dlrm;
+mod drifting;
 mod error;
 mod evaluate;
 pub mod memory;
@@ -53,6 +54,7 @@ pub use dlrm::{
     ArchitectureError, BatchShape, BuildError, DenseArch, Dlrm, DlrmBuilder, DlrmConfig,
     InteractionType, PhaseTimes, StepOutput, DEFAULT_DENSE_OPTIMIZER, DEFAULT_TABLE_OPTIMIZER,
 };
+pub use drifting::{DriftingConfig, DriftingData};
 pub use error::{BatchError, ModelError, SyntheticError, Unsupported};
 pub use evaluate::{evaluate, evaluate_data, Evaluation, OutputCheck};
 pub use memory::{available_memory, MemoryEstimate, OutOfMemory, RunShape};

@@ -190,9 +190,12 @@ fn loads(t: &EmbeddingBagConfig, p: &TablePlan, topo: &Topology, o: &PlannerOpti
             Some(m) if on_disk > 0 => m.policy.bookkeeping_bytes(on_disk, in_memory),
             _ => 0,
         };
+        // A key-value table's map, headers and sketch.
+        let kv = t.kv.as_ref().map_or(0, |k| k.bytes(rows as usize));
         let storage = (in_memory.saturating_mul(record))
             .saturating_add(buffers)
-            .saturating_add(counts);
+            .saturating_add(counts)
+            .saturating_add(kv);
         let (hit, exchanged) = if p.sharding == ShardingType::DataParallel {
             let own = ids / n as f64;
             // All-gather of every other device's bags and gradients.

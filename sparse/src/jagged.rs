@@ -208,9 +208,12 @@ impl KeyedJaggedTensor {
     pub fn key_range(&self, k: usize) -> std::ops::Range<usize> {
         self.offsets[k * self.stride]..self.offsets[(k + 1) * self.stride]
     }
-    /// The same bags holding other ids (`values.len()` equal to this one's).
-    pub(crate) fn with_values(&self, values: Vec<i64>) -> Self {
-        debug_assert_eq!(values.len(), self.values.len());
+    /// The same bags holding other ids (rewritten ids: rows for raw ids).
+    ///
+    /// # Panics
+    /// When `values.len()` differs from this one's.
+    pub fn with_values(&self, values: Vec<i64>) -> Self {
+        assert_eq!(values.len(), self.values.len(), "with_values: as many ids");
         Self {
             keys: self.keys.clone(),
             values,

@@ -11,6 +11,7 @@ use ember_models::{DlrmConfig, InteractionType};
 use ember_sparse::{DataType, TableOptimizer};
 
 use super::bench_embedding::BenchOptimizer;
+use super::kv::KvArgs;
 use super::parse_sizes;
 
 /// The 26 table sizes of the MLPerf DLRMv2 benchmark (Criteo 1TB, the
@@ -85,6 +86,8 @@ pub struct ArchArgs {
     /// of a dataset spec's tables' own `data_type`].
     #[arg(long, value_parser = super::parse_data_type)]
     pub table_dtype: Option<DataType>,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 impl ArchArgs {
@@ -107,6 +110,7 @@ impl ArchArgs {
         ]
         .into_iter()
         .filter_map(|(flag, given)| given.then_some(flag))
+        .chain(self.kv.given())
         .collect()
     }
 
@@ -216,6 +220,7 @@ impl ArchArgs {
             trainable(dtype)?;
             tables.iter_mut().for_each(|t| t.data_type = dtype);
         }
+        self.kv.apply(&mut tables)?;
         let top_mlp = parse_sizes(
             "--arch-mlp-top",
             self.arch_mlp_top.as_deref().unwrap_or(top),
@@ -374,6 +379,7 @@ impl TableArgs {
             dcn_low_rank_dim: None,
             max_ind_range: self.max_ind_range,
             table_dtype: None,
+            kv: KvArgs::default(),
         }
     }
 }

@@ -135,6 +135,10 @@ pub struct DlrmReport {
     /// bytes moved per step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_tier: Option<super::tier::TierReport>,
+    /// With key-value tables: each one's figures (ids seen, admitted,
+    /// rejected, evicted, fallback reads, occupancy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_value_tables: Option<Vec<super::kv::KvTableReport>>,
     pub optimizer: BenchOptimizer,
     /// The tables' data type (the first table's, when they differ).
     pub table_dtype: ember_sparse::DataType,
@@ -538,6 +542,7 @@ impl DlrmReport {
             // Checked when the data was made.
             id_distribution: args.ids.distribution().ok().flatten(),
             disk_tier: super::tier::TierReport::of(model, timed),
+            key_value_tables: super::kv::kv_report(model),
             optimizer: args.optim.kind(),
             table_dtype: (architecture.config.tables.first())
                 .map_or_else(Default::default, |t| t.data_type),
@@ -671,6 +676,9 @@ impl std::fmt::Display for DlrmReport {
         }
         if let Some(d) = &self.disk_tier {
             writeln!(f, "{d}")?;
+        }
+        if let Some(t) = &self.key_value_tables {
+            writeln!(f, "{}", super::kv::kv_summary(t))?;
         }
         if let Some(sh) = &self.sharding {
             let s = &sh.stage_ms;

@@ -32,7 +32,8 @@ pub struct LoaderArgs {
     /// log-plus3 (TorchRec's Parquet path) or identity [default: the spec's, log1p].
     #[arg(long)]
     pub dense_transform: Option<DenseTransform>,
-    /// Categorical transform: modulo (TorchRec, MLPerf) or hash [default: the spec's, modulo].
+    /// Categorical transform: modulo (TorchRec, MLPerf), hash, or raw (ids already rows)
+    /// [default: the spec's, modulo]. Key-value tables always take the raw id.
     #[arg(long)]
     pub id_transform: Option<IdTransform>,
     /// Parquet decoding threads (batches are assembled on one more).
@@ -187,6 +188,7 @@ impl LoaderArgs {
             config.num_dense(),
             spec.num_dense()
         );
+        with_model_kv(&mut spec, tables);
         Ok(spec)
     }
 
@@ -269,6 +271,14 @@ fn same_inputs(given: &DatasetSpec, recorded: &DatasetSpec) -> anyhow::Result<()
         );
     }
     Ok(())
+}
+
+/// Makes `spec`'s tables key-value where the model's are (by name), so
+/// that the loader hands their raw ids over unreduced.
+pub fn with_model_kv(spec: &mut DatasetSpec, tables: &[EmbeddingBagConfig]) {
+    for s in &mut spec.tables {
+        s.kv = (tables.iter().find(|t| t.name == s.name)).and_then(|t| t.kv.clone());
+    }
 }
 
 /// Checks that `spec` names exactly the model's tables (name, rows, dim,

@@ -121,6 +121,10 @@ pub struct TrainReport {
     /// bytes moved per step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_tier: Option<super::tier::TierReport>,
+    /// With key-value tables: each one's figures (ids seen, admitted,
+    /// rejected, evicted, fallback reads, occupancy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_value_tables: Option<Vec<super::kv::KvTableReport>>,
     /// Processes (MPI ranks) the run took; 1 unless under mpirun.
     pub world_size: usize,
     /// Under mpirun: the bytes each rank sent to the others during the run
@@ -184,6 +188,9 @@ impl std::fmt::Display for TrainReport {
         }
         if let Some(d) = &self.disk_tier {
             write!(f, "\n{d}")?;
+        }
+        if let Some(t) = &self.key_value_tables {
+            write!(f, "\n{}", super::kv::kv_summary(t))?;
         }
         Ok(())
     }
@@ -428,6 +435,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let disk_tier = super::tier::TierReport::of(&model, steps);
     Ok(TrainReport {
         disk_tier,
+        key_value_tables: super::kv::kv_report(&model),
         ..TrainReport::new(summary, launch.world_size(), per_rank_bytes_sent)
     })
 }
@@ -489,7 +497,8 @@ fn resolve(
             let optimizers = (args.optim.table_optimizer(), args.optim.dense_optimizer());
             let spec = args.loader.spec(&|| args.arch.table_shape())?;
             let config = args.arch.resolve_for(spec.as_ref())?.0;
-            let spec = spec.unwrap_or_else(|| args.loader.criteo(&config.tables));
+            let mut spec = spec.unwrap_or_else(|| args.loader.criteo(&config.tables));
+            super::data::with_model_kv(&mut spec, &config.tables);
             let state = args.fresh_state(dataset, &spec);
             (config, spec, optimizers, state)
         }
@@ -592,6 +601,7 @@ impl TrainReport {
             checkpoint: s.checkpoint,
             resumed_at_step: s.resumed_at_step,
             disk_tier: None,
+            key_value_tables: None,
             world_size,
             per_rank_bytes_sent,
         }

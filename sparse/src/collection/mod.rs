@@ -334,11 +334,12 @@ impl EmbeddingTable {
     }
 
     /// Bytes of rows plus optimizer state in memory (a disk-tier table's:
-    /// its cache's, and the cache's bookkeeping: LFU's counts, a bit a row).
+    /// its cache's, and the cache's bookkeeping: LFU's counts, a bit a row;
+    /// a key-value table's: its map, headers and sketch too).
     pub fn bytes(&self) -> usize {
         let (rows, state) = self.store.resident();
         let kept = self.store.tier().map_or(0, |t| t.bookkeeping_bytes());
-        rows.bytes().len() + std::mem::size_of_val(state.as_slice()) + kept
+        rows.bytes().len() + std::mem::size_of_val(state.as_slice()) + kept + self.kv_bytes()
     }
 }
 

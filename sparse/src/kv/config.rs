@@ -70,6 +70,18 @@ impl KvConfig {
     pub fn scan_per_batch(&self) -> usize {
         self.max_scan_per_batch.unwrap_or(DEFAULT_SCAN_PER_BATCH)
     }
+    /// Bytes of the map, headers and sketch of a table of `rows` rows, as
+    /// planned: per row an id (8), a header (4 + 4) and the hash table's
+    /// slot and control byte at its 7/8 load (about 6); the sketch's
+    /// counters.
+    pub fn bytes(&self, rows: usize) -> u64 {
+        let sketch = match self.admission {
+            Admission::Count { sketch_width, .. } => 4 * 4 * sketch_width as u64,
+            _ => 0,
+        };
+        (rows as u64).saturating_mul(22).saturating_add(sketch)
+    }
+
     /// What is wrong with the config, if anything.
     pub(crate) fn problem(&self) -> Option<String> {
         match self.admission {

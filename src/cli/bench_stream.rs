@@ -1,0 +1,167 @@
+//! `ember bench stream`: a DLRM trained on a stream of windows of drifting
+//! raw-id data, each window evaluated before it is trained on
+//! (progressive validation: no future leakage), so tables keyed by raw id
+//! (`--kv-min-rows`) can be compared with `id mod rows` at the same bytes.
+
+use std::time::Instant;
+
+use clap::Args;
+use serde::Serialize;
+
+use ember_dataloader::IdTransform;
+use ember_models::{
+    evaluate, Backend, Batch, Dlrm, DriftingConfig, DriftingData, ExecMode, Metrics, Model,
+};
+
+use super::arch::{ArchArgs, OptimArgs};
+use super::kv::{kv_report, kv_summary, KvTableReport};
+use super::Progress;
+
+#[derive(Args, Clone, Debug)]
+pub struct StreamArgs {
+    #[command(flatten)]
+    pub arch: ArchArgs,
+    #[command(flatten)]
+    pub optim: OptimArgs,
+    /// Windows of the stream: each is evaluated, then trained on.
+    #[arg(long, default_value_t = 10)]
+    pub windows: u64,
+    /// Batches per window.
+    #[arg(long, default_value_t = 20)]
+    pub window_batches: u64,
+    #[arg(long, default_value_t = 2048)]
+    pub mini_batch_size: usize,
+    /// Distinct raw ids per feature, as a multiple of its table's rows.
+    #[arg(long, default_value_t = 100)]
+    pub id_space: u64,
+    /// How far popularity moves per window, as a share of a table's rows.
+    #[arg(long, default_value_t = 0.5)]
+    pub drift: f64,
+    #[arg(long, default_value_t = 123)]
+    pub seed: u64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One window's figures, measured before the model trained on it.
+#[derive(Debug, Serialize)]
+pub struct WindowReport {
+    pub window: u64,
+    pub auc: f64,
+    pub logloss: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StreamReport {
+    pub windows: Vec<WindowReport>,
+    /// Mean AUC over the windows after the first (which meets an
+    /// untrained model).
+    pub mean_auc: f64,
+    pub mean_logloss: f64,
+    /// Bytes of the tables and their optimizer state (and key-value maps).
+    pub table_bytes: u64,
+    /// Training samples per second (evaluation not counted).
+    pub train_samples_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_value_tables: Option<Vec<KvTableReport>>,
+    pub run: super::run_info::RunInfo,
+}
+
+impl std::fmt::Display for StreamReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for w in &self.windows {
+            writeln!(
+                f,
+                "window {}: auc {:.4}, logloss {:.4}",
+                w.window, w.auc, w.logloss
+            )?;
+        }
+        writeln!(
+            f,
+            "mean after window 0: auc {:.4}, logloss {:.4}; tables {:.1} MiB; {:.0} training samples/s",
+            self.mean_auc,
+            self.mean_logloss,
+            self.table_bytes as f64 / (1 << 20) as f64,
+            self.train_samples_per_s
+        )?;
+        if let Some(t) = &self.key_value_tables {
+            writeln!(f, "{}", kv_summary(t))?;
+        }
+        Ok(())
+    }
+}
+
+/// The batch with the ids of tables not keyed by raw id reduced by
+/// `id mod rows`, as the loader reduces them.
+fn reduced(mut batch: Batch, model: &Dlrm) -> anyhow::Result<Batch> {
+    let mut values = batch.sparse.values().to_vec();
+    for t in &model.config().tables {
+        if t.kv.is_some() {
+            continue;
+        }
+        for f in &t.feature_names {
+            let k = (batch.sparse.key_index(f))
+                .ok_or_else(|| anyhow::anyhow!("no feature '{f}' in the batch"))?;
+            for v in &mut values[batch.sparse.key_range(k)] {
+                *v = IdTransform::Modulo.apply(*v, t.num_embeddings as u64);
+            }
+        }
+    }
+    batch.sparse = batch.sparse.with_values(values);
+    Ok(batch)
+}
+
+pub fn run(args: &StreamArgs) -> anyhow::Result<StreamReport> {
+    anyhow::ensure!(
+        args.windows >= 2,
+        "--windows {}: 2 at least (the first meets an untrained model)",
+        args.windows
+    );
+    let (config, _, _) = args.arch.resolve()?;
+    let data = DriftingData::new(DriftingConfig {
+        num_dense: config.num_dense(),
+        features: config.feature_rows(),
+        space_per_row: args.id_space,
+        window_batches: args.window_batches,
+        drift: args.drift,
+        seed: args.seed,
+    })?;
+    let mut model = Dlrm::builder(config)
+        .optimizers(args.optim.table_optimizer(), args.optim.dense_optimizer())
+        .seed(args.seed)
+        .build()?;
+    let be = Backend::native();
+    let progress = Progress::new(args.windows, "windows", args.json);
+    let (mut windows, mut train_seconds) = (Vec::new(), 0.0);
+    for w in 0..args.windows {
+        let first = w * args.window_batches;
+        let batches = (first..first + args.window_batches)
+            .map(|i| reduced(data.batch(i, args.mini_batch_size), &model))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let Metrics { auc, logloss, .. } = evaluate(&mut model, &be, &batches)?;
+        windows.push(WindowReport {
+            window: w,
+            auc,
+            logloss,
+        });
+        let start = Instant::now();
+        for batch in &batches {
+            model.train_step(&be, batch, ExecMode::Strict)?;
+        }
+        train_seconds += start.elapsed().as_secs_f64();
+        progress.inc();
+    }
+    progress.finish();
+    let later = &windows[1..];
+    let mean = |f: fn(&WindowReport) -> f64| later.iter().map(f).sum::<f64>() / later.len() as f64;
+    let samples = (args.windows * args.window_batches) as f64 * args.mini_batch_size as f64;
+    Ok(StreamReport {
+        mean_auc: mean(|w| w.auc),
+        mean_logloss: mean(|w| w.logloss),
+        windows,
+        table_bytes: model.sparse_arch().bytes() as u64,
+        train_samples_per_s: samples / train_seconds.max(1e-9),
+        key_value_tables: kv_report(&model),
+        run: super::run_info::RunInfo::now(),
+    })
+}

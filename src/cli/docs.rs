@@ -131,6 +131,7 @@ fn results_pages(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
         let picture = chart(&result, &pairs).with_context(at)?;
         pictures.push((format!("src/benchmarks/{svg}"), picture));
     }
+    page.push_str(&super::docs_stream::section(dir)?);
     pictures.insert(0, (RESULTS_PAGE.to_string(), page));
     Ok(pictures)
 }

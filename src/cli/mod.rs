@@ -12,6 +12,7 @@ pub mod bench_stream;
 pub mod data;
 pub mod devices;
 pub mod docs;
+mod docs_stream;
 pub mod eval;
 pub mod ids;
 pub mod ingest;

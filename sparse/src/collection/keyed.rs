@@ -32,7 +32,7 @@ impl EmbeddingTable {
         self.kv.is_some()
     }
 
-    /// A key-value table's figures since it was built.
+    /// A key-value table's figures since it was first built.
     pub fn kv_stats(&self) -> Option<KvStats> {
         self.kv.as_ref().map(KvIndex::stats)
     }

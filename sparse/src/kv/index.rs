@@ -10,7 +10,8 @@ use super::sketch::CountMinSketch;
 use super::{Admission, Eviction, KvConfig};
 use crate::rng::{mix, splitmix};
 
-/// What a key-value table has done since it was built (or loaded).
+/// What a key-value table has done since it was first built (carried
+/// through checkpoints).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct KvStats {
     /// Ids looked up by training batches.

@@ -1,0 +1,145 @@
+//! The results page's key-value section, rendered from the committed
+//! runs in `docs/results/kv-stream/`: `bench stream` reports
+//! (`seed<S>-<config>.json`) as a table of mean AUC per configuration and
+//! seed, and `bench dlrm` reports taken in alternating pairs
+//! (`cost-kv.jsonl` against `cost-static.jsonl`) as a throughput ratio.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+
+/// The runs' directory, under the book's results.
+pub const KV_STREAM_DIR: &str = "kv-stream";
+
+/// The configurations in the table's order: `id mod rows` first.
+const CONFIGS: [(&str, &str); 5] = [
+    ("modulo-eq", "`id mod rows`, 15,430 rows (the same bytes)"),
+    ("lru", "key-value, LRU"),
+    ("lfu", "key-value, LFU"),
+    ("ttl-20", "key-value, TTL 20 steps"),
+    ("l2-norm", "key-value, L2 norm"),
+];
+
+fn read(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path)?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
+}
+
+fn number(v: &serde_json::Value, key: &str, path: &Path) -> anyhow::Result<f64> {
+    v[key]
+        .as_f64()
+        .with_context(|| format!("{} has no {key}", path.display()))
+}
+
+/// The section, or nothing when the directory is absent.
+pub fn section(results: &Path) -> anyhow::Result<String> {
+    let dir = results.join(KV_STREAM_DIR);
+    if !dir.exists() {
+        return Ok(String::new());
+    }
+    // Mean AUC and table bytes by configuration, then seed.
+    let mut runs: BTreeMap<&str, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
+    let mut seeds = std::collections::BTreeSet::new();
+    let mut cpu = String::new();
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        let Some(rest) = name.as_deref().and_then(|n| n.strip_prefix("seed")) else {
+            continue;
+        };
+        let (seed, config) = rest
+            .split_once('-')
+            .with_context(|| format!("{}: not seed<S>-<config>", path.display()))?;
+        let seed: u64 = seed
+            .parse()
+            .with_context(|| format!("{}: seed", path.display()))?;
+        let (config, _) = (CONFIGS.iter())
+            .find(|(c, _)| *c == config)
+            .with_context(|| format!("{}: unknown configuration", path.display()))?;
+        let run = read(&path)?;
+        if let Some(c) = run["run"]["cpu"].as_str() {
+            cpu = c.to_string();
+        }
+        let auc = number(&run, "mean_auc", &path)?;
+        let bytes = number(&run, "table_bytes", &path)?;
+        runs.entry(config).or_default().insert(seed, (auc, bytes));
+        seeds.insert(seed);
+    }
+    let mut out = String::from(
+        "\n## Key-value tables against `id mod rows`\n\n\
+         `ember bench stream --preset kaggle`: 26 tables, each feature's raw ids drawn \
+         log-uniformly from 100 times its table's rows and drifting by half a table a window; \
+         10 windows of 20 batches of 2,048, each window evaluated before it is trained on; \
+         the mean AUC over windows 1 to 9. Key-value tables of 10,000 rows with count \
+         admission (`--kv-min-rows 2 --kv-admission count:2:4096`); `id mod rows` with as many \
+         bytes (rows, optimizer state and, for key-value tables, the map).",
+    );
+    out.push_str(&format!(" CPU: {cpu}.\n\n"));
+    let seeds: Vec<u64> = seeds.into_iter().collect();
+    out.push_str("| tables | MiB |");
+    for s in &seeds {
+        out.push_str(&format!(" seed {s} |"));
+    }
+    out.push_str(" mean | above `id mod rows` |\n|---|---|");
+    out.push_str(&"---|".repeat(seeds.len() + 2));
+    out.push('\n');
+    let mean_of = |config: &str| -> Option<f64> {
+        let r = runs.get(config)?;
+        Some(r.values().map(|v| v.0).sum::<f64>() / r.len() as f64)
+    };
+    let base = mean_of("modulo-eq");
+    for (config, label) in CONFIGS {
+        let Some(r) = runs.get(config) else { continue };
+        let bytes = r.values().next().map_or(0.0, |v| v.1);
+        out.push_str(&format!("| {label} | {:.1} |", bytes / (1 << 20) as f64));
+        for s in &seeds {
+            match r.get(s) {
+                Some((auc, _)) => out.push_str(&format!(" {auc:.4} |")),
+                None => out.push_str(" |"),
+            }
+        }
+        let mean = mean_of(config).unwrap_or(f64::NAN);
+        let above = match (config, base) {
+            ("modulo-eq", _) | (_, None) => String::new(),
+            (_, Some(b)) => format!("{:+.4}", mean - b),
+        };
+        out.push_str(&format!(" {mean:.4} | {above} |\n"));
+    }
+    out.push_str(&cost(&dir)?);
+    Ok(out)
+}
+
+/// The throughput ratio of the paired `bench dlrm` runs, if committed.
+fn cost(dir: &Path) -> anyhow::Result<String> {
+    let (kv, stat) = (dir.join("cost-kv.jsonl"), dir.join("cost-static.jsonl"));
+    if !kv.exists() || !stat.exists() {
+        return Ok(String::new());
+    }
+    let lines = |p: &Path| -> anyhow::Result<Vec<f64>> {
+        (std::fs::read_to_string(p)?.lines())
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l)?;
+                number(&v, "samples_per_s", p)
+            })
+            .collect()
+    };
+    let (a, b) = (lines(&kv)?, lines(&stat)?);
+    anyhow::ensure!(
+        a.len() == b.len() && !a.is_empty(),
+        "{} and {}: results come in pairs",
+        kv.display(),
+        stat.display()
+    );
+    let mut ratios: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x / y).collect();
+    ratios.sort_by(f64::total_cmp);
+    let median = super::bench_embedding::median(&mut ratios);
+    Ok(format!(
+        "\nCost: `ember bench dlrm --preset kaggle --kv-min-rows 2` (every table key-value, the \
+         preset's 100,000 rows) against the same run with static tables, {} pairs taken in turn: \
+         {median:.3}x the training samples per second (pairs {:.3} to {:.3}).\n",
+        ratios.len(),
+        ratios[0],
+        ratios[ratios.len() - 1]
+    ))
+}

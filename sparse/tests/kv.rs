@@ -97,7 +97,7 @@ proptest! {
             // Backward: each row moves by lr times its summed gradient (all
             // ones), the zero fallback row not at all.
             let grad = vec![1.0f32; 2 * 2 * DIM];
-            let mut hits = vec![0f32; 6];
+            let mut hits = [0f32; 6];
             for bag in bags {
                 for &id in bag {
                     hits[row_of(id)] += 1.0;

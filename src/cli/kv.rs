@@ -14,9 +14,9 @@ pub struct KvArgs {
     /// fallback), ids not reduced by --id-transform [default: none].
     #[arg(long)]
     pub kv_min_rows: Option<usize>,
-    /// When a new id gets a row: always, count:N[:WIDTH] (at its N-th
-    /// sighting, counted in a count-min sketch of 4 x WIDTH counters,
-    /// default 2^20), or probability:P [default: always].
+    /// When a new id gets a row: always, count:N or count:N:WIDTH (at its
+    /// N-th sighting, counted in a count-min sketch of 4 x WIDTH counters,
+    /// WIDTH 2^20 unless given), or probability:P [default: always].
     #[arg(long, value_parser = parse_admission, requires = "kv_min_rows")]
     pub kv_admission: Option<Admission>,
     /// Which rows a full table gives up: lru, lfu, ttl:STEPS or l2-norm
@@ -103,7 +103,7 @@ pub fn parse_admission(s: &str) -> anyhow::Result<Admission> {
             anyhow::ensure!(p > 0.0 && p <= 1.0, "probability:{p} is not in (0, 1]");
             Ok(Admission::Probability { p })
         }
-        _ => bail!("'{s}': admission is always, count:N[:WIDTH] or probability:P"),
+        _ => bail!("'{s}': admission is always, count:N, count:N:WIDTH or probability:P"),
     }
 }
 

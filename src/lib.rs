@@ -106,6 +106,8 @@ pub mod book {
     pub struct GettingStartedLibrary;
     #[doc = include_str!("../docs/src/guides/disk-tier.md")]
     pub struct GuidesDiskTier;
+    #[doc = include_str!("../docs/src/guides/key-value-tables.md")]
+    pub struct GuidesKeyValueTables;
     #[doc = include_str!("../docs/src/guides/pjrt.md")]
     pub struct GuidesPjrt;
     #[doc = include_str!("../docs/src/guides/precision.md")]

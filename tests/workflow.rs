@@ -870,3 +870,67 @@ for codec in ["gzip", "brotli", "lz4", "none"]:
         assert!(!out.exists() && !dir.path().join(".pred.parquet.tmp").exists());
     }
 }
+
+#[test]
+fn a_stream_of_windows_is_evaluated_ahead_and_resumes_mid_window_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three days, given out of order: windows go by natural name order.
+    let days: Vec<String> = [2, 0, 1]
+        .iter()
+        .map(|d| synthetic(dir.path(), &format!("day_{d}"), "2000", &d.to_string()))
+        .collect();
+    let days: Vec<&str> = days.iter().map(String::as_str).collect();
+    let run = |ckpt: &Path, extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec!["train", "--data"];
+        args.extend(&days);
+        args.extend(["--stream-window", "--checkpoint-dir", s(ckpt), "--json"]);
+        args.extend(common::ARCH);
+        args.extend(["--kv-min-rows", "2"]);
+        args.extend(extra);
+        (ember(&args).lines())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let windows = |lines: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .filter(|l| l["event"] == "window")
+            .cloned()
+            .collect()
+    };
+    let full = run(&dir.path().join("full"), &[]);
+    let seen = windows(&full);
+    assert_eq!(seen.len(), 2, "{full:?}");
+    for (w, line) in seen.iter().enumerate() {
+        assert_eq!(line["window"], w as u64 + 1);
+        assert!(line["file"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("day_{}", w + 1)));
+        assert_eq!(line["rows"], 2000);
+        assert!(line["auc"].as_f64().unwrap() > 0.5, "{line}");
+    }
+    // Stopped in the middle of window 1 (after its evaluation), resumed:
+    // the same last evaluation and the same weights, maps and state.
+    let part = dir.path().join("part");
+    let first = run(&part, &["--max-steps", "20"]);
+    assert_eq!(windows(&first), seen[..1]);
+    let rest = run(&part, &["--resume"]);
+    assert_eq!(windows(&rest), seen[1..]);
+    assert!(
+        tensors(&part.join("model.safetensors"))
+            == tensors(&dir.path().join("full/model.safetensors"))
+    );
+    let err = ember_fails(&[
+        "train",
+        "--data",
+        days[0],
+        "--stream-window",
+        "--epochs",
+        "2",
+    ]);
+    assert!(
+        err.contains("--stream-window") && err.contains("--epochs"),
+        "{err}"
+    );
+}

@@ -26,6 +26,7 @@ pub mod run_info;
 pub mod tier;
 pub mod train;
 pub mod train_sequence;
+pub mod train_stream;
 pub mod world;
 
 pub use progress::{peak_rss_bytes, Progress};

@@ -94,6 +94,12 @@ pub struct TrainArgs {
     /// JSON lines on stdout: one per log event, then the summary.
     #[arg(long)]
     pub json: bool,
+    /// Train on a stream: the --data inputs (or one directory's files), in
+    /// natural name order (day_2 before day_10), are windows, each
+    /// evaluated by the model trained on the ones before it, then trained
+    /// on once (AUC and log loss per window; --resume goes on mid-stream).
+    #[arg(long, conflicts_with_all = ["eval_data", "eval_every"])]
+    pub stream_window: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -209,6 +215,16 @@ pub fn run(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport> {
         !args.resume || args.checkpoint_dir.is_some(),
         "--resume needs --checkpoint-dir"
     );
+    if args.stream_window {
+        anyhow::ensure!(
+            args.epochs == 1,
+            "--stream-window trains each window once: leave out --epochs"
+        );
+        anyhow::ensure!(
+            launch.world_size() == 1,
+            "--stream-window runs in one process (not under mpirun) for now"
+        );
+    }
     super::with_threads(args.threads, || run_in_pool(args, launch))?
 }
 
@@ -315,7 +331,7 @@ impl TrainArgs {
 
     /// The training and evaluation loaders of this rank, reading the data
     /// as the run that `state` continues did.
-    fn loaders(
+    pub(super) fn loaders(
         &self,
         launch: &Launch,
         spec: &DatasetSpec,
@@ -417,15 +433,33 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let fault = Fault::from_env(launch)?;
     let eval = eval.as_ref().map(|l| l as &dyn TrainData);
     let mut on_event = |e: &TrainEvent| report_event(args, launch, &progress, &fault, e);
-    let summary = trainer.fit(
-        &mut model,
-        &train,
-        FitOptions {
-            eval,
-            from: state,
-            on_event: Some(&mut on_event),
-        },
-    )?;
+    let summary = match args.stream_window {
+        true => {
+            let files = super::train_stream::windows(&args.data, train.dataset());
+            let mut on_window = |w: &super::train_stream::WindowReport| match args.json {
+                true => println!("{}", serde_json::to_string(w).expect("plain data")),
+                false => progress.line(&w.to_string()),
+            };
+            let run = (&files[..], &spec, state, &trainer);
+            super::train_stream::fit_stream(
+                args,
+                launch,
+                run,
+                &mut model,
+                &mut on_event,
+                &mut on_window,
+            )?
+        }
+        false => trainer.fit(
+            &mut model,
+            &train,
+            FitOptions {
+                eval,
+                from: state,
+                on_event: Some(&mut on_event),
+            },
+        )?,
+    };
     progress.finish();
     let per_rank_bytes_sent = match launch.ranks() {
         None => None,

@@ -132,6 +132,10 @@ pub struct TrainState {
     /// checkpoints from before ranks, which ran in one process.
     #[serde(default = "one_process")]
     pub world_size: u64,
+    /// With `train --stream-window`: the window (the data's file, in
+    /// natural name order) this position is in; `None`: not a stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
 }
 
 fn one_process() -> u64 {
@@ -152,6 +156,7 @@ impl Default for TrainState {
             id_transform: None,
             data_fingerprint: 0,
             world_size: 1,
+            window: None,
         }
     }
 }

@@ -1,5 +1,9 @@
 //! [`KvIndex`]: a key-value table's map from raw ids to rows, with each
-//! row's header, admission and eviction. The rows themselves are an
+//! row's header, admission and eviction. The map is hashbrown's
+//! `HashTable` of row numbers (the ids live once, beside the headers),
+//! hashed by splitmix: 5 bytes a row at most 7/8 full, against 12 or more
+//! for a map holding the ids too. Measured (`benches/kv_map.rs`): 0.11 of
+//! the machine's random-gather rate, lookups being dependent cache misses. The rows themselves are an
 //! ordinary table's: staging rewrites a batch's raw ids as rows, and the
 //! kernels run on them as on any table.
 

@@ -98,7 +98,9 @@ impl DiskTierOptions {
         (tables.iter())
             .map(|t| {
                 let rows = (t.num_embeddings as f64 * share) as usize / CACHE_WAYS * CACHE_WAYS;
-                (rows >= min_cache_rows(batch_ids)).then(|| DiskTierConfig {
+                // Key-value tables live in RAM (not yet on the disk tier).
+                let fits = rows >= min_cache_rows(batch_ids) && t.kv.is_none();
+                fits.then(|| DiskTierConfig {
                     dir: self.dir.clone(),
                     cache_rows: rows,
                     policy: self.policy,

@@ -81,7 +81,9 @@ impl MemoryEstimate {
                         4,
                     ),
                 );
-                rows.saturating_add(state)
+                // A key-value table's map, headers and sketch.
+                let kv = t.kv.as_ref().map_or(0, |k| k.bytes(t.num_embeddings));
+                rows.saturating_add(state).saturating_add(kv)
             })
             .fold(0, u64::saturating_add);
         let top = c.top_mlp_sizes();

@@ -4,12 +4,12 @@
 //! refused, naming the table and the id.
 
 use ember_dense::NativeBackend;
-use ember_models::checkpoint::save;
+use ember_models::checkpoint::{quantize, save};
 use ember_models::{
     Backend, Checkpoint, DataGeneration, Dlrm, DlrmConfig, ExecMode, InteractionType, Model,
     SyntheticConfig, SyntheticData,
 };
-use ember_sparse::{Eviction, KvConfig};
+use ember_sparse::{DataType, Eviction, KvConfig};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 
@@ -102,6 +102,19 @@ fn a_dlrm_trains_and_predicts_with_a_key_value_table() {
     };
     assert_eq!(table(&resumed), table(&model));
     assert_eq!(stats(&resumed), stats(&model));
+
+    // Quantized for serving (no optimizer, so no optimizer step): the map
+    // keeps its own clock and loads; predictions follow the int8 rows.
+    let int8 = dir.path().join("int8.safetensors");
+    quantize(&path, DataType::Int8, &int8).unwrap();
+    let mut quantized = Checkpoint::open(&int8).unwrap().inference_model().unwrap();
+    let map = |m: &Dlrm| {
+        let s = m.sparse_arch().local().unwrap().tables()[1].kv_state().unwrap();
+        (s.ids, s.last_seen, s.counts, s.position.clock)
+    };
+    assert_eq!(map(&quantized), map(&served));
+    let close = quantized.predict(&be, &test).unwrap();
+    assert!(close.iter().zip(&want).all(|(a, b)| (a - b).abs() < 0.1), "{close:?} {want:?}");
 
     // One id in two rows (the file rewritten without Ember's checksums,
     // which would refuse any edit): refused, naming the table and the id.

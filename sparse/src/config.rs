@@ -131,6 +131,10 @@ impl EmbeddingBagConfig {
             if self.num_embeddings < 2 {
                 return fail("a key-value table needs 2 rows at least (one is the fallback)");
             }
+            // Its map numbers rows in 32 bits (4 bytes a row, not 8).
+            if self.num_embeddings - 1 > u32::MAX as usize {
+                return fail("a key-value table keys 2^32 - 1 ids at most");
+            }
             if let Some(problem) = kv.problem() {
                 return fail(&problem);
             }

@@ -173,9 +173,10 @@ pub enum SparseError {
         /// Rows of its cache.
         cache_rows: usize,
     },
-    /// A forward over disk-tier tables was given a batch that
-    /// [`prefetch`](crate::EmbeddingBagCollection::prefetch) did not stage.
-    #[error("table '{table}' is on the disk tier: prefetch() the batch before its forward")]
+    /// A forward over disk-tier or key-value tables was given a batch
+    /// that [`prefetch`](crate::EmbeddingBagCollection::prefetch) did not
+    /// stage.
+    #[error("table '{table}' is on the disk tier or keyed by raw id: prefetch() the batch before its forward")]
     NotPrefetched {
         /// The first disk-tier table.
         table: String,

@@ -34,7 +34,7 @@ pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor, PooledValue};
 pub use kv::{
     Admission, Eviction, Fallback, KvConfig, KvPosition, KvState, KvStats, DEFAULT_EVICTION_WINDOW,
-    DEFAULT_SCAN_PER_BATCH,
+    DEFAULT_SCAN_PER_BATCH, MAX_SKETCH_WIDTH,
 };
 pub use optimizer::TableOptimizer;
 pub use tier::{

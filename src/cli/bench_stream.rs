@@ -31,12 +31,17 @@ pub struct StreamArgs {
     pub window_batches: u64,
     #[arg(long, default_value_t = 2048)]
     pub mini_batch_size: usize,
-    /// Distinct raw ids per feature, as a multiple of its table's rows.
+    /// Distinct raw ids per feature, as a multiple of --data-rows.
     #[arg(long, default_value_t = 100)]
     pub id_space: u64,
-    /// How far popularity moves per window, as a share of a table's rows.
+    /// How far popularity moves per window, as a share of --data-rows.
     #[arg(long, default_value_t = 0.5)]
     pub drift: f64,
+    /// The rows the data's id space and drift are counted in, the same for
+    /// every feature, so that models of other table sizes meet the same
+    /// stream [default: each feature's table's rows].
+    #[arg(long)]
+    pub data_rows: Option<usize>,
     #[arg(long, default_value_t = 123)]
     pub seed: u64,
     #[arg(long)]
@@ -120,7 +125,9 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<StreamReport> {
     let (config, _, _) = args.arch.resolve()?;
     let data = DriftingData::new(DriftingConfig {
         num_dense: config.num_dense(),
-        features: config.feature_rows(),
+        features: (config.feature_rows().into_iter())
+            .map(|(name, rows)| (name, args.data_rows.unwrap_or(rows)))
+            .collect(),
         space_per_row: args.id_space,
         window_batches: args.window_batches,
         drift: args.drift,

@@ -68,12 +68,13 @@ pub fn section(results: &Path) -> anyhow::Result<String> {
     }
     let mut out = String::from(
         "\n## Key-value tables against `id mod rows`\n\n\
-         `ember bench stream --preset kaggle`: 26 tables, each feature's raw ids drawn \
-         log-uniformly from 100 times its table's rows and drifting by half a table a window; \
+         `ember bench stream --preset kaggle --data-rows 10000`: 26 features, each one's raw ids \
+         drawn log-uniformly from a million (100 times 10,000) and drifting by 5,000 ranks a window; \
          10 windows of 20 batches of 2,048, each window evaluated before it is trained on; \
          the mean AUC over windows 1 to 9. Key-value tables of 10,000 rows with count \
-         admission (`--kv-min-rows 2 --kv-admission count:2:4096`); `id mod rows` with as many \
-         bytes (rows, optimizer state and, for key-value tables, the map).",
+         admission (`--kv-min-rows 2 --kv-admission count:2:4096`: a sketch this narrow \
+         over-counts, so it turns away few ids); `id mod rows` with as many bytes (rows, \
+         optimizer state and, for key-value tables, the map), on the same stream.",
     );
     out.push_str(&format!(" CPU: {cpu}.\n\n"));
     let seeds: Vec<u64> = seeds.into_iter().collect();

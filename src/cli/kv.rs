@@ -1,6 +1,6 @@
-//! The key-value table flags of `train`, `bench dlrm` and `ingest
-//! synthetic`: which tables find rows by the raw id, and how they admit,
-//! evict and fall back (see the guide's key-value tables page).
+//! The key-value table flags of `train`, `bench dlrm` and `bench stream`:
+//! which tables find rows by the raw id, and how they admit, evict and
+//! fall back (see the guide's key-value tables page).
 
 use anyhow::{bail, Context};
 use clap::Args;

@@ -79,7 +79,7 @@ pub(super) fn add_kv_tensors(
 
 impl Checkpoint {
     /// Loads saved table `base`'s map into `local` (a key-value table),
-    /// checked against itself and the saved step.
+    /// checked whole.
     pub(super) fn read_kv(&self, base: &str, local: &mut EmbeddingTable) -> Result<(), ModelError> {
         let fail = |tensor: Option<String>, message: String| ModelError::Checkpoint {
             path: self.path().to_path_buf(),
@@ -114,7 +114,7 @@ impl Checkpoint {
                 u64::from_le_bytes(word)
             })
             .collect();
-        let sketch_len = local.kv_state().map_or(0, |s| s.sketch.len());
+        let sketch_len = local.kv_sketch_len();
         let sketch = match sketch_len {
             0 => Vec::new(),
             n => u32s(read(&sketch, Dtype::U32, n)?),
@@ -127,6 +127,6 @@ impl Checkpoint {
             sketch,
             position: saved.position,
         };
-        (local.load_kv_state(state, self.sparse_step)).map_err(|e| fail(None, e.to_string()))
+        (local.load_kv_state(state)).map_err(|e| fail(None, e.to_string()))
     }
 }

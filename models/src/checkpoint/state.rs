@@ -412,6 +412,9 @@ impl StateFile {
         tables: &mut [EmbeddingTable],
         optimizer: TableOptimizer,
     ) -> Result<(), ModelError> {
+        if let Some(t) = tables.iter().find(|t| t.is_key_value()) {
+            return Err(Unsupported::KeyValueCheckpoint(t.name().into()).into());
+        }
         for table in tables {
             let (rows, dim) = (table.num_embeddings(), table.dim());
             let name = format!("{names}{}", table.name());

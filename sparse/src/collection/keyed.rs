@@ -55,23 +55,27 @@ impl EmbeddingTable {
     }
 
     /// Replaces a key-value table's map with a saved one, checked whole
-    /// first against itself and against `step` (the collection's step:
-    /// no header may be later); nothing changes on an error, which names
-    /// the id or row at fault ([`SparseError::KvState`]).
+    /// first (one row per id, free rows free, no header after the map's
+    /// clock); nothing changes on an error, which names the id or row at
+    /// fault ([`SparseError::KvState`]).
     ///
     /// # Panics
     /// When the table is not a key-value table.
-    pub fn load_kv_state(&mut self, state: KvState, step: u64) -> Result<(), SparseError> {
+    pub fn load_kv_state(&mut self, state: KvState) -> Result<(), SparseError> {
         let name = self.config.name.clone();
         let kv = self
             .kv
             .as_mut()
             .expect("load_kv_state: not a key-value table");
-        kv.restore(state, step)
-            .map_err(|reason| SparseError::KvState {
-                table: name,
-                reason,
-            })
+        kv.restore(state).map_err(|reason| SparseError::KvState {
+            table: name,
+            reason,
+        })
+    }
+
+    /// Counters of a key-value table's admission sketch (0 without one).
+    pub fn kv_sketch_len(&self) -> usize {
+        self.kv.as_ref().map_or(0, KvIndex::sketch_len)
     }
 
     /// Bytes of a key-value table's map, headers and sketch.
@@ -81,7 +85,7 @@ impl EmbeddingTable {
 
     /// Rewrites this table's ids as rows (see [`KvIndex::assign`]) and
     /// makes the rows given to new ids.
-    fn assign_rows(&mut self, ids: &mut [i64], step: u64, training: bool) {
+    fn assign_rows(&mut self, ids: &mut [i64], training: bool) {
         let dim = self.dim();
         let Self { store, kv, .. } = self;
         let Some(kv) = kv.as_mut() else {
@@ -94,7 +98,7 @@ impl EmbeddingTable {
             rows.read_row(r, &mut b);
             b.iter().map(|v| v * v).sum::<f32>().sqrt()
         };
-        let fresh = kv.assign(ids, step, training, &norm);
+        let fresh = kv.assign(ids, training, &norm);
         self.renew(&fresh);
     }
 
@@ -153,15 +157,15 @@ impl EmbeddingBagCollection {
         self.training
     }
 
-    /// `kjt` with every key-value table's ids rewritten as its rows, at
-    /// the current step; `training` as [`set_training`](Self::set_training).
+    /// `kjt` with every key-value table's ids rewritten as its rows;
+    /// `training` as [`set_training`](Self::set_training).
     pub(super) fn stage_kv(
         &mut self,
         kjt: &KeyedJaggedTensor,
         training: bool,
     ) -> Result<KeyedJaggedTensor, SparseError> {
         let keys = self.resolve_keys(kjt)?;
-        let (step, slots) = (self.step, &self.slots);
+        let slots = &self.slots;
         let mut values = kjt.values().to_vec();
         // Each table's ids packed together, rewritten in parallel.
         let mut work: Vec<KvStage<'_>> = (self.tables.iter_mut().enumerate())
@@ -178,7 +182,7 @@ impl EmbeddingBagCollection {
                 KvStage { table, ranges, ids }
             })
             .collect();
-        (work.par_iter_mut()).for_each(|w| w.table.assign_rows(&mut w.ids, step, training));
+        (work.par_iter_mut()).for_each(|w| w.table.assign_rows(&mut w.ids, training));
         for w in &work {
             let mut rows = w.ids.iter();
             for r in &w.ranges {

@@ -54,6 +54,8 @@ pub struct KvConfig {
     pub max_scan_per_batch: Option<usize>,
 }
 
+/// The widest admission sketch: 4 rows of 2^28 counters, 4 GiB.
+pub const MAX_SKETCH_WIDTH: usize = 1 << 28;
 /// Rows one eviction pass looks at, unless configured.
 pub const DEFAULT_EVICTION_WINDOW: usize = 4096;
 /// Rows eviction looks at per batch at most, unless configured.
@@ -88,9 +90,13 @@ impl KvConfig {
             Admission::Count { min_count: 0, .. } => {
                 Some("admission min_count must be at least 1".into())
             }
-            Admission::Count {
-                sketch_width: 0, ..
-            } => Some("admission sketch_width must be at least 1".into()),
+            Admission::Count { sketch_width, .. }
+                if !(1..=MAX_SKETCH_WIDTH).contains(&sketch_width) =>
+            {
+                Some(format!(
+                    "admission sketch_width {sketch_width} is not in 1..={MAX_SKETCH_WIDTH}"
+                ))
+            }
             Admission::Probability { p } if !(p > 0.0 && p <= 1.0) => {
                 Some(format!("admission probability {p} is not in (0, 1]"))
             }

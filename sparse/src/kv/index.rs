@@ -44,7 +44,7 @@ pub struct KvStats {
 pub struct KvState {
     /// The id each row holds (meaningless where `counts` is 0).
     pub ids: Vec<u64>,
-    /// The step each row was last looked up by a training batch.
+    /// The clock (training batch) each row was last looked up at.
     pub last_seen: Vec<u32>,
     /// Training lookups since the row was given; 0: the row is free.
     pub counts: Vec<u32>,
@@ -61,6 +61,10 @@ pub struct KvState {
 pub struct KvPosition {
     /// Seeds probabilistic admission and the rows made for new ids.
     pub seed: u64,
+    /// Training batches the index has staged: its own clock, which the
+    /// headers count in (apart from any optimizer's step, so a table
+    /// without one, or loaded under another, keeps time).
+    pub clock: u64,
     /// Rows from here on have never held an id.
     pub never_used: u64,
     /// Where the next eviction pass starts.
@@ -88,8 +92,10 @@ pub(crate) struct KvIndex {
     /// Rows by their id's hash (the ids themselves are in `keys`).
     map: HashTable<u32>,
     keys: Vec<u64>,
-    /// The step each row was last looked up by a training batch.
+    /// The clock each row was last looked up at by a training batch.
     last_seen: Vec<u32>,
+    /// Training batches staged so far.
+    clock: u32,
     /// Training lookups since the row was given (0: the row is free).
     counts: Vec<u32>,
     /// Rows given up, reused last first.
@@ -133,6 +139,7 @@ impl KvIndex {
             free: Vec::new(),
             never_used: 0,
             hand: 0,
+            clock: 0,
             sketch,
             stats: KvStats {
                 capacity: capacity as u64,
@@ -159,6 +166,11 @@ impl KvIndex {
         self.stats
     }
 
+    /// Counters of the admission sketch (0 without one).
+    pub(crate) fn sketch_len(&self) -> usize {
+        self.sketch.as_ref().map_or(0, |s| s.counters().len())
+    }
+
     /// The map as saved.
     pub(crate) fn state(&self) -> KvState {
         KvState {
@@ -172,6 +184,7 @@ impl KvIndex {
                 .map_or(Vec::new(), |s| s.counters().to_vec()),
             position: KvPosition {
                 seed: self.seed,
+                clock: self.clock as u64,
                 never_used: self.never_used as u64,
                 hand: self.hand as u64,
                 stats: self.stats,
@@ -180,9 +193,13 @@ impl KvIndex {
     }
 
     /// Replaces the map with a saved one, checked whole first: one row per
-    /// id, free rows free and listed once, headers not past `step`. The
+    /// id, free rows free and listed once, headers not past its clock. The
     /// error names the id or row at fault.
-    pub(crate) fn restore(&mut self, state: KvState, step: u64) -> Result<(), String> {
+    pub(crate) fn restore(&mut self, state: KvState) -> Result<(), String> {
+        let clock = state.position.clock;
+        if clock > u32::MAX as u64 {
+            return Err(format!("clock {clock} is past {}", u32::MAX));
+        }
         let cap = self.capacity;
         let lengths = [state.ids.len(), state.last_seen.len(), state.counts.len()];
         if lengths.iter().any(|&n| n != cap) {
@@ -224,9 +241,9 @@ impl KvIndex {
             if r >= never_used {
                 return Err(format!("row {r} holds id {id} past the rows ever used"));
             }
-            if state.last_seen[r] as u64 > step {
+            if state.last_seen[r] as u64 > clock {
                 return Err(format!(
-                    "id {id} (row {r}) was last seen at step {}, after the tables' step {step}",
+                    "id {id} (row {r}) was last seen at batch {}, after the map's clock {clock}",
                     state.last_seen[r]
                 ));
             }
@@ -248,6 +265,7 @@ impl KvIndex {
         self.free = state.free;
         (self.never_used, self.hand) = (never_used, hand as usize);
         self.seed = state.position.seed;
+        self.clock = clock as u32;
         self.stats = KvStats {
             occupancy,
             capacity: cap as u64,
@@ -277,19 +295,23 @@ impl KvIndex {
             + self.sketch.as_ref().map_or(0, CountMinSketch::bytes)
     }
 
-    /// Rewrites a batch's raw ids (as `i64` bits) as rows, in order. In
-    /// training, at `step`, new ids are admitted (rows given up to make
-    /// room) and every row looked up gets its header updated; otherwise
-    /// new ids only read the fallback. `norm(r)` is row `r`'s L2 norm (for
-    /// L2 eviction). Returns the rows given to new ids.
+    /// Rewrites a batch's raw ids (as `i64` bits) as rows, in order. A
+    /// training batch moves the clock on one, admits new ids (rows given
+    /// up to make room; never one looked up in this batch) and updates the
+    /// header of every row it looks up; otherwise new ids only read the
+    /// fallback and nothing else changes but `fallback_reads`. `norm(r)`
+    /// is row `r`'s L2 norm (for L2 eviction). Returns the rows given to
+    /// new ids.
     pub(crate) fn assign(
         &mut self,
         ids: &mut [i64],
-        step: u64,
         training: bool,
         norm: &dyn Fn(usize) -> f32,
     ) -> Vec<Fresh> {
-        let step = step.min(u32::MAX as u64) as u32;
+        if training {
+            self.clock = self.clock.saturating_add(1);
+        }
+        let step = self.clock;
         let mut fresh = Vec::new();
         let mut budget = self.config.scan_per_batch();
         for v in ids.iter_mut() {

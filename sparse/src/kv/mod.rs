@@ -13,6 +13,7 @@ mod tests;
 
 pub use config::{
     Admission, Eviction, Fallback, KvConfig, DEFAULT_EVICTION_WINDOW, DEFAULT_SCAN_PER_BATCH,
+    MAX_SKETCH_WIDTH,
 };
 pub(crate) use index::{Fresh, KvIndex};
 pub use index::{KvPosition, KvState, KvStats};

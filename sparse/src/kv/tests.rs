@@ -27,6 +27,11 @@ struct Model {
     seen: u64,
     evicted: u64,
     fallbacks: u64,
+    admitted: u64,
+    rejected: u64,
+    full: u64,
+    /// Training batches so far: the headers' clock.
+    clock: u32,
 }
 
 impl Model {
@@ -42,6 +47,10 @@ impl Model {
             seen: 0,
             evicted: 0,
             fallbacks: 0,
+            admitted: 0,
+            rejected: 0,
+            full: 0,
+            clock: 0,
         }
     }
 
@@ -95,6 +104,7 @@ impl Model {
             }
         };
         if !admitted {
+            self.rejected += 1;
             return None;
         }
         let mut dry = 0;
@@ -107,6 +117,7 @@ impl Model {
                 break self.never_used - 1;
             }
             if *budget == 0 {
+                self.full += 1;
                 return None;
             }
             let looked = self.evict(step, norm);
@@ -123,6 +134,7 @@ impl Model {
             last: step,
             count: 1,
         });
+        self.admitted += 1;
         Some(row)
     }
 
@@ -220,16 +232,19 @@ proptest! {
         let mut model = Model::new(config, capacity, seed);
         // A row's norm: a fixed function of the row, ties included.
         let norm = |r: usize| (r % 5) as f32;
-        for (step, (ids, training)) in batches.into_iter().enumerate() {
-            let step = step as u32;
+        for (batch, (ids, training)) in batches.into_iter().enumerate() {
+            if training {
+                model.clock += 1;
+            }
+            let step = model.clock;
             let mut rows: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
-            let fresh = index.assign(&mut rows, step as u64, training, &norm);
+            let fresh = index.assign(&mut rows, training, &norm);
             let mut budget = scan;
             let expected: Vec<i64> = ids
                 .iter()
                 .map(|&id| model.lookup(id, step, training, &norm, &mut budget) as i64)
                 .collect();
-            prop_assert_eq!(&rows, &expected, "step {}", step);
+            prop_assert_eq!(&rows, &expected, "batch {}", batch);
             for f in &fresh {
                 prop_assert_eq!(index.id_of(f.row as usize), Some(f.id));
             }
@@ -243,6 +258,8 @@ proptest! {
             prop_assert_eq!(stats.seen, model.seen);
             prop_assert_eq!(stats.evicted, model.evicted);
             prop_assert_eq!(stats.fallback_reads, model.fallbacks);
+            let counts = (stats.admitted, stats.rejected, stats.full);
+            prop_assert_eq!(counts, (model.admitted, model.rejected, model.full));
             let held = model.rows.iter().filter(|h| h.is_some()).count() as u64;
             prop_assert_eq!(stats.occupancy, held);
         }
@@ -259,7 +276,7 @@ fn rows_seen_in_the_batch_are_kept_and_a_full_table_falls_back() {
     // Two rows, three new ids in one batch: the third finds no row it may
     // take (both were seen in this batch) and reads the fallback.
     let mut ids = vec![10, 11, 12];
-    index.assign(&mut ids, 0, true, &|_| 0.0);
+    index.assign(&mut ids, true, &|_| 0.0);
     assert_eq!(ids, [0, 1, 2]);
     let stats = index.stats();
     assert_eq!(
@@ -268,12 +285,12 @@ fn rows_seen_in_the_batch_are_kept_and_a_full_table_falls_back() {
     );
     // Next step, 12 takes the least recently seen row.
     let mut ids = vec![11, 12];
-    index.assign(&mut ids, 1, true, &|_| 0.0);
+    index.assign(&mut ids, true, &|_| 0.0);
     assert_eq!(ids, [1, 0]);
     assert_eq!(index.row_of(10), None);
     // Inference reads, admits nobody and changes no header.
     let mut ids = vec![10, 12];
-    index.assign(&mut ids, 2, false, &|_| 0.0);
+    index.assign(&mut ids, false, &|_| 0.0);
     assert_eq!(ids, [2, 0]);
     assert_eq!(index.stats().seen, 5);
 }
@@ -293,7 +310,7 @@ fn a_saved_map_restores_exactly_and_a_broken_one_is_refused() {
         steps
             .map(|step| {
                 let mut ids: Vec<i64> = (0..6).map(|k| ((step * 7 + k * 3) % 11) as i64).collect();
-                index.assign(&mut ids, step, true, &|r| r as f32);
+                index.assign(&mut ids, true, &|r| r as f32);
                 ids
             })
             .collect()
@@ -302,7 +319,7 @@ fn a_saved_map_restores_exactly_and_a_broken_one_is_refused() {
     stream(&mut index, 0..6);
     let saved = index.state();
     let mut restored = KvIndex::new(config.clone(), 5, 1);
-    restored.restore(saved.clone(), 6).unwrap();
+    restored.restore(saved.clone()).unwrap();
     assert_eq!(restored.state(), saved);
     assert_eq!(stream(&mut restored, 6..12), stream(&mut index, 6..12));
     assert_eq!(restored.state(), index.state());
@@ -311,7 +328,7 @@ fn a_saved_map_restores_exactly_and_a_broken_one_is_refused() {
         let mut state = saved.clone();
         edit(&mut state);
         let mut fresh = KvIndex::new(config.clone(), 5, 1);
-        let err = fresh.restore(state, 6).unwrap_err();
+        let err = fresh.restore(state).unwrap_err();
         assert_eq!(fresh.state(), KvIndex::new(config.clone(), 5, 1).state());
         err
     };
@@ -323,7 +340,7 @@ fn a_saved_map_restores_exactly_and_a_broken_one_is_refused() {
         "{twice}"
     );
     let late = refused(&|s| s.last_seen[a] = 7);
-    assert!(late.contains("after the tables' step 6"), "{late}");
+    assert!(late.contains("after the map's clock 6"), "{late}");
     let short = refused(&|s| {
         s.counts.pop();
     });

@@ -109,12 +109,17 @@ fn a_dlrm_trains_and_predicts_with_a_key_value_table() {
     quantize(&path, DataType::Int8, &int8).unwrap();
     let mut quantized = Checkpoint::open(&int8).unwrap().inference_model().unwrap();
     let map = |m: &Dlrm| {
-        let s = m.sparse_arch().local().unwrap().tables()[1].kv_state().unwrap();
+        let s = m.sparse_arch().local().unwrap().tables()[1]
+            .kv_state()
+            .unwrap();
         (s.ids, s.last_seen, s.counts, s.position.clock)
     };
     assert_eq!(map(&quantized), map(&served));
     let close = quantized.predict(&be, &test).unwrap();
-    assert!(close.iter().zip(&want).all(|(a, b)| (a - b).abs() < 0.1), "{close:?} {want:?}");
+    assert!(
+        close.iter().zip(&want).all(|(a, b)| (a - b).abs() < 0.1),
+        "{close:?} {want:?}"
+    );
 
     // One id in two rows (the file rewritten without Ember's checksums,
     // which would refuse any edit): refused, naming the table and the id.

@@ -921,6 +921,20 @@ fn a_stream_of_windows_is_evaluated_ahead_and_resumes_mid_window_exactly() {
         tensors(&part.join("model.safetensors"))
             == tensors(&dir.path().join("full/model.safetensors"))
     );
+    // `eval` of the checkpoint reports its key-value tables' figures.
+    let full_dir = dir.path().join("full");
+    let eval = json(&[
+        "eval",
+        "--checkpoint",
+        s(&full_dir),
+        "--data",
+        days[0],
+        "--json",
+    ]);
+    assert!(eval["auc"].as_f64().unwrap() > 0.5, "{eval}");
+    let tables = eval["key_value_tables"].as_array().unwrap();
+    assert_eq!(tables.len(), 26, "{eval}");
+    assert!(tables.iter().all(|t| t["seen"] == 3 * 2000), "{eval}");
     let err = ember_fails(&[
         "train",
         "--data",

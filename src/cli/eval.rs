@@ -87,7 +87,27 @@ struct Opened {
     checkpoint_files: Vec<PathBuf>,
 }
 
-pub fn eval(args: &EvalArgs) -> anyhow::Result<MetricsReport> {
+/// What `eval` reports: the metrics, and the checkpoint's key-value
+/// tables' figures (their training's, and this run's fallback reads).
+#[derive(Debug, serde::Serialize)]
+pub struct EvalReport {
+    #[serde(flatten)]
+    pub metrics: MetricsReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_value_tables: Option<Vec<super::kv::KvTableReport>>,
+}
+
+impl std::fmt::Display for EvalReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.metrics)?;
+        if let Some(t) = &self.key_value_tables {
+            write!(f, "\n{}", super::kv::kv_summary(t))?;
+        }
+        Ok(())
+    }
+}
+
+pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalReport> {
     super::with_threads(args.threads, || {
         let opened = args.open(true)?;
         let (mut model, loader) = (opened.model, opened.loader);
@@ -95,7 +115,10 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<MetricsReport> {
         let batches = loader.batches_per_epoch(0);
         let metrics = evaluate_data(&mut model, &be, &loader, batches)
             .with_context(|| format!("eval of {}", args.checkpoint.display()))?;
-        Ok(metrics.into())
+        Ok(EvalReport {
+            metrics: metrics.into(),
+            key_value_tables: super::kv::kv_report(&model),
+        })
     })?
 }
 

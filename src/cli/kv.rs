@@ -14,9 +14,11 @@ pub struct KvArgs {
     /// fallback), ids not reduced by --id-transform [default: none].
     #[arg(long)]
     pub kv_min_rows: Option<usize>,
-    /// When a new id gets a row: always, count:N or count:N:WIDTH (at its
-    /// N-th sighting, counted in a count-min sketch of 4 x WIDTH counters,
-    /// WIDTH 2^20 unless given), or probability:P [default: always].
+    /// When a new id gets a row: always, count:N, count:N:WIDTH or
+    /// count:N:WIDTH:HALVE (at its N-th sighting, counted in a count-min
+    /// sketch of 4 x WIDTH counters, WIDTH 2^20 unless given, every counter
+    /// halved each HALVE training batches if given), or probability:P
+    /// [default: always].
     #[arg(long, value_parser = parse_admission, requires = "kv_min_rows")]
     pub kv_admission: Option<Admission>,
     /// Which rows a full table gives up: lru, lfu, ttl:STEPS or l2-norm
@@ -85,7 +87,7 @@ where
 pub fn parse_admission(s: &str) -> anyhow::Result<Admission> {
     match split(s) {
         ("always", args) if args.is_empty() => Ok(Admission::Always),
-        ("count", args) if (1..=2).contains(&args.len()) => {
+        ("count", args) if (1..=3).contains(&args.len()) => {
             let min_count = number("count", args[0])?;
             let width = args.get(1).map(|w| number("sketch width", w)).transpose()?;
             let sketch_width = width.unwrap_or(DEFAULT_SKETCH_WIDTH);
@@ -93,9 +95,18 @@ pub fn parse_admission(s: &str) -> anyhow::Result<Admission> {
                 min_count >= 1 && sketch_width >= 1,
                 "count:N:WIDTH takes N and WIDTH of 1 at least"
             );
+            let halve_every = args
+                .get(2)
+                .map(|h| number("halving period", h))
+                .transpose()?;
+            anyhow::ensure!(
+                halve_every != Some(0),
+                "count:N:WIDTH:HALVE halves every 1 batch at least"
+            );
             Ok(Admission::Count {
                 min_count,
                 sketch_width,
+                halve_every,
             })
         }
         ("probability", args) if args.len() == 1 => {
@@ -103,7 +114,7 @@ pub fn parse_admission(s: &str) -> anyhow::Result<Admission> {
             anyhow::ensure!(p > 0.0 && p <= 1.0, "probability:{p} is not in (0, 1]");
             Ok(Admission::Probability { p })
         }
-        _ => bail!("'{s}': admission is always, count:N, count:N:WIDTH or probability:P"),
+        _ => bail!("'{s}': admission is always, count:N[:WIDTH[:HALVE]] or probability:P"),
     }
 }
 
@@ -139,14 +150,16 @@ mod tests {
             parse_admission("count:3").unwrap(),
             Admission::Count {
                 min_count: 3,
-                sketch_width: DEFAULT_SKETCH_WIDTH
+                sketch_width: DEFAULT_SKETCH_WIDTH,
+                halve_every: None,
             }
         );
         assert_eq!(
-            parse_admission("count:2:64").unwrap(),
+            parse_admission("count:2:64:100").unwrap(),
             Admission::Count {
                 min_count: 2,
-                sketch_width: 64
+                sketch_width: 64,
+                halve_every: Some(100),
             }
         );
         assert_eq!(

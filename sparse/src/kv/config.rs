@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// let table = EmbeddingBagConfig {
 ///     kv: Some(KvConfig {
-///         admission: Admission::Count { min_count: 2, sketch_width: 1 << 20 },
+///         admission: Admission::Count { min_count: 2, sketch_width: 1 << 20, halve_every: None },
 ///         eviction: Eviction::Lru,
 ///         fallback: Fallback::SharedRow,
 ///         ..KvConfig::default()
@@ -100,6 +100,10 @@ impl KvConfig {
             Admission::Probability { p } if !(p > 0.0 && p <= 1.0) => {
                 Some(format!("admission probability {p} is not in (0, 1]"))
             }
+            Admission::Count {
+                halve_every: Some(0),
+                ..
+            } => Some("admission halve_every must be at least 1".into()),
             _ => match self.eviction {
                 Eviction::Ttl { steps: 0 } => Some("eviction ttl steps must be at least 1".into()),
                 _ => None,
@@ -124,6 +128,11 @@ pub enum Admission {
         min_count: u32,
         /// Counters per sketch row.
         sketch_width: usize,
+        /// Halve every counter each this many training batches (TinyLFU's
+        /// aging), so sightings long past fade and a long stream does not
+        /// saturate the sketch; never when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        halve_every: Option<u32>,
     },
     /// At each sighting with chance `p` (TorchRec's probabilistic
     /// admission): frequent ids get in soon, one-off ids rarely.

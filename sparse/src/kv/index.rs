@@ -310,6 +310,18 @@ impl KvIndex {
     ) -> Vec<Fresh> {
         if training {
             self.clock = self.clock.saturating_add(1);
+            if let Admission::Count {
+                halve_every: Some(n),
+                ..
+            } = self.config.admission
+            {
+                if self.clock % n.max(1) == 0 {
+                    self.sketch
+                        .as_mut()
+                        .expect("a count admission's sketch")
+                        .halve();
+                }
+            }
         }
         let step = self.clock;
         let mut fresh = Vec::new();

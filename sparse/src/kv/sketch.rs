@@ -54,6 +54,11 @@ impl CountMinSketch {
         &mut self.counters
     }
 
+    /// Halves every counter (rounding down): old sightings fade.
+    pub(crate) fn halve(&mut self) {
+        self.counters.iter_mut().for_each(|c| *c >>= 1);
+    }
+
     /// Bytes of its counters.
     pub(crate) fn bytes(&self) -> usize {
         4 * self.counters.len()

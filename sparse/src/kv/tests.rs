@@ -197,9 +197,12 @@ fn policies() -> impl Strategy<Value = Eviction> {
 fn admissions() -> impl Strategy<Value = Admission> {
     prop_oneof![
         Just(Admission::Always),
-        (1u32..4).prop_map(|min_count| Admission::Count {
-            min_count,
-            sketch_width: 1 << 16
+        (1u32..4, prop::option::of(1u32..4)).prop_map(|(min_count, halve_every)| {
+            Admission::Count {
+                min_count,
+                sketch_width: 1 << 16,
+                halve_every,
+            }
         }),
         (0.2f64..1.0).prop_map(|p| Admission::Probability { p }),
     ]
@@ -235,6 +238,12 @@ proptest! {
         for (batch, (ids, training)) in batches.into_iter().enumerate() {
             if training {
                 model.clock += 1;
+                // Aging: every count halves each `halve_every` batches.
+                if let Admission::Count { halve_every: Some(n), .. } = admission {
+                    if model.clock % n == 0 {
+                        model.sightings.values_mut().for_each(|c| *c /= 2);
+                    }
+                }
             }
             let step = model.clock;
             let mut rows: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
@@ -301,6 +310,7 @@ fn a_saved_map_restores_exactly_and_a_broken_one_is_refused() {
         admission: Admission::Count {
             min_count: 2,
             sketch_width: 64,
+            halve_every: Some(4),
         },
         eviction: Eviction::Lfu,
         eviction_window: Some(3),

@@ -315,7 +315,7 @@ impl KvIndex {
                 ..
             } = self.config.admission
             {
-                if self.clock % n.max(1) == 0 {
+                if self.clock.is_multiple_of(n.max(1)) {
                     self.sketch
                         .as_mut()
                         .expect("a count admission's sketch")

@@ -240,7 +240,7 @@ proptest! {
                 model.clock += 1;
                 // Aging: every count halves each `halve_every` batches.
                 if let Admission::Count { halve_every: Some(n), .. } = admission {
-                    if model.clock % n == 0 {
+                    if model.clock.is_multiple_of(n) {
                         model.sightings.values_mut().for_each(|c| *c /= 2);
                     }
                 }

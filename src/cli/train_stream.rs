@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use ember_dataloader::{Dataset, DatasetSpec};
-use ember_models::checkpoint::TrainState;
+use ember_models::checkpoint::{natural_key, TrainState};
 use ember_models::{Dlrm, Evaluation, FitOptions, TrainEvent, TrainSummary, Trainer};
 
 use super::train::TrainArgs;
@@ -39,18 +39,6 @@ impl std::fmt::Display for WindowReport {
             self.rows
         )
     }
-}
-
-/// Digit runs compared as numbers: `day_2` before `day_10`.
-fn natural_key(name: &str) -> Vec<(String, u64)> {
-    let mut key = Vec::new();
-    let mut chars = name.chars().peekable();
-    while chars.peek().is_some() {
-        let text: String = std::iter::from_fn(|| chars.next_if(|c| !c.is_ascii_digit())).collect();
-        let digits: String = std::iter::from_fn(|| chars.next_if(char::is_ascii_digit)).collect();
-        key.push((text, digits.parse().unwrap_or(u64::MAX)));
-    }
-    key
 }
 
 /// The windows, in natural order of their paths: the `--data` inputs
@@ -149,16 +137,4 @@ pub fn fit_stream(
             files.len()
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::natural_key;
-
-    #[test]
-    fn days_sort_by_number() {
-        let mut names = vec!["day_10.parquet", "day_2.parquet", "day_1.parquet"];
-        names.sort_by_key(|n| natural_key(n));
-        assert_eq!(names, ["day_1.parquet", "day_2.parquet", "day_10.parquet"]);
-    }
 }

@@ -38,7 +38,7 @@ mod state;
 mod store;
 mod valid;
 mod write;
-pub use names::{dense_shapes, table_weight_name, weight_layout};
+pub use names::{dense_shapes, natural_key, table_weight_name, weight_layout};
 pub use quantize::{quantize, QuantizeSummary};
 pub use read::{resume, Checkpoint};
 pub use set::{remove_set, save_set, INDEX_FILE};

@@ -62,8 +62,9 @@ pub fn dense_shapes(config: &DlrmConfig) -> BTreeMap<String, Vec<usize>> {
     shapes
 }
 
-/// Orders `t_cat_2` before `t_cat_10`: digit runs compare as numbers.
-pub(super) fn natural_key(s: &str) -> Vec<(String, u64)> {
+/// Orders `t_cat_2` before `t_cat_10` (and `day_2` before `day_10`):
+/// digit runs compare as numbers.
+pub fn natural_key(s: &str) -> Vec<(String, u64)> {
     let mut key = Vec::new();
     let mut text = String::new();
     let mut chars = s.chars().peekable();
@@ -145,4 +146,16 @@ pub(super) fn infer_config(shapes: &BTreeMap<String, Vec<usize>>) -> Result<Dlrm
         top_mlp,
         interaction,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::natural_key;
+
+    #[test]
+    fn days_sort_by_number() {
+        let mut names = vec!["day_10.parquet", "day_2.parquet", "day_1.parquet"];
+        names.sort_by_key(|n| natural_key(n));
+        assert_eq!(names, ["day_1.parquet", "day_2.parquet", "day_10.parquet"]);
+    }
 }

@@ -105,6 +105,7 @@ pub(crate) struct KvIndex {
     /// Where the next eviction pass starts.
     hand: usize,
     sketch: Option<CountMinSketch>,
+    /// The counted figures (occupancy and capacity come from the map).
     stats: KvStats,
 }
 
@@ -141,10 +142,7 @@ impl KvIndex {
             hand: 0,
             clock: 0,
             sketch,
-            stats: KvStats {
-                capacity: capacity as u64,
-                ..KvStats::default()
-            },
+            stats: KvStats::default(),
         }
     }
 
@@ -162,8 +160,13 @@ impl KvIndex {
         &self.config
     }
 
+    /// The figures, with occupancy and capacity as the map stands.
     pub(crate) fn stats(&self) -> KvStats {
-        self.stats
+        KvStats {
+            occupancy: self.map.len() as u64,
+            capacity: self.capacity as u64,
+            ..self.stats
+        }
     }
 
     /// Counters of the admission sketch (0 without one).
@@ -187,7 +190,7 @@ impl KvIndex {
                 clock: self.clock as u64,
                 never_used: self.never_used as u64,
                 hand: self.hand as u64,
-                stats: self.stats,
+                stats: self.stats(),
             },
         }
     }
@@ -256,7 +259,6 @@ impl KvIndex {
             }
             map.insert_unique(hash(id), r as u32, |&s| hash(ids[s as usize]));
         }
-        let occupancy = map.len() as u64;
         if let Some(sketch) = self.sketch.as_mut() {
             sketch.counters_mut().copy_from_slice(&state.sketch);
         }
@@ -266,11 +268,7 @@ impl KvIndex {
         (self.never_used, self.hand) = (never_used, hand as usize);
         self.seed = state.position.seed;
         self.clock = clock as u32;
-        self.stats = KvStats {
-            occupancy,
-            capacity: cap as u64,
-            ..state.position.stats
-        };
+        self.stats = state.position.stats;
         Ok(())
     }
 
@@ -407,7 +405,6 @@ impl KvIndex {
         self.map
             .insert_unique(hash(id), row as u32, |&r| hash(keys[r as usize]));
         self.stats.admitted += 1;
-        self.stats.occupancy += 1;
         fresh.push(Fresh {
             row: row as u32,
             id,
@@ -467,6 +464,5 @@ impl KvIndex {
         self.counts[r] = 0;
         self.free.push(r as u32);
         self.stats.evicted += 1;
-        self.stats.occupancy -= 1;
     }
 }

@@ -5,7 +5,8 @@ use clap::{Parser, Subcommand};
 use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
-    bench_dlrm, bench_embedding, bench_hstu, bench_loader, bench_stream, devices, docs, eval,
+    bench_dlrm, bench_embedding, bench_hstu, bench_loader, bench_stream, checkpoint, devices, docs,
+    eval,
     ingest_sequences, plan, quantize, train, train_sequence,
 };
 
@@ -34,6 +35,9 @@ enum Command {
     /// Convert a checkpoint's tables to another data type (int8, int4, fp8,
     /// mxfp4 for inference; fp16, bf16, fp32).
     Quantize(quantize::QuantizeArgs),
+    /// Work on a run's checkpoints (compact a chain of deltas).
+    #[command(subcommand)]
+    Checkpoint(checkpoint::CheckpointCommand),
     /// Place the tables on devices and write the sharding plan (JSON).
     Plan(plan::PlanArgs),
     /// The PJRT plugin's platform and devices.
@@ -127,6 +131,9 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 Command::Eval(args) => print(&eval::eval(&args)?, args.json, launch),
                 Command::Predict(args) => print(&eval::predict(&args)?, args.eval.json, launch),
                 Command::Quantize(args) => print(&quantize::run(&args)?, args.json, launch),
+                Command::Checkpoint(checkpoint::CheckpointCommand::Compact(args)) => {
+                    print(&checkpoint::run_compact(&args)?, args.json, launch)
+                }
                 Command::Plan(args) => print(&plan::run_plan(&args)?, args.json, launch),
                 Command::Devices(args) => print(&devices::run(&args)?, args.json, launch),
                 Command::Docs(args) => {
@@ -156,6 +163,7 @@ impl Command {
             Command::Eval(_) => "eval",
             Command::Predict(_) => "predict",
             Command::Quantize(_) => "quantize",
+            Command::Checkpoint(_) => "checkpoint",
             Command::Plan(_) => "plan",
             Command::Devices(_) => "devices",
             Command::Docs(_) => "docs",

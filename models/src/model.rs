@@ -123,6 +123,21 @@ pub trait Model {
         self.state_dict()?.save_in(dir, train)
     }
 
+    /// Writes a delta checkpoint into `dir`: only what training changed
+    /// since the model's last checkpoint there, as the next file of the
+    /// directory's chain; `None` when the model writes no delta here (no
+    /// checkpoint of its own to build on, `max_chain` deltas already, or a
+    /// model kind without deltas: the default), and the caller writes a
+    /// full checkpoint instead. A chain loads as the full checkpoint would.
+    fn save_checkpoint_delta(
+        &mut self,
+        _dir: &Path,
+        _train: Option<&TrainState>,
+        _max_chain: u64,
+    ) -> Result<Option<PathBuf>, ModelError> {
+        Ok(None)
+    }
+
     /// Restores what [`Model::save_checkpoint`] wrote to `path`; returns the
     /// training position it held. A resumed run is then bitwise the run that
     /// never stopped. The default reads it with

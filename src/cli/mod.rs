@@ -9,6 +9,7 @@ pub mod bench_embedding;
 pub mod bench_hstu;
 pub mod bench_loader;
 pub mod bench_stream;
+pub mod checkpoint;
 pub mod data;
 pub mod devices;
 pub mod docs;

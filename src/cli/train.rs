@@ -70,6 +70,12 @@ pub struct TrainArgs {
     /// Also checkpoint every this many batches (0: at epoch ends only).
     #[arg(long, default_value_t = 0)]
     pub checkpoint_every: u64,
+    /// Between full checkpoints, write up to this many delta checkpoints
+    /// (only the rows training changed, the dense weights and the
+    /// position; `ember checkpoint compact` folds a chain into one file).
+    /// 0: every checkpoint is full.
+    #[arg(long, default_value_t = 0)]
+    pub delta_checkpoints: u64,
     /// Continue from the checkpoint in --checkpoint-dir (its architecture,
     /// optimizers and their state, at the batch where it stopped).
     #[arg(long)]
@@ -285,6 +291,9 @@ impl TrainArgs {
         if self.checkpoint_every > 0 && self.checkpoint_dir.is_none() {
             idle.push("--checkpoint-every does nothing without --checkpoint-dir");
         }
+        if self.delta_checkpoints > 0 && self.checkpoint_dir.is_none() {
+            idle.push("--delta-checkpoints does nothing without --checkpoint-dir");
+        }
         if self.eval_every > 0 && self.eval_data.is_empty() {
             idle.push("--eval-every does nothing without --eval-data");
         }
@@ -301,6 +310,7 @@ impl TrainArgs {
             eval_at_epoch_end: self.eval_every == 0,
             checkpoint_dir: self.checkpoint_dir.clone(),
             checkpoint_every: self.checkpoint_every,
+            delta_checkpoints: self.delta_checkpoints,
             log_every: self.print_freq,
             setup_timeout: setup_timeout()?,
             pipeline: !self.mode.no_pipeline,

@@ -10,7 +10,9 @@ use ember_sparse::{EmbeddingTable, KvPosition, KvState};
 use safetensors::tensor::Dtype;
 use serde::{Deserialize, Serialize};
 
+use super::delta::DELTA_PREFIX;
 use super::read::{meta_value, Checkpoint};
+use super::store::TensorStore;
 use super::write::{json, Data, Tensor};
 use crate::ModelError;
 
@@ -52,10 +54,39 @@ pub(super) fn add_kv_tensors(
     tensors: &mut Vec<(String, Tensor<'_>)>,
     meta: &mut HashMap<String, String>,
 ) {
-    let Some(state) = table.kv_state() else {
-        return;
-    };
-    let [ids, last_seen, counts, free, sketch] = names(base);
+    if let Some(state) = table.kv_state() {
+        add_state(names(base), table.name(), state, tensors, meta);
+    }
+}
+
+/// Adds a delta's part of a key-value table's map ([`EmbeddingTable::kv_delta`]):
+/// the changed rows' ids and headers under `delta.`, the rest as in a full file.
+pub(super) fn add_kv_delta(
+    base: &str,
+    table: &str,
+    state: KvState,
+    tensors: &mut Vec<(String, Tensor<'_>)>,
+    meta: &mut HashMap<String, String>,
+) {
+    add_state(delta_names(base), table, state, tensors, meta);
+}
+
+/// A delta's names: the rows' parts under `delta.`.
+fn delta_names(base: &str) -> [String; 5] {
+    let mut names = names(base);
+    for n in &mut names[..3] {
+        n.insert_str(0, DELTA_PREFIX);
+    }
+    names
+}
+
+fn add_state(
+    [ids, last_seen, counts, free, sketch]: [String; 5],
+    table: &str,
+    state: KvState,
+    tensors: &mut Vec<(String, Tensor<'_>)>,
+    meta: &mut HashMap<String, String>,
+) {
     let rows = state.ids.len();
     let id_bytes = state.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
     tensors.push((ids, tensor(Dtype::U64, rows, id_bytes)));
@@ -74,59 +105,78 @@ pub(super) fn add_kv_tensors(
         free_rows,
         position: state.position,
     };
-    meta.insert(meta_key(table.name()), json(&saved));
+    meta.insert(meta_key(table), json(&saved));
 }
 
 impl Checkpoint {
     /// Loads saved table `base`'s map into `local` (a key-value table),
     /// checked whole.
     pub(super) fn read_kv(&self, base: &str, local: &mut EmbeddingTable) -> Result<(), ModelError> {
-        let fail = |tensor: Option<String>, message: String| ModelError::Checkpoint {
-            path: self.path().to_path_buf(),
-            tensor,
-            message,
-        };
-        let key = meta_key(local.name());
-        let saved: SavedKv =
-            meta_value(self.store.metadata(), &key, self.path())?.ok_or_else(|| {
-                fail(
-                    None,
-                    format!("no '{key}': the key-value table's map is missing"),
-                )
-            })?;
-        let [ids, last_seen, counts, free, sketch] = names(base);
         let rows = local.num_embeddings() - 1;
-        let read = |name: &str, dtype: Dtype, len: usize| -> Result<Vec<u8>, ModelError> {
-            let mut out = Vec::new();
-            self.store
-                .view(name, dtype, &[len], &mut |b| out = b.to_vec())?;
-            Ok(out)
-        };
-        let u32s = |b: Vec<u8>| -> Vec<u32> {
-            let word = |c: &[u8]| u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            b.chunks_exact(4).map(word).collect()
-        };
-        let id_bytes = read(&ids, Dtype::U64, rows)?;
-        let mut word = [0u8; 8];
-        let ids = (id_bytes.chunks_exact(8))
-            .map(|c| {
-                word.copy_from_slice(c);
-                u64::from_le_bytes(word)
-            })
-            .collect();
-        let sketch_len = local.kv_sketch_len();
-        let sketch = match sketch_len {
-            0 => Vec::new(),
-            n => u32s(read(&sketch, Dtype::U32, n)?),
-        };
-        let state = KvState {
-            ids,
-            last_seen: u32s(read(&last_seen, Dtype::U32, rows)?),
-            counts: u32s(read(&counts, Dtype::U32, rows)?),
-            free: u32s(read(&free, Dtype::U32, saved.free_rows)?),
-            sketch,
-            position: saved.position,
-        };
-        (local.load_kv_state(state)).map_err(|e| fail(None, e.to_string()))
+        let state = read_state(self.store.as_ref(), names(base), local, rows)?;
+        (local.load_kv_state(state)).map_err(|e| ModelError::Checkpoint {
+            path: self.path().to_path_buf(),
+            tensor: None,
+            message: e.to_string(),
+        })
     }
+}
+
+/// A delta's part of table `base`'s map, for `rows` (its changed rows).
+pub(super) fn read_kv_delta(
+    delta: &dyn TensorStore,
+    base: &str,
+    local: &EmbeddingTable,
+    rows: &[u64],
+) -> Result<KvState, ModelError> {
+    let fallback = local.num_embeddings() as u64 - 1;
+    let held = rows.iter().filter(|&&r| r < fallback).count();
+    read_state(delta, delta_names(base), local, held)
+}
+
+/// A map's tensors of `rows` rows, and its metadata entry, from `store`.
+fn read_state(
+    store: &dyn TensorStore,
+    [ids, last_seen, counts, free, sketch]: [String; 5],
+    local: &EmbeddingTable,
+    rows: usize,
+) -> Result<KvState, ModelError> {
+    let path = store.path();
+    let key = meta_key(local.name());
+    let saved: SavedKv = meta_value(store.metadata(), &key, path)?.ok_or_else(|| {
+        ModelError::Checkpoint {
+            path: path.to_path_buf(),
+            tensor: None,
+            message: format!("no '{key}': the key-value table's map is missing"),
+        }
+    })?;
+    let read = |name: &str, dtype: Dtype, len: usize| -> Result<Vec<u8>, ModelError> {
+        let mut out = Vec::new();
+        store.view(name, dtype, &[len], &mut |b| out = b.to_vec())?;
+        Ok(out)
+    };
+    let u32s = |b: Vec<u8>| -> Vec<u32> {
+        let word = |c: &[u8]| u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        b.chunks_exact(4).map(word).collect()
+    };
+    let id_bytes = read(&ids, Dtype::U64, rows)?;
+    let mut word = [0u8; 8];
+    let ids = (id_bytes.chunks_exact(8))
+        .map(|c| {
+            word.copy_from_slice(c);
+            u64::from_le_bytes(word)
+        })
+        .collect();
+    let sketch = match local.kv_sketch_len() {
+        0 => Vec::new(),
+        n => u32s(read(&sketch, Dtype::U32, n)?),
+    };
+    Ok(KvState {
+        ids,
+        last_seen: u32s(read(&last_seen, Dtype::U32, rows)?),
+        counts: u32s(read(&counts, Dtype::U32, rows)?),
+        free: u32s(read(&free, Dtype::U32, saved.free_rows)?),
+        sketch,
+        position: saved.position,
+    })
 }

@@ -28,6 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
 
+mod chain;
+mod delta;
 mod kv;
 mod names;
 mod quantize;
@@ -38,6 +40,11 @@ mod state;
 mod store;
 mod valid;
 mod write;
+pub(crate) use chain::ChainHead;
+pub use chain::delta_file_name;
+pub(crate) use delta::write_delta;
+pub use delta::{compact, save_delta, CompactSummary};
+pub(crate) use write::save_full;
 pub use names::{dense_shapes, natural_key, table_weight_name, weight_layout};
 pub use quantize::{quantize, QuantizeSummary};
 pub use read::{resume, Checkpoint};
@@ -57,26 +64,55 @@ pub fn latest(
     dir: &Path,
     world: Option<&std::sync::Arc<dyn ember_sharding::Collective>>,
 ) -> Result<Option<PathBuf>, ModelError> {
-    let choose = || {
+    // A full file's chain of deltas, if any, ends at its last delta.
+    let choose = || -> Result<Option<PathBuf>, ModelError> {
         let modified = |p: PathBuf| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p));
-        [dir.join(INDEX_FILE), dir.join(CHECKPOINT_FILE)]
+        let newer = [dir.join(INDEX_FILE), dir.join(CHECKPOINT_FILE)]
             .into_iter()
             .filter_map(modified)
             .max_by_key(|(t, _)| *t)
-            .map(|(_, p)| p)
+            .map(|(_, p)| p);
+        match newer {
+            Some(p) if p.ends_with(CHECKPOINT_FILE) => {
+                Ok(chain::Chain::read(dir)?.map(|c| c.tail()))
+            }
+            other => Ok(other),
+        }
     };
     let Some(comm) = world else {
-        return Ok(choose());
+        return choose();
     };
+    // Rank 0's error goes to every rank (after a NUL), so none waits on.
     let mine = match comm.rank() {
-        0 => choose().map_or(Vec::new(), |p| {
-            p.to_string_lossy().into_owned().into_bytes()
-        }),
+        0 => match choose() {
+            Ok(p) => p.map_or(Vec::new(), |p| p.to_string_lossy().into_owned().into_bytes()),
+            Err(e) => [&b"\0"[..], e.to_string().as_bytes()].concat(),
+        },
         _ => Vec::new(),
     };
     let chosen = comm.broadcast(0, mine)?;
     let chosen = String::from_utf8_lossy(&chosen).into_owned();
+    if let Some(error) = chosen.strip_prefix('\0') {
+        return Err(fail_at(dir, format!("rank 0: {error}")));
+    }
     Ok((!chosen.is_empty()).then(|| PathBuf::from(chosen)))
+}
+
+/// After `model` was saved whole to `dir`'s `model.safetensors` (of
+/// `identity`): its changed rows count from there, and the directory's
+/// older deltas go.
+pub(crate) fn after_full_save(model: &mut crate::Dlrm, dir: &Path, identity: u32) {
+    chain::remove_deltas(dir, 0);
+    let Some(ebc) = model.sparse_arch_mut().local_mut() else {
+        return;
+    };
+    ebc.clear_changed();
+    model.set_chain_head(Some(ChainHead {
+        dir: dir.to_path_buf(),
+        base: identity,
+        tail: identity,
+        sequence: 0,
+    }));
 }
 
 /// The prefix of DLRM's table tensors (TorchRec's `EmbeddingBagCollection` in `sparse_arch`).

@@ -10,6 +10,7 @@ use ember_sharding::RowSplit;
 use ember_sparse::{DataType, EmbeddingBagCollection, TableOptimizer};
 use safetensors::tensor::Dtype;
 
+use super::chain::{Chain, ChainHead};
 use super::names::{dense_shapes, infer_config, table_weight_name, weight_layout};
 use super::store::{f32s, InMemory, MappedFile, SetStore, TensorStore};
 use super::valid::{check_values, Allowed};
@@ -82,6 +83,12 @@ pub struct Checkpoint {
     /// Each table's data type in the file (`config` holds the type the
     /// models get, which [`cast_tables`](Checkpoint::cast_tables) may change).
     pub(super) stored: Vec<DataType>,
+    /// The delta checkpoints read over the full file, in order (the
+    /// metadata and dense weights are the last one's).
+    pub(super) deltas: Vec<Box<dyn TensorStore>>,
+    /// The chain a model built from here continues (a full file or a
+    /// delta in its directory).
+    pub(super) chain_head: Option<ChainHead>,
 }
 
 impl Checkpoint {
@@ -100,11 +107,38 @@ impl Checkpoint {
             })?,
             false => path.to_path_buf(),
         };
-        let store: Box<dyn TensorStore> = match file.to_string_lossy().ends_with(".index.json") {
-            true => Box::new(SetStore::open(&file)?),
-            false => Box::new(MappedFile::open(&file)?),
+        if file.to_string_lossy().ends_with(".index.json") {
+            return Self::from_store(Box::new(SetStore::open(&file)?), Vec::new(), path);
+        }
+        let dir = file.parent().unwrap_or(Path::new("."));
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        // A delta: the chain up to it; the full file of a chain: itself.
+        let sequence = super::chain::delta_sequence(name);
+        let chain = match sequence.is_some() || name == CHECKPOINT_FILE {
+            true => Chain::read(dir)?,
+            false => None,
         };
-        Self::from_store(store, path)
+        let Some(mut chain) = chain else {
+            return Self::from_store(Box::new(MappedFile::open(&file)?), Vec::new(), path);
+        };
+        let keep = sequence.unwrap_or(0) as usize;
+        if chain.deltas.len() < keep {
+            return Err(super::fail_at(
+                &file,
+                format!(
+                    "not in the delta chain of {}: it builds on another full checkpoint",
+                    chain.base.display()
+                ),
+            ));
+        }
+        chain.deltas.truncate(keep);
+        let head = chain.head(dir);
+        let deltas = (chain.deltas.into_iter())
+            .map(|(f, _)| Box::new(f) as Box<dyn TensorStore>)
+            .collect();
+        let mut checkpoint = Self::from_store(Box::new(MappedFile::open(&chain.base)?), deltas, path)?;
+        checkpoint.chain_head = (head.base != 0).then_some(head);
+        Ok(checkpoint)
     }
 
     /// [`Checkpoint::open`] for a single file's bytes already in memory
@@ -119,19 +153,25 @@ impl Checkpoint {
     /// ```
     pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<Self, ModelError> {
         let name = Path::new(name);
-        Self::from_store(Box::new(InMemory::new(bytes, name)?), name)
+        Self::from_store(Box::new(InMemory::new(bytes, name)?), Vec::new(), name)
     }
 
     /// Reads the architecture and checks every tensor it needs; `opened` is
     /// what the caller named (a set's directory, say), for errors before
     /// the tensors are looked at.
-    fn from_store(store: Box<dyn TensorStore>, opened: &Path) -> Result<Self, ModelError> {
+    fn from_store(
+        store: Box<dyn TensorStore>,
+        deltas: Vec<Box<dyn TensorStore>>,
+        opened: &Path,
+    ) -> Result<Self, ModelError> {
         let fail = |message: String| ModelError::Checkpoint {
             path: opened.to_path_buf(),
             tensor: None,
             message,
         };
-        let (meta, path) = (store.metadata(), store.path());
+        // The chain's last file says where it stands.
+        let last = deltas.last().unwrap_or(&store);
+        let (meta, path) = (last.metadata(), last.path());
         let config: DlrmConfig = match (meta_value(meta, META_CONFIG, path)?, store.shapes()) {
             (Some(c), _) => c,
             (None, Some(shapes)) => infer_config(shapes).map_err(fail)?,
@@ -139,6 +179,15 @@ impl Checkpoint {
             (None, None) => return Err(fail(format!("the index has no '{META_CONFIG}'"))),
         };
         config.validate().map_err(|e| fail(e.to_string()))?;
+        for file in deltas.iter().map(AsRef::as_ref).chain([store.as_ref()]) {
+            let other: Option<DlrmConfig> = meta_value(file.metadata(), META_CONFIG, file.path())?;
+            if other.as_ref() != Some(&config) {
+                return Err(super::fail_at(
+                    file.path(),
+                    "holds another architecture than the rest of its delta chain".into(),
+                ));
+            }
+        }
         let stored = config.tables.iter().map(|t| t.data_type).collect();
         let checkpoint = Self {
             config,
@@ -151,9 +200,15 @@ impl Checkpoint {
             dataset_spec: meta_value(meta, META_DATASET_SPEC, path)?,
             stored,
             store,
+            deltas,
+            chain_head: None,
         };
-        for (name, dtype, shape) in checkpoint.expected_tensors() {
+        let (tables, dense) = checkpoint.expected_tensors();
+        for (name, dtype, shape) in tables {
             checkpoint.store.check(&name, dtype, &shape)?;
+        }
+        for (name, dtype, shape) in dense {
+            checkpoint.dense_store().check(&name, dtype, &shape)?;
         }
         Ok(checkpoint)
     }
@@ -183,7 +238,14 @@ impl Checkpoint {
     /// file. A command writing beside a checkpoint refuses to write any of
     /// them ([`ember_dataloader::atomic::same_file`]).
     pub fn files(&self) -> Vec<std::path::PathBuf> {
-        self.store.files()
+        let mut files = self.store.files();
+        files.extend(self.deltas.iter().flat_map(|d| d.files()));
+        files
+    }
+
+    /// Delta checkpoints read over the full file (0: one file, or a set).
+    pub fn delta_count(&self) -> usize {
+        self.deltas.len()
     }
     /// The architecture: from the metadata, or inferred from the TorchRec
     /// names and shapes.
@@ -275,21 +337,30 @@ impl Checkpoint {
         Ok(ember_dataloader::Loader::open(data, config)?)
     }
 
-    /// Every tensor the model needs, with its dtype and shape: tables in
-    /// their saved types.
-    fn expected_tensors(&self) -> Vec<(String, Dtype, Vec<usize>)> {
-        let mut names: Vec<_> = (self.config.tables.iter().zip(&self.stored))
+    /// Every tensor the model needs, with its dtype and shape: the tables
+    /// (in their saved types) and the dense parameters.
+    #[allow(clippy::type_complexity)]
+    fn expected_tensors(
+        &self,
+    ) -> (
+        Vec<(String, Dtype, Vec<usize>)>,
+        Vec<(String, Dtype, Vec<usize>)>,
+    ) {
+        let tables = (self.config.tables.iter().zip(&self.stored))
             .map(|(t, &dtype)| {
                 let (dtype, shape) = weight_layout(dtype, t.num_embeddings, t.embedding_dim);
                 (table_weight_name(&t.name), dtype, shape)
             })
             .collect();
-        names.extend(
-            dense_shapes(&self.config)
-                .into_iter()
-                .map(|(name, shape)| (name, Dtype::F32, shape)),
-        );
-        names
+        let dense = (dense_shapes(&self.config).into_iter())
+            .map(|(name, shape)| (name, Dtype::F32, shape))
+            .collect();
+        (tables, dense)
+    }
+
+    /// Where the dense weights are: the chain's last file.
+    fn dense_store(&self) -> &dyn TensorStore {
+        self.deltas.last().unwrap_or(&self.store).as_ref()
     }
 
     /// The named tensor as f32 values, checked for dtype (F32), shape and
@@ -301,7 +372,8 @@ impl Checkpoint {
         allowed: Allowed,
     ) -> Result<Vec<f32>, ModelError> {
         let (mut values, mut read) = (Vec::new(), false);
-        self.store.view(name, Dtype::F32, shape, &mut |bytes| {
+        let store = self.dense_store();
+        store.view(name, Dtype::F32, shape, &mut |bytes| {
             values = f32s(bytes);
             read = true;
         })?;
@@ -309,7 +381,7 @@ impl Checkpoint {
         let width = shape.get(1).copied().unwrap_or(1);
         check_values(&values, width, (RowSplit::All, 0), allowed).map_err(|message| {
             ModelError::Checkpoint {
-                path: self.path().to_path_buf(),
+                path: store.path().to_path_buf(),
                 tensor: Some(name.to_string()),
                 message,
             }
@@ -367,12 +439,14 @@ impl Checkpoint {
             let all = (RowSplit::All, 0..config.embedding_dim);
             self.read_table(t, all, (table_optimizer, same_table_opt), table)?;
         }
+        self.apply_deltas(ebc, table_optimizer, same_table_opt)?;
         if same_table_opt {
             ebc.set_step(self.sparse_step);
         }
         ebc.set_rounding_seed(self.rounding_seed);
         self.restore_dense(&mut model, dense_optimizer)?;
         model.set_dataset_spec(self.dataset_spec.clone());
+        model.set_chain_head(self.chain_head.clone());
         Ok(model)
     }
 

@@ -32,6 +32,12 @@ impl Checkpoint {
         (plan, comm): (ShardingPlan, Arc<dyn Collective>),
         tiers: Vec<Option<DiskTierConfig>>,
     ) -> Result<Dlrm, ModelError> {
+        if !self.deltas.is_empty() {
+            return Err(super::fail_at(
+                self.path(),
+                "a chain of delta checkpoints loads in one process: fold it into one file first (ember checkpoint compact)".into(),
+            ));
+        }
         let restore = self.same_table_optimizer(&table_optimizer);
         let rows = ShardRows {
             checkpoint: self,
@@ -231,18 +237,18 @@ impl Checkpoint {
 }
 
 /// One optimizer-state tensor of a table as a shard reads it.
-struct StateTensor {
-    name: String,
-    shape: Vec<usize>,
-    allowed: Allowed,
+pub(super) struct StateTensor {
+    pub(super) name: String,
+    pub(super) shape: Vec<usize>,
+    pub(super) allowed: Allowed,
     /// The columns the shard keeps.
-    kept: Range<usize>,
+    pub(super) kept: Range<usize>,
 }
 
 /// The state tensors of table `table` (`rows` x `dim`) under `optimizer`,
 /// in the order a row of the collection's state holds them, for a shard
 /// of columns `cols`.
-fn state_tensors(
+pub(super) fn state_tensors(
     table: &str,
     optimizer: TableOptimizer,
     (rows, dim): (usize, usize),

@@ -204,7 +204,7 @@ impl<'a> StateDict<'a> {
         if let Some(t) = train {
             self.metadata.insert(META_TRAIN_STATE.into(), json(t));
         }
-        write_file(self.tensors, self.metadata, path)
+        write_file(self.tensors, self.metadata, path).map(|_| ())
     }
 }
 

@@ -92,6 +92,15 @@ pub(super) fn json<T: Serialize>(v: &T) -> String {
 /// Writes `model` (weights and optimizer state) to `path` atomically:
 /// a temporary file in the same directory, fsynced, then renamed.
 pub fn save(model: &mut Dlrm, path: &Path, train: Option<&TrainState>) -> Result<(), ModelError> {
+    save_full(model, path, train).map(|_| ())
+}
+
+/// [`save`], returning the file's [`identity`](super::chain::identity).
+pub(crate) fn save_full(
+    model: &mut Dlrm,
+    path: &Path,
+    train: Option<&TrainState>,
+) -> Result<u32, ModelError> {
     let mut meta = metadata(model, train);
     let mut tensors = dense_tensors(model).map_err(|m| fail_at(path, m))?;
     let table_opt = model.sparse_arch().optimizer();
@@ -225,6 +234,22 @@ enum Saved<'a> {
 }
 
 impl<'a> SavedTable<'a> {
+    /// `rows` rows of `table`'s type and dim gathered in memory (`bytes`
+    /// and `state` as the table lays them out).
+    pub(super) fn gathered(
+        table: &EmbeddingTable,
+        rows: usize,
+        bytes: &'a [u8],
+        state: &'a [f32],
+    ) -> Self {
+        Self {
+            dtype: table.data_type(),
+            rows,
+            dim: table.dim(),
+            source: Saved::InMemory { rows: bytes, state },
+        }
+    }
+
     /// All of `table`: borrowed in RAM, streamed on the disk tier.
     pub(super) fn of(table: &'a EmbeddingTable) -> Self {
         let source = match table.is_on_disk() {
@@ -315,12 +340,13 @@ pub(super) fn table_tensors<'a>(
 /// tensor in memory. Tensors streamed from a disk-tier table are read a
 /// piece at a time (each table once, all its tensors together); their
 /// checksums are known only once written, so the header goes in first with
-/// zeros for them (of the same length) and again at the end.
+/// zeros for them (of the same length) and again at the end. Returns the
+/// file's [`identity`](super::chain::identity).
 pub(super) fn write_file(
     mut tensors: Vec<(String, Tensor<'_>)>,
     mut meta: HashMap<String, String>,
     path: &Path,
-) -> Result<(), ModelError> {
+) -> Result<u32, ModelError> {
     let fail = |m: String| fail_at(path, m);
     // The crate's order: by descending dtype alignment, then name.
     tensors.sort_by(|(a, x), (b, y)| y.dtype.cmp(&x.dtype).then(a.cmp(b)));
@@ -422,7 +448,7 @@ pub(super) fn write_file(
         file.write_all_at(&last, 8).map_err(io_fail)?;
     }
     out.commit().map_err(|e| fail(e.to_string()))?;
-    Ok(())
+    Ok(super::chain::identity(&meta).expect("the checksums were just written"))
 }
 
 /// Why streaming a table's tensors failed.

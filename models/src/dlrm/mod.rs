@@ -108,6 +108,9 @@ pub struct Dlrm {
     /// The disk tier's directory, held while the model's tables use it
     /// (taken by [`DlrmBuilder::disk_tier`]).
     disk_dir: Option<ember_dataloader::lock::DirLock>,
+    /// The checkpoint chain the tables' changed rows count from (the one
+    /// last saved, or loaded): what a delta checkpoint builds on.
+    chain_head: Option<crate::checkpoint::ChainHead>,
 }
 
 /// [`Model::input_dist`] of a sharded [`Dlrm`]: its tables' input router.
@@ -174,6 +177,15 @@ impl Dlrm {
         self.dataset_spec.as_ref()
     }
 
+    /// The checkpoint chain this model's changed rows count from.
+    pub(crate) fn chain_head(&self) -> Option<&crate::checkpoint::ChainHead> {
+        self.chain_head.as_ref()
+    }
+
+    pub(crate) fn set_chain_head(&mut self, head: Option<crate::checkpoint::ChainHead>) {
+        self.chain_head = head;
+    }
+
     /// Sets (or clears) what [`dataset_spec`](Self::dataset_spec) returns.
     pub fn set_dataset_spec(&mut self, spec: Option<ember_dataloader::DatasetSpec>) {
         self.dataset_spec = spec;
@@ -230,6 +242,7 @@ impl Dlrm {
             read_ahead: false,
             dataset_spec: None,
             disk_dir: None,
+            chain_head: None,
         })
     }
 
@@ -251,6 +264,11 @@ impl Dlrm {
     pub fn shard(&mut self, plan: Option<ShardingPlan>) -> Result<(), ModelError> {
         if self.world.is_some() {
             return Err(Unsupported::ReshardOnRank.into());
+        }
+        // Rows that move lose count of their changes: deltas start again
+        // from the next full checkpoint.
+        if plan.is_some() || self.sparse_arch.local().is_none() {
+            self.chain_head = None;
         }
         self.sparse_arch.reshard(plan)?;
         self.pooled = self.sparse_arch.new_output(0);
@@ -648,8 +666,9 @@ impl Model for Dlrm {
                 Ok(index)
             }
             None => {
-                crate::checkpoint::save(self, &file, train)?;
+                let identity = crate::checkpoint::save_full(self, &file, train)?;
                 crate::checkpoint::remove_set(dir);
+                crate::checkpoint::after_full_save(self, dir, identity);
                 Ok(file)
             }
             Some(rank) => {
@@ -660,6 +679,23 @@ impl Model for Dlrm {
                 Ok(index)
             }
         }
+    }
+
+    /// A delta of what training changed since this model's last checkpoint
+    /// in `dir` (one file, or a chain: see [`save_delta`](crate::checkpoint::save_delta));
+    /// `None` when there is none to build on, the chain already holds
+    /// `max_chain` deltas, or the model is sharded or a rank of a world.
+    fn save_checkpoint_delta(
+        &mut self,
+        dir: &Path,
+        train: Option<&TrainState>,
+        max_chain: u64,
+    ) -> Result<Option<PathBuf>, ModelError> {
+        if self.chain_head.as_ref().is_none_or(|h| h.sequence >= max_chain) {
+            return Ok(None);
+        }
+        self.sync_to_host()?;
+        crate::checkpoint::write_delta(self, dir, train)
     }
 
     /// Reads a checkpoint of this architecture into this (one-process)

@@ -40,6 +40,11 @@ pub struct TrainerConfig {
     pub checkpoint_dir: Option<PathBuf>,
     /// Also checkpoint every this many steps (0: at epoch ends only).
     pub checkpoint_every: u64,
+    /// Between full checkpoints, write up to this many delta checkpoints
+    /// (only what training changed: [`Model::save_checkpoint_delta`]);
+    /// 0: every checkpoint is full. Where the model writes no delta (the
+    /// run's first checkpoint, a world), the checkpoint is full.
+    pub delta_checkpoints: u64,
     /// A [`TrainEvent::Log`] every this many batches of an epoch.
     pub log_every: u64,
     /// How long ranks wait for each other in checkpoints.
@@ -61,6 +66,7 @@ impl Default for TrainerConfig {
             eval_at_epoch_end: true,
             checkpoint_dir: None,
             checkpoint_every: 0,
+            delta_checkpoints: 0,
             log_every: 100,
             setup_timeout: SETUP_TIMEOUT,
             pipeline: true,
@@ -601,8 +607,16 @@ impl Trainer {
         let t = Instant::now();
         let state = &run.state;
         // Ranks write their parts at their own pace, then leave together.
+        let deltas = self.config.delta_checkpoints;
         let path = patiently(world, self.config.setup_timeout, || {
-            model.save_checkpoint(dir, Some(state))
+            let delta = match deltas {
+                0 => None,
+                n => model.save_checkpoint_delta(dir, Some(state), n)?,
+            };
+            match delta {
+                Some(path) => Ok(path),
+                None => model.save_checkpoint(dir, Some(state)),
+            }
         })?;
         run.excluded += t.elapsed();
         run.saved = Some(state.clone());

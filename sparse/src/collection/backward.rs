@@ -226,6 +226,18 @@ impl EmbeddingTable {
                     _ => unreachable!("{dtype} tables take no optimizer"),
                 }
             });
+        // The rows this step changed, by row (a disk-tier slot's row id).
+        let changed: Vec<usize> = (job.starts[..segments].iter())
+            .map(|&s| {
+                let slot = job.entries[s].id as usize;
+                job.slot_ids.map_or(slot, |ids| {
+                    ids[slot].load(std::sync::atomic::Ordering::Relaxed) as usize
+                })
+            })
+            .collect();
+        for row in changed {
+            self.mark_changed(row);
+        }
     }
 }
 

@@ -310,5 +310,6 @@ fn whole_table(
         part: TablePart::whole(index),
         scratch: BackwardScratch::default(),
         kv: None,
+        changed: Default::default(),
     }
 }

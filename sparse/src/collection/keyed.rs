@@ -73,6 +73,30 @@ impl EmbeddingTable {
         })
     }
 
+    /// A key-value table's map as a delta checkpoint saves it: of `rows`
+    /// (ascending, the table's changed rows) the ids, headers and counts
+    /// of those below the fallback row, in order; the free rows, sketch
+    /// and position whole.
+    pub fn kv_delta(&self, rows: &[u64]) -> Option<KvState> {
+        self.kv.as_ref().map(|kv| kv.delta(rows))
+    }
+
+    /// Applies a [`kv_delta`](Self::kv_delta) of `rows` over this table's
+    /// map, then checks the result whole as
+    /// [`load_kv_state`](Self::load_kv_state) does; nothing changes on an
+    /// error.
+    ///
+    /// # Panics
+    /// When the table is not a key-value table.
+    pub fn apply_kv_delta(&mut self, rows: &[u64], delta: KvState) -> Result<(), SparseError> {
+        let kv = self.kv.as_ref().expect("apply_kv_delta: not a key-value table");
+        let state = kv.patched(rows, delta).map_err(|reason| SparseError::KvState {
+            table: self.config.name.clone(),
+            reason,
+        })?;
+        self.load_kv_state(state)
+    }
+
     /// Counters of a key-value table's admission sketch (0 without one).
     pub fn kv_sketch_len(&self) -> usize {
         self.kv.as_ref().map_or(0, KvIndex::sketch_len)
@@ -99,6 +123,15 @@ impl EmbeddingTable {
             b.iter().map(|v| v * v).sum::<f32>().sqrt()
         };
         let fresh = kv.assign(ids, training, &norm);
+        let given_up = kv.take_given_up();
+        if training {
+            // Headers moved: every row looked up, and every row given up.
+            let fallback = kv.fallback_row() as i64;
+            let looked_up = ids.iter().filter(|&&r| r != fallback);
+            for r in looked_up.map(|&r| r as usize).chain(given_up.iter().map(|&r| r as usize)) {
+                self.mark_changed(r);
+            }
+        }
         self.renew(&fresh);
     }
 

@@ -25,6 +25,7 @@ macro_rules! with_fixed_dim {
 }
 
 mod backward;
+mod changed;
 mod forward;
 mod init;
 mod keyed;
@@ -33,6 +34,7 @@ mod staging;
 mod store;
 
 use backward::BackwardScratch;
+use changed::ChangedRows;
 use init::new_table;
 pub use init::{initial_rows, RowMaker};
 pub use sequence::{EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings};
@@ -49,6 +51,8 @@ pub struct EmbeddingTable {
     scratch: BackwardScratch,
     /// A key-value table's map from raw ids to rows.
     kv: Option<KvIndex>,
+    /// Rows training changed since a checkpoint last took them.
+    changed: ChangedRows,
 }
 
 /// Where a table's rows sit in the whole table they are part of: a shard's

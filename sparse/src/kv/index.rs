@@ -107,6 +107,8 @@ pub(crate) struct KvIndex {
     sketch: Option<CountMinSketch>,
     /// The counted figures (occupancy and capacity come from the map).
     stats: KvStats,
+    /// Rows given up since the table last took them (its changed rows).
+    given_up: Vec<u32>,
 }
 
 impl std::fmt::Debug for KvIndex {
@@ -143,6 +145,7 @@ impl KvIndex {
             clock: 0,
             sketch,
             stats: KvStats::default(),
+            given_up: Vec::new(),
         }
     }
 
@@ -180,6 +183,16 @@ impl KvIndex {
             ids: self.keys.clone(),
             last_seen: self.last_seen.clone(),
             counts: self.counts.clone(),
+            ..self.headless_state()
+        }
+    }
+
+    /// The map as saved without its rows' ids, headers and counts.
+    fn headless_state(&self) -> KvState {
+        KvState {
+            ids: Vec::new(),
+            last_seen: Vec::new(),
+            counts: Vec::new(),
             free: self.free.clone(),
             sketch: self
                 .sketch
@@ -193,6 +206,41 @@ impl KvIndex {
                 stats: self.stats(),
             },
         }
+    }
+
+    /// The map as a delta saves it (see `EmbeddingTable::kv_delta`).
+    pub(crate) fn delta(&self, rows: &[u64]) -> KvState {
+        let held: Vec<usize> = (rows.iter().map(|&r| r as usize))
+            .filter(|&r| r < self.capacity)
+            .collect();
+        let pick = |v: &[u32]| held.iter().map(|&r| v[r]).collect();
+        let mut state = self.headless_state();
+        state.ids = held.iter().map(|&r| self.keys[r]).collect();
+        (state.last_seen, state.counts) = (pick(&self.last_seen), pick(&self.counts));
+        state
+    }
+
+    /// This map with `delta`'s rows (of `rows`) written over it, its free
+    /// rows, sketch and position taken: the state to restore.
+    pub(crate) fn patched(&self, rows: &[u64], delta: KvState) -> Result<KvState, String> {
+        let held: Vec<usize> = (rows.iter().map(|&r| r as usize))
+            .filter(|&r| r < self.capacity)
+            .collect();
+        let lengths = [delta.ids.len(), delta.last_seen.len(), delta.counts.len()];
+        if lengths.iter().any(|&n| n != held.len()) {
+            return Err(format!(
+                "{lengths:?} ids, headers and counts for {} changed rows",
+                held.len()
+            ));
+        }
+        let mut state = self.state();
+        for (k, &r) in held.iter().enumerate() {
+            state.ids[r] = delta.ids[k];
+            state.last_seen[r] = delta.last_seen[k];
+            state.counts[r] = delta.counts[k];
+        }
+        (state.free, state.sketch, state.position) = (delta.free, delta.sketch, delta.position);
+        Ok(state)
     }
 
     /// Replaces the map with a saved one, checked whole first: one row per
@@ -269,6 +317,7 @@ impl KvIndex {
         self.seed = state.position.seed;
         self.clock = clock as u32;
         self.stats = state.position.stats;
+        self.given_up.clear();
         Ok(())
     }
 
@@ -412,6 +461,11 @@ impl KvIndex {
         Some(row)
     }
 
+    /// The rows given up since the last call.
+    pub(crate) fn take_given_up(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.given_up)
+    }
+
     fn take_free(&mut self) -> Option<usize> {
         if let Some(r) = self.free.pop() {
             return Some(r as usize);
@@ -463,6 +517,7 @@ impl KvIndex {
         }
         self.counts[r] = 0;
         self.free.push(r as u32);
+        self.given_up.push(r as u32);
         self.stats.evicted += 1;
     }
 }

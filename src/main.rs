@@ -6,8 +6,7 @@ use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
     bench_dlrm, bench_embedding, bench_hstu, bench_loader, bench_stream, checkpoint, devices, docs,
-    eval,
-    ingest_sequences, plan, quantize, train, train_sequence,
+    eval, ingest_sequences, plan, quantize, train, train_sequence,
 };
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).

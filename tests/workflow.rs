@@ -921,6 +921,22 @@ fn a_stream_of_windows_is_evaluated_ahead_and_resumes_mid_window_exactly() {
         tensors(&part.join("model.safetensors"))
             == tensors(&dir.path().join("full/model.safetensors"))
     );
+    // The same with delta checkpoints between full ones: the run resumes
+    // from the chain, and the chain compacts into the same tensors.
+    let deltas = dir.path().join("deltas");
+    let every = ["--checkpoint-every", "6", "--delta-checkpoints", "2"];
+    let first = run(&deltas, &[&["--max-steps", "20"][..], &every].concat());
+    assert_eq!(windows(&first), seen[..1]);
+    assert!(deltas.join("model.delta-000001.safetensors").exists());
+    let rest = run(&deltas, &[&["--resume"][..], &every].concat());
+    assert_eq!(windows(&rest), seen[1..]);
+    let compacted = json(&["checkpoint", "compact", s(&deltas), "--json"]);
+    assert!(compacted["deltas"].as_u64().unwrap() >= 1, "{compacted}");
+    assert!(!deltas.join("model.delta-000001.safetensors").exists());
+    assert!(
+        tensors(&deltas.join("model.safetensors"))
+            == tensors(&dir.path().join("full/model.safetensors"))
+    );
     // `eval` of the checkpoint reports its key-value tables' figures.
     let full_dir = dir.path().join("full");
     let eval = json(&[

@@ -16,11 +16,12 @@ use ember_models::{
 use ember_sparse::{Admission, DataType, DiskTierConfig, Eviction, KvConfig, TableOptimizer};
 use safetensors::SafeTensors;
 
-/// An fp32 table, an fp16 table and a key-value table of 8 rows over 40
-/// raw ids (it admits on the second sighting, fills and evicts).
-fn setup() -> (DlrmConfig, SyntheticData) {
+/// An fp32 table, an fp16 table of `fp16_rows` and a key-value table of 8
+/// rows over 40 raw ids (it admits on the second sighting, fills and
+/// evicts).
+fn setup_with(fp16_rows: usize) -> (DlrmConfig, SyntheticData) {
     let mut config = DlrmConfig {
-        tables: DlrmConfig::criteo_tables(&[300, 30, 40], 4),
+        tables: DlrmConfig::criteo_tables(&[300, fp16_rows, 40], 4),
         bottom_mlp: vec![3, 6, 4],
         top_mlp: vec![5, 3, 1],
         interaction: InteractionType::Dot,
@@ -40,6 +41,10 @@ fn setup() -> (DlrmConfig, SyntheticData) {
         ..KvConfig::default()
     });
     (config, data)
+}
+
+fn setup() -> (DlrmConfig, SyntheticData) {
+    setup_with(30)
 }
 
 fn build(config: &DlrmConfig, optimizer: TableOptimizer) -> Dlrm {
@@ -103,8 +108,11 @@ fn size(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }
 
+/// Names and what they hold, in order.
+type Named = Vec<(String, String)>;
+
 /// Every tensor's dtype, shape and bytes, and the metadata, of a file.
-fn contents(path: &Path) -> (Vec<(String, String)>, Vec<(String, String)>) {
+fn contents(path: &Path) -> (Named, Named) {
     let bytes = std::fs::read(path).unwrap();
     let file = SafeTensors::deserialize(&bytes).unwrap();
     let mut tensors: Vec<(String, String)> = (file.tensors().into_iter())
@@ -122,11 +130,7 @@ fn contents(path: &Path) -> (Vec<(String, String)>, Vec<(String, String)>) {
 
 /// Full save, three deltas; returns the chain's directory and the file
 /// of a full save of the same state.
-fn chain_of_three(
-    model: &mut Dlrm,
-    data: &SyntheticData,
-    root: &Path,
-) -> (PathBuf, PathBuf) {
+fn chain_of_three(model: &mut Dlrm, data: &SyntheticData, root: &Path) -> (PathBuf, PathBuf) {
     let chain = root.join("chain");
     train(model, data, 0..3);
     model.save_checkpoint(&chain, Some(&at(3))).unwrap();
@@ -165,6 +169,20 @@ fn a_chain_of_deltas_loads_trains_on_and_compacts_as_a_full_save() {
         assert_eq!(train(&mut from_chain, &data, 12..15), go_on);
         assert_eq!(train(&mut from_full, &data, 12..15), go_on);
 
+        // The small key-value table changed whole: written whole; the
+        // others list their changed rows.
+        let (tensors, meta) = contents(&chain.join(delta_file_name(1)));
+        let link = &meta.iter().find(|(k, _)| k == "ember.delta").unwrap().1;
+        assert!(link.contains(r#""whole_tables":["t_cat_2"]"#), "{link}");
+        let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(
+            names.iter().any(|n| n.ends_with("t_cat_0.rows")),
+            "{names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.ends_with("t_cat_2.rows")),
+            "{names:?}"
+        );
         // A delta holds the changed rows only: smaller than a full file.
         for k in 1..=3 {
             let delta = size(&chain.join(delta_file_name(k)));
@@ -193,7 +211,9 @@ fn a_model_loaded_from_an_earlier_delta_forks_the_chain_there() {
         .build()
         .unwrap();
     train(&mut fork, &data, 100..103);
-    let path = fork.save_checkpoint_delta(&chain, Some(&at(9)), 10).unwrap();
+    let path = fork
+        .save_checkpoint_delta(&chain, Some(&at(9)), 10)
+        .unwrap();
     assert_eq!(path, Some(chain.join(delta_file_name(2))));
     assert!(!chain.join(delta_file_name(3)).exists());
     let mut loaded = Checkpoint::open(&chain).unwrap().builder().build().unwrap();
@@ -215,7 +235,10 @@ fn deltas_build_only_on_the_models_own_checkpoint() {
     let mut other = build(&config, TableOptimizer::rowwise_adagrad(0.05));
     train(&mut other, &data, 50..51);
     other.save_checkpoint(root.path(), None).unwrap();
-    assert_eq!(model.save_checkpoint_delta(root.path(), None, 10).unwrap(), None);
+    assert_eq!(
+        model.save_checkpoint_delta(root.path(), None, 10).unwrap(),
+        None
+    );
     assert!(save_delta(&mut model, root.path(), None).is_err());
 }
 
@@ -228,31 +251,55 @@ fn a_broken_chain_is_refused_naming_the_file() {
     std::fs::remove_file(chain.join(delta_file_name(2))).unwrap();
     for error in [
         Checkpoint::open(&chain).err().unwrap(),
-        ember_models::checkpoint::resume(&chain, None).err().unwrap(),
+        ember_models::checkpoint::resume(&chain, None)
+            .err()
+            .unwrap(),
     ] {
         let text = error.to_string();
         assert!(text.contains("broken delta chain"), "{text}");
         assert!(text.contains(&delta_file_name(3)), "{text}");
     }
     // Delta 3 put in delta 2's place: out of sequence.
-    std::fs::copy(chain.join(delta_file_name(3)), chain.join(delta_file_name(2))).unwrap();
+    std::fs::copy(
+        chain.join(delta_file_name(3)),
+        chain.join(delta_file_name(2)),
+    )
+    .unwrap();
     let text = Checkpoint::open(&chain).err().unwrap().to_string();
     assert!(text.contains(&delta_file_name(2)), "{text}");
     // Delta 2 of a fork of the chain at delta 1: its delta 3 builds on
     // another delta 2.
     let (chain, _) = chain_of_three(&mut model, &data, &root.path().join("again"));
-    let mut fork = Checkpoint::open(&chain.join(delta_file_name(1))).unwrap().builder().build().unwrap();
+    let mut fork = Checkpoint::open(&chain.join(delta_file_name(1)))
+        .unwrap()
+        .builder()
+        .build()
+        .unwrap();
     train(&mut fork, &data, 100..101);
     let forked = root.path().join("fork");
     std::fs::create_dir(&forked).unwrap();
     for k in [0, 1] {
-        let name = if k == 0 { "model.safetensors".to_string() } else { delta_file_name(k) };
+        let name = if k == 0 {
+            "model.safetensors".to_string()
+        } else {
+            delta_file_name(k)
+        };
         std::fs::copy(chain.join(&name), forked.join(&name)).unwrap();
     }
-    let mut fork = Checkpoint::open(&forked.join(delta_file_name(1))).unwrap().builder().build().unwrap();
+    let mut fork = Checkpoint::open(&forked.join(delta_file_name(1)))
+        .unwrap()
+        .builder()
+        .build()
+        .unwrap();
     train(&mut fork, &data, 100..101);
-    fork.save_checkpoint_delta(&forked, None, 10).unwrap().unwrap();
-    std::fs::copy(forked.join(delta_file_name(2)), chain.join(delta_file_name(2))).unwrap();
+    fork.save_checkpoint_delta(&forked, None, 10)
+        .unwrap()
+        .unwrap();
+    std::fs::copy(
+        forked.join(delta_file_name(2)),
+        chain.join(delta_file_name(2)),
+    )
+    .unwrap();
     let text = Checkpoint::open(&chain).err().unwrap().to_string();
     assert!(text.contains(&delta_file_name(3)), "{text}");
     assert!(text.contains("builds on"), "{text}");
@@ -260,7 +307,8 @@ fn a_broken_chain_is_refused_naming_the_file() {
 
 #[test]
 fn a_chain_on_the_disk_tier_loads_as_the_model_in_ram() {
-    let (config, data) = setup();
+    // The fp16 table's one row changes: its deltas hold it whole.
+    let (config, data) = setup_with(1);
     let root = tempfile::tempdir().unwrap();
     let tier = |dir: &Path| {
         vec![
@@ -269,26 +317,43 @@ fn a_chain_on_the_disk_tier_loads_as_the_model_in_ram() {
                 cache_rows: 16,
                 policy: Default::default(),
             }),
-            None,
+            Some(DiskTierConfig {
+                dir: dir.to_path_buf(),
+                cache_rows: 16,
+                policy: Default::default(),
+            }),
             None,
         ]
     };
     let tier_dir = root.path().join("tier");
     std::fs::create_dir(&tier_dir).unwrap();
     let mut model = Dlrm::builder(config.clone())
-        .optimizers(TableOptimizer::rowwise_adagrad(0.05), DenseOptimizerConfig::adam(0.01))
+        .optimizers(
+            TableOptimizer::rowwise_adagrad(0.05),
+            DenseOptimizerConfig::adam(0.01),
+        )
         .seed(5)
         .disk_tiers(tier(&tier_dir))
         .build()
         .unwrap();
     let (chain, _) = chain_of_three(&mut model, &data, root.path());
     let want = state(&mut model);
+    let (_, meta) = contents(&chain.join(delta_file_name(2)));
+    let link = &meta.iter().find(|(k, _)| k == "ember.delta").unwrap().1;
+    assert!(
+        link.contains(r#""whole_tables":["t_cat_1","t_cat_2"]"#),
+        "{link}"
+    );
     let opened = Checkpoint::open(&chain).unwrap();
     let mut in_ram = opened.builder().build().unwrap();
     assert_eq!(state(&mut in_ram), want);
     let load_dir = root.path().join("load");
     std::fs::create_dir(&load_dir).unwrap();
-    let mut on_disk = opened.builder().disk_tiers(tier(&load_dir)).build().unwrap();
+    let mut on_disk = opened
+        .builder()
+        .disk_tiers(tier(&load_dir))
+        .build()
+        .unwrap();
     assert_eq!(state(&mut on_disk), want);
     assert_eq!(
         train(&mut on_disk, &data, 12..14),

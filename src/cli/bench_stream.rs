@@ -3,6 +3,7 @@
 //! (progressive validation: no future leakage), so tables keyed by raw id
 //! (`--kv-min-rows`) can be compared with `id mod rows` at the same bytes.
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
@@ -44,6 +45,11 @@ pub struct StreamArgs {
     pub data_rows: Option<usize>,
     #[arg(long, default_value_t = 123)]
     pub seed: u64,
+    /// Checkpoint here after each window: a full checkpoint after the
+    /// first, a delta (the rows the window changed) after each later one;
+    /// the report gives their bytes.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -54,6 +60,10 @@ pub struct WindowReport {
     pub window: u64,
     pub auc: f64,
     pub logloss: f64,
+    /// Bytes of the checkpoint written after training on the window (with
+    /// --checkpoint-dir): full after window 0, a delta after the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,6 +79,10 @@ pub struct StreamReport {
     pub train_samples_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_value_tables: Option<Vec<KvTableReport>>,
+    /// With --checkpoint-dir: the median delta's bytes over the full
+    /// checkpoint's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta_over_full: Option<f64>,
     pub run: super::run_info::RunInfo,
 }
 
@@ -92,6 +106,19 @@ impl std::fmt::Display for StreamReport {
         if let Some(t) = &self.key_value_tables {
             writeln!(f, "{}", kv_summary(t))?;
         }
+        let sizes: Vec<u64> = self
+            .windows
+            .iter()
+            .filter_map(|w| w.checkpoint_bytes)
+            .collect();
+        if let (Some(full), Some(ratio)) = (sizes.first(), self.delta_over_full) {
+            writeln!(
+                f,
+                "checkpoints: full {:.1} MiB, median delta {:.3} of it",
+                *full as f64 / (1 << 20) as f64,
+                ratio
+            )?;
+        }
         Ok(())
     }
 }
@@ -114,6 +141,16 @@ fn reduced(mut batch: Batch, model: &Dlrm) -> anyhow::Result<Batch> {
     }
     batch.sparse = batch.sparse.with_values(values);
     Ok(batch)
+}
+
+/// Saves a delta of `model` in `dir` (a full checkpoint when there is no
+/// chain of its own there yet); returns the bytes written.
+fn checkpoint(model: &mut Dlrm, dir: &Path) -> anyhow::Result<u64> {
+    let path = match model.save_checkpoint_delta(dir, None, u64::MAX)? {
+        Some(path) => path,
+        None => model.save_checkpoint(dir, None)?,
+    };
+    Ok(std::fs::metadata(&path)?.len())
 }
 
 pub fn run(args: &StreamArgs) -> anyhow::Result<StreamReport> {
@@ -146,23 +183,34 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<StreamReport> {
             .map(|i| reduced(data.batch(i, args.mini_batch_size), &model))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let Metrics { auc, logloss, .. } = evaluate(&mut model, &be, &batches)?;
-        windows.push(WindowReport {
-            window: w,
-            auc,
-            logloss,
-        });
         let start = Instant::now();
         for batch in &batches {
             model.train_step(&be, batch, ExecMode::Strict)?;
         }
         train_seconds += start.elapsed().as_secs_f64();
+        let checkpoint_bytes = match &args.checkpoint_dir {
+            Some(dir) => Some(checkpoint(&mut model, dir)?),
+            None => None,
+        };
+        windows.push(WindowReport {
+            window: w,
+            auc,
+            logloss,
+            checkpoint_bytes,
+        });
         progress.inc();
     }
     progress.finish();
     let later = &windows[1..];
     let mean = |f: fn(&WindowReport) -> f64| later.iter().map(f).sum::<f64>() / later.len() as f64;
     let samples = (args.windows * args.window_batches) as f64 * args.mini_batch_size as f64;
+    let delta_over_full = windows[0].checkpoint_bytes.map(|full| {
+        let mut deltas: Vec<u64> = later.iter().filter_map(|w| w.checkpoint_bytes).collect();
+        deltas.sort_unstable();
+        deltas[deltas.len() / 2] as f64 / full as f64
+    });
     Ok(StreamReport {
+        delta_over_full,
         mean_auc: mean(|w| w.auc),
         mean_logloss: mean(|w| w.logloss),
         windows,

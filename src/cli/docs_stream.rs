@@ -108,6 +108,53 @@ pub fn section(results: &Path) -> anyhow::Result<String> {
         out.push_str(&format!(" {mean:.4} | {above} |\n"));
     }
     out.push_str(&cost(&dir)?);
+    out.push_str(&deltas(&dir)?);
+    Ok(out)
+}
+
+/// Runs with `--checkpoint-dir`, by file stem, and what they show.
+const DELTA_RUNS: [(&str, &str); 2] = [
+    (
+        "checkpoints-10000-rows",
+        "key-value tables of 10,000 rows (LRU), as above",
+    ),
+    (
+        "checkpoints-preset-rows",
+        "key-value tables of the preset's rows (LRU), the same stream",
+    ),
+];
+
+/// Delta checkpoint bytes against the full checkpoint, if committed.
+fn deltas(dir: &Path) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for (stem, label) in DELTA_RUNS {
+        let path = dir.join(format!("{stem}.json"));
+        if !path.exists() {
+            continue;
+        }
+        let run = read(&path)?;
+        let bytes: Vec<f64> = (run["windows"].as_array().into_iter().flatten())
+            .filter_map(|w| w["checkpoint_bytes"].as_f64())
+            .collect();
+        anyhow::ensure!(bytes.len() >= 2, "{}: no checkpoint bytes", path.display());
+        let ratio = number(&run, "delta_over_full", &path)?;
+        if out.is_empty() {
+            out.push_str(
+                "\nDelta checkpoints: the same stream with `--checkpoint-dir`, a full checkpoint \
+                 after window 0 and a delta after each later window (the rows the window \
+                 changed; a table most of whose rows changed is written whole).\n\n\
+                 | tables | full MiB | median delta MiB | delta / full |\n|---|---|---|---|\n",
+            );
+        }
+        let mut deltas = bytes[1..].to_vec();
+        deltas.sort_by(f64::total_cmp);
+        let mib = |b: f64| b / (1 << 20) as f64;
+        out.push_str(&format!(
+            "| {label} | {:.1} | {:.1} | {ratio:.3} |\n",
+            mib(bytes[0]),
+            mib(deltas[deltas.len() / 2])
+        ));
+    }
     Ok(out)
 }
 

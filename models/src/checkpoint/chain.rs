@@ -27,6 +27,10 @@ pub(super) struct DeltaLink {
     /// The [`identity`] of the file before this one (the full file for
     /// the first delta), as 8 hex digits.
     pub(super) parent: String,
+    /// Tables written whole (most of their rows changed): their tensors
+    /// are a full file's, under `delta.`, without a list of rows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) whole_tables: Vec<String>,
 }
 
 /// What a file is known by in a chain: the CRC-32 of its checksums entry
@@ -193,7 +197,11 @@ mod tests {
     fn delta_names_round_trip_and_others_are_not_deltas() {
         assert_eq!(delta_sequence(&delta_file_name(7)), Some(7));
         assert_eq!(delta_sequence(&delta_file_name(1_234_567)), Some(1_234_567));
-        for other in ["model.safetensors", "model.delta-.safetensors", "model.delta-1x.safetensors"] {
+        for other in [
+            "model.safetensors",
+            "model.delta-.safetensors",
+            "model.delta-1x.safetensors",
+        ] {
             assert_eq!(delta_sequence(other), None, "{other}");
         }
     }

@@ -89,19 +89,27 @@ pub(crate) fn write_delta(
     let sequence = head.sequence + 1;
     let path = dir.join(super::chain::delta_file_name(sequence));
     let mut meta = metadata(model, train);
-    let link = DeltaLink {
-        sequence,
-        base: hex(head.base),
-        parent: hex(head.tail),
-    };
-    meta.insert(META_DELTA.into(), super::write::json(&link));
     let mut tensors = dense_tensors(model).map_err(|m| fail_at(&path, m))?;
     let optimizer = model.sparse_arch().optimizer();
     let ebc = model.sparse_arch().local().expect("checked above");
     let changed = gather_changed(ebc).map_err(|e| fail_at(&path, e.to_string()))?;
-    for (table, rows) in ebc.tables().iter().zip(&changed) {
-        add_table_delta(table, rows, &optimizer, &mut tensors, &mut meta);
+    let mut whole_tables = Vec::new();
+    for (table, changed) in ebc.tables().iter().zip(&changed) {
+        match changed {
+            Some(rows) => add_table_delta(table, rows, &optimizer, &mut tensors, &mut meta),
+            None => {
+                add_whole_table(table, &optimizer, &mut tensors, &mut meta);
+                whole_tables.push(table.name().to_string());
+            }
+        }
     }
+    let link = DeltaLink {
+        sequence,
+        base: hex(head.base),
+        parent: hex(head.tail),
+        whole_tables,
+    };
+    meta.insert(META_DELTA.into(), super::write::json(&link));
     // A crash after this leaves the chain up to the model's head: whole.
     remove_deltas(dir, head.sequence);
     let identity = write_file(tensors, meta, &path)?;
@@ -124,19 +132,29 @@ struct ChangedRows {
 }
 
 /// Every table's changed rows, read (in RAM or from the disk tier) a run
-/// of consecutive rows at a time.
-fn gather_changed(ebc: &EmbeddingBagCollection) -> Result<Vec<ChangedRows>, ember_sparse::SparseError> {
+/// of consecutive rows at a time; `None` for a table better written whole:
+/// listing its changed rows (8 bytes each) would cost more than writing
+/// the rows that did not change.
+fn gather_changed(
+    ebc: &EmbeddingBagCollection,
+) -> Result<Vec<Option<ChangedRows>>, ember_sparse::SparseError> {
     let mut out = Vec::new();
     for table in ebc.tables() {
         let rows = table.changed_rows();
         let (stride, per_row) = (table.bytes_per_row(), table.state_floats_per_row());
+        let unchanged = (table.num_embeddings() - rows.len()) * (stride + 4 * per_row + 16);
+        if unchanged <= 8 * rows.len() {
+            out.push(None);
+            continue;
+        }
         let mut bytes = vec![0u8; rows.len() * stride];
         let mut state = vec![0f32; rows.len() * per_row];
         let mut k = 0;
         while k < rows.len() {
-            let run = 1 + (rows[k + 1..].iter().zip(&rows[k..]))
-                .take_while(|(next, prev)| **next == **prev + 1)
-                .count();
+            let run = 1
+                + (rows[k + 1..].iter().zip(&rows[k..]))
+                    .take_while(|(next, prev)| **next == **prev + 1)
+                    .count();
             table.read_stored_rows(
                 rows[k] as usize,
                 &mut bytes[k * stride..(k + run) * stride],
@@ -144,7 +162,7 @@ fn gather_changed(ebc: &EmbeddingBagCollection) -> Result<Vec<ChangedRows>, embe
             )?;
             k += run;
         }
-        out.push(ChangedRows { rows, bytes, state });
+        out.push(Some(ChangedRows { rows, bytes, state }));
     }
     Ok(out)
 }
@@ -171,8 +189,30 @@ fn add_table_delta<'a>(
     let part = SavedTable::gathered(table, n, &changed.bytes, &changed.state);
     let mut own = Vec::new();
     table_tensors(&base, &part, optimizer, &mut own);
-    tensors.extend(own.into_iter().map(|(name, t)| (format!("{DELTA_PREFIX}{name}"), t)));
+    tensors.extend(
+        own.into_iter()
+            .map(|(name, t)| (format!("{DELTA_PREFIX}{name}"), t)),
+    );
     if let Some(kv) = table.kv_delta(&changed.rows) {
+        add_kv_delta(&base, table.name(), kv, tensors, meta);
+    }
+}
+
+/// The delta tensors of a table written whole: a full file's, under `delta.`.
+fn add_whole_table<'a>(
+    table: &'a EmbeddingTable,
+    optimizer: &TableOptimizer,
+    tensors: &mut Vec<(String, Tensor<'a>)>,
+    meta: &mut std::collections::HashMap<String, String>,
+) {
+    let base = table_base_name(table.name());
+    let mut own = Vec::new();
+    table_tensors(&base, &SavedTable::of(table), optimizer, &mut own);
+    tensors.extend(
+        own.into_iter()
+            .map(|(name, t)| (format!("{DELTA_PREFIX}{name}"), t)),
+    );
+    if let Some(kv) = table.kv_state() {
         add_kv_delta(&base, table.name(), kv, tensors, meta);
     }
 }
@@ -188,11 +228,40 @@ impl Checkpoint {
         restore: bool,
     ) -> Result<(), ModelError> {
         for delta in &self.deltas {
+            let link: DeltaLink =
+                super::read::meta_value(delta.metadata(), META_DELTA, delta.path())?
+                    .ok_or_else(|| fail_at(delta.path(), format!("no '{META_DELTA}'")))?;
             for (t, table) in ebc.tables_mut().iter_mut().enumerate() {
-                self.apply_table_delta(delta.as_ref(), t, (optimizer, restore), table)?;
+                let opt = (optimizer, restore);
+                match link.whole_tables.contains(&self.config.tables[t].name) {
+                    true => self.apply_whole_table(delta.as_ref(), t, opt, table)?,
+                    false => self.apply_table_delta(delta.as_ref(), t, opt, table)?,
+                }
             }
         }
         Ok(())
+    }
+
+    /// A delta's table written whole, read over `local`.
+    fn apply_whole_table(
+        &self,
+        delta: &dyn TensorStore,
+        t: usize,
+        opt: (TableOptimizer, bool),
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ModelError> {
+        let all = (ember_sharding::RowSplit::All, 0..local.dim());
+        self.read_table_from((delta, DELTA_PREFIX), t, all, opt, local)?;
+        if !local.is_key_value() {
+            return Ok(());
+        }
+        let base = table_base_name(local.name());
+        let kv = read_kv_delta(delta, &base, local, local.num_embeddings() - 1)?;
+        local.load_kv_state(kv).map_err(|e| ModelError::Checkpoint {
+            path: delta.path().to_path_buf(),
+            tensor: Some(format!("{DELTA_PREFIX}{base}.kv.ids")),
+            message: e.to_string(),
+        })
     }
 
     /// One delta's rows of table `t`, written over `local`.
@@ -218,9 +287,10 @@ impl Checkpoint {
         };
         let mut rows = Vec::with_capacity(n);
         delta.view(&rows_name, Dtype::U64, &[n], &mut |b| {
-            rows.extend(b.chunks_exact(8).map(|c| {
-                u64::from_le_bytes(c.try_into().expect("8 bytes"))
-            }))
+            rows.extend(
+                b.chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            )
         })?;
         let table_rows = local.num_embeddings() as u64;
         if let Some(bad) = (rows.windows(2).find(|w| w[1] <= w[0]).map(|w| w[1]))
@@ -248,7 +318,10 @@ impl Checkpoint {
         );
         let mut local_bytes = vec![0u8; n * stride];
         let mut values = vec![0f32; dim];
-        for (src, dst) in bytes.chunks_exact(saved_stride).zip(local_bytes.chunks_exact_mut(stride.max(1))) {
+        for (src, dst) in bytes
+            .chunks_exact(saved_stride)
+            .zip(local_bytes.chunks_exact_mut(stride.max(1)))
+        {
             match local_type == saved {
                 true => dst.copy_from_slice(src),
                 false => {
@@ -267,8 +340,13 @@ impl Checkpoint {
                 let mut values = Vec::new();
                 delta.view(&name, Dtype::F32, &st.shape, &mut |b| values = f32s(b))?;
                 let width = st.shape.get(1).copied().unwrap_or(1);
-                check_values(&values, width, (ember_sharding::RowSplit::All, 0), st.allowed)
-                    .map_err(|m| fail(&name, m))?;
+                check_values(
+                    &values,
+                    width,
+                    (ember_sharding::RowSplit::All, 0),
+                    st.allowed,
+                )
+                .map_err(|m| fail(&name, m))?;
                 for (r, v) in values.chunks_exact(width).enumerate() {
                     state[r * per_row + column..][..width].copy_from_slice(v);
                 }
@@ -276,16 +354,19 @@ impl Checkpoint {
             }
         }
         if local.is_key_value() {
-            let kv = read_kv_delta(delta, &base, local, &rows)?;
+            let fallback = local.num_embeddings() as u64 - 1;
+            let held = rows.iter().filter(|&&r| r < fallback).count();
+            let kv = read_kv_delta(delta, &base, local, held)?;
             local
                 .apply_kv_delta(&rows, kv)
                 .map_err(|e| fail(&format!("{DELTA_PREFIX}{base}.kv.ids"), e.to_string()))?;
         }
         let mut k = 0;
         while k < n {
-            let run = 1 + (rows[k + 1..].iter().zip(&rows[k..]))
-                .take_while(|(next, prev)| **next == **prev + 1)
-                .count();
+            let run = 1
+                + (rows[k + 1..].iter().zip(&rows[k..]))
+                    .take_while(|(next, prev)| **next == **prev + 1)
+                    .count();
             local
                 .write_stored_rows(
                     rows[k] as usize,
@@ -321,7 +402,10 @@ pub fn compact(dir: &Path) -> Result<CompactSummary, ModelError> {
     // One writer of the directory: not while a run trains there.
     let _lock = ember_dataloader::lock::DirLock::acquire(dir, "ember checkpoint compact")?;
     let chain = Chain::read(dir)?.ok_or_else(|| {
-        fail_at(dir, format!("no {} here to compact", super::CHECKPOINT_FILE))
+        fail_at(
+            dir,
+            format!("no {} here to compact", super::CHECKPOINT_FILE),
+        )
     })?;
     let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
     let bytes_before = size(&chain.base)

@@ -122,15 +122,14 @@ impl Checkpoint {
     }
 }
 
-/// A delta's part of table `base`'s map, for `rows` (its changed rows).
+/// A delta's part of table `base`'s map, of `held` rows (its changed
+/// rows below the fallback row).
 pub(super) fn read_kv_delta(
     delta: &dyn TensorStore,
     base: &str,
     local: &EmbeddingTable,
-    rows: &[u64],
+    held: usize,
 ) -> Result<KvState, ModelError> {
-    let fallback = local.num_embeddings() as u64 - 1;
-    let held = rows.iter().filter(|&&r| r < fallback).count();
     read_state(delta, delta_names(base), local, held)
 }
 
@@ -143,13 +142,12 @@ fn read_state(
 ) -> Result<KvState, ModelError> {
     let path = store.path();
     let key = meta_key(local.name());
-    let saved: SavedKv = meta_value(store.metadata(), &key, path)?.ok_or_else(|| {
-        ModelError::Checkpoint {
+    let saved: SavedKv =
+        meta_value(store.metadata(), &key, path)?.ok_or_else(|| ModelError::Checkpoint {
             path: path.to_path_buf(),
             tensor: None,
             message: format!("no '{key}': the key-value table's map is missing"),
-        }
-    })?;
+        })?;
     let read = |name: &str, dtype: Dtype, len: usize| -> Result<Vec<u8>, ModelError> {
         let mut out = Vec::new();
         store.view(name, dtype, &[len], &mut |b| out = b.to_vec())?;

@@ -40,11 +40,10 @@ mod state;
 mod store;
 mod valid;
 mod write;
-pub(crate) use chain::ChainHead;
 pub use chain::delta_file_name;
+pub(crate) use chain::ChainHead;
 pub(crate) use delta::write_delta;
 pub use delta::{compact, save_delta, CompactSummary};
-pub(crate) use write::save_full;
 pub use names::{dense_shapes, natural_key, table_weight_name, weight_layout};
 pub use quantize::{quantize, QuantizeSummary};
 pub use read::{resume, Checkpoint};
@@ -52,6 +51,7 @@ pub use set::{remove_set, save_set, INDEX_FILE};
 pub use state::{StateDict, StateFile};
 pub(crate) use write::fail_at;
 pub use write::save;
+pub(crate) use write::save_full;
 
 /// The file a one-process checkpoint is written to in its directory.
 pub const CHECKPOINT_FILE: &str = "model.safetensors";
@@ -85,7 +85,9 @@ pub fn latest(
     // Rank 0's error goes to every rank (after a NUL), so none waits on.
     let mine = match comm.rank() {
         0 => match choose() {
-            Ok(p) => p.map_or(Vec::new(), |p| p.to_string_lossy().into_owned().into_bytes()),
+            Ok(p) => p.map_or(Vec::new(), |p| {
+                p.to_string_lossy().into_owned().into_bytes()
+            }),
             Err(e) => [&b"\0"[..], e.to_string().as_bytes()].concat(),
         },
         _ => Vec::new(),

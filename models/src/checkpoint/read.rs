@@ -136,7 +136,8 @@ impl Checkpoint {
         let deltas = (chain.deltas.into_iter())
             .map(|(f, _)| Box::new(f) as Box<dyn TensorStore>)
             .collect();
-        let mut checkpoint = Self::from_store(Box::new(MappedFile::open(&chain.base)?), deltas, path)?;
+        let mut checkpoint =
+            Self::from_store(Box::new(MappedFile::open(&chain.base)?), deltas, path)?;
         checkpoint.chain_head = (head.base != 0).then_some(head);
         Ok(checkpoint)
     }
@@ -339,13 +340,7 @@ impl Checkpoint {
 
     /// Every tensor the model needs, with its dtype and shape: the tables
     /// (in their saved types) and the dense parameters.
-    #[allow(clippy::type_complexity)]
-    fn expected_tensors(
-        &self,
-    ) -> (
-        Vec<(String, Dtype, Vec<usize>)>,
-        Vec<(String, Dtype, Vec<usize>)>,
-    ) {
+    fn expected_tensors(&self) -> (Vec<Expected>, Vec<Expected>) {
         let tables = (self.config.tables.iter().zip(&self.stored))
             .map(|(t, &dtype)| {
                 let (dtype, shape) = weight_layout(dtype, t.num_embeddings, t.embedding_dim);
@@ -499,6 +494,9 @@ impl Checkpoint {
         Ok(())
     }
 }
+
+/// A tensor's name, dtype and shape, as a checkpoint must hold it.
+type Expected = (String, Dtype, Vec<usize>);
 
 /// A JSON value of the metadata, if present.
 pub(super) fn meta_value<T: serde::de::DeserializeOwned>(

@@ -13,7 +13,7 @@ use ember_sparse::{DiskTierConfig, EmbeddingBagConfig, EmbeddingTable, TableOpti
 use safetensors::tensor::Dtype;
 
 use super::names::table_base_name;
-use super::store::f32s;
+use super::store::{f32s, TensorStore};
 
 use super::valid::{check_rows, check_values, Allowed};
 use super::{table_weight_name, weight_layout, Checkpoint, OPTIMIZER_PREFIX, TABLE_PREFIX};
@@ -70,23 +70,41 @@ impl Checkpoint {
         (optimizer, restore): (TableOptimizer, bool),
         local: &mut EmbeddingTable,
     ) -> Result<(), ModelError> {
+        let from = (self.store.as_ref(), "");
+        self.read_table_from(from, t, (split, cols), (optimizer, restore), local)?;
+        if local.is_key_value() {
+            self.read_kv(&table_base_name(&self.config.tables[t].name), local)?;
+        }
+        Ok(())
+    }
+
+    /// [`read_table`](Self::read_table)'s rows and optimizer state (not a
+    /// key-value table's map) from `store`, whose tensor names are a full
+    /// file's after `prefix` (a delta's whole tables: `delta.`).
+    pub(super) fn read_table_from(
+        &self,
+        (store, prefix): (&dyn TensorStore, &str),
+        t: usize,
+        (split, cols): (RowSplit, Range<usize>),
+        (optimizer, restore): (TableOptimizer, bool),
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ModelError> {
         let config = &self.config.tables[t];
         let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
         if local.is_on_disk() {
-            return self.stream_table(t, (split, cols), (optimizer, restore), local);
+            let from = (store, prefix);
+            return self.stream_table(from, t, (split, cols), (optimizer, restore), local);
         }
-        let name = table_weight_name(&config.name);
+        let name = format!("{prefix}{}", table_weight_name(&config.name));
         let (dtype, shape) = weight_layout(saved, rows, dim);
         // Quantized rows are read whole (plans never split their columns).
         let columns = match saved.column_bytes() {
             Some(_) => cols.clone(),
             None => 0..shape[1],
         };
-        let bytes = self
-            .store
-            .rows_bytes(&name, dtype, &shape, split, columns.clone())?;
+        let bytes = store.rows_bytes(&name, dtype, &shape, split, columns.clone())?;
         let fail_on = |message: String| ModelError::Checkpoint {
-            path: self.path().to_path_buf(),
+            path: store.path().to_path_buf(),
             tensor: Some(name.clone()),
             message,
         };
@@ -110,21 +128,21 @@ impl Checkpoint {
                 local.write_row(l, &row);
             }
         }
-        if local.is_key_value() {
-            self.read_kv(&table_base_name(&config.name), local)?;
-        }
         if !restore {
             return Ok(());
         }
         // Each state tensor's kept columns, side by side in a row (FBGEMM
         // keeps both of Adam's moments of a row together: [m | v]).
-        let states = state_tensors(&config.name, optimizer, (rows, dim), cols);
+        let mut states = state_tensors(&config.name, optimizer, (rows, dim), cols);
+        states
+            .iter_mut()
+            .for_each(|st| st.name.insert_str(0, prefix));
         let mut parts = Vec::new();
         for st in &states {
-            let values = (self.store).rows_of(&st.name, &st.shape, split, st.kept.clone())?;
+            let values = store.rows_of(&st.name, &st.shape, split, st.kept.clone())?;
             let check = check_values(&values, st.kept.len(), (split, st.kept.start), st.allowed);
             check.map_err(|message| ModelError::Checkpoint {
-                path: self.path().to_path_buf(),
+                path: store.path().to_path_buf(),
                 tensor: Some(st.name.clone()),
                 message,
             })?;
@@ -149,6 +167,7 @@ impl Checkpoint {
     /// never sits in memory.
     fn stream_table(
         &self,
+        (store, prefix): (&dyn TensorStore, &str),
         t: usize,
         (split, cols): (RowSplit, Range<usize>),
         (optimizer, restore): (TableOptimizer, bool),
@@ -156,9 +175,9 @@ impl Checkpoint {
     ) -> Result<(), ModelError> {
         let config = &self.config.tables[t];
         let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
-        let weight = table_weight_name(&config.name);
+        let weight = format!("{prefix}{}", table_weight_name(&config.name));
         let fail_on = |name: &str, message: String| ModelError::Checkpoint {
-            path: self.path().to_path_buf(),
+            path: store.path().to_path_buf(),
             tensor: Some(name.to_string()),
             message,
         };
@@ -169,10 +188,13 @@ impl Checkpoint {
                 "a quantized table's columns cannot be split".into(),
             ));
         };
-        let states = match restore {
+        let mut states = match restore {
             true => state_tensors(&config.name, optimizer, (rows, dim), cols.clone()),
             false => Vec::new(),
         };
+        states
+            .iter_mut()
+            .for_each(|st| st.name.insert_str(0, prefix));
         let mut tensors: Vec<(&str, Dtype, &[usize])> = vec![(&weight, dtype, &shape)];
         tensors.extend(
             states
@@ -186,53 +208,51 @@ impl Checkpoint {
         let piece_rows = ((8 << 20) / (saved_stride + 4 * 2 * dim).max(1)).max(1);
         let (mut bytes, mut state) = (Vec::new(), Vec::new());
         let mut values = vec![0f32; cols.len()];
-        self.store
-            .stream_rows(&tensors, piece_rows, &mut |first, pieces| {
-                let n = pieces[0].len() / saved_stride;
-                // The piece's rows this table holds: consecutive local rows.
-                let held: Vec<(usize, usize)> = (0..n)
-                    .filter_map(|r| split.local(first + r).map(|l| (r, l)))
-                    .collect();
-                let Some(&(_, first_local)) = held.first() else {
-                    return Ok(());
-                };
-                let piece_split = RowSplit::Block {
-                    start: first,
-                    end: first + n,
-                };
-                check_rows(saved, pieces[0], dim, (piece_split, 0))
-                    .map_err(|m| fail_on(&weight, m))?;
-                bytes.clear();
-                state.clear();
-                bytes.resize(held.len() * stride, 0);
-                state.resize(held.len() * per_row, 0.0);
+        store.stream_rows(&tensors, piece_rows, &mut |first, pieces| {
+            let n = pieces[0].len() / saved_stride;
+            // The piece's rows this table holds: consecutive local rows.
+            let held: Vec<(usize, usize)> = (0..n)
+                .filter_map(|r| split.local(first + r).map(|l| (r, l)))
+                .collect();
+            let Some(&(_, first_local)) = held.first() else {
+                return Ok(());
+            };
+            let piece_split = RowSplit::Block {
+                start: first,
+                end: first + n,
+            };
+            check_rows(saved, pieces[0], dim, (piece_split, 0)).map_err(|m| fail_on(&weight, m))?;
+            bytes.clear();
+            state.clear();
+            bytes.resize(held.len() * stride, 0);
+            state.resize(held.len() * per_row, 0.0);
+            for (i, &(r, _)) in held.iter().enumerate() {
+                let src = &pieces[0][r * saved_stride..][col_bytes.clone()];
+                let dst = &mut bytes[i * stride..(i + 1) * stride];
+                match local_type == saved {
+                    true => dst.copy_from_slice(src),
+                    // A cast: each row converted as it is read.
+                    false => {
+                        saved.decode_row(src, &mut values);
+                        local_type.encode_row(&values, dst);
+                    }
+                }
+            }
+            let mut column = 0;
+            for (st, piece) in states.iter().zip(&pieces[1..]) {
+                let piece = f32s(piece);
+                let width = st.shape.get(1).copied().unwrap_or(1);
+                let check = check_values(&piece, width, (piece_split, 0), st.allowed);
+                check.map_err(|m| fail_on(&st.name, m))?;
                 for (i, &(r, _)) in held.iter().enumerate() {
-                    let src = &pieces[0][r * saved_stride..][col_bytes.clone()];
-                    let dst = &mut bytes[i * stride..(i + 1) * stride];
-                    match local_type == saved {
-                        true => dst.copy_from_slice(src),
-                        // A cast: each row converted as it is read.
-                        false => {
-                            saved.decode_row(src, &mut values);
-                            local_type.encode_row(&values, dst);
-                        }
-                    }
+                    let v = &piece[r * width..][st.kept.clone()];
+                    state[i * per_row + column..][..v.len()].copy_from_slice(v);
                 }
-                let mut column = 0;
-                for (st, piece) in states.iter().zip(&pieces[1..]) {
-                    let piece = f32s(piece);
-                    let width = st.shape.get(1).copied().unwrap_or(1);
-                    let check = check_values(&piece, width, (piece_split, 0), st.allowed);
-                    check.map_err(|m| fail_on(&st.name, m))?;
-                    for (i, &(r, _)) in held.iter().enumerate() {
-                        let v = &piece[r * width..][st.kept.clone()];
-                        state[i * per_row + column..][..v.len()].copy_from_slice(v);
-                    }
-                    column += st.kept.len();
-                }
-                (local.write_stored_rows(first_local, &bytes, &state))
-                    .map_err(|e| fail_on(&weight, e.to_string()))
-            })
+                column += st.kept.len();
+            }
+            (local.write_stored_rows(first_local, &bytes, &state))
+                .map_err(|e| fail_on(&weight, e.to_string()))
+        })
     }
 }
 

@@ -691,7 +691,11 @@ impl Model for Dlrm {
         train: Option<&TrainState>,
         max_chain: u64,
     ) -> Result<Option<PathBuf>, ModelError> {
-        if self.chain_head.as_ref().is_none_or(|h| h.sequence >= max_chain) {
+        if self
+            .chain_head
+            .as_ref()
+            .is_none_or(|h| h.sequence >= max_chain)
+        {
             return Ok(None);
         }
         self.sync_to_host()?;

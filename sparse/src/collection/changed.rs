@@ -66,7 +66,9 @@ impl EmbeddingTable {
 impl EmbeddingBagCollection {
     /// [`EmbeddingTable::clear_changed`] for every table.
     pub fn clear_changed(&mut self) {
-        self.tables.iter_mut().for_each(EmbeddingTable::clear_changed);
+        self.tables
+            .iter_mut()
+            .for_each(EmbeddingTable::clear_changed);
     }
 }
 

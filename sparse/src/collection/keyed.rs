@@ -89,11 +89,16 @@ impl EmbeddingTable {
     /// # Panics
     /// When the table is not a key-value table.
     pub fn apply_kv_delta(&mut self, rows: &[u64], delta: KvState) -> Result<(), SparseError> {
-        let kv = self.kv.as_ref().expect("apply_kv_delta: not a key-value table");
-        let state = kv.patched(rows, delta).map_err(|reason| SparseError::KvState {
-            table: self.config.name.clone(),
-            reason,
-        })?;
+        let kv = self
+            .kv
+            .as_ref()
+            .expect("apply_kv_delta: not a key-value table");
+        let state = kv
+            .patched(rows, delta)
+            .map_err(|reason| SparseError::KvState {
+                table: self.config.name.clone(),
+                reason,
+            })?;
         self.load_kv_state(state)
     }
 
@@ -128,7 +133,10 @@ impl EmbeddingTable {
             // Headers moved: every row looked up, and every row given up.
             let fallback = kv.fallback_row() as i64;
             let looked_up = ids.iter().filter(|&&r| r != fallback);
-            for r in looked_up.map(|&r| r as usize).chain(given_up.iter().map(|&r| r as usize)) {
+            for r in looked_up
+                .map(|&r| r as usize)
+                .chain(given_up.iter().map(|&r| r as usize))
+            {
                 self.mark_changed(r);
             }
         }

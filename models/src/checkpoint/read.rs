@@ -180,7 +180,8 @@ impl Checkpoint {
             (None, None) => return Err(fail(format!("the index has no '{META_CONFIG}'"))),
         };
         config.validate().map_err(|e| fail(e.to_string()))?;
-        for file in deltas.iter().map(AsRef::as_ref).chain([store.as_ref()]) {
+        let chain = deltas.iter().map(AsRef::as_ref).chain([store.as_ref()]);
+        for file in chain.filter(|_| !deltas.is_empty()) {
             let other: Option<DlrmConfig> = meta_value(file.metadata(), META_CONFIG, file.path())?;
             if other.as_ref() != Some(&config) {
                 return Err(super::fail_at(

@@ -1002,9 +1002,12 @@ fn key_value_tables_from_the_command_line() {
 
 #[test]
 fn bench_stream_evaluates_each_window_before_training_on_it() {
+    let dir = tempfile::tempdir().unwrap();
     let out = json(&[
         "bench",
         "stream",
+        "--checkpoint-dir",
+        dir.path().to_str().unwrap(),
         "--arch-embedding-size",
         "500-500",
         "--arch-sparse-feature-size",
@@ -1030,6 +1033,20 @@ fn bench_stream_evaluates_each_window_before_training_on_it() {
         (out["mean_auc"].as_f64().unwrap() - mean).abs() < 1e-12,
         "{out}"
     );
+    // A full checkpoint after window 0, deltas after the others.
+    assert!(
+        windows
+            .iter()
+            .all(|w| w["checkpoint_bytes"].as_u64() > Some(0)),
+        "{out}"
+    );
+    assert!(out["delta_over_full"].as_f64().is_some(), "{out}");
+    let files = [
+        "model.safetensors",
+        "model.delta-000001.safetensors",
+        "model.delta-000002.safetensors",
+    ];
+    assert!(files.iter().all(|f| dir.path().join(f).exists()), "{out}");
     let tables = out["key_value_tables"].as_array().unwrap();
     // Raw ids 100x the rows: the tables fill and evict.
     assert!(

@@ -8,7 +8,9 @@ use std::path::Path;
 use std::process::Command;
 
 use arrow_array::cast::AsArray;
-use common::{ember, ember_fails, have_pyarrow, json, predictions, python, s, synthetic, tensors};
+use common::{
+    ember, ember_fails, have_pyarrow, json, names, predictions, python, s, synthetic, tensors,
+};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 #[test]
@@ -963,4 +965,82 @@ fn a_stream_of_windows_is_evaluated_ahead_and_resumes_mid_window_exactly() {
         err.contains("--stream-window") && err.contains("--epochs"),
         "{err}"
     );
+}
+
+#[test]
+fn drifting_raw_ids_are_ingested_a_window_a_file_and_train_as_a_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("drift");
+    let sizes = ["100"; 26].join("-");
+    let ingest = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["ingest", "synthetic", "--output", s(&out), "--seed", "3"];
+        args.extend(["--arch-embedding-size", &sizes]);
+        args.extend(extra);
+        args.iter().map(|a| a.to_string()).collect()
+    };
+    let run = |args: Vec<String>| ember(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let fails =
+        |args: Vec<String>| ember_fails(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = fails(ingest(&["--rows", "3000", "--drift", "0.5"]));
+    assert!(err.contains("--window-rows"), "{err}");
+    let err = fails(ingest(&[
+        "--rows",
+        "2500",
+        "--drift",
+        "0.5",
+        "--window-rows",
+        "1000",
+    ]));
+    assert!(
+        err.contains("--rows 2500") && err.contains("--window-rows 1000"),
+        "{err}"
+    );
+    let err = fails(ingest(&[
+        "--rows",
+        "3000",
+        "--drift",
+        "0.5",
+        "--window-rows",
+        "1000",
+        "--multi-hot",
+        "2",
+    ]));
+    assert!(err.contains("--multi-hot"), "{err}");
+    run(ingest(&[
+        "--rows",
+        "3000",
+        "--drift",
+        "0.5",
+        "--window-rows",
+        "1000",
+    ]));
+    let parts: Vec<String> = names(&out)
+        .into_iter()
+        .filter(|n| n.ends_with(".parquet"))
+        .collect();
+    assert_eq!(parts.len(), 3, "{parts:?}");
+    if have_pyarrow() {
+        // Raw 64-bit ids far past the 100 rows, fewer shared between
+        // windows 0 and 2 than 0 and 1.
+        let report = python(&format!(
+            "import pyarrow.parquet as pq\n\
+             ids = [set(pq.read_table('{}/' + f).column('cat_0').to_pylist()) for f in {parts:?}]\n\
+             rows = [pq.read_table('{}/' + f).num_rows for f in {parts:?}]\n\
+             big = max(abs(i) for i in ids[0])\n\
+             print(rows, big > 2**40, len(ids[0] & ids[1]) > len(ids[0] & ids[2]))",
+            s(&out),
+            s(&out)
+        ));
+        assert_eq!(report.trim(), "[1000, 1000, 1000] True True", "{report}");
+    }
+    // One directory of windows: each evaluated before it is trained on.
+    let mut args = vec!["train", "--data", s(&out), "--stream-window", "--json"];
+    args.extend(common::ARCH);
+    args.extend(["--kv-min-rows", "2"]);
+    let windows: Vec<serde_json::Value> = (ember(&args).lines())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["event"] == "window")
+        .collect();
+    assert_eq!(windows.len(), 2, "{windows:?}");
+    assert!(windows.iter().all(|w| w["rows"] == 1000), "{windows:?}");
 }

@@ -12,7 +12,7 @@ use ember_dataloader::ingest::{ingest_criteo, IngestOptions, IngestSummary};
 use ember_dataloader::lock::DirLock;
 use ember_dataloader::schema::NUM_CAT;
 use ember_dataloader::writer::{Codec, CriteoBatchBuilder, ParquetSink, SinkOptions, StagedSet};
-use ember_models::{DataGeneration, SyntheticConfig, SyntheticData};
+use ember_models::{DataGeneration, DriftingConfig, DriftingData, SyntheticConfig, SyntheticData};
 
 use super::arch::TableArgs;
 use super::Progress;
@@ -184,6 +184,20 @@ pub struct SyntheticArgs {
     /// Ids are the generator's log-uniform ranks unless these say otherwise.
     #[command(flatten)]
     pub ids: super::ids::IdArgs,
+    /// Drifting raw ids (for key-value tables and --stream-window): each
+    /// feature's 64-bit ids drawn from --id-space times its table's rows,
+    /// Zipf-popular (alpha 1: log-uniform ranks), the ranking moved on by
+    /// this share of the table's rows every window; one file per window of
+    /// --window-rows rows. `bench stream`'s stream, as Parquet.
+    #[arg(long)]
+    pub drift: Option<f64>,
+    /// With --drift: distinct raw ids per feature, as a multiple of its
+    /// table's rows.
+    #[arg(long, default_value_t = 100)]
+    pub id_space: u64,
+    /// With --drift: rows per window (and per file).
+    #[arg(long)]
+    pub window_rows: Option<u64>,
     #[command(flatten)]
     pub sink: SinkArgs,
     #[arg(long)]
@@ -215,8 +229,16 @@ impl std::fmt::Display for SyntheticReport {
 
 pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
     let start = Instant::now();
-    let sink_options = args.sink.options()?;
+    let mut sink_options = args.sink.options()?;
     let features = args.tables.feature_rows()?;
+    let drifting = match args.drift {
+        Some(drift) => {
+            let (data, per_file) = drifting(args, drift, features.clone())?;
+            sink_options.rows_per_file = Some(per_file);
+            Some(data)
+        }
+        None => None,
+    };
     let sizes = match &args.multi_hot {
         None => vec![1; NUM_CAT],
         Some(s) => {
@@ -259,8 +281,22 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
         if written == args.rows {
             break;
         }
-        let n = chunk.min(args.rows - written);
-        builder.push_batch(&data.batch(index, n as usize))?;
+        let n = match &drifting {
+            // Whole generator batches, up to a chunk.
+            Some((data, batch)) => {
+                let n = (chunk / batch).max(1) * batch;
+                let n = n.min(args.rows - written);
+                for k in 0..n / batch {
+                    builder.push_batch(&data.batch(written / batch + k, *batch as usize))?;
+                }
+                n
+            }
+            None => {
+                let n = chunk.min(args.rows - written);
+                builder.push_batch(&data.batch(index, n as usize))?;
+                n
+            }
+        };
         sink.write(&builder.finish())?;
         written += n;
         progress.set(written);
@@ -276,6 +312,51 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
         seconds,
         rows_per_s: written as f64 / seconds.max(1e-9),
     })
+}
+
+/// `--drift`'s generator and its batch size (windows are whole batches),
+/// and the rows per file (a window's).
+fn drifting(
+    args: &SyntheticArgs,
+    drift: f64,
+    features: Vec<(String, usize)>,
+) -> anyhow::Result<((DriftingData, u64), u64)> {
+    let window = args
+        .window_rows
+        .ok_or_else(|| anyhow::anyhow!("--drift needs --window-rows (rows per window)"))?;
+    anyhow::ensure!(window > 0, "--window-rows must be at least 1");
+    anyhow::ensure!(
+        args.multi_hot.is_none() && args.ids.id_distribution.is_none() && args.ids.zipf_alpha.is_none(),
+        "--drift draws one id per bag with its own popularity: drop --multi-hot and the id distribution flags"
+    );
+    anyhow::ensure!(
+        args.rows.is_multiple_of(window),
+        "--rows {} is not a whole number of --window-rows {window}",
+        args.rows
+    );
+    anyhow::ensure!(
+        args.stream == 0,
+        "--drift: the windows are the stream (evaluate each on the model trained before it); drop --stream"
+    );
+    // Batches that tile both a window and the row groups.
+    let batch = gcd(window, 4096);
+    let data = DriftingData::new(DriftingConfig {
+        num_dense: ember_dataloader::schema::NUM_INT,
+        features,
+        space_per_row: args.id_space,
+        window_batches: window / batch,
+        drift,
+        seed: args.seed,
+    })?;
+    Ok(((data, batch), window))
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// The prefix of `ingest synthetic`'s parts and marker.

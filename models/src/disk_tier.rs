@@ -98,8 +98,7 @@ impl DiskTierOptions {
         (tables.iter())
             .map(|t| {
                 let rows = (t.num_embeddings as f64 * share) as usize / CACHE_WAYS * CACHE_WAYS;
-                // Key-value tables live in RAM (not yet on the disk tier).
-                let fits = rows >= min_cache_rows(batch_ids) && t.kv.is_none();
+                let fits = rows >= min_cache_rows(batch_ids);
                 fits.then(|| DiskTierConfig {
                     dir: self.dir.clone(),
                     cache_rows: rows,

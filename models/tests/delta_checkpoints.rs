@@ -307,7 +307,8 @@ fn a_broken_chain_is_refused_naming_the_file() {
 
 #[test]
 fn a_chain_on_the_disk_tier_loads_as_the_model_in_ram() {
-    // The fp16 table's one row changes: its deltas hold it whole.
+    // Every table on the disk tier, the key-value one too. The fp16
+    // table's one row changes: its deltas hold it whole.
     let (config, data) = setup_with(1);
     let root = tempfile::tempdir().unwrap();
     let tier = |dir: &Path| {
@@ -322,7 +323,11 @@ fn a_chain_on_the_disk_tier_loads_as_the_model_in_ram() {
                 cache_rows: 16,
                 policy: Default::default(),
             }),
-            None,
+            Some(DiskTierConfig {
+                dir: dir.to_path_buf(),
+                cache_rows: 16,
+                policy: Default::default(),
+            }),
         ]
     };
     let tier_dir = root.path().join("tier");

@@ -153,3 +153,105 @@ fn a_dlrm_trains_and_predicts_with_a_key_value_table() {
         "{err}"
     );
 }
+
+/// A key-value table on the disk tier (its rows in a file behind a cache,
+/// its map in RAM) trains bitwise as the same table in RAM: the same
+/// losses, rows, optimizer state and map; saved, it loads onto the disk
+/// tier again and trains on alike.
+#[test]
+fn a_key_value_table_on_the_disk_tier_trains_as_in_ram() {
+    use ember_sparse::{Admission, DiskTierConfig, TableOptimizer};
+    let be = Backend::Native(NativeBackend::new(1));
+    let mut config = DlrmConfig {
+        tables: DlrmConfig::criteo_tables(&[7, 400], 4),
+        bottom_mlp: vec![3, 6, 4],
+        top_mlp: vec![5, 3, 1],
+        interaction: InteractionType::Dot,
+    };
+    let data = SyntheticData::new(SyntheticConfig::for_model(
+        &config,
+        DataGeneration::Learnable,
+        3,
+        4,
+    ))
+    .unwrap();
+    // 400 raw ids, 16 rows behind a cache of 16: it fills, evicts, and
+    // rows go to and from the file.
+    config.tables[1].data_type = DataType::Fp16;
+    config.tables[1].num_embeddings = 17;
+    config.tables[1].kv = Some(KvConfig {
+        admission: Admission::Count {
+            min_count: 2,
+            sketch_width: 256,
+            halve_every: Some(5),
+        },
+        eviction: Eviction::Lru,
+        eviction_window: Some(8),
+        ..KvConfig::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let tier = |sub: &str| {
+        let path = dir.path().join(sub);
+        std::fs::create_dir_all(&path).unwrap();
+        let cache = DiskTierConfig {
+            dir: path,
+            cache_rows: 16,
+            policy: Default::default(),
+        };
+        vec![None, Some(cache)]
+    };
+    let opts = (
+        TableOptimizer::adam(0.02),
+        ember_dense::DenseOptimizerConfig::sgd(0.1),
+    );
+    let build = |tiers: Vec<Option<DiskTierConfig>>| {
+        Dlrm::builder(config.clone())
+            .optimizers(opts.0, opts.1)
+            .seed(3)
+            .disk_tiers(tiers)
+            .build()
+            .unwrap()
+    };
+    let (mut ram, mut disk) = (build(vec![None, None]), build(tier("a")));
+    assert!(disk.sparse_arch().local().unwrap().tables()[1].is_on_disk());
+    let step = |m: &mut Dlrm, i: u64| {
+        let out = m.train_step(&be, &data.batch(i, 16), ExecMode::Strict);
+        out.unwrap().loss.to_bits()
+    };
+    for i in 0..12 {
+        assert_eq!(step(&mut disk, i), step(&mut ram, i), "step {i}");
+    }
+    let table = |m: &Dlrm| {
+        let t = &m.sparse_arch().local().unwrap().tables()[1];
+        let (n, per_row) = (t.num_embeddings(), t.state_floats_per_row());
+        let (mut rows, mut state) = (vec![0u8; n * t.bytes_per_row()], vec![0f32; n * per_row]);
+        t.read_stored_rows(0, &mut rows, &mut state).unwrap();
+        (rows, state, t.kv_state(), t.kv_stats())
+    };
+    let want = table(&ram);
+    assert!(want.3.unwrap().evicted > 0, "{:?}", want.3);
+    assert_eq!(table(&disk), want);
+    let test = data.batch(100, 16);
+    let predicted = ram.predict(&be, &test).unwrap().to_vec();
+    assert_eq!(disk.predict(&be, &test).unwrap(), &predicted[..]);
+
+    let path = dir.path().join("model.safetensors");
+    save(&mut disk, &path, None).unwrap();
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let mut loaded = ckpt.builder().disk_tiers(tier("b")).build().unwrap();
+    // Prediction counted its fallback reads in both.
+    assert_eq!(table(&loaded), table(&ram));
+    for i in 12..16 {
+        assert_eq!(step(&mut loaded, i), step(&mut ram, i), "step {i}");
+    }
+
+    // L2-norm eviction would read every candidate's row from the file.
+    config.tables[1].kv.as_mut().unwrap().eviction = Eviction::L2Norm;
+    let err = Dlrm::builder(config.clone())
+        .disk_tiers(tier("c"))
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("t_cat_1") && err.contains("L2-norm"), "{err}");
+}

@@ -366,9 +366,16 @@ impl<'a> DlrmBuilder<'a> {
         tiers: &[Option<DiskTierConfig>],
     ) -> Result<(), ModelError> {
         let mut resident = self.config.clone();
+        // A disk-tier key-value table's map stays in RAM whole.
+        let mut kv_maps = 0u64;
         for (t, tier) in resident.tables.iter_mut().zip(tiers) {
             if let Some(tier) = tier {
-                t.num_embeddings = t.num_embeddings.min(tier.cache_rows);
+                let cached = t.num_embeddings.min(tier.cache_rows);
+                if let Some(kv) = &t.kv {
+                    let whole = kv.bytes(t.num_embeddings).saturating_sub(kv.bytes(cached));
+                    kv_maps = kv_maps.saturating_add(whole);
+                }
+                t.num_embeddings = cached;
             }
         }
         let ranks = self.world.as_ref().map_or(1, |w| w.world_size());
@@ -386,7 +393,7 @@ impl<'a> DlrmBuilder<'a> {
             batches_in_flight: b.in_flight,
             devices,
         });
-        estimate.tables /= ranks as u64;
+        estimate.tables = estimate.tables.saturating_add(kv_maps) / ranks as u64;
         estimate.check(crate::available_memory())
     }
 }

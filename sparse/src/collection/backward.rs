@@ -111,11 +111,10 @@ impl EmbeddingBagCollection {
             seed: self.rounding_seed,
             step: self.step,
         };
-        self.tables.par_iter_mut().for_each(|table| {
+        self.tables.par_iter_mut().try_for_each(|table| {
             table.apply_segments(&optimizer, factors, rounding, grad, width);
-            table.reset_fallback();
-        });
-        Ok(())
+            table.reset_fallback()
+        })
     }
 }
 

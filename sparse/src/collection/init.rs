@@ -222,13 +222,19 @@ pub(super) fn new_table(
     tier: Option<&DiskTierConfig>,
 ) -> Result<EmbeddingTable, SparseError> {
     if let Some(tier) = tier {
-        if config.kv.is_some() {
+        if config
+            .kv
+            .as_ref()
+            .is_some_and(|kv| kv.eviction == crate::Eviction::L2Norm)
+        {
             return Err(SparseError::InvalidConfig {
                 table: config.name.clone(),
-                reason: "key-value tables live in RAM (not yet on the disk tier)".into(),
+                reason: "L2-norm eviction reads every candidate's row, a disk read each on the disk tier: use LRU, LFU or TTL there".into(),
             });
         }
-        return new_disk_table(config, optimizer, seed, index, tier);
+        let mut table = new_disk_table(config, optimizer, seed, index, tier)?;
+        table.attach_kv(seed.unwrap_or(0))?;
+        return Ok(table);
     }
     let (lo, hi) = config.init_range();
     let dim = config.embedding_dim;
@@ -255,7 +261,7 @@ pub(super) fn new_table(
         alloc_error(optimizer.state_floats_per_row(dim) * config.num_embeddings * 4)
     })?;
     let mut table = whole_table(config, Box::new(InMemory { rows, state }), index);
-    table.attach_kv(seed.unwrap_or(0));
+    table.attach_kv(seed.unwrap_or(0))?;
     Ok(table)
 }
 

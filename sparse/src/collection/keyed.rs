@@ -18,13 +18,13 @@ const FRESH_ROW_TAG: u64 = 0x6b76_5f72_6f77;
 impl EmbeddingTable {
     /// Builds the key-value index a config asks for, over every row but
     /// the last (the fallback, zeroed when the fallback is zeros).
-    pub(super) fn attach_kv(&mut self, seed: u64) {
+    pub(super) fn attach_kv(&mut self, seed: u64) -> Result<(), SparseError> {
         let Some(kv) = self.config.kv.clone() else {
-            return;
+            return Ok(());
         };
         let capacity = self.num_embeddings() - 1;
         self.kv = Some(KvIndex::new(kv, capacity, seed));
-        self.reset_fallback();
+        self.reset_fallback()
     }
 
     /// Whether rows are found by the raw id through a map.
@@ -114,12 +114,14 @@ impl EmbeddingTable {
 
     /// Rewrites this table's ids as rows (see [`KvIndex::assign`]) and
     /// makes the rows given to new ids.
-    fn assign_rows(&mut self, ids: &mut [i64], training: bool) {
+    fn assign_rows(&mut self, ids: &mut [i64], training: bool) -> Result<(), SparseError> {
         let dim = self.dim();
         let Self { store, kv, .. } = self;
         let Some(kv) = kv.as_mut() else {
-            return;
+            return Ok(());
         };
+        // L2-norm eviction reads the candidates' rows: a table in RAM's
+        // (the disk tier refuses that policy when built).
         let rows = store.resident().0;
         let buffer = RefCell::new(vec![0f32; dim]);
         let norm = |r: usize| {
@@ -140,43 +142,56 @@ impl EmbeddingTable {
                 self.mark_changed(r);
             }
         }
-        self.renew(&fresh);
+        self.renew(fresh)
     }
 
     /// Rows given to new ids: drawn from the seed and the id (so a new
     /// id's row does not depend on where it lands) with zero optimizer
-    /// state.
-    fn renew(&mut self, fresh: &[Fresh]) {
+    /// state, written as stored (a disk-tier table's to its file, a run of
+    /// consecutive rows at a time: rows never used are given in order).
+    fn renew(&mut self, mut fresh: Vec<Fresh>) -> Result<(), SparseError> {
         if fresh.is_empty() {
-            return;
+            return Ok(());
         }
+        fresh.sort_unstable_by_key(|f| f.row);
         let (range, dim, index) = (self.config.init_range(), self.dim(), self.part.table);
         let seed = self.kv.as_ref().map_or(0, KvIndex::seed);
-        let (rows, state, _) = self.store.parts_mut();
-        let per_row = state.floats_per_row();
+        let (stride, per_row, dtype) = (
+            self.bytes_per_row(),
+            self.state_floats_per_row(),
+            self.data_type(),
+        );
         let mut values = vec![0f32; dim];
-        for f in fresh {
-            draw_row(range, [seed ^ FRESH_ROW_TAG, index, f.id], &mut values);
-            let r = f.row as usize;
-            rows.write_row(r, &values);
-            state.as_mut_slice()[r * per_row..(r + 1) * per_row].fill(0.0);
+        let (mut bytes, mut state) = (Vec::new(), Vec::new());
+        for run in fresh.chunk_by(|a, b| b.row == a.row + 1) {
+            bytes.resize(run.len() * stride, 0);
+            state.clear();
+            state.resize(run.len() * per_row, 0.0);
+            for (f, out) in run.iter().zip(bytes.chunks_exact_mut(stride)) {
+                draw_row(range, [seed ^ FRESH_ROW_TAG, index, f.id], &mut values);
+                dtype.encode_row(&values, out);
+            }
+            let first = run[0].row as usize;
+            (self.store).write_stored(&self.config.name, first, &bytes, &state)?;
         }
+        Ok(())
     }
 
     /// Sets a zero fallback row (and its state) back to zero after an
     /// update moved it.
-    pub(super) fn reset_fallback(&mut self) {
+    pub(super) fn reset_fallback(&mut self) -> Result<(), SparseError> {
         let Some(kv) = &self.kv else {
-            return;
+            return Ok(());
         };
         if kv.config().fallback != Fallback::Zeros {
-            return;
+            return Ok(());
         }
-        let (r, dim) = (kv.fallback_row(), self.dim());
-        let (rows, state, _) = self.store.parts_mut();
-        rows.write_row(r, &vec![0.0; dim]);
-        let per_row = state.floats_per_row();
-        state.as_mut_slice()[r * per_row..(r + 1) * per_row].fill(0.0);
+        let r = kv.fallback_row();
+        let mut bytes = vec![0u8; self.bytes_per_row()];
+        self.data_type()
+            .encode_row(&vec![0.0; self.dim()], &mut bytes);
+        let state = vec![0.0; self.state_floats_per_row()];
+        (self.store).write_stored(&self.config.name, r, &bytes, &state)
     }
 }
 
@@ -223,7 +238,7 @@ impl EmbeddingBagCollection {
                 KvStage { table, ranges, ids }
             })
             .collect();
-        (work.par_iter_mut()).for_each(|w| w.table.assign_rows(&mut w.ids, training));
+        (work.par_iter_mut()).try_for_each(|w| w.table.assign_rows(&mut w.ids, training))?;
         for w in &work {
             let mut rows = w.ids.iter();
             for r in &w.ranges {

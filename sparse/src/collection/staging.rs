@@ -46,6 +46,11 @@ impl EmbeddingBagCollection {
             .iter()
             .filter_map(|slot| {
                 let table = &self.tables[slot.table];
+                // A key-value table's ids are rows only once its map (on
+                // this thread) has staged them.
+                if table.is_key_value() {
+                    return None;
+                }
                 let tier = table.store.tier()?;
                 Some((
                     slot.name.clone(),

@@ -43,6 +43,11 @@ pub struct DlrmArgs {
     /// Every bag has exactly --num-indices-per-lookup ids.
     #[arg(long)]
     pub num_indices_per_lookup_fixed: bool,
+    /// Key-value tables' ids drawn from this many times their rows (raw
+    /// ids past the table, most of them new: tables fill and evict); 1:
+    /// within their rows, as other tables' ids.
+    #[arg(long, default_value_t = 1)]
+    pub kv_id_space: u64,
     #[arg(long, value_enum, default_value_t = DataKind::Random)]
     pub data_generation: DataKind,
     /// Ids follow --data-generation unless these say otherwise.
@@ -432,7 +437,7 @@ fn synthetic_data(
     resolved: &ResolvedDlrm,
     launch: &Launch,
 ) -> anyhow::Result<(Box<dyn TrainData>, InMemory)> {
-    let data = SyntheticData::new(SyntheticConfig {
+    let mut config = SyntheticConfig {
         fixed_indices: resolved.fixed_indices,
         ids: args.ids.distribution()?,
         ..SyntheticConfig::for_model(
@@ -444,7 +449,25 @@ fn synthetic_data(
             resolved.indices_per_lookup,
             args.seed,
         )
-    })?;
+    };
+    anyhow::ensure!(args.kv_id_space >= 1, "--kv-id-space must be at least 1");
+    for table in resolved.config.tables.iter().filter(|t| t.kv.is_some()) {
+        for (name, rows) in
+            (config.features.iter_mut()).filter(|(n, _)| table.feature_names.contains(n))
+        {
+            *rows = (*rows as u64)
+                .checked_mul(args.kv_id_space)
+                .and_then(|r| usize::try_from(r).ok())
+                .filter(|&r| r <= i64::MAX as usize)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--kv-id-space {}: feature {name}'s ids pass 2^63",
+                        args.kv_id_space
+                    )
+                })?;
+        }
+    }
+    let data = SyntheticData::new(config)?;
     let batches = |first, batches| SyntheticBatches {
         data: data.clone(),
         first,

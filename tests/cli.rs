@@ -997,6 +997,30 @@ fn key_value_tables_from_the_command_line() {
     );
     let err = fails(&[&base[..], &["--kv-eviction", "lru"]].concat());
     assert!(err.contains("--kv-min-rows"), "{err}");
+    // On the disk tier (the files' bytes reported); with ids from 10
+    // times the rows, more distinct ids arrive and are admitted.
+    let tier = dir.join("tier");
+    let tier = tier.to_str().unwrap();
+    let on_disk = [
+        "--kv-min-rows",
+        "100",
+        "--disk-dir",
+        tier,
+        "--cache-memory",
+        "64K",
+    ];
+    let admitted = |space: &str| -> Vec<u64> {
+        let out = json(&[&base[..], &on_disk, &["--kv-id-space", space]].concat());
+        assert!(out["disk_tier"]["disk_bytes"].as_u64() > Some(0), "{out}");
+        (out["key_value_tables"].as_array().unwrap().iter())
+            .map(|t| t["admitted"].as_u64().unwrap())
+            .collect()
+    };
+    let (within, wider) = (admitted("1"), admitted("10"));
+    assert!(
+        within.iter().zip(&wider).all(|(a, b)| a < b),
+        "{within:?} {wider:?}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -109,7 +109,40 @@ pub fn section(results: &Path) -> anyhow::Result<String> {
     }
     out.push_str(&cost(&dir)?);
     out.push_str(&deltas(&dir)?);
+    out.push_str(&scale(&dir)?);
     Ok(out)
+}
+
+/// The committed run of key-value tables of 300 million ids on the disk
+/// tier, if any.
+fn scale(dir: &Path) -> anyhow::Result<String> {
+    let path = dir.join("scale-300m.json");
+    if !path.exists() {
+        return Ok(String::new());
+    }
+    let run = read(&path)?;
+    let tables = run["key_value_tables"]
+        .as_array()
+        .with_context(|| format!("{} has no key_value_tables", path.display()))?;
+    let sum = |key: &str| -> f64 { tables.iter().filter_map(|t| t[key].as_f64()).sum() };
+    let tier = &run["disk_tier"];
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    Ok(format!(
+        "\nScale: `{}`: {} key-value tables on the disk tier, their maps in RAM; \
+         at the end they hold {:.1} million ids ({:.1} million admitted in all). Peak RSS \
+         {:.1} GiB; files {:.1} GiB on disk (removed when the run ends); {:.0} samples/s \
+         ({:.0} thousand ids/s), every batch's ids nearly all new, so nearly every lookup a \
+         miss (hit rate {:.3}).\n",
+        run["run"]["command"].as_str().unwrap_or("?"),
+        tables.len(),
+        sum("occupancy") / 1e6,
+        sum("admitted") / 1e6,
+        gib(number(&run, "peak_rss_bytes", &path)?),
+        gib(number(tier, "disk_bytes", &path)?),
+        number(&run, "samples_per_s", &path)?,
+        number(&run, "ids_per_s", &path)? / 1e3,
+        number(tier, "hit_rate", &path)?,
+    ))
 }
 
 /// Runs with `--checkpoint-dir`, by file stem, and what they show.

@@ -75,6 +75,9 @@ pub struct TierReport {
     pub hit_rate_bound: f64,
     pub bytes_read_per_step: f64,
     pub bytes_written_per_step: f64,
+    /// Bytes of the disk-tier tables' files (records, headers and the
+    /// log's room to clean).
+    pub disk_bytes: u64,
 }
 
 impl TierReport {
@@ -90,6 +93,12 @@ impl TierReport {
             return None;
         }
         let policy = tables.iter().find_map(|t| t.disk_tier()).map(|c| c.policy);
+        let disk_bytes = (tables.iter().filter(|t| t.is_on_disk()))
+            .map(|t| {
+                let record = t.bytes_per_row() + 4 * t.state_floats_per_row();
+                ember_sparse::disk_tier_file_bytes(t.num_embeddings() as u64, record as u64)
+            })
+            .sum();
         let totals = totals(tables.into_iter());
         let steps = steps.max(1.0);
         Some(Self {
@@ -99,6 +108,7 @@ impl TierReport {
             hit_rate_bound: totals.hit_rate_bound(),
             bytes_read_per_step: totals.bytes_read as f64 / steps,
             bytes_written_per_step: totals.bytes_written as f64 / steps,
+            disk_bytes,
         })
     }
 }
@@ -107,7 +117,8 @@ impl std::fmt::Display for TierReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "disk tier: caches {:.2} GiB ({}), hit rate {:.1}% (at most {:.1}%: first lookups), {:.2} MB read and {:.2} MB written per step",
+            "disk tier: files {:.2} GiB, in memory {:.2} GiB ({}), hit rate {:.1}% (at most {:.1}%: first lookups), {:.2} MB read and {:.2} MB written per step",
+            self.disk_bytes as f64 / (1u64 << 30) as f64,
             self.cache_bytes as f64 / (1u64 << 30) as f64,
             self.cache_policy,
             self.hit_rate * 100.0,

@@ -207,3 +207,74 @@ fn a_key_value_table_must_be_prefetched_and_configured_sanely() {
     ebc.prefetch(&kjt).unwrap();
     assert!(ebc.forward(&kjt).is_ok());
 }
+
+/// TorchRec's `EmbeddingCollection` over a key-value table: every raw id
+/// reads the row the map gives it (the zero fallback for ids without one),
+/// the fused update moves exactly those rows by their summed gradient, and
+/// the map is the one a bag collection keeps on the same ids.
+#[test]
+fn a_sequence_collection_reads_and_trains_a_key_value_table_by_raw_id() {
+    use ember_sparse::{EmbeddingCollection, EmbeddingConfig};
+    let kv = KvConfig {
+        eviction_window: Some(3),
+        ..KvConfig::default()
+    };
+    let config = EmbeddingConfig {
+        kv: Some(kv.clone()),
+        ..EmbeddingConfig::new("t", 6, DIM, &["a", "b"])
+    };
+    let lr = 0.5;
+    let mut ec = EmbeddingCollection::new(vec![config], TableOptimizer::sgd(lr), 3).unwrap();
+    let mut ebc = collection(6, kv, TableOptimizer::sgd(lr));
+    let batches: [[Vec<i64>; 4]; 4] = [
+        [vec![7, -1], vec![7], vec![1 << 62], vec![]],
+        [vec![8, 9, 10], vec![-1], vec![11], vec![7, 12]],
+        [vec![i64::MIN], vec![8], vec![13, 14], vec![7]],
+        [vec![15], vec![16, 7], vec![], vec![9]],
+    ];
+    for bags in &batches {
+        let kjt = batch(bags);
+        ec.prefetch(&kjt).unwrap();
+        ebc.prefetch(&kjt).unwrap();
+        let table = &ec.tables()[0];
+        assert_eq!(table.kv_state(), ebc.table("t").unwrap().kv_state());
+        let out = ec.forward(&kjt).unwrap();
+        let rows: Vec<usize> = (bags.concat().iter())
+            .map(|&id| table.kv_row_of(id as u64).unwrap_or(5))
+            .collect();
+        let before: Vec<Vec<f32>> = (0..6).map(|r| table.row(r).to_vec()).collect();
+        for (k, &r) in rows.iter().enumerate() {
+            assert_eq!(
+                &out.values()[k * DIM..(k + 1) * DIM],
+                &before[r][..],
+                "id {k}"
+            );
+        }
+        let grad: Vec<f32> = (0..rows.len() * DIM)
+            .map(|i| (i % 7) as f32 * 0.1 - 0.3)
+            .collect();
+        ec.backward_update(&kjt, &grad).unwrap();
+        let table = &ec.tables()[0];
+        for r in 0..6 {
+            // The summed gradient of the row's ids, applied once.
+            let mut summed = [0f32; DIM];
+            for (k, _) in rows.iter().enumerate().filter(|(_, &s)| s == r && r != 5) {
+                for (s, g) in summed.iter_mut().zip(&grad[k * DIM..(k + 1) * DIM]) {
+                    *s += g;
+                }
+            }
+            let want: Vec<f32> = (before[r].iter().zip(summed))
+                .map(|(w, g)| w - lr * g)
+                .collect();
+            let got = table.row(r);
+            let close = got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-6);
+            assert!(close, "row {r}: {got:?} against {want:?}");
+        }
+    }
+    // In inference nobody is admitted: a new id reads the zero fallback.
+    ec.set_training(false);
+    let kjt = batch(&[vec![1000], vec![], vec![], vec![]]);
+    ec.prefetch(&kjt).unwrap();
+    assert_eq!(ec.forward(&kjt).unwrap().values(), &[0.0; DIM]);
+    assert_eq!(ec.tables()[0].kv_row_of(1000), None);
+}

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::backward::Entry;
 use super::{EmbeddingBagCollection, EmbeddingTable};
 use crate::{
-    DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, SparseError, TableOptimizer,
+    DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KvConfig, SparseError,
+    TableOptimizer,
 };
 
 /// One table of an [`EmbeddingCollection`] and the features that read it
@@ -38,6 +39,10 @@ pub struct EmbeddingConfig {
     /// The rows' data type (`fp32` when absent).
     #[serde(default)]
     pub data_type: DataType,
+    /// Rows found by the raw 64-bit id through a map, as a bag
+    /// collection's key-value tables ([`KvConfig`]); `None`: ids are rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv: Option<KvConfig>,
 }
 
 impl EmbeddingConfig {
@@ -53,6 +58,7 @@ impl EmbeddingConfig {
             weight_init_min: None,
             weight_init_max: None,
             data_type: DataType::Fp32,
+            kv: None,
         }
     }
 
@@ -74,7 +80,7 @@ impl EmbeddingConfig {
             weight_init_min: self.weight_init_min,
             weight_init_max: self.weight_init_max,
             data_type: self.data_type,
-            kv: None,
+            kv: self.kv.clone(),
         }
     }
 }
@@ -285,10 +291,18 @@ impl EmbeddingCollection {
         self.bags.bytes()
     }
 
-    /// Brings the disk-tier tables' rows of `kjt` into their caches, for
-    /// its forward (nothing when every table is in RAM).
+    /// Brings the disk-tier tables' rows of `kjt` into their caches and
+    /// finds key-value tables' raw ids in their maps (in training,
+    /// admitting new ones), for its forward (nothing when every table is
+    /// in RAM and keyed by row).
     pub fn prefetch(&mut self, kjt: &KeyedJaggedTensor) -> Result<(), SparseError> {
         self.bags.prefetch(kjt)
+    }
+
+    /// Training (the default) or inference, for key-value tables' staging
+    /// (see [`EmbeddingBagCollection::set_training`]).
+    pub fn set_training(&mut self, training: bool) {
+        self.bags.set_training(training);
     }
 
     /// Every id's row of every feature of the collection in `kjt` (keys it

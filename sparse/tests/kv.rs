@@ -255,7 +255,7 @@ fn a_sequence_collection_reads_and_trains_a_key_value_table_by_raw_id() {
             .collect();
         ec.backward_update(&kjt, &grad).unwrap();
         let table = &ec.tables()[0];
-        for r in 0..6 {
+        for (r, old) in before.iter().enumerate() {
             // The summed gradient of the row's ids, applied once.
             let mut summed = [0f32; DIM];
             for (k, _) in rows.iter().enumerate().filter(|(_, &s)| s == r && r != 5) {

@@ -263,9 +263,7 @@ fn a_sequence_collection_reads_and_trains_a_key_value_table_by_raw_id() {
                     *s += g;
                 }
             }
-            let want: Vec<f32> = (before[r].iter().zip(summed))
-                .map(|(w, g)| w - lr * g)
-                .collect();
+            let want: Vec<f32> = (old.iter().zip(summed)).map(|(w, g)| w - lr * g).collect();
             let got = table.row(r);
             let close = got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-6);
             assert!(close, "row {r}: {got:?} against {want:?}");

@@ -1021,6 +1021,22 @@ fn key_value_tables_from_the_command_line() {
         within.iter().zip(&wider).all(|(a, b)| a < b),
         "{within:?} {wider:?}"
     );
+    // L2-norm eviction reads candidates' rows: those tables stay in RAM,
+    // however large the caches (here none is left for the disk tier,
+    // which says why).
+    let l2 = [
+        "--kv-min-rows",
+        "100",
+        "--kv-eviction",
+        "l2-norm",
+        "--disk-dir",
+        tier,
+    ];
+    let err = fails(&[&base[..], &l2, &["--cache-memory", "10M"]].concat());
+    assert!(
+        err.contains("no table goes to the disk tier") && err.contains("L2-norm"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -932,6 +932,22 @@ fn a_stream_of_windows_is_evaluated_ahead_and_resumes_mid_window_exactly() {
     assert!(deltas.join("model.delta-000001.safetensors").exists());
     let rest = run(&deltas, &[&["--resume"][..], &every].concat());
     assert_eq!(windows(&rest), seen[1..]);
+    // Named from inside its directory, a chain's delta opens (its full
+    // file found beside it).
+    let last = (common::names(&deltas).into_iter())
+        .filter(|n| n.starts_with("model.delta-"))
+        .max()
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["eval", "--checkpoint", &last, "--data", days[2], "--json"])
+        .current_dir(&deltas)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let compacted = json(&["checkpoint", "compact", s(&deltas), "--json"]);
     assert!(compacted["deltas"].as_u64().unwrap() >= 1, "{compacted}");
     assert!(!deltas.join("model.delta-000001.safetensors").exists());
@@ -1006,6 +1022,22 @@ fn drifting_raw_ids_are_ingested_a_window_a_file_and_train_as_a_stream() {
         "2",
     ]));
     assert!(err.contains("--multi-hot"), "{err}");
+    let err = fails(ingest(&["--rows", "3000", "--window-rows", "1000"]));
+    assert!(
+        err.contains("--window-rows") && err.contains("--drift"),
+        "{err}"
+    );
+    let err = fails(ingest(&[
+        "--rows",
+        "3000",
+        "--drift",
+        "0.5",
+        "--window-rows",
+        "1000",
+        "--rows-per-file",
+        "500",
+    ]));
+    assert!(err.contains("--rows-per-file"), "{err}");
     run(ingest(&[
         "--rows",
         "3000",

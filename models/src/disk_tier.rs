@@ -98,7 +98,10 @@ impl DiskTierOptions {
         (tables.iter())
             .map(|t| {
                 let rows = (t.num_embeddings as f64 * share) as usize / CACHE_WAYS * CACHE_WAYS;
-                let fits = rows >= min_cache_rows(batch_ids);
+                // L2-norm eviction reads candidates' rows: those tables stay in RAM.
+                let l2 =
+                    (t.kv.as_ref()).is_some_and(|k| k.eviction == ember_sparse::Eviction::L2Norm);
+                let fits = rows >= min_cache_rows(batch_ids) && !l2;
                 fits.then(|| DiskTierConfig {
                     dir: self.dir.clone(),
                     cache_rows: rows,
@@ -269,7 +272,7 @@ pub fn placement_line(
     if !ram.is_empty() {
         let why = match planned {
             true => "the plan fits them in memory",
-            false => "their caches would not hold enough batches of ids",
+            false => "their caches would not hold enough batches of ids (or they evict by L2 norm)",
         };
         line += &format!("; in RAM: {} ({}), as {why}", ram.len(), list(&ram));
     }
@@ -281,7 +284,7 @@ pub fn placement_line(
 pub enum DiskTierError {
     /// No table's cache would hold the rows a batch needs.
     #[error(
-        "disk tier in {}: no table goes to the disk tier: with a cache budget of {cache}, every table's cache would hold fewer than the {need} rows it needs ({CACHE_BATCHES} batches of {batch_ids} ids; a smaller cache overflows its sets); give a larger budget, or no disk tier",
+        "disk tier in {}: no table goes to the disk tier: with a cache budget of {cache}, every table's cache would hold fewer than the {need} rows it needs ({CACHE_BATCHES} batches of {batch_ids} ids; a smaller cache overflows its sets), or the table is key-value with L2-norm eviction (kept in RAM: it reads every candidate's row); give a larger budget, or no disk tier",
         dir.display()
     )]
     NoTableFits {

@@ -21,7 +21,7 @@ use safetensors::SafeTensors;
 /// evicts).
 fn setup_with(fp16_rows: usize) -> (DlrmConfig, SyntheticData) {
     let mut config = DlrmConfig {
-        tables: DlrmConfig::criteo_tables(&[300, fp16_rows, 40], 4),
+        tables: DlrmConfig::criteo_tables(&[300, fp16_rows, 40, 40], 4),
         bottom_mlp: vec![3, 6, 4],
         top_mlp: vec![5, 3, 1],
         interaction: InteractionType::Dot,
@@ -40,6 +40,9 @@ fn setup_with(fp16_rows: usize) -> (DlrmConfig, SyntheticData) {
         eviction_window: Some(4),
         ..KvConfig::default()
     });
+    // A key-value table of 30 rows: a delta lists the rows it changed.
+    config.tables[3].num_embeddings = 31;
+    config.tables[3].kv = config.tables[2].kv.clone();
     (config, data)
 }
 
@@ -175,10 +178,12 @@ fn a_chain_of_deltas_loads_trains_on_and_compacts_as_a_full_save() {
         let link = &meta.iter().find(|(k, _)| k == "ember.delta").unwrap().1;
         assert!(link.contains(r#""whole_tables":["t_cat_2"]"#), "{link}");
         let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
-        assert!(
-            names.iter().any(|n| n.ends_with("t_cat_0.rows")),
-            "{names:?}"
-        );
+        for listed in ["t_cat_0.rows", "t_cat_3.rows", "t_cat_3.kv.ids"] {
+            assert!(
+                names.iter().any(|n| n.ends_with(listed)),
+                "{listed}: {names:?}"
+            );
+        }
         assert!(
             !names.iter().any(|n| n.ends_with("t_cat_2.rows")),
             "{names:?}"
@@ -243,6 +248,32 @@ fn deltas_build_only_on_the_models_own_checkpoint() {
 }
 
 #[test]
+fn a_model_with_cast_tables_or_another_optimizer_saves_full_first() {
+    let (config, data) = setup();
+    let mut model = build(&config, TableOptimizer::rowwise_adagrad(0.05));
+    let root = tempfile::tempdir().unwrap();
+    let (chain, _) = chain_of_three(&mut model, &data, root.path());
+    let mut cast = Checkpoint::open(&chain).unwrap();
+    cast.cast_tables(DataType::Bf16);
+    let mut cast = cast.builder().build().unwrap();
+    train(&mut cast, &data, 20..21);
+    assert_eq!(cast.save_checkpoint_delta(&chain, None, 10).unwrap(), None);
+    let ckpt = Checkpoint::open(&chain).unwrap();
+    let mut other = ckpt
+        .builder()
+        .optimizers(
+            TableOptimizer::adagrad(0.05),
+            DenseOptimizerConfig::adam(0.01),
+        )
+        .build()
+        .unwrap();
+    train(&mut other, &data, 20..21);
+    assert_eq!(other.save_checkpoint_delta(&chain, None, 10).unwrap(), None);
+    // The chain still loads.
+    assert_eq!(Checkpoint::open(&chain).unwrap().delta_count(), 3);
+}
+
+#[test]
 fn a_broken_chain_is_refused_naming_the_file() {
     let (config, data) = setup();
     let mut model = build(&config, TableOptimizer::rowwise_adagrad(0.05));
@@ -270,12 +301,6 @@ fn a_broken_chain_is_refused_naming_the_file() {
     // Delta 2 of a fork of the chain at delta 1: its delta 3 builds on
     // another delta 2.
     let (chain, _) = chain_of_three(&mut model, &data, &root.path().join("again"));
-    let mut fork = Checkpoint::open(&chain.join(delta_file_name(1)))
-        .unwrap()
-        .builder()
-        .build()
-        .unwrap();
-    train(&mut fork, &data, 100..101);
     let forked = root.path().join("fork");
     std::fs::create_dir(&forked).unwrap();
     for k in [0, 1] {
@@ -326,6 +351,11 @@ fn a_chain_on_the_disk_tier_loads_as_the_model_in_ram() {
             Some(DiskTierConfig {
                 dir: dir.to_path_buf(),
                 cache_rows: 16,
+                policy: Default::default(),
+            }),
+            Some(DiskTierConfig {
+                dir: dir.to_path_buf(),
+                cache_rows: 32,
                 policy: Default::default(),
             }),
         ]

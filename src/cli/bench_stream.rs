@@ -175,6 +175,14 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<StreamReport> {
         .seed(args.seed)
         .build()?;
     let be = Backend::native();
+    // One writer of the checkpoint directory, as a training run's.
+    let _lock = match &args.checkpoint_dir {
+        Some(dir) => Some(ember_dataloader::lock::DirLock::acquire(
+            dir,
+            "ember bench stream",
+        )?),
+        None => None,
+    };
     let progress = Progress::new(args.windows, "windows", args.json);
     let (mut windows, mut train_seconds) = (Vec::new(), 0.0);
     for w in 0..args.windows {

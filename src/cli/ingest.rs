@@ -192,9 +192,9 @@ pub struct SyntheticArgs {
     #[arg(long)]
     pub drift: Option<f64>,
     /// With --drift: distinct raw ids per feature, as a multiple of its
-    /// table's rows.
-    #[arg(long, default_value_t = 100)]
-    pub id_space: u64,
+    /// table's rows [default: 100].
+    #[arg(long)]
+    pub id_space: Option<u64>,
     /// With --drift: rows per window (and per file).
     #[arg(long)]
     pub window_rows: Option<u64>,
@@ -237,7 +237,13 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
             sink_options.rows_per_file = Some(per_file);
             Some(data)
         }
-        None => None,
+        None => {
+            anyhow::ensure!(
+                args.window_rows.is_none() && args.id_space.is_none(),
+                "--window-rows and --id-space are for --drift"
+            );
+            None
+        }
     };
     let sizes = match &args.multi_hot {
         None => vec![1; NUM_CAT],
@@ -338,12 +344,16 @@ fn drifting(
         args.stream == 0,
         "--drift: the windows are the stream (evaluate each on the model trained before it); drop --stream"
     );
-    // Batches that tile both a window and the row groups.
+    anyhow::ensure!(
+        args.sink.rows_per_file.is_none(),
+        "--drift writes one file a window (--window-rows): drop --rows-per-file"
+    );
+    // The generator's batches: a whole number of them to a window.
     let batch = gcd(window, 4096);
     let data = DriftingData::new(DriftingConfig {
         num_dense: ember_dataloader::schema::NUM_INT,
         features,
-        space_per_row: args.id_space,
+        space_per_row: args.id_space.unwrap_or(100),
         window_batches: window / batch,
         drift,
         seed: args.seed,

@@ -524,7 +524,7 @@ fn resolve(
             }
             progress.line(&format!(
                 "resuming from {} at epoch {}, batch {} (step {})",
-                ckpt.path().display(),
+                ckpt.last_file().display(),
                 state.epoch,
                 state.batches_in_epoch,
                 state.steps

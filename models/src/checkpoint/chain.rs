@@ -57,6 +57,7 @@ pub(super) fn delta_sequence(name: &str) -> Option<u64> {
     (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
         .then(|| digits.parse().ok())
         .flatten()
+        .filter(|&n| n > 0)
 }
 
 /// Where a model's tables stand against a checkpoint directory: the chain
@@ -179,14 +180,15 @@ fn delta_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, ModelError> {
 }
 
 /// Removes the deltas of `dir` numbered `after + 1` and up (all with 0):
-/// a new full file's old chain, or a chain forked at `after`. Best effort,
-/// as a leftover names another full file or parent and is ignored.
-pub(super) fn remove_deltas(dir: &Path, after: u64) {
-    for (sequence, path) in delta_files(dir).unwrap_or_default() {
+/// a new full file's old chain, or a chain forked at `after` (where a
+/// delta left behind would break the new chain: the error says which).
+pub(super) fn remove_deltas(dir: &Path, after: u64) -> Result<(), ModelError> {
+    for (sequence, path) in delta_files(dir)? {
         if sequence > after {
-            let _ = std::fs::remove_file(path);
+            std::fs::remove_file(&path).map_err(|e| fail_at(&path, e.to_string()))?;
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -59,8 +59,11 @@ pub fn save_delta(
 }
 
 /// [`save_delta`], or `None` when `dir` holds no chain this model's
-/// changes count from (another directory, a chain that moved on, a
-/// sharded model).
+/// changes count from (another directory; a chain that no longer holds
+/// the file the model saved or was loaded from, or that cannot be read; a
+/// sharded model): the caller saves a full checkpoint. A model whose file
+/// is inside the chain (loaded from an earlier delta, or from the full
+/// file alone) forks it there: the later deltas are removed first.
 pub(crate) fn write_delta(
     model: &mut Dlrm,
     dir: &Path,
@@ -75,7 +78,8 @@ pub(crate) fn write_delta(
     // The directory's chain must hold the model's head: its last file, or
     // (a model loaded from an earlier delta) a file the chain goes on
     // from, where the new delta forks it.
-    let Some(chain) = Chain::read(dir)? else {
+    // A chain that cannot be read: a full save starts a new one.
+    let Ok(Some(chain)) = Chain::read(dir) else {
         return Ok(None);
     };
     let at_head = match head.sequence as usize {
@@ -111,7 +115,7 @@ pub(crate) fn write_delta(
     };
     meta.insert(META_DELTA.into(), super::write::json(&link));
     // A crash after this leaves the chain up to the model's head: whole.
-    remove_deltas(dir, head.sequence);
+    remove_deltas(dir, head.sequence)?;
     let identity = write_file(tensors, meta, &path)?;
     drop(changed);
     let ebc = model.sparse_arch_mut().local_mut().expect("checked above");
@@ -140,13 +144,15 @@ fn gather_changed(
 ) -> Result<Vec<Option<ChangedRows>>, ember_sparse::SparseError> {
     let mut out = Vec::new();
     for table in ebc.tables() {
-        let rows = table.changed_rows();
         let (stride, per_row) = (table.bytes_per_row(), table.state_floats_per_row());
-        let unchanged = (table.num_embeddings() - rows.len()) * (stride + 4 * per_row + 16);
-        if unchanged <= 8 * rows.len() {
+        // A key-value table's rows carry their id and header too.
+        let row = stride + 4 * per_row + if table.is_key_value() { 16 } else { 0 };
+        let changed = table.changed_count();
+        if (table.num_embeddings() - changed) * row <= 8 * changed {
             out.push(None);
             continue;
         }
+        let rows = table.changed_rows();
         let mut bytes = vec![0u8; rows.len() * stride];
         let mut state = vec![0f32; rows.len() * per_row];
         let mut k = 0;
@@ -399,6 +405,12 @@ pub struct CompactSummary {
 /// a full save of it would be. The tables are read into memory. The
 /// directory is taken while it runs, as a training run takes it.
 pub fn compact(dir: &Path) -> Result<CompactSummary, ModelError> {
+    if !dir.is_dir() {
+        return Err(fail_at(
+            dir,
+            "not a directory: name a run's checkpoint directory".into(),
+        ));
+    }
     // One writer of the directory: not while a run trains there.
     let _lock = ember_dataloader::lock::DirLock::acquire(dir, "ember checkpoint compact")?;
     let chain = Chain::read(dir)?.ok_or_else(|| {
@@ -426,7 +438,7 @@ pub fn compact(dir: &Path) -> Result<CompactSummary, ModelError> {
         checkpoint.model(table, dense)?
     };
     super::write::save_full(&mut model, &path, train.as_ref())?;
-    remove_deltas(dir, 0);
+    remove_deltas(dir, 0)?;
     Ok(CompactSummary {
         bytes_after: size(&path),
         path,

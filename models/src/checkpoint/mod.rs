@@ -56,28 +56,26 @@ pub(crate) use write::save_full;
 /// The file a one-process checkpoint is written to in its directory.
 pub const CHECKPOINT_FILE: &str = "model.safetensors";
 
-/// The checkpoint to resume from in `dir`: one file, or the set the ranks
-/// of a world wrote; the newer when both are there (a crash between
-/// writing one and removing the other). On a world, rank 0 decides for
-/// every rank (all ranks call this together).
+/// The checkpoint to resume from in `dir`: one file (or the last delta
+/// of its chain), or the set the ranks of a world wrote; the newer when
+/// both are there (a crash between writing one and removing the other).
+/// A broken delta chain is an error naming the file. On a world, rank 0
+/// decides for every rank (all ranks call this together).
 pub fn latest(
     dir: &Path,
     world: Option<&std::sync::Arc<dyn ember_sharding::Collective>>,
 ) -> Result<Option<PathBuf>, ModelError> {
-    // A full file's chain of deltas, if any, ends at its last delta.
+    // A full file's state is its chain's last file (the full file
+    // without deltas); the set's index or that, whichever is newer.
     let choose = || -> Result<Option<PathBuf>, ModelError> {
         let modified = |p: PathBuf| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p));
-        let newer = [dir.join(INDEX_FILE), dir.join(CHECKPOINT_FILE)]
+        let tail = chain::Chain::read(dir)?.map(|c| c.tail());
+        Ok([Some(dir.join(INDEX_FILE)), tail]
             .into_iter()
+            .flatten()
             .filter_map(modified)
             .max_by_key(|(t, _)| *t)
-            .map(|(_, p)| p);
-        match newer {
-            Some(p) if p.ends_with(CHECKPOINT_FILE) => {
-                Ok(chain::Chain::read(dir)?.map(|c| c.tail()))
-            }
-            other => Ok(other),
-        }
+            .map(|(_, p)| p))
     };
     let Some(comm) = world else {
         return choose();
@@ -104,7 +102,8 @@ pub fn latest(
 /// `identity`): its changed rows count from there, and the directory's
 /// older deltas go.
 pub(crate) fn after_full_save(model: &mut crate::Dlrm, dir: &Path, identity: u32) {
-    chain::remove_deltas(dir, 0);
+    // Best effort: a delta left names the old full file and is ignored.
+    let _ = chain::remove_deltas(dir, 0);
     let Some(ebc) = model.sparse_arch_mut().local_mut() else {
         return;
     };

@@ -92,13 +92,17 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Maps `path` (a safetensors file; or a set's index; or a directory
-    /// holding either, as a run's `--checkpoint-dir`: the newer), reads the architecture (from the metadata, or inferred
-    /// from TorchRec names) and checks every tensor it needs: present, f32,
-    /// and of the right shape.
+    /// Maps `path` and reads the architecture (from the metadata, or
+    /// inferred from TorchRec names), checking every tensor of the full
+    /// file it needs: present, of its dtype and of the right shape. `path`
+    /// is a safetensors file (`model.safetensors`: that file alone); a
+    /// set's index; a delta checkpoint (its chain read up to it, over its
+    /// full file: a delta's table tensors are checked as the model is
+    /// built); or a directory holding any of them, as a run's
+    /// `--checkpoint-dir`: its [`latest`](super::latest) state.
     pub fn open(path: &Path) -> Result<Self, ModelError> {
         let file = match path.is_dir() {
-            // A run's checkpoint directory: its newer checkpoint, a set or one file.
+            // A run's checkpoint directory: its newer checkpoint, a set or a chain.
             true => super::latest(path, None)?.ok_or_else(|| {
                 super::fail_at(
                     path,
@@ -110,19 +114,34 @@ impl Checkpoint {
         if file.to_string_lossy().ends_with(".index.json") {
             return Self::from_store(Box::new(SetStore::open(&file)?), Vec::new(), path);
         }
-        let dir = file.parent().unwrap_or(Path::new("."));
+        // `model.safetensors` alone has the parent "".
+        let dir = (file.parent())
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        // A delta: the chain up to it; the full file of a chain: itself.
-        let sequence = super::chain::delta_sequence(name);
-        let chain = match sequence.is_some() || name == CHECKPOINT_FILE {
-            true => Chain::read(dir)?,
-            false => None,
+        let Some(sequence) = super::chain::delta_sequence(name) else {
+            // A full file alone; the head of a chain when it is a run's.
+            let store = MappedFile::open(&file)?;
+            let identity = super::chain::identity(store.metadata());
+            let mut checkpoint = Self::from_store(Box::new(store), Vec::new(), path)?;
+            checkpoint.chain_head =
+                identity
+                    .filter(|_| name == CHECKPOINT_FILE)
+                    .map(|id| ChainHead {
+                        dir: dir.to_path_buf(),
+                        base: id,
+                        tail: id,
+                        sequence: 0,
+                    });
+            return Ok(checkpoint);
         };
-        let Some(mut chain) = chain else {
-            return Self::from_store(Box::new(MappedFile::open(&file)?), Vec::new(), path);
-        };
-        let keep = sequence.unwrap_or(0) as usize;
-        if chain.deltas.len() < keep {
+        let mut chain = Chain::read(dir)?.ok_or_else(|| {
+            super::fail_at(
+                &file,
+                format!("a delta checkpoint without its full file {CHECKPOINT_FILE} beside it"),
+            )
+        })?;
+        if chain.deltas.len() < sequence as usize {
             return Err(super::fail_at(
                 &file,
                 format!(
@@ -131,14 +150,14 @@ impl Checkpoint {
                 ),
             ));
         }
-        chain.deltas.truncate(keep);
+        chain.deltas.truncate(sequence as usize);
         let head = chain.head(dir);
         let deltas = (chain.deltas.into_iter())
             .map(|(f, _)| Box::new(f) as Box<dyn TensorStore>)
             .collect();
         let mut checkpoint =
             Self::from_store(Box::new(MappedFile::open(&chain.base)?), deltas, path)?;
-        checkpoint.chain_head = (head.base != 0).then_some(head);
+        checkpoint.chain_head = Some(head);
         Ok(checkpoint)
     }
 
@@ -243,6 +262,12 @@ impl Checkpoint {
         let mut files = self.store.files();
         files.extend(self.deltas.iter().flat_map(|d| d.files()));
         files
+    }
+
+    /// The file whose state this is: the last delta of a chain, else
+    /// [`path`](Self::path).
+    pub fn last_file(&self) -> &Path {
+        self.dense_store().path()
     }
 
     /// Delta checkpoints read over the full file (0: one file, or a set).
@@ -442,7 +467,16 @@ impl Checkpoint {
         ebc.set_rounding_seed(self.rounding_seed);
         self.restore_dense(&mut model, dense_optimizer)?;
         model.set_dataset_spec(self.dataset_spec.clone());
-        model.set_chain_head(self.chain_head.clone());
+        // Deltas go on from here only for the tables as saved: neither
+        // cast nor under another optimizer (a delta's metadata would not
+        // match the chain's files).
+        let as_saved =
+            (self.config.tables.iter().zip(&self.stored)).all(|(t, &s)| t.data_type == s);
+        model.set_chain_head(
+            self.chain_head
+                .clone()
+                .filter(|_| as_saved && same_table_opt),
+        );
         Ok(model)
     }
 

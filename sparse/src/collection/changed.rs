@@ -37,6 +37,11 @@ impl ChangedRows {
         out
     }
 
+    /// How many rows are marked.
+    fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
     fn clear(&mut self) {
         self.words.fill(0);
     }
@@ -49,6 +54,11 @@ impl EmbeddingTable {
     /// up. Rows set directly are not counted.
     pub fn changed_rows(&self) -> Vec<u64> {
         self.changed.rows()
+    }
+
+    /// How many rows [`changed_rows`](Self::changed_rows) would list.
+    pub fn changed_count(&self) -> usize {
+        self.changed.count()
     }
 
     /// Forgets which rows changed (a checkpoint now holds them).
@@ -84,6 +94,7 @@ mod tests {
             c.mark(130, r);
         }
         assert_eq!(c.rows(), vec![0, 63, 64, 129]);
+        assert_eq!(c.count(), 4);
         c.clear();
         assert!(c.rows().is_empty());
     }

@@ -96,7 +96,7 @@ pub(crate) fn write_delta(
     let mut tensors = dense_tensors(model).map_err(|m| fail_at(&path, m))?;
     let optimizer = model.sparse_arch().optimizer();
     let ebc = model.sparse_arch().local().expect("checked above");
-    let changed = gather_changed(ebc).map_err(|e| fail_at(&path, e.to_string()))?;
+    let changed = changed_rows(ebc);
     let mut whole_tables = Vec::new();
     for (table, changed) in ebc.tables().iter().zip(&changed) {
         match changed {
@@ -128,78 +128,48 @@ pub(crate) fn write_delta(
     Ok(Some(path))
 }
 
-/// A table's changed rows, gathered: their numbers, bytes and state.
-struct ChangedRows {
-    rows: Vec<u64>,
-    bytes: Vec<u8>,
-    state: Vec<f32>,
-}
-
-/// Every table's changed rows, read (in RAM or from the disk tier) a run
-/// of consecutive rows at a time; `None` for a table better written whole:
-/// listing its changed rows (8 bytes each) would cost more than writing
-/// the rows that did not change.
-fn gather_changed(
-    ebc: &EmbeddingBagCollection,
-) -> Result<Vec<Option<ChangedRows>>, ember_sparse::SparseError> {
-    let mut out = Vec::new();
-    for table in ebc.tables() {
+/// Every table's changed rows (ascending); `None` for a table better
+/// written whole: listing its changed rows (8 bytes each) would cost more
+/// than writing the rows that did not change. The rows themselves are
+/// streamed from where they are stored as the delta is written.
+fn changed_rows(ebc: &EmbeddingBagCollection) -> Vec<Option<Vec<u64>>> {
+    let whole = |table: &EmbeddingTable| {
         let (stride, per_row) = (table.bytes_per_row(), table.state_floats_per_row());
         // A key-value table's rows carry their id and header too.
         let row = stride + 4 * per_row + if table.is_key_value() { 16 } else { 0 };
         let changed = table.changed_count();
-        if (table.num_embeddings() - changed) * row <= 8 * changed {
-            out.push(None);
-            continue;
-        }
-        let rows = table.changed_rows();
-        let mut bytes = vec![0u8; rows.len() * stride];
-        let mut state = vec![0f32; rows.len() * per_row];
-        let mut k = 0;
-        while k < rows.len() {
-            let run = 1
-                + (rows[k + 1..].iter().zip(&rows[k..]))
-                    .take_while(|(next, prev)| **next == **prev + 1)
-                    .count();
-            table.read_stored_rows(
-                rows[k] as usize,
-                &mut bytes[k * stride..(k + run) * stride],
-                &mut state[k * per_row..(k + run) * per_row],
-            )?;
-            k += run;
-        }
-        out.push(Some(ChangedRows { rows, bytes, state }));
-    }
-    Ok(out)
+        (table.num_embeddings() - changed) * row <= 8 * changed
+    };
+    (ebc.tables().iter())
+        .map(|t| (!whole(t)).then(|| t.changed_rows()))
+        .collect()
 }
 
-/// The delta tensors of one table's changed rows.
+/// The delta tensors of one table's changed `rows`.
 fn add_table_delta<'a>(
-    table: &EmbeddingTable,
-    changed: &'a ChangedRows,
+    table: &'a EmbeddingTable,
+    rows: &'a [u64],
     optimizer: &TableOptimizer,
     tensors: &mut Vec<(String, Tensor<'a>)>,
     meta: &mut std::collections::HashMap<String, String>,
 ) {
     let base = table_base_name(table.name());
-    let n = changed.rows.len();
-    let row_numbers: Vec<u8> = changed.rows.iter().flat_map(|r| r.to_le_bytes()).collect();
+    let row_numbers: Vec<u8> = rows.iter().flat_map(|r| r.to_le_bytes()).collect();
     tensors.push((
         format!("{DELTA_PREFIX}{base}.rows"),
         Tensor {
             dtype: Dtype::U64,
-            shape: vec![n],
+            shape: vec![rows.len()],
             data: Data::Bytes(Cow::Owned(row_numbers)),
         },
     ));
-    let part = SavedTable::gathered(table, n, &changed.bytes, &changed.state);
     let mut own = Vec::new();
-    table_tensors(&base, &part, optimizer, &mut own);
+    table_tensors(&base, &SavedTable::listed(table, rows), optimizer, &mut own);
     tensors.extend(
         own.into_iter()
             .map(|(name, t)| (format!("{DELTA_PREFIX}{name}"), t)),
     );
-    if let Some(kv) = table.kv_delta(&changed.rows) {
+    if let Some(kv) = table.kv_delta(rows) {
         add_kv_delta(&base, table.name(), kv, tensors, meta);
     }
 }

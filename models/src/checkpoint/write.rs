@@ -28,12 +28,14 @@ pub(super) struct Tensor<'a> {
 }
 
 /// A tensor's bytes: in memory, or streamed from a table's stored rows (a
-/// disk-tier table, never whole in memory).
+/// disk-tier table, never whole in memory; or the rows a delta lists).
 pub(super) enum Data<'a> {
     Bytes(Cow<'a, [u8]>),
     Stored {
         table: &'a EmbeddingTable,
         piece: StoredPiece,
+        /// The rows, ascending (`None`: all of them).
+        rows: Option<&'a [u64]>,
     },
 }
 
@@ -50,8 +52,8 @@ impl Data<'_> {
     fn len(&self) -> usize {
         match self {
             Data::Bytes(b) => b.len(),
-            Data::Stored { table, piece } => {
-                table.num_embeddings()
+            Data::Stored { table, piece, rows } => {
+                rows.map_or(table.num_embeddings(), <[u64]>::len)
                     * match *piece {
                         StoredPiece::Rows => table.bytes_per_row(),
                         StoredPiece::State { start, end } => 4 * (end - start),
@@ -229,31 +231,27 @@ pub(super) struct SavedTable<'a> {
 enum Saved<'a> {
     /// Rows' bytes and state in memory, borrowed.
     InMemory { rows: &'a [u8], state: &'a [f32] },
-    /// A disk-tier table, streamed a piece at a time as it is written.
-    Stored(&'a EmbeddingTable),
+    /// Stored rows (all, or those listed), streamed a piece at a time as
+    /// they are written.
+    Stored(&'a EmbeddingTable, Option<&'a [u64]>),
 }
 
 impl<'a> SavedTable<'a> {
-    /// `rows` rows of `table`'s type and dim gathered in memory (`bytes`
-    /// and `state` as the table lays them out).
-    pub(super) fn gathered(
-        table: &EmbeddingTable,
-        rows: usize,
-        bytes: &'a [u8],
-        state: &'a [f32],
-    ) -> Self {
+    /// The `rows` of `table` (ascending), streamed from where they are
+    /// stored as they are written: a delta's changed rows.
+    pub(super) fn listed(table: &'a EmbeddingTable, rows: &'a [u64]) -> Self {
         Self {
             dtype: table.data_type(),
-            rows,
+            rows: rows.len(),
             dim: table.dim(),
-            source: Saved::InMemory { rows: bytes, state },
+            source: Saved::Stored(table, Some(rows)),
         }
     }
 
     /// All of `table`: borrowed in RAM, streamed on the disk tier.
     pub(super) fn of(table: &'a EmbeddingTable) -> Self {
         let source = match table.is_on_disk() {
-            true => Saved::Stored(table),
+            true => Saved::Stored(table, None),
             false => Saved::InMemory {
                 rows: table.row_bytes(),
                 state: table.optimizer_state(),
@@ -281,7 +279,7 @@ pub(super) fn table_tensors<'a>(
     let (dtype, shape) = weight_layout(part.dtype, rows, dim);
     // A piece of the table: borrowed or copied from memory, or streamed.
     let data = |piece: StoredPiece| match part.source {
-        Saved::Stored(table) => Data::Stored { table, piece },
+        Saved::Stored(table, rows) => Data::Stored { table, piece, rows },
         Saved::InMemory { rows, state } => Data::Bytes(match piece {
             StoredPiece::Rows => Cow::Borrowed(rows),
             StoredPiece::State { start, end } if end - start == state.len() / part.rows.max(1) => {
@@ -412,7 +410,7 @@ pub(super) fn write_file(
             Data::Bytes(b) => file
                 .write_all_at(b, data_start + offsets[i] as u64)
                 .map_err(io_fail)?,
-            Data::Stored { table, .. } => {
+            Data::Stored { table, rows, .. } => {
                 if streamed.contains(&(*table as *const _)) {
                     continue;
                 }
@@ -423,6 +421,7 @@ pub(super) fn write_file(
                         Data::Stored {
                             table: other,
                             piece,
+                            ..
                         } if std::ptr::eq(*other, *table) => Some((j, *piece)),
                         _ => None,
                     })
@@ -430,7 +429,7 @@ pub(super) fn write_file(
                 let at: Vec<u64> = (parts.iter())
                     .map(|&(j, _)| data_start + offsets[j] as u64)
                     .collect();
-                let got = stream_table(table, &parts, &at, file).map_err(|e| match e {
+                let got = stream_table((table, *rows), &parts, &at, file).map_err(|e| match e {
                     Streamed::Read(e) => fail(e.to_string()),
                     Streamed::Write(e) => io_fail(e),
                 })?;
@@ -462,11 +461,11 @@ enum Streamed {
 /// Rows of a stored table streamed per piece.
 const STREAM_BYTES: usize = 8 << 20;
 
-/// Writes each of `parts` (a piece of `table`'s stored rows) at its byte
-/// `at` of `file`, reading the table a piece of rows at a time; returns
-/// each part's CRC-32.
+/// Writes each of `parts` (a piece of `table`'s stored rows: all, or the
+/// `listed` ones) at its byte `at` of `file`, reading a piece of rows at
+/// a time; returns each part's CRC-32.
 fn stream_table(
-    table: &EmbeddingTable,
+    (table, listed): (&EmbeddingTable, Option<&[u64]>),
     parts: &[(usize, StoredPiece)],
     at: &[u64],
     file: &std::fs::File,
@@ -477,12 +476,15 @@ fn stream_table(
     let mut sums: Vec<crc32fast::Hasher> = parts.iter().map(|_| Default::default()).collect();
     let mut written: Vec<u64> = vec![0; parts.len()];
     let mut out = Vec::new();
-    for first in (0..table.num_embeddings()).step_by(chunk) {
-        let n = chunk.min(table.num_embeddings() - first);
+    let total = listed.map_or(table.num_embeddings(), <[u64]>::len);
+    for first in (0..total).step_by(chunk) {
+        let n = chunk.min(total - first);
         let (rows, state) = (&mut rows[..n * stride], &mut state[..n * per_row]);
-        table
-            .read_stored_rows(first, rows, state)
-            .map_err(Streamed::Read)?;
+        match listed {
+            None => table.read_stored_rows(first, rows, state),
+            Some(listed) => read_listed(table, &listed[first..first + n], rows, state),
+        }
+        .map_err(Streamed::Read)?;
         for (p, &(_, piece)) in parts.iter().enumerate() {
             let bytes: &[u8] = match piece {
                 StoredPiece::Rows => rows,
@@ -502,4 +504,29 @@ fn stream_table(
         }
     }
     Ok(sums.into_iter().map(|h| h.finalize()).collect())
+}
+
+/// The `listed` rows of `table` (ascending) into `rows` and `state`, a run
+/// of consecutive rows at a time.
+fn read_listed(
+    table: &EmbeddingTable,
+    listed: &[u64],
+    rows: &mut [u8],
+    state: &mut [f32],
+) -> Result<(), ember_sparse::SparseError> {
+    let (stride, per_row) = (table.bytes_per_row(), table.state_floats_per_row());
+    let mut k = 0;
+    while k < listed.len() {
+        let run = 1
+            + (listed[k + 1..].iter().zip(&listed[k..]))
+                .take_while(|(next, prev)| **next == **prev + 1)
+                .count();
+        table.read_stored_rows(
+            listed[k] as usize,
+            &mut rows[k * stride..(k + run) * stride],
+            &mut state[k * per_row..(k + run) * per_row],
+        )?;
+        k += run;
+    }
+    Ok(())
 }

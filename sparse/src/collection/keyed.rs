@@ -82,24 +82,22 @@ impl EmbeddingTable {
     }
 
     /// Applies a [`kv_delta`](Self::kv_delta) of `rows` over this table's
-    /// map, then checks the result whole as
-    /// [`load_kv_state`](Self::load_kv_state) does; nothing changes on an
-    /// error.
+    /// map in place, checked first (nothing changes on an error, which
+    /// names the id or row at fault; [`SparseError::KvState`]).
     ///
     /// # Panics
     /// When the table is not a key-value table.
     pub fn apply_kv_delta(&mut self, rows: &[u64], delta: KvState) -> Result<(), SparseError> {
+        let name = self.config.name.clone();
         let kv = self
             .kv
-            .as_ref()
+            .as_mut()
             .expect("apply_kv_delta: not a key-value table");
-        let state = kv
-            .patched(rows, delta)
+        kv.apply_delta(rows, delta)
             .map_err(|reason| SparseError::KvState {
-                table: self.config.name.clone(),
+                table: name,
                 reason,
-            })?;
-        self.load_kv_state(state)
+            })
     }
 
     /// Counters of a key-value table's admission sketch (0 without one).

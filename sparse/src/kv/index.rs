@@ -220,11 +220,18 @@ impl KvIndex {
         state
     }
 
-    /// This map with `delta`'s rows (of `rows`) written over it, its free
-    /// rows, sketch and position taken: the state to restore.
-    pub(crate) fn patched(&self, rows: &[u64], delta: KvState) -> Result<KvState, String> {
+    /// Writes a delta's rows over the map in place: of `rows` (ascending,
+    /// the table's changed rows) those below the fallback row take
+    /// `delta`'s ids, headers and counts, in order; the free rows, sketch
+    /// and position are `delta`'s. Checked first, so nothing changes on an
+    /// error, which names the id or row at fault: the changed rows hold
+    /// ids no other row holds, the free rows are free and listed once,
+    /// every row ever used is held or free, and neither the clock nor the
+    /// rows ever used go back. Costs the changed rows, not the table.
+    pub(crate) fn apply_delta(&mut self, rows: &[u64], delta: KvState) -> Result<(), String> {
+        let cap = self.capacity;
         let held: Vec<usize> = (rows.iter().map(|&r| r as usize))
-            .filter(|&r| r < self.capacity)
+            .filter(|&r| r < cap)
             .collect();
         let lengths = [delta.ids.len(), delta.last_seen.len(), delta.counts.len()];
         if lengths.iter().any(|&n| n != held.len()) {
@@ -233,14 +240,98 @@ impl KvIndex {
                 held.len()
             ));
         }
-        let mut state = self.state();
-        for (k, &r) in held.iter().enumerate() {
-            state.ids[r] = delta.ids[k];
-            state.last_seen[r] = delta.last_seen[k];
-            state.counts[r] = delta.counts[k];
+        let position = delta.position;
+        let (clock, never_used) = (position.clock, position.never_used as usize);
+        if clock > u32::MAX as u64 || clock < self.clock as u64 {
+            return Err(format!(
+                "clock {clock} is before the map's {} or past {}",
+                self.clock,
+                u32::MAX
+            ));
         }
-        (state.free, state.sketch, state.position) = (delta.free, delta.sketch, delta.position);
-        Ok(state)
+        if never_used > cap || never_used < self.never_used || position.hand as usize >= cap.max(1)
+        {
+            return Err(format!(
+                "position (never used from row {never_used}, hand at row {}) out of its {cap} rows, or rows ever used went back from {}",
+                position.hand, self.never_used
+            ));
+        }
+        if delta.sketch.len() != self.sketch_len() {
+            return Err(format!(
+                "{} sketch counters, not {}",
+                delta.sketch.len(),
+                self.sketch_len()
+            ));
+        }
+        let changed: std::collections::HashMap<usize, usize> =
+            held.iter().enumerate().map(|(k, &r)| (r, k)).collect();
+        let mut ids = std::collections::HashSet::new();
+        for (k, &r) in held.iter().enumerate() {
+            let (id, count) = (delta.ids[k], delta.counts[k]);
+            if count == 0 {
+                continue;
+            }
+            if r >= never_used {
+                return Err(format!("row {r} holds id {id} past the rows ever used"));
+            }
+            if delta.last_seen[k] as u64 > clock {
+                return Err(format!(
+                    "id {id} (row {r}) was last seen at batch {}, after the map's clock {clock}",
+                    delta.last_seen[k]
+                ));
+            }
+            let elsewhere = self
+                .row_of(id)
+                .is_some_and(|o| !changed.contains_key(&(o as usize)));
+            if !ids.insert(id) || elsewhere {
+                return Err(format!("id {id} is held by two rows"));
+            }
+        }
+        let count_of = |r: usize| changed.get(&r).map_or(self.counts[r], |&k| delta.counts[k]);
+        let mut listed = std::collections::HashSet::new();
+        for &r in &delta.free {
+            let r = r as usize;
+            if r >= never_used || count_of(r) > 0 || !listed.insert(r) {
+                return Err(format!(
+                    "free row {r} is out of range, holds an id or is listed twice"
+                ));
+            }
+        }
+        // Rows ever used are held or free: as many as both together.
+        let was_held = held.iter().filter(|&&r| self.counts[r] > 0).count();
+        let now_held = self.map.len() - was_held + ids.len();
+        if now_held + delta.free.len() != never_used {
+            return Err(format!(
+                "{never_used} rows ever used, but {now_held} held and {} free",
+                delta.free.len()
+            ));
+        }
+        for &r in held.iter().filter(|&&r| self.counts[r] > 0) {
+            let (keys, id) = (&self.keys, self.keys[r]);
+            if let Ok(entry) = self.map.find_entry(hash(id), |&s| keys[s as usize] == id) {
+                entry.remove();
+            }
+        }
+        for (k, &r) in held.iter().enumerate() {
+            self.keys[r] = delta.ids[k];
+            self.last_seen[r] = delta.last_seen[k];
+            self.counts[r] = delta.counts[k];
+        }
+        for &r in held.iter().filter(|&&r| self.counts[r] > 0) {
+            let keys = &self.keys;
+            self.map
+                .insert_unique(hash(keys[r]), r as u32, |&s| hash(keys[s as usize]));
+        }
+        if let Some(sketch) = self.sketch.as_mut() {
+            sketch.counters_mut().copy_from_slice(&delta.sketch);
+        }
+        self.free = delta.free;
+        (self.never_used, self.hand) = (never_used, position.hand as usize);
+        self.seed = position.seed;
+        self.clock = clock as u32;
+        self.stats = position.stats;
+        self.given_up.clear();
+        Ok(())
     }
 
     /// Replaces the map with a saved one, checked whole first: one row per

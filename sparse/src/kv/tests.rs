@@ -361,3 +361,73 @@ fn a_saved_map_restores_exactly_and_a_broken_one_is_refused() {
         "{orphan}"
     );
 }
+
+#[test]
+fn a_delta_applied_in_place_is_the_later_map_and_a_broken_one_changes_nothing() {
+    let config = KvConfig {
+        admission: Admission::Count {
+            min_count: 2,
+            sketch_width: 64,
+            halve_every: Some(4),
+        },
+        eviction: Eviction::Lru,
+        eviction_window: Some(3),
+        ..KvConfig::default()
+    };
+    let stream = |index: &mut KvIndex, steps: std::ops::Range<u64>| -> Vec<Vec<i64>> {
+        steps
+            .map(|step| {
+                let mut ids: Vec<i64> = (0..6).map(|k| ((step * 5 + k * 3) % 13) as i64).collect();
+                index.assign(&mut ids, true, &|r| r as f32);
+                ids
+            })
+            .collect()
+    };
+    let mut later = KvIndex::new(config.clone(), 12, 1);
+    stream(&mut later, 0..8);
+    let earlier = later.clone();
+    stream(&mut later, 8..9);
+    let (a, b) = (earlier.state(), later.state());
+    // The rows whose id or header moved, and two that did not.
+    let mut rows: Vec<u64> = (0..12)
+        .filter(|&r| {
+            (a.ids[r], a.last_seen[r], a.counts[r]) != (b.ids[r], b.last_seen[r], b.counts[r])
+        })
+        .map(|r| r as u64)
+        .collect();
+    assert!(!rows.is_empty() && rows.len() < 10, "{rows:?}");
+    let same: Vec<u64> = (0..12).filter(|r| !rows.contains(r)).take(2).collect();
+    rows.extend(same);
+    rows.sort_unstable();
+    let mut applied = earlier.clone();
+    applied.apply_delta(&rows, later.delta(&rows)).unwrap();
+    assert_eq!(applied.state(), b);
+    assert_eq!(stream(&mut applied, 11..16), stream(&mut later, 11..16));
+    assert_eq!(applied.state(), later.state());
+
+    // Broken: an id another (unchanged) row holds; a free row that holds
+    // an id; a clock going back. The map stays as it was.
+    let refused = |edit: &dyn Fn(&mut super::KvState)| {
+        let mut delta = earlier.delta(&rows);
+        edit(&mut delta);
+        let mut index = earlier.clone();
+        let err = index.apply_delta(&rows, delta).unwrap_err();
+        assert_eq!(index.state(), a);
+        err
+    };
+    let u = (0..12).find(|&r| a.counts[r] > 0 && !rows.contains(&(r as u64)));
+    let u = u.expect("a held row the delta leaves alone");
+    let k = (rows.iter())
+        .position(|&r| b.counts[r as usize] > 0)
+        .unwrap();
+    let err = refused(&|d| d.ids[k] = a.ids[u]);
+    assert!(
+        err.contains(&format!("id {} is held by two rows", a.ids[u])),
+        "{err}"
+    );
+    let held = (0..12).find(|&r| a.counts[r] > 0).unwrap();
+    let err = refused(&|d| d.free.push(held as u32));
+    assert!(err.contains(&format!("free row {held}")), "{err}");
+    let err = refused(&|d| d.position.clock = 2);
+    assert!(err.contains("clock 2 is before"), "{err}");
+}

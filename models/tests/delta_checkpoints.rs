@@ -336,29 +336,17 @@ fn a_chain_on_the_disk_tier_loads_as_the_model_in_ram() {
     // table's one row changes: its deltas hold it whole.
     let (config, data) = setup_with(1);
     let root = tempfile::tempdir().unwrap();
+    // Caches of 16 rows (one set), the 30-row key-value table's of 32.
     let tier = |dir: &Path| {
-        vec![
-            Some(DiskTierConfig {
-                dir: dir.to_path_buf(),
-                cache_rows: 16,
-                policy: Default::default(),
-            }),
-            Some(DiskTierConfig {
-                dir: dir.to_path_buf(),
-                cache_rows: 16,
-                policy: Default::default(),
-            }),
-            Some(DiskTierConfig {
-                dir: dir.to_path_buf(),
-                cache_rows: 16,
-                policy: Default::default(),
-            }),
-            Some(DiskTierConfig {
-                dir: dir.to_path_buf(),
-                cache_rows: 32,
-                policy: Default::default(),
-            }),
-        ]
+        (vec![16, 16, 16, 32].into_iter())
+            .map(|cache_rows| {
+                Some(DiskTierConfig {
+                    dir: dir.to_path_buf(),
+                    cache_rows,
+                    policy: Default::default(),
+                })
+            })
+            .collect::<Vec<_>>()
     };
     let tier_dir = root.path().join("tier");
     std::fs::create_dir(&tier_dir).unwrap();

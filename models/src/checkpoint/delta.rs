@@ -117,7 +117,6 @@ pub(crate) fn write_delta(
     // A crash after this leaves the chain up to the model's head: whole.
     remove_deltas(dir, head.sequence)?;
     let identity = write_file(tensors, meta, &path)?;
-    drop(changed);
     let ebc = model.sparse_arch_mut().local_mut().expect("checked above");
     ebc.clear_changed();
     model.set_chain_head(Some(ChainHead {
@@ -338,19 +337,16 @@ impl Checkpoint {
                 .map_err(|e| fail(&format!("{DELTA_PREFIX}{base}.kv.ids"), e.to_string()))?;
         }
         let mut k = 0;
-        while k < n {
-            let run = 1
-                + (rows[k + 1..].iter().zip(&rows[k..]))
-                    .take_while(|(next, prev)| **next == **prev + 1)
-                    .count();
+        for run in rows.chunk_by(|a, b| *b == a + 1) {
+            let len = run.len();
             local
                 .write_stored_rows(
-                    rows[k] as usize,
-                    &local_bytes[k * stride..(k + run) * stride],
-                    &state[k * per_row..(k + run) * per_row],
+                    run[0] as usize,
+                    &local_bytes[k * stride..(k + len) * stride],
+                    &state[k * per_row..(k + len) * per_row],
                 )
                 .map_err(|e| fail(&weight, e.to_string()))?;
-            k += run;
+            k += len;
         }
         Ok(())
     }

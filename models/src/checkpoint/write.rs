@@ -516,17 +516,14 @@ fn read_listed(
 ) -> Result<(), ember_sparse::SparseError> {
     let (stride, per_row) = (table.bytes_per_row(), table.state_floats_per_row());
     let mut k = 0;
-    while k < listed.len() {
-        let run = 1
-            + (listed[k + 1..].iter().zip(&listed[k..]))
-                .take_while(|(next, prev)| **next == **prev + 1)
-                .count();
+    for run in listed.chunk_by(|a, b| *b == a + 1) {
+        let len = run.len();
         table.read_stored_rows(
-            listed[k] as usize,
-            &mut rows[k * stride..(k + run) * stride],
-            &mut state[k * per_row..(k + run) * per_row],
+            run[0] as usize,
+            &mut rows[k * stride..(k + len) * stride],
+            &mut state[k * per_row..(k + len) * per_row],
         )?;
-        k += run;
+        k += len;
     }
     Ok(())
 }

@@ -185,6 +185,7 @@ impl EmbeddingTable {
     ) {
         // The unsafe row writes below rely on these sizes.
         let rows = self.resident_rows();
+        let table_rows_total = self.num_embeddings();
         let (table_rows, state, tier) = self.store.parts_mut();
         let stride = table_rows.stride();
         assert_eq!(table_rows.bytes().len(), rows * stride);
@@ -226,16 +227,12 @@ impl EmbeddingTable {
                 }
             });
         // The rows this step changed, by row (a disk-tier slot's row id).
-        let changed: Vec<usize> = (job.starts[..segments].iter())
-            .map(|&s| {
-                let slot = job.entries[s].id as usize;
-                job.slot_ids.map_or(slot, |ids| {
-                    ids[slot].load(std::sync::atomic::Ordering::Relaxed) as usize
-                })
-            })
-            .collect();
-        for row in changed {
-            self.mark_changed(row);
+        for &s in &job.starts[..segments] {
+            let slot = job.entries[s].id as usize;
+            let row = job.slot_ids.map_or(slot, |ids| {
+                ids[slot].load(std::sync::atomic::Ordering::Relaxed) as usize
+            });
+            self.changed.mark(table_rows_total, row);
         }
     }
 }

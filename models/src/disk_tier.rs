@@ -87,7 +87,8 @@ impl DiskTierOptions {
     /// bytes, in whole sets of [`CACHE_WAYS`] rows. A table whose cache
     /// would not hold [`CACHE_BATCHES`] times the `batch_ids` a batch looks
     /// up in it stays in RAM (`None`; FBGEMM too caches only large tables):
-    /// its sets would overflow.
+    /// its sets would overflow. So does a key-value table with L2-norm
+    /// eviction, which reads every candidate's row (a disk read each).
     pub fn tiers(
         &self,
         tables: &[EmbeddingBagConfig],

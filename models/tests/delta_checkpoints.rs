@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use ember_dense::{DenseOptimizerConfig, HasParams, NativeBackend};
 use ember_models::checkpoint::{compact, delta_file_name, save, save_delta, TrainState};
 use ember_models::{
-    Backend, Checkpoint, DataGeneration, Dlrm, DlrmConfig, ExecMode, InteractionType, Model,
-    SyntheticConfig, SyntheticData,
+    Backend, Checkpoint, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InteractionType,
+    Model, SyntheticBatches, SyntheticConfig, SyntheticData, Trainer, TrainerConfig,
 };
 use ember_sparse::{Admission, DataType, DiskTierConfig, Eviction, KvConfig, TableOptimizer};
 use safetensors::SafeTensors;
@@ -233,7 +233,10 @@ fn deltas_build_only_on_the_models_own_checkpoint() {
     let mut model = build(&config, TableOptimizer::rowwise_adagrad(0.05));
     let root = tempfile::tempdir().unwrap();
     let error = save_delta(&mut model, root.path(), None).unwrap_err();
-    assert!(error.to_string().contains("save one first"), "{error}");
+    assert!(
+        error.to_string().contains("save a full checkpoint first"),
+        "{error}"
+    );
     model.save_checkpoint(root.path(), None).unwrap();
     train(&mut model, &data, 0..2);
     // Another model's full file replaces the chain's base.
@@ -244,7 +247,13 @@ fn deltas_build_only_on_the_models_own_checkpoint() {
         model.save_checkpoint_delta(root.path(), None, 10).unwrap(),
         None
     );
-    assert!(save_delta(&mut model, root.path(), None).is_err());
+    let error = save_delta(&mut model, root.path(), None).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("another model's checkpoint replaced it"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -290,6 +299,9 @@ fn a_broken_chain_is_refused_naming_the_file() {
         assert!(text.contains("broken delta chain"), "{text}");
         assert!(text.contains(&delta_file_name(3)), "{text}");
     }
+    // The chain up to delta 1 is whole: it loads.
+    let earlier = Checkpoint::open(&chain.join(delta_file_name(1))).unwrap();
+    assert_eq!(earlier.delta_count(), 1);
     // Delta 3 put in delta 2's place: out of sequence.
     std::fs::copy(
         chain.join(delta_file_name(3)),
@@ -328,6 +340,25 @@ fn a_broken_chain_is_refused_naming_the_file() {
     let text = Checkpoint::open(&chain).err().unwrap().to_string();
     assert!(text.contains(&delta_file_name(3)), "{text}");
     assert!(text.contains("builds on"), "{text}");
+    // A fresh run in the directory is not held up by its broken chain:
+    // its full checkpoint replaces it.
+    let run = TrainerConfig {
+        checkpoint_dir: Some(chain.clone()),
+        ..TrainerConfig::default()
+    };
+    let batches = SyntheticBatches {
+        data,
+        first: 0,
+        batches: 2,
+        size: 8,
+        rank: 0,
+        world_size: 1,
+    };
+    let mut fresh = build(&config, TableOptimizer::rowwise_adagrad(0.05));
+    Trainer::new(run, Backend::native())
+        .fit(&mut fresh, &batches, FitOptions::default())
+        .unwrap();
+    assert_eq!(Checkpoint::open(&chain).unwrap().delta_count(), 0);
 }
 
 #[test]

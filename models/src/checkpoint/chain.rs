@@ -83,11 +83,13 @@ pub(super) struct Chain {
 }
 
 impl Chain {
-    /// The chain in `dir` (`None` without a full file). Deltas that name
+    /// The chain in `dir` (`None` without a full file), up to delta
+    /// `last` when given (what follows it is not read, so a broken later
+    /// delta does not keep an earlier one from loading). Deltas that name
     /// another full file are leftovers of an earlier chain, and ignored
     /// (the next save removes them); a delta of this chain out of sequence
     /// or linked to another parent is an error naming it.
-    pub(super) fn read(dir: &Path) -> Result<Option<Self>, ModelError> {
+    pub(super) fn read(dir: &Path, last: Option<u64>) -> Result<Option<Self>, ModelError> {
         let base = dir.join(CHECKPOINT_FILE);
         if !base.is_file() {
             return Ok(None);
@@ -103,7 +105,8 @@ impl Chain {
         };
         drop(base_file);
         let mut deltas = Vec::new();
-        for (sequence, path) in delta_files(dir)? {
+        let files = delta_files(dir)?.into_iter();
+        for (sequence, path) in files.take_while(|(k, _)| last.is_none_or(|l| *k <= l)) {
             let file = MappedFile::open(&path)?;
             let link: DeltaLink = super::read::meta_value(file.metadata(), META_DELTA, &path)?
                 .ok_or_else(|| fail_at(&path, format!("a delta's name without '{META_DELTA}'")))?;

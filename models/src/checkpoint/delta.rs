@@ -41,55 +41,36 @@ pub(super) const DELTA_PREFIX: &str = "delta.";
 
 /// Writes a delta checkpoint of `model` into `dir`: what training changed
 /// since the model last saved its checkpoint there (or was loaded from
-/// that directory's chain), as the next file of the chain. Fails when
-/// there is no such chain to build on: save a full checkpoint first
-/// ([`Model::save_checkpoint`](crate::Model::save_checkpoint)).
+/// that directory's chain), as the next file of the chain. Fails, saying
+/// why, when there is no such chain to build on: save a full checkpoint
+/// first ([`Model::save_checkpoint`](crate::Model::save_checkpoint)).
 pub fn save_delta(
     model: &mut Dlrm,
     dir: &Path,
     train: Option<&TrainState>,
 ) -> Result<PathBuf, ModelError> {
-    write_delta(model, dir, train)?.ok_or_else(|| {
-        fail_at(
+    if let Err(why) = delta_head(model, dir) {
+        return Err(fail_at(
             dir,
-            "no full checkpoint of this model's state here to build a delta on: save one first"
-                .into(),
-        )
-    })
+            format!("no delta: {why}: save a full checkpoint first"),
+        ));
+    }
+    write_delta(model, dir, train)?.ok_or_else(|| fail_at(dir, "no delta written".into()))
 }
 
 /// [`save_delta`], or `None` when `dir` holds no chain this model's
-/// changes count from (another directory; a chain that no longer holds
-/// the file the model saved or was loaded from, or that cannot be read; a
-/// sharded model): the caller saves a full checkpoint. A model whose file
-/// is inside the chain (loaded from an earlier delta, or from the full
-/// file alone) forks it there: the later deltas are removed first.
+/// changes count from (see [`delta_head`]): the caller saves a full
+/// checkpoint. A model whose file is inside the chain (loaded from an
+/// earlier delta, or from the full file alone) forks it there: the later
+/// deltas are removed first.
 pub(crate) fn write_delta(
     model: &mut Dlrm,
     dir: &Path,
     train: Option<&TrainState>,
 ) -> Result<Option<PathBuf>, ModelError> {
-    let Some(head) = model.chain_head().filter(|h| h.dir == dir).cloned() else {
+    let Ok(head) = delta_head(model, dir) else {
         return Ok(None);
     };
-    if model.world().is_some() || model.sparse_arch().local().is_none() {
-        return Ok(None);
-    }
-    // The directory's chain must hold the model's head: its last file, or
-    // (a model loaded from an earlier delta) a file the chain goes on
-    // from, where the new delta forks it.
-    // A chain that cannot be read: a full save starts a new one.
-    let Ok(Some(chain)) = Chain::read(dir) else {
-        return Ok(None);
-    };
-    let at_head = match head.sequence as usize {
-        0 => Some(chain.base_identity),
-        k => chain.deltas.get(k - 1).map(|(_, id)| *id),
-    };
-    if chain.base_identity != head.base || at_head != Some(head.tail) {
-        return Ok(None);
-    }
-    drop(chain);
     let sequence = head.sequence + 1;
     let path = dir.join(super::chain::delta_file_name(sequence));
     let mut meta = metadata(model, train);
@@ -125,6 +106,45 @@ pub(crate) fn write_delta(
         ..head
     }));
     Ok(Some(path))
+}
+
+/// The head of `dir`'s chain a delta of `model` builds on, or why there
+/// is none: the model saved no full file there and was not loaded from
+/// its chain as saved (tables cast, another optimizer); it is sharded;
+/// the chain cannot be read; or the chain no longer holds the model's
+/// file (another model's full file replaced it).
+fn delta_head(model: &Dlrm, dir: &Path) -> Result<ChainHead, String> {
+    let Some(head) = model.chain_head().filter(|h| h.dir == dir).cloned() else {
+        return Err(
+            "this model saved no full checkpoint here, and was not loaded from this \
+                    directory's chain as saved (same table dtypes and optimizer)"
+                .into(),
+        );
+    };
+    if model.world().is_some() || model.sparse_arch().local().is_none() {
+        return Err("a sharded model's checkpoints are full".into());
+    }
+    // The directory's chain must hold the model's head: its last file, or
+    // (a model loaded from an earlier delta) a file the chain goes on
+    // from, where the new delta forks it.
+    let chain = match Chain::read(dir, Some(head.sequence)) {
+        Ok(Some(chain)) => chain,
+        Ok(None) => return Err(format!("{} is gone", super::CHECKPOINT_FILE)),
+        Err(e) => return Err(format!("the chain cannot be read ({e})")),
+    };
+    let at_head = match head.sequence as usize {
+        0 => Some(chain.base_identity),
+        k => chain.deltas.get(k - 1).map(|(_, id)| *id),
+    };
+    if chain.base_identity != head.base || at_head != Some(head.tail) {
+        return Err(format!(
+            "the chain no longer holds the file this model saved or was loaded from \
+             (delta {} of full file {}); another model's checkpoint replaced it",
+            head.sequence,
+            hex(head.base)
+        ));
+    }
+    Ok(head)
 }
 
 /// Every table's changed rows (ascending); `None` for a table better
@@ -379,7 +399,7 @@ pub fn compact(dir: &Path) -> Result<CompactSummary, ModelError> {
     }
     // One writer of the directory: not while a run trains there.
     let _lock = ember_dataloader::lock::DirLock::acquire(dir, "ember checkpoint compact")?;
-    let chain = Chain::read(dir)?.ok_or_else(|| {
+    let chain = Chain::read(dir, None)?.ok_or_else(|| {
         fail_at(
             dir,
             format!("no {} here to compact", super::CHECKPOINT_FILE),
@@ -404,7 +424,9 @@ pub fn compact(dir: &Path) -> Result<CompactSummary, ModelError> {
         checkpoint.model(table, dense)?
     };
     super::write::save_full(&mut model, &path, train.as_ref())?;
-    remove_deltas(dir, 0)?;
+    // Best effort: the new full file holds the chain, and deltas left
+    // name the old one, so reads ignore them and the next save removes them.
+    let _ = remove_deltas(dir, 0);
     Ok(CompactSummary {
         bytes_after: size(&path),
         path,

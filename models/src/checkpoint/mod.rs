@@ -69,7 +69,7 @@ pub fn latest(
     // without deltas); the set's index or that, whichever is newer.
     let choose = || -> Result<Option<PathBuf>, ModelError> {
         let modified = |p: PathBuf| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p));
-        let tail = chain::Chain::read(dir)?.map(|c| c.tail());
+        let tail = chain::Chain::read(dir, None)?.map(|c| c.tail());
         Ok([Some(dir.join(INDEX_FILE)), tail]
             .into_iter()
             .flatten()

@@ -135,7 +135,7 @@ impl Checkpoint {
                     });
             return Ok(checkpoint);
         };
-        let mut chain = Chain::read(dir)?.ok_or_else(|| {
+        let mut chain = Chain::read(dir, Some(sequence))?.ok_or_else(|| {
             super::fail_at(
                 &file,
                 format!("a delta checkpoint without its full file {CHECKPOINT_FILE} beside it"),

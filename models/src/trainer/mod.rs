@@ -660,7 +660,14 @@ fn prepare_checkpoint_dir(dir: &std::path::Path) -> Result<(), ModelError> {
     // Only checkpoint files' temporaries: the directory may hold others'.
     // `.tmpXXXXXX` is what the safetensors crate's writer (earlier versions
     // of Ember) left, in a directory that holds a checkpoint.
-    let has_checkpoint = crate::checkpoint::latest(dir, None)?.is_some();
+    // Whether one is there, not which: a broken chain is the resume's
+    // error, not a fresh run's.
+    let has_checkpoint = [
+        crate::checkpoint::CHECKPOINT_FILE,
+        crate::checkpoint::INDEX_FILE,
+    ]
+    .iter()
+    .any(|name| dir.join(name).is_file());
     let ours = |name: &str| match ember_dataloader::atomic::temp_of(name) {
         Some(file) => file.starts_with("model") && file.contains(".safetensors"),
         None => {

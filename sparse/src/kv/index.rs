@@ -230,6 +230,13 @@ impl KvIndex {
     /// rows ever used go back. Costs the changed rows, not the table.
     pub(crate) fn apply_delta(&mut self, rows: &[u64], delta: KvState) -> Result<(), String> {
         let cap = self.capacity;
+        // Each row once: a row listed twice would enter the map twice.
+        if let Some(w) = rows.windows(2).find(|w| w[1] <= w[0]) {
+            return Err(format!(
+                "changed rows are not ascending: row {} after row {}",
+                w[1], w[0]
+            ));
+        }
         let held: Vec<usize> = (rows.iter().map(|&r| r as usize))
             .filter(|&r| r < cap)
             .collect();

@@ -430,4 +430,16 @@ fn a_delta_applied_in_place_is_the_later_map_and_a_broken_one_changes_nothing() 
     assert!(err.contains(&format!("free row {held}")), "{err}");
     let err = refused(&|d| d.position.clock = 2);
     assert!(err.contains("clock 2 is before"), "{err}");
+
+    // A row listed twice, its first copy free: the second copy's id
+    // would enter the map twice.
+    let r = rows[k];
+    let mut twice = rows.clone();
+    twice.insert(k, r);
+    let mut delta = later.delta(&twice);
+    delta.counts[k] = 0;
+    let mut index = earlier.clone();
+    let err = index.apply_delta(&twice, delta).unwrap_err();
+    assert!(err.contains(&format!("row {r} after row {r}")), "{err}");
+    assert_eq!(index.state(), a);
 }

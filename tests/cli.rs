@@ -977,6 +977,25 @@ fn key_value_tables_from_the_command_line() {
         assert!(t["admitted"].as_u64().unwrap() > 0 && t["rejected"].as_u64().unwrap() > 0);
     }
     assert!(json(&base).get("key_value_tables").is_none());
+    // Sharded over two devices, row-wise asked: each key-value table goes
+    // whole on one device, and admits, rejects and holds the same ids.
+    let sharded = json(
+        &[
+            &base[..],
+            &kv,
+            &["--devices", "2", "--sharding", "row-wise"],
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        sharded["key_value_tables"], out["key_value_tables"],
+        "{sharded}"
+    );
+    let shards = sharded["sharding"]["shards"].to_string();
+    assert!(
+        shards.contains("t_cat_0:table_wise") && shards.contains("t_cat_1:row_wise"),
+        "{shards}"
+    );
     // Saved, the maps travel with the rows.
     let saved = dir.join("kv");
     json(&[&base[..], &kv, &["--save", saved.to_str().unwrap()]].concat());

@@ -1,5 +1,6 @@
 //! Multi-process runs under `mpirun` (feature `mpi`; needs Open MPI): ranks
-//! train like one process with as many devices, for every sharding type; a
+//! train like one process with as many devices, for every sharding type
+//! and with key-value tables; a
 //! rank that dies or hangs stops the job with an error naming it; a resumed
 //! run ends where an uninterrupted one does.
 #![cfg(feature = "mpi")]
@@ -208,6 +209,49 @@ fn ranks_train_like_one_process_with_as_many_devices() {
             same_model(&what, &one.join("model.safetensors"), &ranks, tol as f32);
         }
     }
+}
+
+#[test]
+fn key_value_tables_on_ranks_hold_the_ids_one_process_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut single = bench_args("6");
+    // Every table but the 40-row one key-value: each whole on one rank.
+    single.extend([
+        "--kv-min-rows",
+        "50",
+        "--kv-admission",
+        "count:2:1024",
+        "--kv-eviction",
+        "lfu",
+        "--devices",
+        "2",
+    ]);
+    let multi = single[..single.len() - 2].to_vec();
+    let (one, ranks) = (dir.path().join("one"), dir.path().join("ranks"));
+    let a = json(
+        "key-value: one process",
+        ember(&[&single[..], &["--save", one.to_str().unwrap()]].concat()),
+    );
+    let b = json(
+        "key-value: mpirun",
+        mpirun(
+            2,
+            &[&multi[..], &["--save", ranks.to_str().unwrap()]].concat(),
+            &[],
+        ),
+    );
+    assert_eq!(b["world_size"], 2);
+    // Admission and eviction follow the ids alone: the same figures.
+    let tables = &a["key_value_tables"];
+    assert_eq!(tables.as_array().map(Vec::len), Some(3), "{a}");
+    assert_eq!(&b["key_value_tables"], tables, "{b}");
+    close(
+        "loss",
+        b["loss_last"].as_f64().unwrap(),
+        a["loss_last"].as_f64().unwrap(),
+        1e-6,
+    );
+    same_model("key-value", &one.join("model.safetensors"), &ranks, 1e-6);
 }
 
 #[test]

@@ -72,11 +72,12 @@ impl SparseArch {
         }
     }
 
-    /// Training or inference for the local tables' staging: key-value
-    /// tables admit new ids only in training (sharded tables hold none).
+    /// Training or inference for the tables' staging: key-value tables
+    /// admit new ids only in training.
     pub fn set_training(&mut self, training: bool) {
-        if let SparseArch::Local(e) = self {
-            e.set_training(training);
+        match self {
+            SparseArch::Local(e) => e.set_training(training),
+            SparseArch::Sharded(s) => s.set_training(training),
         }
     }
 

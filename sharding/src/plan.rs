@@ -368,8 +368,11 @@ fn validate_table(
     if p.shards.is_empty() {
         return Err("no shards".into());
     }
-    if t.kv.is_some() {
-        return Err("a key-value table is not sharded yet: keep it in one process".into());
+    if t.kv.is_some() && (p.sharding != ShardingType::TableWise || p.shards.len() != 1) {
+        return Err(format!(
+            "a key-value table is sharded table-wise (its map whole on one device), not {}",
+            serde_json::to_value(p.sharding).map_or(String::new(), |v| v.to_string())
+        ));
     }
     if let Some(rows) = p.cache_rows {
         if p.sharding == ShardingType::DataParallel {
@@ -564,17 +567,24 @@ mod tests {
     }
 
     #[test]
-    fn a_key_value_table_is_not_sharded_yet() {
+    fn a_key_value_table_is_sharded_table_wise_only() {
         let kv = EmbeddingBagConfig {
             kv: Some(ember_sparse::KvConfig::default()),
             ..table()
         };
-        let plan = ShardingPlan {
+        let plan = |p: TablePlan| ShardingPlan {
             num_devices: 2,
-            tables: vec![TablePlan::table_wise(&kv, 1)],
+            tables: vec![p],
         };
-        let err = plan.validate(&[kv], &TableOptimizer::sgd(0.1));
-        assert!(err.unwrap_err().to_string().contains("key-value table"));
+        let opt = TableOptimizer::sgd(0.1);
+        let ok = plan(TablePlan::table_wise(&kv, 1));
+        ok.validate(std::slice::from_ref(&kv), &opt).unwrap();
+        let rows = plan(TablePlan::row_wise(&kv, &[0, 1], ShardingType::RowWise));
+        let err = rows.validate(&[kv], &opt).unwrap_err().to_string();
+        assert!(
+            err.contains("a key-value table is sharded table-wise") && err.contains("row_wise"),
+            "{err}"
+        );
     }
 
     #[test]

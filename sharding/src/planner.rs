@@ -239,13 +239,17 @@ fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<T
     let column_ok = column_split_refused(&o.optimizer, t.data_type).is_none();
     let mut out = Vec::new();
     let want = |k: ShardingType| o.sharding.is_none_or(|s| s == k);
-    if want(ShardingType::TableWise) {
+    // A key-value table's map is whole on one device: table-wise, whatever
+    // sharding the others are given.
+    let kv = t.kv.is_some();
+    if want(ShardingType::TableWise) || kv {
         out.extend((0..n).map(|d| TablePlan::table_wise(t, d)));
     }
+    let want = |k: ShardingType| !kv && want(k);
     if want(ShardingType::RowWise) {
         out.push(TablePlan::row_wise(t, &all, ShardingType::RowWise));
     }
-    if o.sharding == Some(ShardingType::RowWiseMod) {
+    if o.sharding == Some(ShardingType::RowWiseMod) && !kv {
         out.push(TablePlan::row_wise_mod(t, &all));
     }
     if want(ShardingType::ColumnWise) && column_ok {
@@ -267,8 +271,10 @@ fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<T
             / ember_sparse::CACHE_WAYS
             * ember_sparse::CACHE_WAYS;
         if rows >= model.min_cache_rows.max(ember_sparse::CACHE_WAYS) && rows < t.num_embeddings {
+            // L2-norm eviction reads every candidate's row: not on disk.
+            let l2 = (t.kv.as_ref()).is_some_and(|k| k.eviction == ember_sparse::Eviction::L2Norm);
             let on_disk: Vec<TablePlan> = (out.iter())
-                .filter(|p| p.sharding != ShardingType::DataParallel)
+                .filter(|p| p.sharding != ShardingType::DataParallel && !l2)
                 .map(|p| TablePlan {
                     cache_rows: Some(rows),
                     ..p.clone()

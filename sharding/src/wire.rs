@@ -10,6 +10,7 @@ pub(crate) trait Pod: Copy + Default {}
 impl Pod for u8 {}
 impl Pod for u32 {}
 impl Pod for i64 {}
+impl Pod for u64 {}
 impl Pod for f32 {}
 
 fn bytes_of<T: Pod>(v: &[T]) -> &[u8] {

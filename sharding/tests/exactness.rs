@@ -348,7 +348,7 @@ proptest! {
 
     #[test]
     fn planner_plans_are_valid(
-        tables in prop::collection::vec((1usize..100_000, 1usize..64, 1usize..3), 1..12),
+        tables in prop::collection::vec((2usize..100_000, 1usize..64, 1usize..3, any::<bool>()), 1..12),
         devices in 1usize..6,
         per_host in 1usize..4,
         memory_mib in 1u64..64,
@@ -356,10 +356,14 @@ proptest! {
         optimizer_kind in 0usize..4,
     ) {
         let cfgs: Vec<EmbeddingBagConfig> = (tables.iter().enumerate())
-            .map(|(i, &(rows, dim, f))| {
+            .map(|(i, &(rows, dim, f, kv))| {
                 let names: Vec<String> = (0..f).map(|k| format!("t{i}f{k}")).collect();
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                EmbeddingBagConfig::new(&format!("t{i}"), rows, dim, &refs)
+                // Key-value tables are planned table-wise, whatever is asked.
+                EmbeddingBagConfig {
+                    kv: kv.then(ember_sparse::KvConfig::default),
+                    ..EmbeddingBagConfig::new(&format!("t{i}"), rows, dim, &refs)
+                }
             })
             .collect();
         let mut topo = Topology::uniform(devices, memory_mib << 20);

@@ -380,6 +380,7 @@ fn run_in_pool(
     );
     Ok(DlrmReport {
         world_size: launch.world_size(),
+        key_value_tables: super::kv::kv_report(&model)?,
         ..report
     })
 }
@@ -565,7 +566,8 @@ impl DlrmReport {
             // Checked when the data was made.
             id_distribution: args.ids.distribution().ok().flatten(),
             disk_tier: super::tier::TierReport::of(model, timed),
-            key_value_tables: super::kv::kv_report(model),
+            // Set by the caller: on ranks, gathered from all.
+            key_value_tables: None,
             optimizer: args.optim.kind(),
             table_dtype: (architecture.config.tables.first())
                 .map_or_else(Default::default, |t| t.data_type),

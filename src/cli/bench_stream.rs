@@ -224,7 +224,7 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<StreamReport> {
         windows,
         table_bytes: model.sparse_arch().bytes() as u64,
         train_samples_per_s: samples / train_seconds.max(1e-9),
-        key_value_tables: kv_report(&model),
+        key_value_tables: kv_report(&model)?,
         run: super::run_info::RunInfo::now(),
     })
 }

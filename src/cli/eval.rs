@@ -117,7 +117,7 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalReport> {
             .with_context(|| format!("eval of {}", args.checkpoint.display()))?;
         Ok(EvalReport {
             metrics: metrics.into(),
-            key_value_tables: super::kv::kv_report(&model),
+            key_value_tables: super::kv::kv_report(&model)?,
         })
     })?
 }

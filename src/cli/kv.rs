@@ -184,7 +184,7 @@ mod tests {
 }
 
 /// One key-value table's figures over a run (`--json`'s `key_value_tables`).
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct KvTableReport {
     pub table: String,
     #[serde(flatten)]
@@ -209,16 +209,35 @@ pub fn kv_summary(tables: &[KvTableReport]) -> String {
     )
 }
 
-/// The figures of `model`'s key-value tables; `None` when it has none.
-pub fn kv_report(model: &ember_models::Dlrm) -> Option<Vec<KvTableReport>> {
-    let tables = model.sparse_arch().local()?.tables();
-    let reports: Vec<KvTableReport> = (tables.iter())
-        .filter_map(|t| {
+/// The figures of `model`'s key-value tables, in the model's table order
+/// (on ranks, gathered from the rank holding each: every rank calls this
+/// together); `None` when it has none.
+pub fn kv_report(model: &ember_models::Dlrm) -> anyhow::Result<Option<Vec<KvTableReport>>> {
+    let arch = model.sparse_arch();
+    let tables: Vec<(&str, &ember_sparse::EmbeddingTable)> = match arch.sharded() {
+        Some(s) => (s.local_shards().into_iter())
+            .map(|l| (l.table, l.data))
+            .collect(),
+        None => (arch.local().map_or(&[][..], |e| e.tables()).iter())
+            .map(|t| (t.name(), t))
+            .collect(),
+    };
+    let mut reports: Vec<KvTableReport> = (tables.into_iter())
+        .filter_map(|(name, t)| {
             Some(KvTableReport {
-                table: t.name().to_string(),
+                table: name.to_string(),
                 stats: t.kv_stats()?,
             })
         })
         .collect();
-    (!reports.is_empty()).then_some(reports)
+    if let Some(world) = model.world() {
+        let all = world.all_gather(serde_json::to_vec(&reports)?)?;
+        reports.clear();
+        for part in all {
+            reports.extend(serde_json::from_slice::<Vec<KvTableReport>>(&part)?);
+        }
+        let order = |name: &str| (model.config().tables.iter()).position(|t| t.name == name);
+        reports.sort_by_key(|r| order(&r.table));
+    }
+    Ok((!reports.is_empty()).then_some(reports))
 }

@@ -479,7 +479,7 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     let disk_tier = super::tier::TierReport::of(&model, steps);
     Ok(TrainReport {
         disk_tier,
-        key_value_tables: super::kv::kv_report(&model),
+        key_value_tables: super::kv::kv_report(&model)?,
         ..TrainReport::new(summary, launch.world_size(), per_rank_bytes_sent)
     })
 }

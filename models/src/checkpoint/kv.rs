@@ -47,15 +47,17 @@ fn le_u32(values: &[u32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// Adds a key-value table's map (nothing for another table).
+/// Adds a key-value table's map (nothing for another table), saved as
+/// table `name` (a shard's local table goes by its table's).
 pub(super) fn add_kv_tensors(
-    base: &str,
+    name: &str,
     table: &EmbeddingTable,
     tensors: &mut Vec<(String, Tensor<'_>)>,
     meta: &mut HashMap<String, String>,
 ) {
     if let Some(state) = table.kv_state() {
-        add_state(names(base), table.name(), state, tensors, meta);
+        let base = super::names::table_base_name(name);
+        add_state(names(&base), name, state, tensors, meta);
     }
 }
 
@@ -109,11 +111,12 @@ fn add_state(
 }
 
 impl Checkpoint {
-    /// Loads saved table `base`'s map into `local` (a key-value table),
-    /// checked whole.
-    pub(super) fn read_kv(&self, base: &str, local: &mut EmbeddingTable) -> Result<(), ModelError> {
+    /// Loads saved table `name`'s map into `local` (a key-value table, or
+    /// the shard that holds it whole), checked whole.
+    pub(super) fn read_kv(&self, name: &str, local: &mut EmbeddingTable) -> Result<(), ModelError> {
         let rows = local.num_embeddings() - 1;
-        let state = read_state(self.store.as_ref(), names(base), local, rows)?;
+        let base = super::names::table_base_name(name);
+        let state = read_state(self.store.as_ref(), (names(&base), name), local, rows)?;
         (local.load_kv_state(state)).map_err(|e| ModelError::Checkpoint {
             path: self.path().to_path_buf(),
             tensor: None,
@@ -130,18 +133,19 @@ pub(super) fn read_kv_delta(
     local: &EmbeddingTable,
     held: usize,
 ) -> Result<KvState, ModelError> {
-    read_state(delta, delta_names(base), local, held)
+    read_state(delta, (delta_names(base), local.name()), local, held)
 }
 
-/// A map's tensors of `rows` rows, and its metadata entry, from `store`.
+/// Table `table`'s map: its tensors of `rows` rows, and its metadata
+/// entry, from `store`.
 fn read_state(
     store: &dyn TensorStore,
-    [ids, last_seen, counts, free, sketch]: [String; 5],
+    ([ids, last_seen, counts, free, sketch], table): ([String; 5], &str),
     local: &EmbeddingTable,
     rows: usize,
 ) -> Result<KvState, ModelError> {
     let path = store.path();
-    let key = meta_key(local.name());
+    let key = meta_key(table);
     let saved: SavedKv =
         meta_value(store.metadata(), &key, path)?.ok_or_else(|| ModelError::Checkpoint {
             path: path.to_path_buf(),

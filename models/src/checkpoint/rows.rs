@@ -12,7 +12,6 @@ use ember_sharding::{
 use ember_sparse::{DiskTierConfig, EmbeddingBagConfig, EmbeddingTable, TableOptimizer};
 use safetensors::tensor::Dtype;
 
-use super::names::table_base_name;
 use super::store::{f32s, TensorStore};
 
 use super::valid::{check_rows, check_values, Allowed};
@@ -73,7 +72,7 @@ impl Checkpoint {
         let from = (self.store.as_ref(), "");
         self.read_table_from(from, t, (split, cols), (optimizer, restore), local)?;
         if local.is_key_value() {
-            self.read_kv(&table_base_name(&self.config.tables[t].name), local)?;
+            self.read_kv(&self.config.tables[t].name, local)?;
         }
         Ok(())
     }

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use ember_sharding::RowSplit;
 use serde::{Deserialize, Serialize};
 
+use super::kv::add_kv_tensors;
 use super::names::table_base_name;
 use super::write::{dense_tensors, fail_at, metadata, table_tensors, write_file, SavedTable};
 use super::TrainState;
@@ -58,6 +59,8 @@ struct Written {
     /// Tensors the file holds whole.
     whole: Vec<String>,
     pieces: Vec<(String, Piece)>,
+    /// Metadata of its tables for the index (key-value tables' positions).
+    meta: HashMap<String, String>,
 }
 
 /// Writes this rank's file of the set in `dir` and, on rank 0, the index
@@ -96,6 +99,7 @@ pub fn save_set(
         file: file.clone(),
         whole: tensors.iter().map(|(n, _)| n.clone()).collect(),
         pieces: Vec::new(),
+        meta: HashMap::new(),
     };
     let table_opt = model.sparse_arch().optimizer();
     let config = model.config().clone();
@@ -118,6 +122,8 @@ pub fn save_set(
             &table_opt,
             &mut tensors,
         );
+        // A key-value table is whole on its shard (plans split none).
+        add_kv_tensors(local.table, local.data, &mut tensors, &mut written.meta);
         for (name, _) in &mut tensors[before..] {
             if whole {
                 written.whole.push(name.clone());
@@ -163,6 +169,7 @@ pub fn save_set(
             for name in w.whole {
                 index.weight_map.insert(name, w.file.clone());
             }
+            index.metadata.extend(w.meta);
             for (name, piece) in w.pieces {
                 index.pieces.entry(name).or_default().push(piece);
             }

@@ -110,7 +110,7 @@ pub(crate) fn save_full(
     for table in unsharded.tables() {
         let base = table_base_name(table.name());
         table_tensors(&base, &SavedTable::of(table), &table_opt, &mut tensors);
-        add_kv_tensors(&base, table, &mut tensors, &mut meta);
+        add_kv_tensors(table.name(), table, &mut tensors, &mut meta);
     }
     write_file(tensors, meta, path)
 }

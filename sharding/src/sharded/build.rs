@@ -123,19 +123,20 @@ fn routes_of(
         let p = plan.table(&c.name).expect("validated");
         for (k, shard) in p.shards.iter().enumerate() {
             let features: Vec<String> = c.feature_names.iter().map(|f| local_name(f, k)).collect();
-            let feature_refs: Vec<&str> = features.iter().map(String::as_str).collect();
             let pooling = match row_split(plan, c) {
                 true => PoolingType::Sum,
                 false => c.pooling,
             };
-            let cfg = EmbeddingBagConfig::new(
-                &local_name(&c.name, k),
-                shard.rows.count(c.num_embeddings),
-                shard.columns[1] - shard.columns[0],
-                &feature_refs,
-            )
-            .with_pooling(pooling)
-            .with_data_type(c.data_type);
+            // The table's own config otherwise: its type, its init range
+            // (rows a key-value shard gives new ids are drawn from it), its map.
+            let cfg = EmbeddingBagConfig {
+                name: local_name(&c.name, k),
+                num_embeddings: shard.rows.count(c.num_embeddings),
+                embedding_dim: shard.columns[1] - shard.columns[0],
+                feature_names: features,
+                pooling,
+                ..c.clone()
+            };
             local_tables[shard.device].push((cfg, t, k));
             for (i, _) in slots.iter().enumerate().filter(|(_, s)| s.table == t) {
                 routes.push(Route {

@@ -158,6 +158,14 @@ impl ShardedEmbeddingBagCollection {
         }
         s
     }
+    /// Training (the default) or inference for every local shard: in
+    /// training, key-value shards admit new ids; in inference they only
+    /// read (see [`EmbeddingBagCollection::set_training`](ember_sparse::EmbeddingBagCollection::set_training)).
+    pub fn set_training(&mut self, training: bool) {
+        for ebc in self.devices.iter_mut().filter_map(|d| d.ebc.as_mut()) {
+            ebc.set_training(training);
+        }
+    }
     /// The plan's device count (all devices, also on a rank).
     pub fn num_devices(&self) -> usize {
         self.plan.num_devices

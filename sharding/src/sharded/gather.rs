@@ -1,7 +1,7 @@
 //! Gather-back: every shard's rows and optimizer state copied back into the
 //! unsharded collection (`to_collection`), across ranks when on a rank.
 
-use ember_sparse::EmbeddingBagCollection;
+use ember_sparse::{EmbeddingBagCollection, KvState};
 
 use super::codec::wire_err;
 use super::layout::local_name;
@@ -65,6 +65,10 @@ impl ShardedEmbeddingBagCollection {
                     let global = &mut ebc.tables_mut()[t];
                     let span = (shard.rows, shard.column_range());
                     copy_rows_back(ShardRows::Table(l), global, span, &self.optimizer, made[t])?;
+                    // A key-value table is whole on its one shard: its map too.
+                    if let Some(state) = l.kv_state() {
+                        global.load_kv_state(state)?;
+                    }
                 }
             }
             Exec::Rank(comm) => {
@@ -74,6 +78,9 @@ impl ShardedEmbeddingBagCollection {
                     let l = local(t, k, me);
                     w.put(l.row_bytes());
                     w.put(l.optimizer_state());
+                    if let Some(state) = l.kv_state() {
+                        put_kv(&mut w, &state);
+                    }
                 }
                 let parts = comm.all_gather(w.0)?;
                 let mut readers: Vec<Reader> = parts.iter().map(|p| Reader::new(p)).collect();
@@ -108,6 +115,9 @@ impl ShardedEmbeddingBagCollection {
                     let global = &mut ebc.tables_mut()[t];
                     let span = (shard.rows, shard.column_range());
                     copy_rows_back(local, global, span, &self.optimizer, false)?;
+                    if config.kv.is_some() {
+                        global.load_kv_state(get_kv(r)?)?;
+                    }
                 }
             }
         }
@@ -115,4 +125,33 @@ impl ShardedEmbeddingBagCollection {
         ebc.set_rounding_seed(self.rounding_seed);
         Ok(ebc)
     }
+}
+
+/// A key-value shard's map on the wire.
+fn put_kv(w: &mut Writer, state: &KvState) {
+    w.put(&state.ids);
+    for part in [&state.last_seen, &state.counts, &state.free, &state.sketch] {
+        w.put(part);
+    }
+    w.put(
+        serde_json::to_string(&state.position)
+            .expect("plain data")
+            .as_bytes(),
+    );
+}
+
+fn get_kv(r: &mut Reader) -> Result<KvState, ShardingError> {
+    let ids = r.get().map_err(wire_err)?;
+    let mut part = || r.get::<u32>().map_err(wire_err);
+    let (last_seen, counts, free, sketch) = (part()?, part()?, part()?, part()?);
+    let position: Vec<u8> = r.get().map_err(wire_err)?;
+    let position = serde_json::from_slice(&position).map_err(|e| wire_err(e.to_string()))?;
+    Ok(KvState {
+        ids,
+        last_seen,
+        counts,
+        free,
+        sketch,
+        position,
+    })
 }

@@ -109,6 +109,10 @@ pub(super) fn check_input(
     let b = kjt.stride();
     for (slot, &k) in layout.slots.iter().zip(&keys) {
         let c = &configs[slot.table];
+        if c.kv.is_some() {
+            // Raw ids: the owner's map finds their rows.
+            continue;
+        }
         let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
         for sample in 0..b {
             for &id in &kjt.values()[offsets[sample]..offsets[sample + 1]] {

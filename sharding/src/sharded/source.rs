@@ -27,7 +27,8 @@ pub struct LocalShard<'a> {
 /// sharded collection is made.
 pub trait ShardSource {
     /// Fills `local`, the local table of `shard` of table `t` (`config`),
-    /// with its rows in local order and their optimizer state.
+    /// with its rows in local order and their optimizer state (and a
+    /// key-value table's map).
     fn fill(
         &self,
         t: usize,
@@ -57,13 +58,13 @@ impl ShardSource for EmbeddingBagCollection {
         local: &mut EmbeddingTable,
     ) -> Result<(), ShardingError> {
         let opt = self.optimizer();
-        copy_rows(
-            &self.tables()[t],
-            local,
-            shard.rows,
-            shard.column_range(),
-            opt,
-        )
+        let global = &self.tables()[t];
+        copy_rows(global, local, shard.rows, shard.column_range(), opt)?;
+        // A key-value table is whole on its one shard: its map too.
+        if let Some(state) = global.kv_state() {
+            local.load_kv_state(state)?;
+        }
+        Ok(())
     }
 
     fn disk_tier(&self, t: usize) -> Option<DiskTierConfig> {
@@ -134,7 +135,7 @@ impl ShardSource for InitialRows {
             move |l| split.global(l),
             shard.column_range(),
             local,
-        );
+        )?;
         Ok(())
     }
 }

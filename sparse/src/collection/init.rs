@@ -33,7 +33,8 @@ thread_local! {
 /// are drawn, so a shard is initialised without the rest of its table in
 /// memory. A disk-tier `out` (not looked up yet) is not written at all:
 /// its rows are made so when first looked up, as a new disk-tier table's
-/// are, their optimizer state zero.
+/// are, their optimizer state zero. A key-value `out` gets the empty map
+/// of that seed (and its zero fallback row).
 pub fn initial_rows(
     config: &EmbeddingBagConfig,
     seed: u64,
@@ -41,13 +42,13 @@ pub fn initial_rows(
     global: impl Fn(usize) -> usize + Send + Sync + 'static,
     cols: std::ops::Range<usize>,
     out: &mut EmbeddingTable,
-) {
+) -> Result<(), SparseError> {
     let range = config.init_range();
     let dim = config.embedding_dim;
     let lc = cols.len();
     if out.is_on_disk() {
         out.set_row_maker(seeded_maker(config, [seed, index], global, cols).into());
-        return;
+        return out.attach_kv(seed);
     }
     let locals = out.num_embeddings();
     // Rows are drawn in parallel, in groups of about 64 MiB of draws, and
@@ -75,6 +76,7 @@ pub fn initial_rows(
             }
         }
     }
+    out.attach_kv(seed)
 }
 
 impl EmbeddingTable {

@@ -3,6 +3,8 @@
 
 use std::process::Command;
 
+mod common;
+
 fn ember(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(args)
@@ -996,6 +998,24 @@ fn key_value_tables_from_the_command_line() {
         shards.contains("t_cat_0:table_wise") && shards.contains("t_cat_1:row_wise"),
         "{shards}"
     );
+    // A plan file splitting them row-wise by buckets: every id looked up
+    // once, on the shard of its bucket; the shards' rows add up.
+    let plan = dir.join("buckets.json");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tables = [("t_cat_0", 4000), ("t_cat_1", 50), ("t_cat_2", 3000)];
+    std::fs::write(&plan, common::bucket_plan(&tables, 4, 100)).unwrap();
+    let by_buckets = json(&[&base[..], &kv, &["--plan", plan.to_str().unwrap()]].concat());
+    let shards = by_buckets["sharding"]["shards"].to_string();
+    assert!(shards.matches("t_cat_0:row_wise").count() == 2, "{shards}");
+    let tables = by_buckets["key_value_tables"].as_array().unwrap();
+    for (t, rows) in tables.iter().zip([3999, 2999]) {
+        assert_eq!(
+            (t["seen"].as_u64(), t["capacity"].as_u64()),
+            (Some(8 * 64 * 2), Some(rows)),
+            "{t}"
+        );
+        assert!(t["admitted"].as_u64() > Some(0), "{t}");
+    }
     // Saved, the maps travel with the rows.
     let saved = dir.join("kv");
     json(&[&base[..], &kv, &["--save", saved.to_str().unwrap()]].concat());

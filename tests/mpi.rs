@@ -10,6 +10,8 @@ use std::process::{Command, Output};
 
 use ember_models::{Checkpoint, Dlrm};
 
+mod common;
+
 fn ember(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(args)
@@ -214,44 +216,53 @@ fn ranks_train_like_one_process_with_as_many_devices() {
 #[test]
 fn key_value_tables_on_ranks_hold_the_ids_one_process_holds() {
     let dir = tempfile::tempdir().unwrap();
-    let mut single = bench_args("6");
-    // Every table but the 40-row one key-value: each whole on one rank.
-    single.extend([
+    let plan = dir.path().join("buckets.json");
+    let sizes = [
+        ("t_cat_0", 300),
+        ("t_cat_1", 40),
+        ("t_cat_2", 700),
+        ("t_cat_3", 90),
+    ];
+    std::fs::write(&plan, common::bucket_plan(&sizes, 8, 50)).unwrap();
+    // Every table but the 40-row one key-value: each whole on one rank
+    // (planned), or split by buckets over both (the plan file).
+    let kv = [
         "--kv-min-rows",
         "50",
         "--kv-admission",
         "count:2:1024",
         "--kv-eviction",
         "lfu",
-        "--devices",
-        "2",
-    ]);
-    let multi = single[..single.len() - 2].to_vec();
-    let (one, ranks) = (dir.path().join("one"), dir.path().join("ranks"));
-    let a = json(
-        "key-value: one process",
-        ember(&[&single[..], &["--save", one.to_str().unwrap()]].concat()),
-    );
-    let b = json(
-        "key-value: mpirun",
-        mpirun(
-            2,
-            &[&multi[..], &["--save", ranks.to_str().unwrap()]].concat(),
-            &[],
-        ),
-    );
-    assert_eq!(b["world_size"], 2);
-    // Admission and eviction follow the ids alone: the same figures.
-    let tables = &a["key_value_tables"];
-    assert_eq!(tables.as_array().map(Vec::len), Some(3), "{a}");
-    assert_eq!(&b["key_value_tables"], tables, "{b}");
-    close(
-        "loss",
-        b["loss_last"].as_f64().unwrap(),
-        a["loss_last"].as_f64().unwrap(),
-        1e-6,
-    );
-    same_model("key-value", &one.join("model.safetensors"), &ranks, 1e-6);
+    ];
+    let placed = [
+        ("table-wise", vec!["--devices", "2"]),
+        ("by buckets", vec!["--plan", plan.to_str().unwrap()]),
+    ];
+    for (k, (what, place)) in placed.iter().enumerate() {
+        let what = format!("key-value tables {what}");
+        let base = [&bench_args("6")[..], &kv].concat();
+        let (one, ranks) = (
+            dir.path().join(format!("one{k}")),
+            dir.path().join(format!("ranks{k}")),
+        );
+        let single = [&base[..], place, &["--save", one.to_str().unwrap()]].concat();
+        // A plan file goes to the ranks too; --devices is their number.
+        let on_ranks = if k == 1 { &place[..] } else { &[][..] };
+        let multi = [&base[..], on_ranks, &["--save", ranks.to_str().unwrap()]].concat();
+        let a = json(&format!("{what}: one process"), ember(&single));
+        let b = json(&format!("{what}: mpirun"), mpirun(2, &multi, &[]));
+        assert_eq!(b["world_size"], 2);
+        // Admission and eviction follow the ids alone: the same figures.
+        let tables = &a["key_value_tables"];
+        assert_eq!(tables.as_array().map(Vec::len), Some(3), "{a}");
+        assert_eq!(&b["key_value_tables"], tables, "{what}: {b}");
+        let loss = |r: &serde_json::Value| r["loss_last"].as_f64().unwrap();
+        close(&what, loss(&b), loss(&a), 1e-6);
+        // One process saves shards of buckets as a set too.
+        let file = one.join("model.safetensors");
+        let saved = if file.exists() { file } else { one.clone() };
+        same_model(&what, &saved, &ranks, 1e-6);
+    }
 }
 
 #[test]

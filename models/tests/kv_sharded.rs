@@ -2,7 +2,10 @@
 //! threads they train bitwise as in one process (admitting, evicting,
 //! falling back), predict without admitting, and save their maps with
 //! their rows: a full file, and a set written by ranks, load in one
-//! process and onto another device count exactly.
+//! process and onto another device count exactly. Sharded row-wise by
+//! buckets of the ids' hash, each shard holds its buckets' ids; saved,
+//! the shards resume bitwise on the same plan, and on another device
+//! count (or in one process) every id keeps its row, header and state.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use ember_models::{
     SyntheticConfig, SyntheticData,
 };
 use ember_sharding::plan::TablePlan;
-use ember_sharding::{Collective, InProcess, ShardingPlan};
+use ember_sharding::{Collective, InProcess, RowSplit, ShardingPlan};
 use ember_sparse::{Admission, Eviction, KvConfig, TableOptimizer};
 
 /// An fp32 table and two key-value tables over 40 raw ids: one of 8 rows
@@ -201,4 +204,214 @@ fn key_value_tables_on_ranks_save_a_set_that_loads_anywhere() {
     for state in &read {
         assert_eq!(state, want, "the set on three ranks");
     }
+}
+
+/// Table 2 of [`setup`] with 60 rows (40 ids: never full), and a plan of
+/// `devices` devices: table 0 table-wise on the first, table 1 on the
+/// last, table 2 row-wise by buckets over all.
+fn by_buckets(devices: &[usize]) -> (DlrmConfig, ShardingPlan) {
+    let (mut config, _) = setup();
+    config.tables[2].num_embeddings = 61;
+    let t = &config.tables;
+    let tables = vec![
+        TablePlan::table_wise(&t[0], devices[0]),
+        TablePlan::table_wise(&t[1], *devices.last().unwrap()),
+        TablePlan::row_wise_buckets(&t[2], devices),
+    ];
+    let num_devices = devices.len();
+    (
+        config,
+        ShardingPlan {
+            num_devices,
+            tables,
+        },
+    )
+}
+
+/// Every tensor of every file in `dir` has the bytes its checksum says
+/// (the last shard's block and its fallback row are two pieces streamed
+/// from one table).
+fn every_checksum_holds(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let meta = header.metadata().clone().unwrap();
+        let sums: std::collections::HashMap<String, String> =
+            serde_json::from_str(&meta["ember.crc32"]).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (name, t) in file.tensors() {
+            let got = format!("{:08x}", crc32fast::hash(t.data()));
+            assert_eq!(got, sums[&name], "{name} in {path:?}");
+        }
+    }
+}
+
+/// Every id a key-value table holds (gathered), with its row's bits,
+/// optimizer state bits, header and count, by id.
+/// An id, its row's bits, its state's bits, its header and count.
+type Held = (u64, Vec<u32>, Vec<u32>, u32, u32);
+
+fn held(model: &Dlrm, table: usize) -> Vec<Held> {
+    let ebc = model.sparse_arch().unsharded().unwrap();
+    let t = &ebc.tables()[table];
+    let s = t.kv_state().unwrap();
+    let per = t.state_floats_per_row();
+    let mut out: Vec<_> = (0..s.ids.len())
+        .filter(|&r| s.counts[r] > 0)
+        .map(|r| {
+            let mut row = vec![0f32; t.dim()];
+            t.read_row(r, &mut row);
+            let state = &t.optimizer_state()[r * per..(r + 1) * per];
+            (
+                s.ids[r],
+                row.iter().map(|v| v.to_bits()).collect(),
+                state.iter().map(|v| v.to_bits()).collect(),
+                s.last_seen[r],
+                s.counts[r],
+            )
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Each bucket shard's ids are of its buckets; returns the shards' maps.
+fn bucket_maps(model: &Dlrm) -> Vec<ember_sparse::KvState> {
+    let sharded = model.sparse_arch().sharded().unwrap();
+    let mut maps = Vec::new();
+    for l in sharded.local_shards() {
+        let RowSplit::Buckets {
+            first_bucket,
+            end_bucket,
+            buckets,
+            ..
+        } = l.shard.rows
+        else {
+            continue;
+        };
+        let state = l.data.kv_state().unwrap();
+        for (id, &c) in state.ids.iter().zip(&state.counts).filter(|(_, &c)| c > 0) {
+            let b = ember_sparse::id_bucket(*id, buckets);
+            assert!(
+                (first_bucket..end_bucket).contains(&b),
+                "id {id} (count {c}) in bucket {b}"
+            );
+        }
+        maps.push(state);
+    }
+    maps
+}
+
+#[test]
+fn key_value_tables_sharded_by_buckets_resume_bitwise_and_move_to_any_device_count() {
+    let (_, data) = setup();
+    let (config, plan) = by_buckets(&[0, 1]);
+    let mut model = build(&config, Some(plan.clone()));
+    train(&mut model, &data, 0..8, (0, 1));
+    let maps = bucket_maps(&model);
+    assert_eq!(maps.len(), 2);
+    assert!(
+        maps.iter().all(|m| m.counts.iter().any(|&c| c > 0)),
+        "{maps:?}"
+    );
+    let want = held(&model, 2);
+    assert!(want.len() > 20, "{}", want.len());
+
+    // Saved as a set: the shards' own maps.
+    let dir = tempfile::tempdir().unwrap();
+    let index = model.save_checkpoint(dir.path(), None).unwrap();
+    assert!(index.ends_with("model.safetensors.index.json"), "{index:?}");
+    assert!(!dir.path().join("model.safetensors").exists());
+    every_checksum_holds(dir.path());
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let (table, dense) = optimizers();
+    let load = |plan: Option<ShardingPlan>| {
+        (ckpt.builder().optimizers(table, dense))
+            .plan(plan)
+            .build()
+            .unwrap()
+    };
+    // On the same plan, bitwise: maps, rows, and training on.
+    let mut resumed = load(Some(plan));
+    assert_eq!(bucket_maps(&resumed), maps);
+    assert_eq!(tables(&resumed), tables(&model));
+    let more = train(&mut model, &data, 8..12, (0, 1));
+    assert_eq!(train(&mut resumed, &data, 8..12, (0, 1)), more);
+    assert_eq!(tables(&resumed), tables(&model));
+
+    // On three devices, and in one process: every id with its row.
+    let (_, three) = by_buckets(&[2, 0, 1]);
+    let moved = load(Some(three));
+    assert_eq!(bucket_maps(&moved).len(), 3);
+    assert_eq!(held(&moved, 2), want);
+    assert_eq!(held(&load(None), 2), want);
+
+    // Over 30 devices (2 rows each) some shard gets more ids of its
+    // buckets than it has rows: refused, saying so.
+    let (_, thirty) = by_buckets(&(0..30).collect::<Vec<_>>());
+    let err = (ckpt.builder().optimizers(table, dense))
+        .plan(thirty)
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("t_cat_2") && err.contains("do not fit in the shard's 2 rows"),
+        "{err}"
+    );
+}
+
+#[test]
+fn key_value_shards_of_buckets_on_ranks_save_a_set_that_moves() {
+    let (_, data) = setup();
+    let (config, plan) = by_buckets(&[0, 1]);
+    let (table, dense) = optimizers();
+    let dir = tempfile::tempdir().unwrap();
+    let written = on_ranks(2, |comm| {
+        let rank = comm.rank();
+        let mut m = (Dlrm::builder(config.clone()).optimizers(table, dense))
+            .seed(5)
+            .plan(plan.clone())
+            .world(comm)
+            .build()
+            .unwrap();
+        train(&mut m, &data, 0..6, (rank, 2));
+        save_set(&mut m, dir.path(), None).unwrap();
+        (bucket_maps(&m), held(&m, 2))
+    });
+    assert_eq!(written[0].1, written[1].1);
+    let want = &written[0].1;
+    assert!(want.len() > 20, "{}", want.len());
+    let index = dir.path().join("model.safetensors.index.json");
+    // The same plan on two ranks: each rank's shard its own map again.
+    let again = on_ranks(2, |comm| {
+        let ckpt = Checkpoint::open(Path::new(&index)).unwrap();
+        let m = (ckpt.builder().optimizers(table, dense))
+            .plan(plan.clone())
+            .world(comm)
+            .build()
+            .unwrap();
+        bucket_maps(&m)
+    });
+    assert_eq!(again[0], written[0].0);
+    assert_eq!(again[1], written[1].0);
+    // Three ranks, and one process: every id with its row.
+    let (_, three) = by_buckets(&[1, 2, 0]);
+    let moved = on_ranks(3, |comm| {
+        let ckpt = Checkpoint::open(Path::new(&index)).unwrap();
+        let m = (ckpt.builder().optimizers(table, dense))
+            .plan(three.clone())
+            .world(comm)
+            .build()
+            .unwrap();
+        held(&m, 2)
+    });
+    assert!(moved.iter().all(|h| h == want));
+    let ckpt = Checkpoint::open(&index).unwrap();
+    let alone = ckpt.builder().optimizers(table, dense).build().unwrap();
+    assert_eq!(&held(&alone, 2), want);
 }

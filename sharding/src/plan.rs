@@ -50,6 +50,22 @@ pub enum RowSplit {
         /// The number of row pieces, `1..=rows` of the table.
         modulus: usize,
     },
+    /// A key-value table's ids whose bucket ([`ember_sparse::id_bucket`]
+    /// of `buckets`) is in `first_bucket..end_bucket`, in rows
+    /// `start..end` of the table (local row `row - start`) under a map of
+    /// the shard's own (row-wise by buckets).
+    Buckets {
+        /// First row of the table held.
+        start: usize,
+        /// One past the last row held.
+        end: usize,
+        /// First bucket whose ids the shard holds.
+        first_bucket: usize,
+        /// One past the last.
+        end_bucket: usize,
+        /// The table's buckets (its `KvConfig::buckets`).
+        buckets: usize,
+    },
 }
 
 impl RowSplit {
@@ -58,8 +74,27 @@ impl RowSplit {
     pub fn local(&self, id: usize) -> Option<usize> {
         match *self {
             RowSplit::All => Some(id),
-            RowSplit::Block { start, end } => (start..end).contains(&id).then(|| id - start),
+            RowSplit::Block { start, end } | RowSplit::Buckets { start, end, .. } => {
+                (start..end).contains(&id).then(|| id - start)
+            }
             RowSplit::Mod { residue, modulus } => (id % modulus == residue).then(|| id / modulus),
+        }
+    }
+
+    /// What the shard is sent for input id `id`, if it holds it: its local
+    /// row; a key-value shard, the raw id itself (its map finds the row).
+    #[inline]
+    pub fn route(&self, id: i64) -> Option<i64> {
+        match *self {
+            RowSplit::Buckets {
+                first_bucket,
+                end_bucket,
+                buckets,
+                ..
+            } => (first_bucket..end_bucket)
+                .contains(&ember_sparse::id_bucket(id as u64, buckets))
+                .then_some(id),
+            _ => self.local(id as usize).map(|l| l as i64),
         }
     }
 
@@ -68,7 +103,7 @@ impl RowSplit {
     pub fn global(&self, local: usize) -> usize {
         match *self {
             RowSplit::All => local,
-            RowSplit::Block { start, .. } => start + local,
+            RowSplit::Block { start, .. } | RowSplit::Buckets { start, .. } => start + local,
             RowSplit::Mod { residue, modulus } => residue + local * modulus,
         }
     }
@@ -77,7 +112,9 @@ impl RowSplit {
     pub fn count(&self, rows: usize) -> usize {
         match *self {
             RowSplit::All => rows,
-            RowSplit::Block { start, end } => end.min(rows).saturating_sub(start),
+            RowSplit::Block { start, end } | RowSplit::Buckets { start, end, .. } => {
+                end.min(rows).saturating_sub(start)
+            }
             RowSplit::Mod { residue, modulus } if residue < rows && modulus > 0 => {
                 (rows - residue).div_ceil(modulus)
             }
@@ -188,6 +225,32 @@ impl TablePlan {
             })
             .collect();
         Self::new(t, ShardingType::RowWiseMod, shards)
+    }
+
+    /// Row-wise by buckets, for a key-value table: near-equal blocks of its
+    /// id buckets over `devices` (fewer when it has fewer buckets), each
+    /// shard the same share of its rows (all but the fallback; each shard
+    /// has a zero fallback of its own).
+    pub fn row_wise_buckets(t: &EmbeddingBagConfig, devices: &[usize]) -> Self {
+        let of = t.kv.as_ref().map_or(1, |kv| kv.buckets());
+        let capacity = t.num_embeddings.saturating_sub(1);
+        let shards = (blocks(of, devices.len()).into_iter().zip(devices))
+            .map(|(b, &device)| {
+                let row = |bucket: usize| (capacity as u128 * bucket as u128 / of as u128) as usize;
+                Shard {
+                    device,
+                    rows: RowSplit::Buckets {
+                        start: row(b.start),
+                        end: row(b.end),
+                        first_bucket: b.start,
+                        end_bucket: b.end,
+                        buckets: of,
+                    },
+                    columns: [0, t.embedding_dim],
+                }
+            })
+            .collect();
+        Self::new(t, ShardingType::RowWise, shards)
     }
 
     /// Column-wise: near-equal column blocks over `devices`, each with every
@@ -368,11 +431,13 @@ fn validate_table(
     if p.shards.is_empty() {
         return Err("no shards".into());
     }
-    if t.kv.is_some() && (p.sharding != ShardingType::TableWise || p.shards.len() != 1) {
-        return Err(format!(
-            "a key-value table is sharded table-wise (its map whole on one device), not {}",
-            serde_json::to_value(p.sharding).map_or(String::new(), |v| v.to_string())
-        ));
+    if let Some(kv) = &t.kv {
+        return validate_kv(t, kv, p, devices);
+    }
+    if (p.shards.iter()).any(|s| matches!(s.rows, RowSplit::Buckets { .. })) {
+        return Err(
+            "rows of kind buckets split a key-value table's ids; this table is not one".into(),
+        );
     }
     if let Some(rows) = p.cache_rows {
         if p.sharding == ShardingType::DataParallel {
@@ -478,6 +543,81 @@ fn validate_table(
     Ok(())
 }
 
+/// A key-value table is table-wise (its map whole on one device) or
+/// row-wise by buckets: shards of every column whose bucket ranges and
+/// row blocks each cover the table's buckets and rows (all but the
+/// fallback) once, in the same order, with a zero fallback (a shared
+/// learned row cannot be shared by shards).
+pub(crate) fn validate_kv(
+    t: &EmbeddingBagConfig,
+    kv: &ember_sparse::KvConfig,
+    p: &TablePlan,
+    devices: usize,
+) -> Result<(), String> {
+    if let Some(s) = p.shards.iter().find(|s| s.device >= devices) {
+        return Err(format!(
+            "device {} does not exist ({devices} devices)",
+            s.device
+        ));
+    }
+    if let Some(s) = p.shards.iter().find(|s| s.columns != [0, t.embedding_dim]) {
+        return Err(format!(
+            "a key-value table's shards hold every column, not {}..{}",
+            s.columns[0], s.columns[1]
+        ));
+    }
+    if p.cache_rows.is_some_and(|r| r < ember_sparse::CACHE_WAYS) {
+        return Err(format!(
+            "cache_rows is below one cache set of {}",
+            ember_sparse::CACHE_WAYS
+        ));
+    }
+    let kind = |k: ShardingType| serde_json::to_value(k).map_or(String::new(), |v| v.to_string());
+    match p.sharding {
+        ShardingType::TableWise if p.shards.len() == 1 && p.shards[0].rows == RowSplit::All => {
+            Ok(())
+        }
+        ShardingType::RowWise => {
+            if kv.fallback != ember_sparse::Fallback::Zeros {
+                return Err("a shared fallback row cannot be split over shards: shard a key-value table with one row-wise by buckets only with the zeros fallback, or table-wise".into());
+            }
+            let (of, capacity) = (kv.buckets(), t.num_embeddings.saturating_sub(1));
+            let (mut next_row, mut next_bucket) = (0, 0);
+            for s in &p.shards {
+                let RowSplit::Buckets {
+                    start,
+                    end,
+                    first_bucket,
+                    end_bucket,
+                    buckets,
+                } = s.rows
+                else {
+                    return Err("a key-value table is split row-wise by buckets (rows of kind buckets)".into());
+                };
+                if buckets != of {
+                    return Err(format!("{buckets} buckets, not the table's {of}"));
+                }
+                if (start, first_bucket) != (next_row, next_bucket) || end <= start || end_bucket <= first_bucket {
+                    return Err(format!(
+                        "shards must follow each other, each with rows and buckets: rows {start}..{end} and buckets {first_bucket}..{end_bucket} after rows ..{next_row} and buckets ..{next_bucket}"
+                    ));
+                }
+                (next_row, next_bucket) = (end, end_bucket);
+            }
+            if (next_row, next_bucket) != (capacity, of) {
+                return Err(format!(
+                    "the shards hold rows ..{next_row} and buckets ..{next_bucket}, not the table's {capacity} rows (all but the fallback) and {of} buckets"
+                ));
+            }
+            Ok(())
+        }
+        k => Err(format!(
+            "a key-value table is sharded table-wise (its map whole on one device) or row-wise by buckets, not {}",
+            kind(k)
+        )),
+    }
+}
+
 /// The pieces must hold every row exactly once.
 fn check_rows(pieces: &[RowSplit], rows: usize) -> Result<(), String> {
     match pieces {
@@ -567,7 +707,7 @@ mod tests {
     }
 
     #[test]
-    fn a_key_value_table_is_sharded_table_wise_only() {
+    fn a_key_value_table_is_sharded_table_wise_or_by_buckets() {
         let kv = EmbeddingBagConfig {
             kv: Some(ember_sparse::KvConfig::default()),
             ..table()
@@ -580,11 +720,79 @@ mod tests {
         let ok = plan(TablePlan::table_wise(&kv, 1));
         ok.validate(std::slice::from_ref(&kv), &opt).unwrap();
         let rows = plan(TablePlan::row_wise(&kv, &[0, 1], ShardingType::RowWise));
-        let err = rows.validate(&[kv], &opt).unwrap_err().to_string();
-        assert!(
-            err.contains("a key-value table is sharded table-wise") && err.contains("row_wise"),
-            "{err}"
+        let err = rows
+            .validate(std::slice::from_ref(&kv), &opt)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("split row-wise by buckets"), "{err}");
+        let columns = plan(TablePlan::column_wise(&kv, &[0, 1]));
+        let err = columns.validate(&[kv], &opt).unwrap_err().to_string();
+        assert!(err.contains("hold every column"), "{err}");
+    }
+
+    #[test]
+    fn a_key_value_table_split_by_buckets_covers_its_rows_and_buckets_once() {
+        let kv = |fallback| EmbeddingBagConfig {
+            kv: Some(ember_sparse::KvConfig {
+                buckets: Some(8),
+                fallback,
+                ..Default::default()
+            }),
+            ..table()
+        };
+        let zeros = kv(ember_sparse::Fallback::Zeros);
+        let check = |t: &EmbeddingBagConfig, p: TablePlan| {
+            let plan = ShardingPlan {
+                num_devices: 3,
+                tables: vec![p],
+            };
+            plan.validate(std::slice::from_ref(t), &TableOptimizer::sgd(0.1))
+                .map_err(|e| e.to_string())
+        };
+        let good = TablePlan::row_wise_buckets(&zeros, &[2, 0, 1]);
+        assert_eq!(good.shards.len(), 3);
+        // 9 rows of the 10 (the last is the fallback), 8 buckets.
+        assert_eq!(
+            good.shards[0].rows,
+            RowSplit::Buckets {
+                start: 0,
+                end: 2,
+                first_bucket: 0,
+                end_bucket: 2,
+                buckets: 8
+            }
         );
+        check(&zeros, good.clone()).unwrap();
+        let edit = |f: &dyn Fn(&mut RowSplit)| {
+            let mut p = good.clone();
+            f(&mut p.shards[1].rows);
+            check(&zeros, p).unwrap_err()
+        };
+        let set = |what: usize, v: usize| {
+            move |r: &mut RowSplit| {
+                if let RowSplit::Buckets {
+                    start,
+                    first_bucket,
+                    buckets,
+                    ..
+                } = r
+                {
+                    *[start, first_bucket, buckets][what] = v;
+                }
+            }
+        };
+        assert!(edit(&set(0, 3)).contains("must follow each other"));
+        assert!(edit(&set(1, 3)).contains("must follow each other"));
+        assert!(edit(&set(2, 16)).contains("16 buckets, not the table's 8"));
+        let shared = kv(ember_sparse::Fallback::SharedRow);
+        let p = TablePlan::row_wise_buckets(&shared, &[0, 1]);
+        assert!(check(&shared, p)
+            .unwrap_err()
+            .contains("shared fallback row"));
+        // Buckets split key-value tables only.
+        let mut p = TablePlan::row_wise(&table(), &[0, 1], ShardingType::RowWise);
+        p.shards[0].rows = good.shards[0].rows;
+        assert!(check(&table(), p).unwrap_err().contains("not one"));
     }
 
     #[test]

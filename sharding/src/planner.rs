@@ -245,6 +245,17 @@ fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<T
     if want(ShardingType::TableWise) || kv {
         out.extend((0..n).map(|d| TablePlan::table_wise(t, d)));
     }
+    // Or row-wise by buckets, where each device gets buckets and rows.
+    if let Some(k) =
+        t.kv.as_ref()
+            .filter(|_| want(ShardingType::RowWise) && n > 1)
+    {
+        let p = TablePlan::row_wise_buckets(t, &all);
+        // Not with a shared fallback row, nor a shard without rows.
+        if crate::plan::validate_kv(t, k, &p, n).is_ok() {
+            out.push(p);
+        }
+    }
     let want = |k: ShardingType| !kv && want(k);
     if want(ShardingType::RowWise) {
         out.push(TablePlan::row_wise(t, &all, ShardingType::RowWise));

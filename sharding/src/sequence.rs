@@ -110,6 +110,12 @@ impl ShardedEmbeddingCollection {
     ) -> Result<Self, ShardingError> {
         let configs = source.configs().to_vec();
         let bags: Vec<EmbeddingBagConfig> = configs.iter().map(|c| c.bag_config()).collect();
+        if let Some(t) = bags.iter().find(|t| t.kv.is_some()) {
+            return Err(ShardingError::Plan(format!(
+                "table '{}': a sequence collection's key-value tables are not sharded yet (a bag collection's are)",
+                t.name
+            )));
+        }
         plan.validate(&bags, source.optimizer())?;
         if collective.world_size() != plan.num_devices {
             return Err(ShardingError::Plan(format!(

@@ -33,7 +33,8 @@ pub use error::SparseError;
 pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor, PooledValue};
 pub use kv::{
-    Admission, Eviction, Fallback, KvConfig, KvPosition, KvState, KvStats, DEFAULT_EVICTION_WINDOW,
+    id_bucket, kv_slice, merge_shards, Admission, Eviction, Fallback, KvConfig, KvPosition,
+    KvShard, KvSlice, KvState, KvStats, DEFAULT_BUCKETS, DEFAULT_EVICTION_WINDOW,
     DEFAULT_SCAN_PER_BATCH, MAX_SKETCH_WIDTH,
 };
 pub use optimizer::TableOptimizer;

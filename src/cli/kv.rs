@@ -236,8 +236,16 @@ pub fn kv_report(model: &ember_models::Dlrm) -> anyhow::Result<Option<Vec<KvTabl
         for part in all {
             reports.extend(serde_json::from_slice::<Vec<KvTableReport>>(&part)?);
         }
-        let order = |name: &str| (model.config().tables.iter()).position(|t| t.name == name);
-        reports.sort_by_key(|r| order(&r.table));
     }
-    Ok((!reports.is_empty()).then_some(reports))
+    // A table sharded by buckets: its shards' figures summed.
+    let order = |name: &str| (model.config().tables.iter()).position(|t| t.name == name);
+    reports.sort_by_key(|r| order(&r.table));
+    let mut tables: Vec<KvTableReport> = Vec::new();
+    for r in reports {
+        match tables.last_mut().filter(|t| t.table == r.table) {
+            Some(t) => t.stats.add(&r.stats),
+            None => tables.push(r),
+        }
+    }
+    Ok((!tables.is_empty()).then_some(tables))
 }

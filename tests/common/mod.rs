@@ -172,3 +172,28 @@ pub fn have_pyarrow() -> bool {
     }
     ok
 }
+
+/// A plan of two devices for tables `(name, rows)` of dim `dim`: those of
+/// `min_rows` or more key-value (default config) and row-wise by buckets,
+/// the others table-wise on device 1.
+pub fn bucket_plan(tables: &[(&str, usize)], dim: usize, min_rows: usize) -> String {
+    use ember_sharding::{plan::TablePlan, ShardingPlan};
+    let tables = (tables.iter())
+        .map(|&(name, rows)| {
+            let feature = name.replace("t_", "");
+            let mut t = ember_sparse::EmbeddingBagConfig::new(name, rows, dim, &[&feature]);
+            match rows >= min_rows {
+                true => {
+                    t.kv = Some(ember_sparse::KvConfig::default());
+                    TablePlan::row_wise_buckets(&t, &[0, 1])
+                }
+                false => TablePlan::table_wise(&t, 1),
+            }
+        })
+        .collect();
+    ShardingPlan {
+        num_devices: 2,
+        tables,
+    }
+    .to_json()
+}

@@ -6,7 +6,8 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use ember_sparse::{EmbeddingTable, KvPosition, KvState};
+use ember_sharding::RowSplit;
+use ember_sparse::{kv_slice, EmbeddingTable, KvPosition, KvShard, KvState, TableOptimizer};
 use safetensors::tensor::Dtype;
 use serde::{Deserialize, Serialize};
 
@@ -110,19 +111,207 @@ fn add_state(
     meta.insert(meta_key(table), json(&saved));
 }
 
+/// Tensors by name, to be written.
+type Named<'a> = Vec<(String, Tensor<'a>)>;
+
+/// The metadata key of shard `k` of a key-value table sharded by buckets.
+fn shard_key(table: &str, k: usize) -> String {
+    format!("{}#{k}", meta_key(table))
+}
+
+/// What a bucket shard's metadata entry holds.
+#[derive(Serialize, Deserialize)]
+struct SavedShard {
+    /// The table's rows it holds.
+    rows: [usize; 2],
+    /// The buckets of its ids.
+    buckets: [usize; 2],
+    free_rows: usize,
+    #[serde(flatten)]
+    position: KvPosition,
+}
+
+/// A key-value shard of buckets (shard `k` of table `table`, rows
+/// `rows`) as a set saves it: its ids, headers and counts into `pieces`
+/// (row-aligned: saved as pieces of the table's, as its rows are), its
+/// free rows (its own row numbers) and sketch into `whole` under names of
+/// the shard's own, and its metadata entry.
+pub(super) fn add_kv_shard<'a>(
+    (table, k, rows): (&str, usize, [usize; 2]),
+    buckets: [usize; 2],
+    state: KvState,
+    (pieces, whole): (&mut Named<'a>, &mut Named<'a>),
+    meta: &mut HashMap<String, String>,
+) {
+    let base = super::names::table_base_name(table);
+    let [ids, last_seen, counts, free, sketch] = names(&base);
+    let n = state.ids.len();
+    let id_bytes = state.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+    pieces.push((ids, tensor(Dtype::U64, n, id_bytes)));
+    pieces.push((last_seen, tensor(Dtype::U32, n, le_u32(&state.last_seen))));
+    pieces.push((counts, tensor(Dtype::U32, n, le_u32(&state.counts))));
+    let free_rows = state.free.len();
+    whole.push((
+        format!("{free}#{k}"),
+        tensor(Dtype::U32, free_rows, le_u32(&state.free)),
+    ));
+    if !state.sketch.is_empty() {
+        let len = state.sketch.len();
+        whole.push((
+            format!("{sketch}#{k}"),
+            tensor(Dtype::U32, len, le_u32(&state.sketch)),
+        ));
+    }
+    let saved = SavedShard {
+        rows,
+        buckets,
+        free_rows,
+        position: state.position,
+    };
+    meta.insert(shard_key(table, k), json(&saved));
+}
+
 impl Checkpoint {
-    /// Loads saved table `name`'s map into `local` (a key-value table, or
-    /// the shard that holds it whole), checked whole.
-    pub(super) fn read_kv(&self, name: &str, local: &mut EmbeddingTable) -> Result<(), ModelError> {
-        let rows = local.num_embeddings() - 1;
+    /// Saved table `name`'s map as its shards ([`KvShard`]): one over its
+    /// `capacity` rows and `of` buckets, or those of a set written by a
+    /// table sharded by buckets.
+    fn saved_kv(
+        &self,
+        name: &str,
+        (capacity, of): (usize, usize),
+        local: &EmbeddingTable,
+    ) -> Result<Vec<KvShard>, ModelError> {
+        let store = self.store.as_ref();
         let base = super::names::table_base_name(name);
-        let state = read_state(self.store.as_ref(), (names(&base), name), local, rows)?;
-        (local.load_kv_state(state)).map_err(|e| ModelError::Checkpoint {
+        if store.metadata().contains_key(&meta_key(name)) {
+            let state = read_state(store, (names(&base), name), local, capacity)?;
+            return Ok(vec![KvShard {
+                rows: 0..capacity,
+                buckets: 0..of,
+                state,
+            }]);
+        }
+        let [ids, last_seen, counts, free, sketch] = names(&base);
+        let path = store.path();
+        let mut shards = Vec::new();
+        while let Some(saved) =
+            meta_value::<SavedShard>(store.metadata(), &shard_key(name, shards.len()), path)?
+        {
+            let k = shards.len();
+            let [start, end] = saved.rows;
+            if start > end || end > capacity {
+                return Err(ModelError::Checkpoint {
+                    path: path.to_path_buf(),
+                    tensor: None,
+                    message: format!("{}: rows {start}..{end} of {capacity}", shard_key(name, k)),
+                });
+            }
+            let split = RowSplit::Block { start, end };
+            let rows = |name: &str, dtype| store.rows_bytes(name, dtype, &[capacity], split, 0..1);
+            let whole = |name: String, len: usize| -> Result<Vec<u32>, ModelError> {
+                let mut out = Vec::new();
+                store.view(&name, Dtype::U32, &[len], &mut |b| out = u32s(b))?;
+                Ok(out)
+            };
+            let sketch = match local.kv_sketch_len() {
+                0 => Vec::new(),
+                n => whole(format!("{sketch}#{k}"), n)?,
+            };
+            shards.push(KvShard {
+                rows: start..end,
+                buckets: saved.buckets[0]..saved.buckets[1],
+                state: KvState {
+                    ids: u64s(&rows(&ids, Dtype::U64)?),
+                    last_seen: u32s(&rows(&last_seen, Dtype::U32)?),
+                    counts: u32s(&rows(&counts, Dtype::U32)?),
+                    free: whole(format!("{free}#{k}"), saved.free_rows)?,
+                    sketch,
+                    position: saved.position,
+                },
+            });
+        }
+        if shards.is_empty() {
+            return Err(ModelError::Checkpoint {
+                path: path.to_path_buf(),
+                tensor: None,
+                message: format!(
+                    "no '{}': the key-value table's map is missing",
+                    meta_key(name)
+                ),
+            });
+        }
+        Ok(shards)
+    }
+
+    /// Fills `local`, the key-value table (or shard: `split`) of saved
+    /// table `t`, with its map and the rows it takes with their optimizer
+    /// state (when `restore`): the saved map whole, or (saved or loaded
+    /// sharded by buckets another way) its ids of the shard's buckets,
+    /// gathered into its first rows ([`kv_slice`]).
+    pub(super) fn read_kv_table(
+        &self,
+        t: usize,
+        split: RowSplit,
+        (optimizer, restore): (TableOptimizer, bool),
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ModelError> {
+        let config = &self.config.tables[t];
+        let of = config.kv.as_ref().map_or(1, |kv| kv.buckets());
+        let capacity = config.num_embeddings - 1;
+        let saved = self.saved_kv(&config.name, (capacity, of), local)?;
+        let fail = |message: String| ModelError::Checkpoint {
             path: self.path().to_path_buf(),
             tensor: None,
-            message: e.to_string(),
-        })
+            message: format!("table '{}': {message}", config.name),
+        };
+        let (rows, buckets) = match split {
+            RowSplit::Buckets {
+                start,
+                end,
+                first_bucket,
+                end_bucket,
+                ..
+            } => (start..end, first_bucket..end_bucket),
+            _ => (0..capacity, 0..of),
+        };
+        let whole = (split == RowSplit::All)
+            .then(|| {
+                saved
+                    .iter()
+                    .find(|s| s.rows == rows && s.buckets == buckets)
+            })
+            .flatten();
+        if let Some(whole) = whole {
+            // The saved table and map as they are (a disk-tier table streamed).
+            let state = whole.state.clone();
+            drop(saved);
+            let from = (self.store.as_ref(), "");
+            let all = (RowSplit::All, 0..config.embedding_dim);
+            self.read_table_from(from, t, all, (optimizer, restore), local)?;
+            return local.load_kv_state(state).map_err(|e| fail(e.to_string()));
+        }
+        let slice = kv_slice(&saved, rows, buckets, of).map_err(fail)?;
+        drop(saved);
+        self.read_listed(t, &slice.from_rows, (optimizer, restore), local)?;
+        local
+            .load_kv_state(slice.state)
+            .map_err(|e| fail(e.to_string()))
     }
+}
+
+fn u32s(b: &[u8]) -> Vec<u32> {
+    let word = |c: &[u8]| u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    b.chunks_exact(4).map(word).collect()
+}
+
+fn u64s(b: &[u8]) -> Vec<u64> {
+    let mut word = [0u8; 8];
+    (b.chunks_exact(8))
+        .map(|c| {
+            word.copy_from_slice(c);
+            u64::from_le_bytes(word)
+        })
+        .collect()
 }
 
 /// A delta's part of table `base`'s map, of `held` rows (its changed
@@ -157,27 +346,15 @@ fn read_state(
         store.view(name, dtype, &[len], &mut |b| out = b.to_vec())?;
         Ok(out)
     };
-    let u32s = |b: Vec<u8>| -> Vec<u32> {
-        let word = |c: &[u8]| u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        b.chunks_exact(4).map(word).collect()
-    };
-    let id_bytes = read(&ids, Dtype::U64, rows)?;
-    let mut word = [0u8; 8];
-    let ids = (id_bytes.chunks_exact(8))
-        .map(|c| {
-            word.copy_from_slice(c);
-            u64::from_le_bytes(word)
-        })
-        .collect();
     let sketch = match local.kv_sketch_len() {
         0 => Vec::new(),
-        n => u32s(read(&sketch, Dtype::U32, n)?),
+        n => u32s(&read(&sketch, Dtype::U32, n)?),
     };
     Ok(KvState {
-        ids,
-        last_seen: u32s(read(&last_seen, Dtype::U32, rows)?),
-        counts: u32s(read(&counts, Dtype::U32, rows)?),
-        free: u32s(read(&free, Dtype::U32, saved.free_rows)?),
+        ids: u64s(&read(&ids, Dtype::U64, rows)?),
+        last_seen: u32s(&read(&last_seen, Dtype::U32, rows)?),
+        counts: u32s(&read(&counts, Dtype::U32, rows)?),
+        free: u32s(&read(&free, Dtype::U32, saved.free_rows)?),
         sketch,
         position: saved.position,
     })

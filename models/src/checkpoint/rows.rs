@@ -19,8 +19,9 @@ use super::{table_weight_name, weight_layout, Checkpoint, OPTIMIZER_PREFIX, TABL
 use crate::{Dlrm, ModelError};
 
 impl Checkpoint {
-    /// The model as rank `comm.rank()` of a world under `plan`:
-    /// the rank reads only its shards' rows (and their optimizer state).
+    /// The model as rank `comm.rank()` of a world under `plan` (without a
+    /// world: every device a thread of this process): the rank reads only
+    /// its shards' rows (and their optimizer state).
     /// The tables whose entry of `tiers` is `Some` (or none: empty) go on
     /// the rank's disk tier, streamed from the checkpoint (see
     /// [`ember_sharding::WithDiskTiers`]).
@@ -28,7 +29,7 @@ impl Checkpoint {
         &self,
         table_optimizer: TableOptimizer,
         dense_optimizer: DenseOptimizerConfig,
-        (plan, comm): (ShardingPlan, Arc<dyn Collective>),
+        (plan, comm): (ShardingPlan, Option<Arc<dyn Collective>>),
         tiers: Vec<Option<DiskTierConfig>>,
     ) -> Result<Dlrm, ModelError> {
         if !self.deltas.is_empty() {
@@ -69,10 +70,78 @@ impl Checkpoint {
         (optimizer, restore): (TableOptimizer, bool),
         local: &mut EmbeddingTable,
     ) -> Result<(), ModelError> {
-        let from = (self.store.as_ref(), "");
-        self.read_table_from(from, t, (split, cols), (optimizer, restore), local)?;
         if local.is_key_value() {
-            self.read_kv(&self.config.tables[t].name, local)?;
+            return self.read_kv_table(t, split, (optimizer, restore), local);
+        }
+        let from = (self.store.as_ref(), "");
+        self.read_table_from(from, t, (split, cols), (optimizer, restore), local)
+    }
+
+    /// Saved rows `from_rows` of table `t` (every column) into `local`'s
+    /// rows from 0, with their optimizer state when `restore`, a run of
+    /// consecutive rows (at most a piece) at a time: a key-value shard's
+    /// ids gathered from another split.
+    pub(super) fn read_listed(
+        &self,
+        t: usize,
+        from_rows: &[usize],
+        (optimizer, restore): (TableOptimizer, bool),
+        local: &mut EmbeddingTable,
+    ) -> Result<(), ModelError> {
+        let store = self.store.as_ref();
+        let config = &self.config.tables[t];
+        let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
+        let name = table_weight_name(&config.name);
+        let (dtype, shape) = weight_layout(saved, rows, dim);
+        let fail_on = |tensor: &str, message: String| ModelError::Checkpoint {
+            path: store.path().to_path_buf(),
+            tensor: Some(tensor.to_string()),
+            message,
+        };
+        let states = state_tensors(&config.name, optimizer, (rows, dim), 0..dim);
+        let per_row = local.state_floats_per_row();
+        // Rows a read at most, so a large table is never whole in memory.
+        let piece = 1 << 16;
+        let (mut values, mut at) = (vec![0f32; dim], 0);
+        let runs = from_rows.chunk_by(|a, b| *b == a + 1);
+        for run in runs.flat_map(|r| r.chunks(piece)) {
+            let split = RowSplit::Block {
+                start: run[0],
+                end: run[0] + run.len(),
+            };
+            let bytes = store.rows_bytes(&name, dtype, &shape, split, 0..shape[1])?;
+            check_rows(saved, &bytes, dim, (split, 0)).map_err(|m| fail_on(&name, m))?;
+            let bytes = match local.data_type() == saved {
+                true => bytes,
+                false => {
+                    let stride = local.bytes_per_row();
+                    let mut out = vec![0u8; run.len() * stride];
+                    for (src, dst) in (bytes.chunks_exact(bytes.len() / run.len()))
+                        .zip(out.chunks_exact_mut(stride))
+                    {
+                        saved.decode_row(src, &mut values);
+                        local.data_type().encode_row(&values, dst);
+                    }
+                    out
+                }
+            };
+            let mut state = vec![0f32; run.len() * per_row];
+            if restore {
+                let mut column = 0;
+                for st in &states {
+                    let v = store.rows_of(&st.name, &st.shape, split, st.kept.clone())?;
+                    let width = st.kept.len();
+                    check_values(&v, width, (split, 0), st.allowed)
+                        .map_err(|m| fail_on(&st.name, m))?;
+                    for (r, row) in v.chunks_exact(width.max(1)).enumerate() {
+                        state[r * per_row + column..][..width].copy_from_slice(row);
+                    }
+                    column += width;
+                }
+            }
+            (local.write_stored_rows(at, &bytes, &state))
+                .map_err(|e| fail_on(&name, e.to_string()))?;
+            at += run.len();
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use ember_sharding::RowSplit;
 use serde::{Deserialize, Serialize};
 
-use super::kv::add_kv_tensors;
+use super::kv::{add_kv_shard, add_kv_tensors};
 use super::names::table_base_name;
 use super::write::{dense_tensors, fail_at, metadata, table_tensors, write_file, SavedTable};
 use super::TrainState;
@@ -91,6 +91,21 @@ pub fn save_set(
     );
     let path = dir.join(&file);
     let meta = metadata(model, train);
+    // A key-value shard of buckets saves its block's rows, and the last
+    // one the table's fallback row too (its own, zero as every shard's):
+    // these local rows, listed.
+    let blocks: Vec<[Vec<u64>; 2]> = (model.sparse_arch().sharded())
+        .map(|s| s.local_shards())
+        .unwrap_or_default()
+        .iter()
+        .map(|l| match l.shard.rows {
+            RowSplit::Buckets { start, end, .. } => {
+                let n = (end - start) as u64;
+                [(0..n).collect(), vec![n]]
+            }
+            _ => [Vec::new(), Vec::new()],
+        })
+        .collect();
     let mut tensors = match rank {
         0 => dense_tensors(model).map_err(|m| fail_at(&path, m))?,
         _ => Vec::new(),
@@ -104,46 +119,69 @@ pub fn save_set(
     let table_opt = model.sparse_arch().optimizer();
     let config = model.config().clone();
     let sharded = (model.sparse_arch().sharded()).ok_or(crate::Unsupported::SetOfUnsharded)?;
-    for local in sharded.local_shards() {
-        let part = SavedTable::of(local.data);
-        let dim = (config.tables.iter())
-            .find(|t| t.name == local.table)
-            .map_or(0, |t| t.embedding_dim);
+    for (local, [block, fallback]) in sharded.local_shards().into_iter().zip(&blocks) {
+        let buckets = match local.shard.rows {
+            RowSplit::Buckets {
+                start,
+                end,
+                first_bucket,
+                end_bucket,
+                ..
+            } => Some(([start, end], [first_bucket, end_bucket])),
+            _ => None,
+        };
+        let part = match buckets {
+            Some(_) => SavedTable::listed(local.data, block),
+            None => SavedTable::of(local.data),
+        };
+        let Some(table) = config.tables.iter().find(|t| t.name == local.table) else {
+            continue;
+        };
+        let dim = table.embedding_dim;
         let whole = local.shard.rows == RowSplit::All && local.shard.columns == [0, dim];
         // A quantized weight's columns are its row bytes (never split).
         let weight_columns = match part.dtype.column_bytes() {
             Some(_) => local.shard.columns,
             None => [0, part.dtype.row_bytes(dim).unwrap_or(0)],
         };
+        let base = table_base_name(local.table);
         let before = tensors.len();
-        table_tensors(
-            &table_base_name(local.table),
-            &part,
-            &table_opt,
-            &mut tensors,
-        );
-        // A key-value table is whole on its shard (plans split none).
-        add_kv_tensors(local.table, local.data, &mut tensors, &mut written.meta);
-        for (name, _) in &mut tensors[before..] {
-            if whole {
-                written.whole.push(name.clone());
-                continue;
+        table_tensors(&base, &part, &table_opt, &mut tensors);
+        // A key-value table's map: whole (table-wise), or a shard's.
+        let mut kv_whole = Vec::new();
+        match (buckets, local.data.kv_state()) {
+            (Some((rows, ids)), Some(state)) => {
+                let shard = (local.table, local.index, rows);
+                let out = (&mut tensors, &mut kv_whole);
+                add_kv_shard(shard, ids, state, out, &mut written.meta);
             }
-            let key = format!("{name}#{}", local.index);
-            let columns = match name.ends_with(".weight") {
-                true => weight_columns,
-                false => local.shard.columns,
-            };
-            written.pieces.push((
-                std::mem::replace(name, key.clone()),
-                Piece {
-                    file: file.clone(),
-                    tensor: key,
-                    rows: local.shard.rows,
-                    columns,
-                },
-            ));
+            _ => add_kv_tensors(local.table, local.data, &mut tensors, &mut written.meta),
         }
+        let columns = (weight_columns, local.shard.columns);
+        if whole {
+            written
+                .whole
+                .extend(tensors[before..].iter().map(|(n, _)| n.clone()));
+        } else {
+            let piece = (format!("#{}", local.index), local.shard.rows);
+            add_pieces(&mut tensors[before..], &mut written, piece, columns);
+        }
+        if let Some(([_, end], _)) = buckets.filter(|([_, end], _)| end + 1 == table.num_embeddings)
+        {
+            let before = tensors.len();
+            let row = SavedTable::listed(local.data, fallback);
+            table_tensors(&base, &row, &table_opt, &mut tensors);
+            let rows = RowSplit::Block {
+                start: end,
+                end: end + 1,
+            };
+            let piece = (format!("#{}.fallback", local.index), rows);
+            add_pieces(&mut tensors[before..], &mut written, piece, columns);
+        }
+        written
+            .whole
+            .extend(kv_whole.iter().map(|(n, _)| n.clone()));
+        tensors.extend(kv_whole);
     }
     let file_meta = match rank {
         0 => meta.clone(),
@@ -191,6 +229,31 @@ pub fn save_set(
         comm.barrier()?;
     }
     Ok(index_path)
+}
+
+/// Names `tensors` as pieces of their tensors in `written`'s file: each
+/// renamed with `suffix`, holding `rows` and the columns of `columns`
+/// (the weight's, the others').
+fn add_pieces(
+    tensors: &mut [(String, super::write::Tensor<'_>)],
+    written: &mut Written,
+    (suffix, rows): (String, RowSplit),
+    (weight_columns, columns): ([usize; 2], [usize; 2]),
+) {
+    for (name, _) in tensors {
+        let key = format!("{name}{suffix}");
+        let columns = match name.ends_with(".weight") {
+            true => weight_columns,
+            false => columns,
+        };
+        let piece = Piece {
+            file: written.file.clone(),
+            tensor: key.clone(),
+            rows,
+            columns,
+        };
+        written.pieces.push((std::mem::replace(name, key), piece));
+    }
 }
 
 /// Removes the set in `dir`: its index first, so no half set is ever read.

@@ -404,25 +404,32 @@ pub(super) fn write_file(
     file.write_all_at(&(first.len() as u64).to_le_bytes(), 0)
         .map_err(io_fail)?;
     file.write_all_at(&first, 8).map_err(io_fail)?;
-    let mut streamed: Vec<*const EmbeddingTable> = Vec::new();
+    // A stream is a table's rows, all or a list: tensors of the same
+    // table and rows are streamed together, once.
+    let stream_of = |table: &EmbeddingTable, rows: Option<&[u64]>| {
+        let rows = rows.map(|r| (r.as_ptr(), r.len()));
+        (table as *const EmbeddingTable, rows)
+    };
+    let mut streamed = Vec::new();
     for (i, (_, t)) in tensors.iter().enumerate() {
         match &t.data {
             Data::Bytes(b) => file
                 .write_all_at(b, data_start + offsets[i] as u64)
                 .map_err(io_fail)?,
             Data::Stored { table, rows, .. } => {
-                if streamed.contains(&(*table as *const _)) {
+                let stream = stream_of(table, *rows);
+                if streamed.contains(&stream) {
                     continue;
                 }
-                streamed.push(*table as *const _);
-                // Every tensor of this table, at its place in the file.
+                streamed.push(stream);
+                // Every tensor of this stream, at its place in the file.
                 let parts: Vec<(usize, StoredPiece)> = (tensors.iter().enumerate())
                     .filter_map(|(j, (_, u))| match &u.data {
                         Data::Stored {
                             table: other,
                             piece,
-                            ..
-                        } if std::ptr::eq(*other, *table) => Some((j, *piece)),
+                            rows: others,
+                        } if stream_of(other, *others) == stream => Some((j, *piece)),
                         _ => None,
                     })
                     .collect();

@@ -200,22 +200,32 @@ impl Dlrm {
         dense_optimizer: DenseOptimizerConfig,
         seed: u64,
         plan: ShardingPlan,
-        comm: Arc<dyn Collective>,
+        comm: Option<Arc<dyn Collective>>,
     ) -> Result<Self, ModelError> {
         config.validate()?;
-        let mut sharded = ShardedEmbeddingBagCollection::on_rank(
-            config.tables.clone(),
-            table_optimizer,
-            step,
-            source,
-            plan,
-            comm.clone(),
-        )?;
+        let tables = config.tables.clone();
+        let mut sharded = match &comm {
+            Some(comm) => ShardedEmbeddingBagCollection::on_rank(
+                tables,
+                table_optimizer,
+                step,
+                source,
+                plan,
+                comm.clone(),
+            )?,
+            None => ShardedEmbeddingBagCollection::from_source(
+                tables,
+                table_optimizer,
+                step,
+                source,
+                plan,
+            )?,
+        };
         // As a one-process model's collection: its rounding is seeded like its rows.
         sharded.set_rounding_seed(seed);
         let mut model =
             Self::with_tables(config, SparseArch::Sharded(sharded), dense_optimizer, seed)?;
-        model.world = Some(DataParallel::new(comm));
+        model.world = comm.map(DataParallel::new);
         Ok(model)
     }
 
@@ -545,7 +555,15 @@ impl Dlrm {
     ) -> Result<Dlrm, ModelError> {
         Ok(match (checkpoint, plan, world) {
             (Some(ckpt), Some(plan), Some(comm)) => {
-                let placed = (plan, comm.clone());
+                let placed = (plan, Some(comm.clone()));
+                ckpt.model_on_rank(table_optimizer, dense_optimizer, placed, tiers)?
+            }
+            // Key-value shards of buckets read their own maps, as on ranks
+            // (through one collection they would become one map).
+            (Some(ckpt), Some(plan), None)
+                if has_bucket_shards(&plan) && ckpt.delta_count() == 0 =>
+            {
+                let placed = (plan, None);
                 ckpt.model_on_rank(table_optimizer, dense_optimizer, placed, tiers)?
             }
             (None, Some(plan), Some(comm)) => {
@@ -555,7 +573,7 @@ impl Dlrm {
                     tiers,
                 };
                 let tables = (table_optimizer, 0, &source as &dyn ShardSource);
-                let (config, comm) = (config.clone(), comm.clone());
+                let (config, comm) = (config.clone(), Some(comm.clone()));
                 Self::on_rank(config, tables, dense_optimizer, seed, plan, comm)?
             }
             (checkpoint, plan, _) => {
@@ -658,9 +676,13 @@ impl Model for Dlrm {
         std::fs::create_dir_all(dir).map_err(|e| crate::checkpoint::fail_at(dir, e.to_string()))?;
         let disk_shards = self.sparse_arch.sharded().is_some()
             && self.sparse_arch.disk_tiers().iter().any(Option::is_some);
+        // Key-value shards of buckets keep their own maps in a set (one
+        // file gathers them into one map, which trains on differently).
+        let bucket_shards =
+            (self.sparse_arch.sharded()).is_some_and(|s| has_bucket_shards(s.plan()));
         match self.world().map(|c| c.rank()) {
             // Disk-tier shards are never gathered: a set of this process's.
-            None if disk_shards => {
+            None if disk_shards || bucket_shards => {
                 let index = crate::checkpoint::save_set(self, dir, train)?;
                 let _ = std::fs::remove_file(&file);
                 Ok(index)
@@ -730,4 +752,10 @@ impl Model for Dlrm {
         self.read_ahead = read_ahead;
         Ok(ckpt.train_state().cloned())
     }
+}
+
+/// Whether `plan` shards a key-value table by buckets.
+fn has_bucket_shards(plan: &ShardingPlan) -> bool {
+    (plan.tables.iter().flat_map(|p| &p.shards))
+        .any(|s| matches!(s.rows, ember_sharding::RowSplit::Buckets { .. }))
 }

@@ -129,9 +129,11 @@ fn routes_of(
             };
             // The table's own config otherwise: its type, its init range
             // (rows a key-value shard gives new ids are drawn from it), its map.
+            // A key-value shard of buckets has a fallback row of its own.
+            let fallback = matches!(shard.rows, RowSplit::Buckets { .. }) as usize;
             let cfg = EmbeddingBagConfig {
                 name: local_name(&c.name, k),
-                num_embeddings: shard.rows.count(c.num_embeddings),
+                num_embeddings: shard.rows.count(c.num_embeddings) + fallback,
                 embedding_dim: shard.columns[1] - shard.columns[0],
                 feature_names: features,
                 pooling,
@@ -222,7 +224,7 @@ fn device(
 fn part_of(t: usize, shard: &crate::plan::Shard) -> TablePart {
     let (first_row, row_step) = match shard.rows {
         RowSplit::All => (0, 1),
-        RowSplit::Block { start, .. } => (start as u64, 1),
+        RowSplit::Block { start, .. } | RowSplit::Buckets { start, .. } => (start as u64, 1),
         RowSplit::Mod { residue, modulus } => (residue as u64, modulus as u64),
     };
     TablePart {

@@ -42,8 +42,8 @@ pub(super) fn encode_bags(
         };
         let before = ids.len();
         for (p, &id) in bag.iter().enumerate() {
-            if let Some(local) = route.rows.local(id as usize) {
-                ids.push(local as i64);
+            if let Some(local) = route.rows.route(id) {
+                ids.push(local);
                 if ctx.weighted {
                     weights.push(bag_w.map_or(1.0, |bw| bw[p]) * bag_scale);
                 }

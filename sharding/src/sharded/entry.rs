@@ -34,6 +34,20 @@ impl ShardedEmbeddingBagCollection {
         Ok(sharded)
     }
 
+    /// Every device of `plan` a thread of this process, its shards filled
+    /// from `source` (the collection's step `step`): only the shards' rows
+    /// are read, and a key-value shard takes its own map as `source` has it.
+    pub fn from_source(
+        configs: Vec<EmbeddingBagConfig>,
+        optimizer: TableOptimizer,
+        step: u64,
+        source: &dyn ShardSource,
+        plan: ShardingPlan,
+    ) -> Result<Self, ShardingError> {
+        let exec = Exec::Threads(InProcess::group(plan.num_devices));
+        Self::build(configs, optimizer, step, source, plan, exec)
+    }
+
     /// The shards of device `comm.rank()` only, filled from `source`: this
     /// process is that rank of a world of `plan.num_devices` processes, each
     /// making the same call. Only this rank's shards are ever in memory.

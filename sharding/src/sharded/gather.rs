@@ -1,13 +1,13 @@
 //! Gather-back: every shard's rows and optimizer state copied back into the
 //! unsharded collection (`to_collection`), across ranks when on a rank.
 
-use ember_sparse::{EmbeddingBagCollection, KvState};
+use ember_sparse::{merge_shards, EmbeddingBagCollection, KvShard, KvState};
 
 use super::codec::wire_err;
 use super::layout::local_name;
 use super::source::{copy_rows_back, ShardRows};
 use super::{Exec, ShardedEmbeddingBagCollection};
-use crate::plan::ShardingType;
+use crate::plan::{RowSplit, ShardingType};
 use crate::wire::{Reader, Writer};
 use crate::ShardingError;
 
@@ -50,6 +50,8 @@ impl ShardedEmbeddingBagCollection {
                 .and_then(|e| e.table(&local_name(&self.configs[t].name, k)))
                 .expect("every shard has a local table")
         };
+        // Each key-value table's shards' maps, made one below.
+        let mut maps: Vec<Vec<KvShard>> = vec![Vec::new(); self.configs.len()];
         match &self.exec {
             Exec::Threads(_) => {
                 // A disk-tier table makes the rows its shards still hold
@@ -65,9 +67,8 @@ impl ShardedEmbeddingBagCollection {
                     let global = &mut ebc.tables_mut()[t];
                     let span = (shard.rows, shard.column_range());
                     copy_rows_back(ShardRows::Table(l), global, span, &self.optimizer, made[t])?;
-                    // A key-value table is whole on its one shard: its map too.
                     if let Some(state) = l.kv_state() {
-                        global.load_kv_state(state)?;
+                        maps[t].push(kv_shard(shard.rows, state));
                     }
                 }
             }
@@ -89,7 +90,9 @@ impl ShardedEmbeddingBagCollection {
                     let weights: Vec<u8> = r.get().map_err(wire_err)?;
                     let state: Vec<f32> = r.get().map_err(wire_err)?;
                     let config = &self.configs[t];
-                    let rows = shard.rows.count(config.num_embeddings);
+                    // A key-value shard of buckets has its own fallback row.
+                    let fallback = matches!(shard.rows, RowSplit::Buckets { .. }) as usize;
+                    let rows = shard.rows.count(config.num_embeddings) + fallback;
                     let row_bytes = config
                         .data_type
                         .column_range(config.embedding_dim, shard.column_range())
@@ -116,14 +119,45 @@ impl ShardedEmbeddingBagCollection {
                     let span = (shard.rows, shard.column_range());
                     copy_rows_back(local, global, span, &self.optimizer, false)?;
                     if config.kv.is_some() {
-                        global.load_kv_state(get_kv(r)?)?;
+                        maps[t].push(kv_shard(shard.rows, get_kv(r)?));
                     }
                 }
+            }
+        }
+        // A table sharded by buckets becomes one map, its rows unmoved.
+        for (global, shards) in ebc.tables_mut().iter_mut().zip(maps) {
+            match shards.as_slice() {
+                [] => {}
+                [whole]
+                    if whole.rows.start == 0
+                        && whole.state.ids.len() + 1 == global.num_embeddings() =>
+                {
+                    global.load_kv_state(whole.state.clone())?
+                }
+                _ => global.load_kv_state(merge_shards(&shards))?,
             }
         }
         ebc.set_step(self.step);
         ebc.set_rounding_seed(self.rounding_seed);
         Ok(ebc)
+    }
+}
+
+/// A shard's map with where it sits in its table.
+fn kv_shard(rows: RowSplit, state: KvState) -> KvShard {
+    let (start, first_bucket, end_bucket) = match rows {
+        RowSplit::Buckets {
+            start,
+            first_bucket,
+            end_bucket,
+            ..
+        } => (start, first_bucket, end_bucket),
+        _ => (0, 0, 1),
+    };
+    KvShard {
+        rows: start..start + state.ids.len(),
+        buckets: first_bucket..end_bucket,
+        state,
     }
 }
 

@@ -4,8 +4,8 @@
 use std::ops::Range;
 
 use ember_sparse::{
-    DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, TableOptimizer,
-    CACHE_WAYS,
+    kv_slice, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, KvShard,
+    TableOptimizer, CACHE_WAYS,
 };
 
 use crate::plan::{RowSplit, Shard};
@@ -59,12 +59,31 @@ impl ShardSource for EmbeddingBagCollection {
     ) -> Result<(), ShardingError> {
         let opt = self.optimizer();
         let global = &self.tables()[t];
-        copy_rows(global, local, shard.rows, shard.column_range(), opt)?;
-        // A key-value table is whole on its one shard: its map too.
-        if let Some(state) = global.kv_state() {
-            local.load_kv_state(state)?;
-        }
-        Ok(())
+        let Some(state) = global.kv_state() else {
+            return copy_rows(global, local, shard.rows, shard.column_range(), opt);
+        };
+        let RowSplit::Buckets {
+            start,
+            end,
+            first_bucket,
+            end_bucket,
+            buckets,
+        } = shard.rows
+        else {
+            // Table-wise: the whole table and its map.
+            copy_rows(global, local, shard.rows, shard.column_range(), opt)?;
+            return Ok(local.load_kv_state(state)?);
+        };
+        // The one map's ids of the shard's buckets, into its first rows.
+        let saved = [KvShard {
+            rows: 0..state.ids.len(),
+            buckets: 0..buckets,
+            state,
+        }];
+        let slice = kv_slice(&saved, start..end, first_bucket..end_bucket, buckets)
+            .map_err(|m| ShardingError::Source(format!("table '{}': {m}", global.name())))?;
+        copy_listed_rows(global, local, &slice.from_rows)?;
+        Ok(local.load_kv_state(slice.state)?)
     }
 
     fn disk_tier(&self, t: usize) -> Option<DiskTierConfig> {
@@ -165,6 +184,26 @@ fn copy_rows(
     Ok(())
 }
 
+/// Copies rows `from_rows` of `global` (rows and optimizer state, every
+/// column) into `local`'s rows from 0, a run of consecutive rows at a time.
+fn copy_listed_rows(
+    global: &EmbeddingTable,
+    local: &mut EmbeddingTable,
+    from_rows: &[usize],
+) -> Result<(), ShardingError> {
+    let (stride, per_row) = (global.bytes_per_row(), global.state_floats_per_row());
+    let (mut rows, mut state) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    for run in from_rows.chunk_by(|a, b| *b == a + 1) {
+        rows.resize(run.len() * stride, 0);
+        state.resize(run.len() * per_row, 0.0);
+        global.read_stored_rows(run[0], &mut rows, &mut state)?;
+        local.write_stored_rows(at, &rows, &state)?;
+        at += run.len();
+    }
+    Ok(())
+}
+
 /// A shard's rows and state to copy back: its local table, or the bytes
 /// and state a rank sent of it.
 pub(super) enum ShardRows<'a> {
@@ -189,6 +228,8 @@ pub(super) fn copy_rows_back(
         ShardRows::Table(t) => t.num_embeddings(),
         ShardRows::Bytes { rows, .. } => rows.len() / shard.lstride.max(1),
     };
+    // Not a key-value shard's own fallback row (past its block).
+    let local_rows = local_rows.min(rows.count(global.num_embeddings()));
     let copied = |l: usize| match &local {
         ShardRows::Table(t) => !made || !t.row_is_initial(l),
         ShardRows::Bytes { .. } => true,
@@ -254,7 +295,7 @@ impl ShardSpan {
         let gstride = global.bytes_per_row();
         let step = match rows {
             RowSplit::Mod { modulus, .. } => modulus,
-            RowSplit::All | RowSplit::Block { .. } => 1,
+            RowSplit::All | RowSplit::Block { .. } | RowSplit::Buckets { .. } => 1,
         };
         let piece = ((8 << 20) / ((gstride + 4 * gs) * step).max(1)).max(1);
         Self {

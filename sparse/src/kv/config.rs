@@ -52,6 +52,13 @@ pub struct KvConfig {
     /// find no room within it read the fallback (counted as `full`).
     #[serde(default)]
     pub max_scan_per_batch: Option<usize>,
+    /// Buckets of the ids' hash ([`DEFAULT_BUCKETS`] when absent): a
+    /// row-wise sharded table gives each shard a range of them, and they,
+    /// not rows, move when it is loaded onto another device count
+    /// (TorchRec's `total_num_buckets`). At least the devices it is
+    /// sharded over.
+    #[serde(default)]
+    pub buckets: Option<usize>,
 }
 
 /// The widest admission sketch: 4 rows of 2^28 counters, 4 GiB.
@@ -60,6 +67,8 @@ pub const MAX_SKETCH_WIDTH: usize = 1 << 28;
 pub const DEFAULT_EVICTION_WINDOW: usize = 4096;
 /// Rows eviction looks at per batch at most, unless configured.
 pub const DEFAULT_SCAN_PER_BATCH: usize = 1 << 16;
+/// Buckets of the ids' hash, unless configured.
+pub const DEFAULT_BUCKETS: usize = 1024;
 
 impl KvConfig {
     /// Rows one eviction pass looks at.
@@ -71,6 +80,10 @@ impl KvConfig {
     /// Rows eviction looks at per batch at most.
     pub fn scan_per_batch(&self) -> usize {
         self.max_scan_per_batch.unwrap_or(DEFAULT_SCAN_PER_BATCH)
+    }
+    /// Buckets of the ids' hash.
+    pub fn buckets(&self) -> usize {
+        self.buckets.unwrap_or(DEFAULT_BUCKETS)
     }
     /// Bytes of the map, headers and sketch of a table of `rows` rows, as
     /// planned: per row an id (8), a header (4 + 4) and the hash table's
@@ -106,6 +119,7 @@ impl KvConfig {
             } => Some("admission halve_every must be at least 1".into()),
             _ => match self.eviction {
                 Eviction::Ttl { steps: 0 } => Some("eviction ttl steps must be at least 1".into()),
+                _ if self.buckets == Some(0) => Some("buckets must be at least 1".into()),
                 _ => None,
             },
         }

@@ -37,6 +37,20 @@ pub struct KvStats {
     pub capacity: u64,
 }
 
+impl KvStats {
+    /// Adds `other`'s figures (another shard's of the same table).
+    pub fn add(&mut self, other: &KvStats) {
+        self.seen += other.seen;
+        self.admitted += other.admitted;
+        self.rejected += other.rejected;
+        self.full += other.full;
+        self.evicted += other.evicted;
+        self.fallback_reads += other.fallback_reads;
+        self.occupancy += other.occupancy;
+        self.capacity += other.capacity;
+    }
+}
+
 /// A key-value table's map as saved: per row the id, header and count (0:
 /// free), the free rows in reuse order, the sketch's counters, and where
 /// the index stands. Restored exactly, a run goes on bitwise.

@@ -7,13 +7,15 @@
 
 mod config;
 mod index;
+mod shards;
 mod sketch;
 #[cfg(test)]
 mod tests;
 
 pub use config::{
-    Admission, Eviction, Fallback, KvConfig, DEFAULT_EVICTION_WINDOW, DEFAULT_SCAN_PER_BATCH,
-    MAX_SKETCH_WIDTH,
+    Admission, Eviction, Fallback, KvConfig, DEFAULT_BUCKETS, DEFAULT_EVICTION_WINDOW,
+    DEFAULT_SCAN_PER_BATCH, MAX_SKETCH_WIDTH,
 };
 pub(crate) use index::{Fresh, KvIndex};
 pub use index::{KvPosition, KvState, KvStats};
+pub use shards::{id_bucket, kv_slice, merge_shards, KvShard, KvSlice};

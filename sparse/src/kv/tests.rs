@@ -443,3 +443,88 @@ fn a_delta_applied_in_place_is_the_later_map_and_a_broken_one_changes_nothing() 
     assert!(err.contains(&format!("row {r} after row {r}")), "{err}");
     assert_eq!(index.state(), a);
 }
+
+#[test]
+fn a_map_split_by_buckets_and_merged_keeps_every_id_with_its_header() {
+    use super::{id_bucket, kv_slice, merge_shards, KvShard, KvState, KvStats};
+    let config = KvConfig {
+        admission: Admission::Count {
+            min_count: 2,
+            sketch_width: 64,
+            halve_every: None,
+        },
+        eviction: Eviction::Lru,
+        eviction_window: Some(3),
+        ..KvConfig::default()
+    };
+    let mut whole = KvIndex::new(config.clone(), 12, 3);
+    for step in 0..10u64 {
+        let mut ids: Vec<i64> = (0..6).map(|k| ((step * 7 + k * 5) % 10) as i64).collect();
+        whole.assign(&mut ids, true, &|r| r as f32);
+    }
+    let saved = [KvShard {
+        rows: 0..12,
+        buckets: 0..4,
+        state: whole.state(),
+    }];
+    let a = &saved[0].state;
+    let held = |s: &KvState| -> Vec<(u64, u32, u32)> {
+        let mut v: Vec<_> = (0..s.ids.len())
+            .filter(|&r| s.counts[r] > 0)
+            .map(|r| (s.ids[r], s.last_seen[r], s.counts[r]))
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    assert!(held(a).len() > 4, "{a:?}");
+    // The same split is taken whole.
+    let same = kv_slice(&saved, 0..12, 0..4, 4).unwrap();
+    assert_eq!((same.from_rows, same.state), ((0..12).collect(), a.clone()));
+    // Two shards of 6 rows, buckets 0..b and b..4 (b where both fit):
+    // each takes its ids, from the rows that held them, and its map
+    // restores.
+    let below = |b: usize| {
+        (a.ids.iter().zip(&a.counts))
+            .filter(|&(&id, &c)| c > 0 && id_bucket(id, 4) < b)
+            .count()
+    };
+    let b = (1..4).find(|&b| below(b) <= 6 && held(a).len() - below(b) <= 6);
+    let b = b.expect("a split of the buckets that fits");
+    let parts: Vec<KvShard> = [(0..6, 0..b), (6..12, b..4)]
+        .into_iter()
+        .map(|(rows, buckets)| {
+            let slice = kv_slice(&saved, rows.clone(), buckets.clone(), 4).unwrap();
+            for (i, &r) in slice.from_rows.iter().enumerate() {
+                assert_eq!(slice.state.ids[i], a.ids[r]);
+                assert!(buckets.contains(&id_bucket(a.ids[r], 4)));
+            }
+            let mut index = KvIndex::new(config.clone(), rows.len(), 3);
+            index.restore(slice.state.clone()).unwrap();
+            KvShard {
+                rows,
+                buckets,
+                state: slice.state,
+            }
+        })
+        .collect();
+    let mut together: Vec<_> = parts.iter().flat_map(|p| held(&p.state)).collect();
+    together.sort_unstable();
+    assert_eq!(together, held(a));
+    assert_eq!(parts[0].state.position.stats, a.position.stats);
+    assert_eq!(parts[1].state.position.stats, KvStats::default());
+    // Merged without moving a row: the ids stay in their blocks.
+    let merged = merge_shards(&parts);
+    let mut index = KvIndex::new(config.clone(), 12, 3);
+    index.restore(merged.clone()).unwrap();
+    assert_eq!(held(&merged), held(a));
+    for p in &parts {
+        for (l, &id) in p.state.ids.iter().enumerate() {
+            if p.state.counts[l] > 0 {
+                assert_eq!(index.row_of(id), Some((p.rows.start + l) as u32));
+            }
+        }
+    }
+    // Too many ids for a shard's rows: refused, saying so.
+    let err = kv_slice(&saved, 0..2, 0..4, 4).unwrap_err();
+    assert!(err.contains("do not fit in the shard's 2 rows"), "{err}");
+}

@@ -1,0 +1,179 @@
+//! A key-value table split by the buckets of its ids' hash: each shard
+//! holds the ids of a range of buckets in a block of the table's rows,
+//! with a map of its own. Buckets, not rows, are what moves when a table
+//! is loaded onto another split (TorchRec's collision-free tables do the
+//! same): [`kv_slice`] gives a shard its part of a saved table, whole
+//! when the saved table was split the same way, its ids gathered
+//! otherwise; [`merge_shards`] makes the shards one map again without
+//! moving a row.
+
+use std::ops::Range;
+
+use super::{KvPosition, KvState, KvStats};
+use crate::rng::splitmix;
+
+/// Mixed into an id before it is hashed to its bucket, so buckets and the
+/// map's own hash of the id are apart.
+const BUCKET_TAG: u64 = 0x6b76_5f62_7563_6b74;
+
+/// The bucket of raw id `id` among `buckets`: its hash, scaled
+/// (multiply-shift), so ids in sequence spread over every bucket.
+pub fn id_bucket(id: u64, buckets: usize) -> usize {
+    ((splitmix(id ^ BUCKET_TAG) as u128 * buckets as u128) >> 64) as usize
+}
+
+/// One shard of a key-value table: its block of the table's rows, the
+/// buckets whose ids it holds, and its map (over its own rows, from 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvShard {
+    /// The table's rows it holds (its local rows from 0).
+    pub rows: Range<usize>,
+    /// The buckets of its ids.
+    pub buckets: Range<usize>,
+    /// Its map, over `rows.len()` rows.
+    pub state: KvState,
+}
+
+/// A shard's part of a saved key-value table: the saved rows (of the
+/// table, in the saved shards' blocks) its local rows take, in order, and
+/// its map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvSlice {
+    /// Local row `i` takes saved row `from_rows[i]`; local rows past them
+    /// hold no id.
+    pub from_rows: Vec<usize>,
+    /// The shard's map.
+    pub state: KvState,
+}
+
+/// The part of `saved` (every shard of a table, in row order, their
+/// blocks covering its rows) that a shard of `rows` holding `buckets` of
+/// `of` takes. A saved shard of the same rows and buckets is taken whole:
+/// rows, map, free rows, sketch and position, so training goes on bitwise.
+/// Otherwise every saved id of those buckets is taken, in saved row order,
+/// into the shard's first rows, with its header and count; the shard has
+/// no free rows, the saved clocks' latest, the sketches summed (counts of
+/// other buckets' ids only raise the estimates, as collisions do), and,
+/// if it holds bucket 0, the saved figures summed (so the table's totals
+/// stay). Fails, saying how many rows are needed, when the ids are more
+/// than the shard's rows.
+pub fn kv_slice(
+    saved: &[KvShard],
+    rows: Range<usize>,
+    buckets: Range<usize>,
+    of: usize,
+) -> Result<KvSlice, String> {
+    if let Some(same) = (saved.iter()).find(|s| s.rows == rows && s.buckets == buckets) {
+        return Ok(KvSlice {
+            from_rows: rows.collect(),
+            state: same.state.clone(),
+        });
+    }
+    let cap = rows.len();
+    let mut state = KvState {
+        ids: Vec::with_capacity(cap),
+        last_seen: Vec::with_capacity(cap),
+        counts: Vec::with_capacity(cap),
+        ..KvState::default()
+    };
+    let mut from_rows = Vec::new();
+    for s in saved {
+        let st = &s.state;
+        for (l, &id) in st.ids.iter().enumerate() {
+            if st.counts[l] > 0 && buckets.contains(&id_bucket(id, of)) {
+                from_rows.push(s.rows.start + l);
+                state.ids.push(id);
+                state.last_seen.push(st.last_seen[l]);
+                state.counts.push(st.counts[l]);
+            }
+        }
+    }
+    let held = from_rows.len();
+    if held > cap {
+        return Err(format!(
+            "the {held} ids of buckets {}..{} (of {of}) do not fit in the shard's {cap} rows: \
+             give the table more rows, or spread it over fewer devices",
+            buckets.start, buckets.end
+        ));
+    }
+    state.ids.resize(cap, 0);
+    state.last_seen.resize(cap, 0);
+    state.counts.resize(cap, 0);
+    state.sketch = summed_sketch(saved);
+    let first = saved.first().map(|s| s.state.position);
+    state.position = KvPosition {
+        seed: first.map_or(0, |p| p.seed),
+        clock: (saved.iter())
+            .map(|s| s.state.position.clock)
+            .max()
+            .unwrap_or(0),
+        never_used: held as u64,
+        hand: 0,
+        stats: match buckets.start {
+            0 => summed_stats(saved),
+            _ => KvStats::default(),
+        },
+    };
+    Ok(KvSlice { from_rows, state })
+}
+
+/// The shards' maps as one map of the table (their blocks side by side),
+/// no row moved: each shard's ids and headers in its block; its free
+/// rows, and the rows it never used below the last shard's, free; the
+/// latest clock, the sketches and figures summed, the first shard's seed.
+/// A shard's own free rows, positions and sketch are not kept: the map
+/// trains on as one.
+pub fn merge_shards(shards: &[KvShard]) -> KvState {
+    let mut out = KvState {
+        sketch: summed_sketch(shards),
+        ..KvState::default()
+    };
+    let last = shards.len().saturating_sub(1);
+    for (k, s) in shards.iter().enumerate() {
+        let st = &s.state;
+        out.ids.extend(&st.ids);
+        out.last_seen.extend(&st.last_seen);
+        out.counts.extend(&st.counts);
+        let at = s.rows.start as u32;
+        out.free.extend(st.free.iter().map(|&r| at + r));
+        if k < last {
+            let never = st.position.never_used as u32;
+            out.free.extend(at + never..s.rows.end as u32);
+        }
+    }
+    let last_start = shards.last().map_or(0, |s| s.rows.start);
+    let never_used = shards.last().map_or(0, |s| s.state.position.never_used);
+    out.position = KvPosition {
+        seed: shards.first().map_or(0, |s| s.state.position.seed),
+        clock: (shards.iter())
+            .map(|s| s.state.position.clock)
+            .max()
+            .unwrap_or(0),
+        never_used: last_start as u64 + never_used,
+        hand: 0,
+        stats: summed_stats(shards),
+    };
+    out
+}
+
+/// The shards' sketches, counter by counter (saturating).
+fn summed_sketch(shards: &[KvShard]) -> Vec<u32> {
+    let mut sum: Vec<u32> = Vec::new();
+    for s in shards {
+        sum.resize(sum.len().max(s.state.sketch.len()), 0);
+        for (a, &b) in sum.iter_mut().zip(&s.state.sketch) {
+            *a = a.saturating_add(b);
+        }
+    }
+    sum
+}
+
+/// The shards' figures summed (a map's occupancy and capacity are its
+/// own: it counts them afresh).
+fn summed_stats(shards: &[KvShard]) -> KvStats {
+    let mut total = KvStats::default();
+    for s in shards {
+        total.add(&s.state.position.stats);
+    }
+    total
+}

@@ -133,6 +133,9 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 Command::Checkpoint(checkpoint::CheckpointCommand::Compact(args)) => {
                     print(&checkpoint::run_compact(&args)?, args.json, launch)
                 }
+                Command::Checkpoint(checkpoint::CheckpointCommand::Inspect(args)) => {
+                    print(&checkpoint::run_inspect(&args)?, args.json, launch)
+                }
                 Command::Plan(args) => print(&plan::run_plan(&args)?, args.json, launch),
                 Command::Devices(args) => print(&devices::run(&args)?, args.json, launch),
                 Command::Docs(args) => {

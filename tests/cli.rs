@@ -1004,7 +1004,14 @@ fn key_value_tables_from_the_command_line() {
     std::fs::create_dir_all(&dir).unwrap();
     let tables = [("t_cat_0", 4000), ("t_cat_1", 50), ("t_cat_2", 3000)];
     std::fs::write(&plan, common::bucket_plan(&tables, 4, 100)).unwrap();
-    let by_buckets = json(&[&base[..], &kv, &["--plan", plan.to_str().unwrap()]].concat());
+    let split = dir.join("split");
+    let split_args = [
+        "--plan",
+        plan.to_str().unwrap(),
+        "--save",
+        split.to_str().unwrap(),
+    ];
+    let by_buckets = json(&[&base[..], &kv, &split_args].concat());
     let shards = by_buckets["sharding"]["shards"].to_string();
     assert!(shards.matches("t_cat_0:row_wise").count() == 2, "{shards}");
     let tables = by_buckets["key_value_tables"].as_array().unwrap();
@@ -1018,7 +1025,27 @@ fn key_value_tables_from_the_command_line() {
     }
     // Saved, the maps travel with the rows.
     let saved = dir.join("kv");
-    json(&[&base[..], &kv, &["--save", saved.to_str().unwrap()]].concat());
+    let run = json(&[&base[..], &kv, &["--save", saved.to_str().unwrap()]].concat());
+    // `checkpoint inspect` reads the figures back from the metadata: one
+    // file, and the set of shards of buckets (summed).
+    for (ckpt, run) in [(&saved, &run), (&split, &by_buckets)] {
+        let report = json(&["checkpoint", "inspect", ckpt.to_str().unwrap(), "--json"]);
+        let tables = report["tables"].as_array().unwrap();
+        let figures: Vec<serde_json::Value> = (tables.iter())
+            .filter(|t| t.get("key_value").is_some())
+            .map(|t| {
+                let mut f = t["key_value"].clone();
+                f["table"] = t["table"].clone();
+                f
+            })
+            .collect();
+        assert_eq!(
+            serde_json::Value::from(figures),
+            run["key_value_tables"],
+            "{report}"
+        );
+        assert!(tables[1].get("key_value").is_none(), "{report}");
+    }
     let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let names: Vec<String> = (file.names().into_iter())

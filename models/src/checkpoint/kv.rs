@@ -7,7 +7,9 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use ember_sharding::RowSplit;
-use ember_sparse::{kv_slice, EmbeddingTable, KvPosition, KvShard, KvState, TableOptimizer};
+use ember_sparse::{
+    kv_slice, EmbeddingTable, KvPosition, KvShard, KvState, KvStats, TableOptimizer,
+};
 use safetensors::tensor::Dtype;
 use serde::{Deserialize, Serialize};
 
@@ -172,6 +174,32 @@ pub(super) fn add_kv_shard<'a>(
 }
 
 impl Checkpoint {
+    /// Each key-value table's figures as saved (ids seen, admitted,
+    /// rejected, evicted, occupancy, fallback reads: its shards' summed),
+    /// from the metadata alone (the last file of a chain), in table order.
+    pub fn kv_stats(&self) -> Result<Vec<(String, KvStats)>, ModelError> {
+        let store = self.deltas.last().unwrap_or(&self.store);
+        let (meta, path) = (store.metadata(), store.path());
+        let mut out = Vec::new();
+        for t in self.config.tables.iter().filter(|t| t.kv.is_some()) {
+            let mut stats = KvStats::default();
+            match meta_value::<SavedKv>(meta, &meta_key(&t.name), path)? {
+                Some(saved) => stats = saved.position.stats,
+                None => {
+                    let mut k = 0;
+                    while let Some(s) =
+                        meta_value::<SavedShard>(meta, &shard_key(&t.name, k), path)?
+                    {
+                        stats.add(&s.position.stats);
+                        k += 1;
+                    }
+                }
+            }
+            out.push((t.name.clone(), stats));
+        }
+        Ok(out)
+    }
+
     /// Saved table `name`'s map as its shards ([`KvShard`]): one over its
     /// `capacity` rows and `of` buckets, or those of a set written by a
     /// table sharded by buckets.

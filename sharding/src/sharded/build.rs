@@ -127,16 +127,20 @@ fn routes_of(
                 true => PoolingType::Sum,
                 false => c.pooling,
             };
-            // The table's own config otherwise: its type, its init range
-            // (rows a key-value shard gives new ids are drawn from it), its map.
             // A key-value shard of buckets has a fallback row of its own.
             let fallback = matches!(shard.rows, RowSplit::Buckets { .. }) as usize;
+            // The whole table's init range, not one of the shard's rows
+            // (a key-value shard draws its new ids' rows from it); the
+            // table's own config otherwise (its type, its map).
+            let (lo, hi) = c.init_range();
             let cfg = EmbeddingBagConfig {
                 name: local_name(&c.name, k),
                 num_embeddings: shard.rows.count(c.num_embeddings) + fallback,
                 embedding_dim: shard.columns[1] - shard.columns[0],
                 feature_names: features,
                 pooling,
+                weight_init_min: Some(lo),
+                weight_init_max: Some(hi),
                 ..c.clone()
             };
             local_tables[shard.device].push((cfg, t, k));

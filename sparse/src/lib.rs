@@ -34,7 +34,7 @@ pub use ids::{IdDistribution, IdSampler};
 pub use jagged::{JaggedTensor, KeyedJaggedTensor, KeyedTensor, PooledValue};
 pub use kv::{
     id_bucket, kv_slice, merge_shards, Admission, Eviction, Fallback, KvConfig, KvPosition,
-    KvShard, KvSlice, KvState, KvStats, DEFAULT_BUCKETS, DEFAULT_EVICTION_WINDOW,
+    KvShard, KvSlice, KvState, KvStats, KvView, DEFAULT_BUCKETS, DEFAULT_EVICTION_WINDOW,
     DEFAULT_SCAN_PER_BATCH, MAX_SKETCH_WIDTH,
 };
 pub use optimizer::TableOptimizer;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use ember_sharding::RowSplit;
 use ember_sparse::{
-    kv_slice, EmbeddingTable, KvPosition, KvShard, KvState, KvStats, TableOptimizer,
+    kv_slice, EmbeddingTable, KvPosition, KvShard, KvState, KvStats, KvView, TableOptimizer,
 };
 use safetensors::tensor::Dtype;
 use serde::{Deserialize, Serialize};
@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::delta::DELTA_PREFIX;
 use super::read::{meta_value, Checkpoint};
 use super::store::TensorStore;
-use super::write::{json, Data, Tensor};
+use super::write::{json, plain_bytes, Data, Tensor};
 use crate::ModelError;
 
 /// The metadata key of a key-value table's [`SavedKv`].
@@ -39,28 +39,34 @@ fn names(base: &str) -> [String; 5] {
 }
 
 fn tensor<'a>(dtype: Dtype, len: usize, bytes: Vec<u8>) -> Tensor<'a> {
+    borrowed(dtype, len, Cow::Owned(bytes))
+}
+
+fn borrowed(dtype: Dtype, len: usize, bytes: Cow<'_, [u8]>) -> Tensor<'_> {
     Tensor {
         dtype,
         shape: vec![len],
-        data: Data::Bytes(Cow::Owned(bytes)),
+        data: Data::Bytes(bytes),
     }
 }
 
 fn le_u32(values: &[u32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    plain_bytes(values).to_vec()
 }
 
 /// Adds a key-value table's map (nothing for another table), saved as
-/// table `name` (a shard's local table goes by its table's).
-pub(super) fn add_kv_tensors(
+/// table `name` (a shard's local table goes by its table's), borrowed
+/// from the map as it is written: never copied.
+pub(super) fn add_kv_tensors<'a>(
     name: &str,
-    table: &EmbeddingTable,
-    tensors: &mut Vec<(String, Tensor<'_>)>,
+    table: &'a EmbeddingTable,
+    tensors: &mut Vec<(String, Tensor<'a>)>,
     meta: &mut HashMap<String, String>,
 ) {
-    if let Some(state) = table.kv_state() {
+    if let Some(view) = table.kv_view() {
         let base = super::names::table_base_name(name);
-        add_state(names(&base), name, state, tensors, meta);
+        let bytes = |x: &'a [u8]| Cow::Borrowed(x);
+        add_state(names(&base), name, (view, &bytes), tensors, meta);
     }
 }
 
@@ -73,7 +79,14 @@ pub(super) fn add_kv_delta(
     tensors: &mut Vec<(String, Tensor<'_>)>,
     meta: &mut HashMap<String, String>,
 ) {
-    add_state(delta_names(base), table, state, tensors, meta);
+    let owned = |x: &[u8]| Cow::Owned(x.to_vec());
+    add_state(
+        delta_names(base),
+        table,
+        (state.view(), &owned),
+        tensors,
+        meta,
+    );
 }
 
 /// A delta's names: the rows' parts under `delta.`.
@@ -85,30 +98,35 @@ fn delta_names(base: &str) -> [String; 5] {
     names
 }
 
-fn add_state(
+/// How a map's bytes become a tensor's: borrowed or copied.
+type MakeBytes<'a, 'v> = dyn Fn(&'v [u8]) -> Cow<'a, [u8]>;
+
+/// Adds a map's tensors, their bytes as `bytes` makes them of the map's
+/// (borrowed from the table, or copied from a state made for the file).
+fn add_state<'a, 'v>(
     [ids, last_seen, counts, free, sketch]: [String; 5],
     table: &str,
-    state: KvState,
-    tensors: &mut Vec<(String, Tensor<'_>)>,
+    (view, bytes): (KvView<'v>, &MakeBytes<'a, 'v>),
+    tensors: &mut Vec<(String, Tensor<'a>)>,
     meta: &mut HashMap<String, String>,
 ) {
-    let rows = state.ids.len();
-    let id_bytes = state.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-    tensors.push((ids, tensor(Dtype::U64, rows, id_bytes)));
+    let rows = view.ids.len();
+    let part = |values: &'v [u32]| bytes(plain_bytes(values));
     tensors.push((
-        last_seen,
-        tensor(Dtype::U32, rows, le_u32(&state.last_seen)),
+        ids,
+        borrowed(Dtype::U64, rows, bytes(plain_bytes(view.ids))),
     ));
-    tensors.push((counts, tensor(Dtype::U32, rows, le_u32(&state.counts))));
-    let free_rows = state.free.len();
-    tensors.push((free, tensor(Dtype::U32, free_rows, le_u32(&state.free))));
-    if !state.sketch.is_empty() {
-        let n = state.sketch.len();
-        tensors.push((sketch, tensor(Dtype::U32, n, le_u32(&state.sketch))));
+    tensors.push((last_seen, borrowed(Dtype::U32, rows, part(view.last_seen))));
+    tensors.push((counts, borrowed(Dtype::U32, rows, part(view.counts))));
+    let free_rows = view.free.len();
+    tensors.push((free, borrowed(Dtype::U32, free_rows, part(view.free))));
+    if !view.sketch.is_empty() {
+        let n = view.sketch.len();
+        tensors.push((sketch, borrowed(Dtype::U32, n, part(view.sketch))));
     }
     let saved = SavedKv {
         free_rows,
-        position: state.position,
+        position: view.position,
     };
     meta.insert(meta_key(table), json(&saved));
 }
@@ -148,8 +166,7 @@ pub(super) fn add_kv_shard<'a>(
     let base = super::names::table_base_name(table);
     let [ids, last_seen, counts, free, sketch] = names(&base);
     let n = state.ids.len();
-    let id_bytes = state.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-    pieces.push((ids, tensor(Dtype::U64, n, id_bytes)));
+    pieces.push((ids, tensor(Dtype::U64, n, plain_bytes(&state.ids).to_vec())));
     pieces.push((last_seen, tensor(Dtype::U32, n, le_u32(&state.last_seen))));
     pieces.push((counts, tensor(Dtype::U32, n, le_u32(&state.counts))));
     let free_rows = state.free.len();

@@ -80,10 +80,21 @@ impl<'a> Tensor<'a> {
 
 /// The bytes of `x` in safetensors' (little-endian) layout.
 pub(super) fn f32_bytes(x: &[f32]) -> &[u8] {
+    plain_bytes(x)
+}
+
+/// Numbers whose memory is their little-endian bytes, as saved.
+pub(super) trait Plain: Copy {}
+impl Plain for f32 {}
+impl Plain for u32 {}
+impl Plain for u64 {}
+
+/// `x`'s memory as bytes: the little-endian values a checkpoint holds.
+pub(super) fn plain_bytes<T: Plain>(x: &[T]) -> &[u8] {
     #[cfg(not(target_endian = "little"))]
-    compile_error!("checkpoints are written by reinterpreting f32 memory as little-endian");
-    // SAFETY: f32 has no padding and any byte pattern is a valid u8; the
-    // length covers exactly the same memory.
+    compile_error!("checkpoints are written by reinterpreting memory as little-endian");
+    // SAFETY: these number types have no padding and any byte pattern is
+    // a valid u8; the length covers exactly the same memory.
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
 }
 

@@ -54,6 +54,11 @@ impl EmbeddingTable {
         self.kv.as_ref().map(KvIndex::state)
     }
 
+    /// [`kv_state`](Self::kv_state) borrowed: no copy of the map.
+    pub fn kv_view(&self) -> Option<crate::KvView<'_>> {
+        self.kv.as_ref().map(KvIndex::view)
+    }
+
     /// Replaces a key-value table's map with a saved one, checked whole
     /// first (one row per id, free rows free, no header after the map's
     /// clock); nothing changes on an error, which names the id or row at

@@ -70,6 +70,38 @@ pub struct KvState {
     pub position: KvPosition,
 }
 
+/// A [`KvState`] borrowed from the map (a checkpoint writes it without
+/// copying the map).
+#[derive(Clone, Copy, Debug)]
+pub struct KvView<'a> {
+    /// The id each row holds.
+    pub ids: &'a [u64],
+    /// Each row's last training lookup (clock).
+    pub last_seen: &'a [u32],
+    /// Each row's training lookups (0: free).
+    pub counts: &'a [u32],
+    /// Free rows, reused last first.
+    pub free: &'a [u32],
+    /// The admission sketch's counters.
+    pub sketch: &'a [u32],
+    /// Where the index stands.
+    pub position: KvPosition,
+}
+
+impl KvState {
+    /// The state, borrowed.
+    pub fn view(&self) -> KvView<'_> {
+        KvView {
+            ids: &self.ids,
+            last_seen: &self.last_seen,
+            counts: &self.counts,
+            free: &self.free,
+            sketch: &self.sketch,
+            position: self.position,
+        }
+    }
+}
+
 /// Where a key-value table's index stands (a checkpoint's metadata).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct KvPosition {
@@ -191,6 +223,18 @@ impl KvIndex {
         self.sketch.as_ref().map_or(0, |s| s.counters().len())
     }
 
+    /// The map as saved, borrowed.
+    pub(crate) fn view(&self) -> KvView<'_> {
+        KvView {
+            ids: &self.keys,
+            last_seen: &self.last_seen,
+            counts: &self.counts,
+            free: &self.free,
+            sketch: self.sketch.as_ref().map_or(&[][..], |s| s.counters()),
+            position: self.position(),
+        }
+    }
+
     /// The map as saved.
     pub(crate) fn state(&self) -> KvState {
         KvState {
@@ -212,13 +256,18 @@ impl KvIndex {
                 .sketch
                 .as_ref()
                 .map_or(Vec::new(), |s| s.counters().to_vec()),
-            position: KvPosition {
-                seed: self.seed,
-                clock: self.clock as u64,
-                never_used: self.never_used as u64,
-                hand: self.hand as u64,
-                stats: self.stats(),
-            },
+            position: self.position(),
+        }
+    }
+
+    /// Where the index stands.
+    fn position(&self) -> KvPosition {
+        KvPosition {
+            seed: self.seed,
+            clock: self.clock as u64,
+            never_used: self.never_used as u64,
+            hand: self.hand as u64,
+            stats: self.stats(),
         }
     }
 

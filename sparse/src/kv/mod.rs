@@ -17,5 +17,5 @@ pub use config::{
     DEFAULT_SCAN_PER_BATCH, MAX_SKETCH_WIDTH,
 };
 pub(crate) use index::{Fresh, KvIndex};
-pub use index::{KvPosition, KvState, KvStats};
+pub use index::{KvPosition, KvState, KvStats, KvView};
 pub use shards::{id_bucket, kv_slice, merge_shards, KvShard, KvSlice};

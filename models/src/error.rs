@@ -189,11 +189,6 @@ pub enum Unsupported {
         /// What it lacks.
         why: String,
     },
-    /// A [`StateDict`](crate::checkpoint::StateDict) of a key-value table:
-    /// it does not save the map from ids to rows (DLRM checkpoints do),
-    /// and rows without it would load as other ids' rows.
-    #[error("table '{0}' is a key-value table: a StateDict does not save its map yet (DLRM checkpoints do)")]
-    KeyValueCheckpoint(String),
 }
 
 /// What is wrong with a [`SyntheticConfig`](crate::SyntheticConfig)

@@ -637,6 +637,66 @@ fn an_embedding_collection_saves_under_torchrecs_names_and_resumes_exactly() {
     );
 }
 
+/// A user's state with a key-value table: its map is saved beside its rows
+/// (keyed by the table's full name), loads whole, and the next steps are
+/// the live ones', admissions and evictions included.
+#[test]
+fn a_key_value_table_in_a_users_state_saves_its_map_and_trains_on() {
+    use ember_models::checkpoint::{StateDict, StateFile};
+    use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, KvConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let configs = vec![EmbeddingConfig {
+        kv: Some(KvConfig {
+            eviction_window: Some(2),
+            ..KvConfig::default()
+        }),
+        ..EmbeddingConfig::new("items", 6, 4, &["history"])
+    }];
+    let opt = TableOptimizer::adagrad(0.1);
+    let batch = |ids: Vec<i64>| {
+        let keys = vec!["history".to_string()];
+        KeyedJaggedTensor::from_lengths(keys, ids, &[2, 2], None).unwrap()
+    };
+    let step = |ec: &mut EmbeddingCollection, ids: Vec<i64>| {
+        let kjt = batch(ids);
+        ec.prefetch(&kjt).unwrap();
+        let rows = ec.forward(&kjt).unwrap().values().len();
+        let grad: Vec<f32> = (0..rows).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+        ec.backward_update(&kjt, &grad).unwrap();
+    };
+    let mut trained = EmbeddingCollection::new(configs.clone(), opt, 1).unwrap();
+    for k in 0..4 {
+        step(&mut trained, vec![k * 100, 7, 1 << 40, k + 50]);
+    }
+    let mut state = StateDict::new();
+    state.add_embedding_collection("user.", &trained);
+    let path = dir.path().join("state.safetensors");
+    state.save(&path, None).unwrap();
+    let names: Vec<String> = read(&path).into_iter().map(|(n, _)| n).collect();
+    assert!(
+        names.iter().any(|n| n == "user.embeddings.items.kv.ids"),
+        "{names:?}"
+    );
+    let mut loaded = EmbeddingCollection::new(configs, opt, 1).unwrap();
+    StateFile::open(&path)
+        .unwrap()
+        .load_embedding_collection("user.", &mut loaded)
+        .unwrap();
+    let map = |ec: &EmbeddingCollection| ec.tables()[0].kv_state().unwrap();
+    assert_eq!(map(&loaded), map(&trained));
+    for k in 4..7 {
+        step(&mut trained, vec![k * 100, 7, 3, k + 50]);
+        step(&mut loaded, vec![k * 100, 7, 3, k + 50]);
+    }
+    assert_eq!(map(&loaded), map(&trained));
+    assert!(map(&trained).position.stats.evicted > 0);
+    assert_eq!(trained.tables()[0].weights(), loaded.tables()[0].weights());
+    assert_eq!(
+        trained.tables()[0].optimizer_state(),
+        loaded.tables()[0].optimizer_state()
+    );
+}
+
 /// TorchRec's own `EmbeddingCollection` (its state_dict, a batch and its
 /// forward), written by scripts/torchrec_sequence_fixture.py: Ember's reads
 /// the same tensors under the same names and returns the same rows.

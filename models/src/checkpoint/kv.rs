@@ -63,11 +63,28 @@ pub(super) fn add_kv_tensors<'a>(
     tensors: &mut Vec<(String, Tensor<'a>)>,
     meta: &mut HashMap<String, String>,
 ) {
+    let base = super::names::table_base_name(name);
+    add_kv_named((&base, name), table, tensors, meta);
+}
+
+/// [`add_kv_tensors`] under tensor names `base.kv.*` and the metadata key
+/// of `key` (a user's state: its tables' full names).
+pub(super) fn add_kv_named<'a>(
+    (base, key): (&str, &str),
+    table: &'a EmbeddingTable,
+    tensors: &mut Vec<(String, Tensor<'a>)>,
+    meta: &mut HashMap<String, String>,
+) {
     if let Some(view) = table.kv_view() {
-        let base = super::names::table_base_name(name);
         let bytes = |x: &'a [u8]| Cow::Borrowed(x);
-        add_state(names(&base), name, (view, &bytes), tensors, meta);
+        add_state(names(base), key, (view, &bytes), tensors, meta);
     }
+}
+
+/// The tensor names of a map saved under `base`, and its metadata key's
+/// table name.
+pub(super) fn map_names(base: &str) -> [String; 5] {
+    names(base)
 }
 
 /// Adds a delta's part of a key-value table's map ([`EmbeddingTable::kv_delta`]):
@@ -374,24 +391,37 @@ pub(super) fn read_kv_delta(
 /// entry, from `store`.
 fn read_state(
     store: &dyn TensorStore,
-    ([ids, last_seen, counts, free, sketch], table): ([String; 5], &str),
+    names: ([String; 5], &str),
     local: &EmbeddingTable,
     rows: usize,
 ) -> Result<KvState, ModelError> {
-    let path = store.path();
-    let key = meta_key(table);
-    let saved: SavedKv =
-        meta_value(store.metadata(), &key, path)?.ok_or_else(|| ModelError::Checkpoint {
-            path: path.to_path_buf(),
-            tensor: None,
-            message: format!("no '{key}': the key-value table's map is missing"),
-        })?;
     let read = |name: &str, dtype: Dtype, len: usize| -> Result<Vec<u8>, ModelError> {
         let mut out = Vec::new();
         store.view(name, dtype, &[len], &mut |b| out = b.to_vec())?;
         Ok(out)
     };
-    let sketch = match local.kv_sketch_len() {
+    let from = (&read as &ReadBytes, store.metadata(), store.path());
+    read_map(from, names, (rows, local.kv_sketch_len()))
+}
+
+/// How a map's tensor is read: its bytes, by name, dtype and length.
+pub(super) type ReadBytes<'r> = dyn Fn(&str, Dtype, usize) -> Result<Vec<u8>, ModelError> + 'r;
+
+/// A map of `rows` rows (a sketch of `sketch_len` counters) saved under
+/// `names` and the metadata key of `table`, read with `read` from a file
+/// of metadata `meta` at `path`.
+pub(super) fn read_map(
+    (read, meta, path): (&ReadBytes, &HashMap<String, String>, &std::path::Path),
+    ([ids, last_seen, counts, free, sketch], table): ([String; 5], &str),
+    (rows, sketch_len): (usize, usize),
+) -> Result<KvState, ModelError> {
+    let key = meta_key(table);
+    let saved: SavedKv = meta_value(meta, &key, path)?.ok_or_else(|| ModelError::Checkpoint {
+        path: path.to_path_buf(),
+        tensor: None,
+        message: format!("no '{key}': the key-value table's map is missing"),
+    })?;
+    let sketch = match sketch_len {
         0 => Vec::new(),
         n => u32s(&read(&sketch, Dtype::U32, n)?),
     };

@@ -24,13 +24,14 @@ use memmap2::Mmap;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
+use super::kv::{add_kv_named, map_names, read_map, ReadBytes};
 use super::names::weight_layout;
 use super::read::meta_value;
 use super::store::{f32s, file_view, map, Checksums};
 use super::valid::{check_rows, check_values, Allowed};
 use super::write::{fail_at, json, table_tensors, write_file, SavedTable, Tensor};
 use super::{TrainState, CHECKPOINT_FILE, META_TRAIN_STATE, OPTIMIZER_PREFIX};
-use crate::{ModelError, Unsupported};
+use crate::ModelError;
 
 /// A model's state on its way to a file: named f32 tensors (borrowed where
 /// they can be) and metadata.
@@ -38,8 +39,6 @@ use crate::{ModelError, Unsupported};
 pub struct StateDict<'a> {
     tensors: Vec<(String, Tensor<'a>)>,
     metadata: HashMap<String, String>,
-    /// Why the state cannot be saved, found while adding it.
-    refused: Option<Unsupported>,
 }
 
 /// The metadata key of the step count of the tables under `prefix`.
@@ -175,11 +174,10 @@ impl<'a> StateDict<'a> {
         (tables, optimizer, step): (&'a [EmbeddingTable], &TableOptimizer, u64),
     ) -> &mut Self {
         for table in tables {
-            if table.is_key_value() {
-                self.refused = Some(Unsupported::KeyValueCheckpoint(table.name().into()));
-            }
             let name = format!("{names}{}", table.name());
             table_tensors(&name, &SavedTable::of(table), optimizer, &mut self.tensors);
+            // A key-value table's map beside it, keyed by its full name.
+            add_kv_named((&name, &name), table, &mut self.tensors, &mut self.metadata);
         }
         self.metadata(table_step_key(prefix), step.to_string())
     }
@@ -197,9 +195,6 @@ impl<'a> StateDict<'a> {
     /// Writes the state (and the training position, when given) to `path`
     /// atomically: a temporary file, fsynced, then renamed.
     pub fn save(mut self, path: &Path, train: Option<&TrainState>) -> Result<(), ModelError> {
-        if let Some(refused) = self.refused {
-            return Err(refused.into());
-        }
         self.metadata.insert("format".into(), "pt".into());
         if let Some(t) = train {
             self.metadata.insert(META_TRAIN_STATE.into(), json(t));
@@ -412,10 +407,15 @@ impl StateFile {
         tables: &mut [EmbeddingTable],
         optimizer: TableOptimizer,
     ) -> Result<(), ModelError> {
-        if let Some(t) = tables.iter().find(|t| t.is_key_value()) {
-            return Err(Unsupported::KeyValueCheckpoint(t.name().into()).into());
-        }
         for table in tables {
+            if table.is_key_value() {
+                let name = format!("{names}{}", table.name());
+                let read = |n: &str, dtype, len| self.bytes(n, dtype, &[len]);
+                let from = (&read as &ReadBytes, &self.metadata, self.path.as_path());
+                let sizes = (table.num_embeddings() - 1, table.kv_sketch_len());
+                let state = read_map(from, (map_names(&name), &name), sizes)?;
+                (table.load_kv_state(state)).map_err(|e| self.fail_on(&name, e.to_string()))?;
+            }
             let (rows, dim) = (table.num_embeddings(), table.dim());
             let name = format!("{names}{}", table.name());
             let (dtype, shape) = weight_layout(table.data_type(), rows, dim);

@@ -912,6 +912,18 @@ fn a_stream_of_windows_is_evaluated_ahead_and_resumes_mid_window_exactly() {
         assert_eq!(line["rows"], 2000);
         assert!(line["auc"].as_f64().unwrap() > 0.5, "{line}");
     }
+    // Each window's line has the key-value figures so far: more ids seen
+    // (training batches) and admitted as the stream goes on.
+    let figure = |w: usize, what: &str| -> u64 {
+        let tables = seen[w]["key_value_tables"].as_array().unwrap();
+        tables.iter().map(|t| t[what].as_u64().unwrap()).sum()
+    };
+    for what in ["seen", "admitted"] {
+        assert!(
+            figure(0, what) > 0 && figure(1, what) > figure(0, what),
+            "{seen:?}"
+        );
+    }
     // Stopped in the middle of window 1 (after its evaluation), resumed:
     // the same last evaluation and the same weights, maps and state.
     let part = dir.path().join("part");

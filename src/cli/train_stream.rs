@@ -25,6 +25,9 @@ pub struct WindowReport {
     pub rows: usize,
     pub auc: f64,
     pub logloss: f64,
+    /// The key-value tables' figures so far (its evaluation's reads too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_value_tables: Option<Vec<super::kv::KvTableReport>>,
 }
 
 impl std::fmt::Display for WindowReport {
@@ -98,6 +101,7 @@ pub fn fit_stream(
                 rows: metrics.count,
                 auc: metrics.auc,
                 logloss: metrics.logloss,
+                key_value_tables: super::kv::kv_report(model)?,
             });
         }
         let summary = trainer.fit(

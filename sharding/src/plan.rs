@@ -98,6 +98,21 @@ impl RowSplit {
         }
     }
 
+    /// A key-value shard's rows of its table, its buckets, and the table's
+    /// buckets; `None` for another split.
+    pub fn buckets(&self) -> Option<(Range<usize>, Range<usize>, usize)> {
+        match *self {
+            RowSplit::Buckets {
+                start,
+                end,
+                first_bucket,
+                end_bucket,
+                buckets,
+            } => Some((start..end, first_bucket..end_bucket, buckets)),
+            _ => None,
+        }
+    }
+
     /// The global row of local row `local`.
     #[inline]
     pub fn global(&self, local: usize) -> usize {

@@ -326,16 +326,7 @@ impl Checkpoint {
             tensor: None,
             message: format!("table '{}': {message}", config.name),
         };
-        let (rows, buckets) = match split {
-            RowSplit::Buckets {
-                start,
-                end,
-                first_bucket,
-                end_bucket,
-                ..
-            } => (start..end, first_bucket..end_bucket),
-            _ => (0..capacity, 0..of),
-        };
+        let (rows, buckets, _) = split.buckets().unwrap_or((0..capacity, 0..of, of));
         let whole = (split == RowSplit::All)
             .then(|| {
                 saved

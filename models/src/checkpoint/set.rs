@@ -98,12 +98,12 @@ pub fn save_set(
         .map(|s| s.local_shards())
         .unwrap_or_default()
         .iter()
-        .map(|l| match l.shard.rows {
-            RowSplit::Buckets { start, end, .. } => {
-                let n = (end - start) as u64;
+        .map(|l| match l.shard.rows.buckets() {
+            Some((rows, _, _)) => {
+                let n = rows.len() as u64;
                 [(0..n).collect(), vec![n]]
             }
-            _ => [Vec::new(), Vec::new()],
+            None => [Vec::new(), Vec::new()],
         })
         .collect();
     let mut tensors = match rank {
@@ -120,16 +120,8 @@ pub fn save_set(
     let config = model.config().clone();
     let sharded = (model.sparse_arch().sharded()).ok_or(crate::Unsupported::SetOfUnsharded)?;
     for (local, [block, fallback]) in sharded.local_shards().into_iter().zip(&blocks) {
-        let buckets = match local.shard.rows {
-            RowSplit::Buckets {
-                start,
-                end,
-                first_bucket,
-                end_bucket,
-                ..
-            } => Some(([start, end], [first_bucket, end_bucket])),
-            _ => None,
-        };
+        let buckets =
+            (local.shard.rows.buckets()).map(|(r, b, _)| ([r.start, r.end], [b.start, b.end]));
         let part = match buckets {
             Some(_) => SavedTable::listed(local.data, block),
             None => SavedTable::of(local.data),

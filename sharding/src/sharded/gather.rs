@@ -91,7 +91,7 @@ impl ShardedEmbeddingBagCollection {
                     let state: Vec<f32> = r.get().map_err(wire_err)?;
                     let config = &self.configs[t];
                     // A key-value shard of buckets has its own fallback row.
-                    let fallback = matches!(shard.rows, RowSplit::Buckets { .. }) as usize;
+                    let fallback = shard.rows.buckets().is_some() as usize;
                     let rows = shard.rows.count(config.num_embeddings) + fallback;
                     let row_bytes = config
                         .data_type
@@ -144,19 +144,11 @@ impl ShardedEmbeddingBagCollection {
 }
 
 /// A shard's map with where it sits in its table.
-fn kv_shard(rows: RowSplit, state: KvState) -> KvShard {
-    let (start, first_bucket, end_bucket) = match rows {
-        RowSplit::Buckets {
-            start,
-            first_bucket,
-            end_bucket,
-            ..
-        } => (start, first_bucket, end_bucket),
-        _ => (0, 0, 1),
-    };
+fn kv_shard(split: RowSplit, state: KvState) -> KvShard {
+    let (rows, buckets, _) = split.buckets().unwrap_or((0..0, 0..1, 1));
     KvShard {
-        rows: start..start + state.ids.len(),
-        buckets: first_bucket..end_bucket,
+        rows: rows.start..rows.start + state.ids.len(),
+        buckets,
         state,
     }
 }

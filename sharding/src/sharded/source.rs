@@ -62,14 +62,7 @@ impl ShardSource for EmbeddingBagCollection {
         let Some(state) = global.kv_state() else {
             return copy_rows(global, local, shard.rows, shard.column_range(), opt);
         };
-        let RowSplit::Buckets {
-            start,
-            end,
-            first_bucket,
-            end_bucket,
-            buckets,
-        } = shard.rows
-        else {
+        let Some((rows, buckets, of)) = shard.rows.buckets() else {
             // Table-wise: the whole table and its map.
             copy_rows(global, local, shard.rows, shard.column_range(), opt)?;
             return Ok(local.load_kv_state(state)?);
@@ -77,10 +70,10 @@ impl ShardSource for EmbeddingBagCollection {
         // The one map's ids of the shard's buckets, into its first rows.
         let saved = [KvShard {
             rows: 0..state.ids.len(),
-            buckets: 0..buckets,
+            buckets: 0..of,
             state,
         }];
-        let slice = kv_slice(&saved, start..end, first_bucket..end_bucket, buckets)
+        let slice = kv_slice(&saved, rows, buckets, of)
             .map_err(|m| ShardingError::Source(format!("table '{}': {m}", global.name())))?;
         copy_listed_rows(global, local, &slice.from_rows)?;
         Ok(local.load_kv_state(slice.state)?)

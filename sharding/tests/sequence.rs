@@ -236,3 +236,23 @@ fn an_id_out_of_range_is_named_before_any_exchange() {
     let err = one.forward(&kjt).err().unwrap().to_string();
     assert!(err.contains("actions") && err.contains('9'), "{err}");
 }
+
+#[test]
+fn a_key_value_table_is_refused_by_name() {
+    let mut configs = configs(DataType::Fp32);
+    configs[1].kv = Some(ember_sparse::KvConfig::default());
+    let whole = EmbeddingCollection::new(configs.clone(), TableOptimizer::sgd(0.1), 1).unwrap();
+    let bags: Vec<_> = configs.iter().map(|c| c.bag_config()).collect();
+    let plan = ShardingPlan {
+        num_devices: 2,
+        tables: bags.iter().map(|t| TablePlan::table_wise(t, 0)).collect(),
+    };
+    let err = ShardedEmbeddingCollection::threads(&whole, &plan)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("'actions'") && err.contains("not sharded yet"),
+        "{err}"
+    );
+}

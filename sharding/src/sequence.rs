@@ -17,7 +17,9 @@
 //! ```
 //!
 //! Unpooled rows are never split by columns: a column-wise or
-//! data-parallel plan is refused. Owners serve each shard feature by
+//! data-parallel plan is refused. A key-value table is table-wise or
+//! row-wise by buckets: its raw ids go to their owners, whose maps find
+//! (or give) their rows. Owners serve each shard feature by
 //! feature, source device by source device: with every device's samples
 //! in rank order that is the unsharded collection's order, so equal ids'
 //! gradients sum in the same order and a sharded step on fp32 tables
@@ -30,8 +32,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ember_sparse::{
-    EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings, KeyedJaggedTensor,
-    SparseError,
+    kv_slice, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings,
+    KeyedJaggedTensor, KvShard, SparseError, TablePart,
 };
 
 use crate::collective::{Collective, InProcess};
@@ -110,12 +112,6 @@ impl ShardedEmbeddingCollection {
     ) -> Result<Self, ShardingError> {
         let configs = source.configs().to_vec();
         let bags: Vec<EmbeddingBagConfig> = configs.iter().map(|c| c.bag_config()).collect();
-        if let Some(t) = bags.iter().find(|t| t.kv.is_some()) {
-            return Err(ShardingError::Plan(format!(
-                "table '{}': a sequence collection's key-value tables are not sharded yet (a bag collection's are)",
-                t.name
-            )));
-        }
         plan.validate(&bags, source.optimizer())?;
         if collective.world_size() != plan.num_devices {
             return Err(ShardingError::Plan(format!(
@@ -160,13 +156,21 @@ impl ShardedEmbeddingCollection {
                         .map(local_feature)
                         .collect();
                     let features: Vec<&str> = features.iter().map(String::as_str).collect();
+                    // A key-value shard of buckets has its own fallback row.
+                    let fallback = shard.rows.buckets().is_some() as usize;
                     let mut lc = EmbeddingConfig::new(
                         &format!("{}.{local}", c.name),
-                        rows,
+                        rows + fallback,
                         c.embedding_dim,
                         &features,
                     );
                     lc.data_type = c.data_type;
+                    if c.kv.is_some() {
+                        // New ids' rows drawn as the whole table draws them.
+                        let (lo, hi) = c.bag_config().init_range();
+                        (lc.weight_init_min, lc.weight_init_max) = (Some(lo), Some(hi));
+                        lc.kv = c.kv.clone();
+                    }
                     local_configs.push(lc);
                     local_sources.push((t, shard.rows, rows));
                 }
@@ -177,10 +181,41 @@ impl ShardedEmbeddingCollection {
         let mut row = vec![0.0f32; dim];
         for (k, &(t, split, rows)) in local_sources.iter().enumerate() {
             let (from, to) = (&source.tables()[t], &mut local.tables_mut()[k]);
-            for l in 0..rows {
-                from.try_read_row(split.global(l), &mut row)?;
+            let Some(state) = from.kv_state() else {
+                for l in 0..rows {
+                    from.try_read_row(split.global(l), &mut row)?;
+                    to.write_row(l, &row);
+                }
+                continue;
+            };
+            // A key-value table: whole with its map, or its ids of the
+            // shard's buckets in its first rows; new ids' rows are drawn
+            // by the table's place, as the whole table draws them.
+            to.set_part(TablePart {
+                table: t as u64,
+                first_row: split.global(0) as u64,
+                row_step: 1,
+                first_column: 0,
+            });
+            let (from_rows, state) = match split.buckets() {
+                None => ((0..rows).collect(), state),
+                Some((rows, buckets, of)) => {
+                    let saved = [KvShard {
+                        rows: 0..state.ids.len(),
+                        buckets: 0..of,
+                        state,
+                    }];
+                    let slice = kv_slice(&saved, rows, buckets, of).map_err(|m| {
+                        ShardingError::Source(format!("table '{}': {m}", from.name()))
+                    })?;
+                    (slice.from_rows, slice.state)
+                }
+            };
+            for (l, &g) in from_rows.iter().enumerate() {
+                from.try_read_row(g, &mut row)?;
                 to.write_row(l, &row);
             }
+            to.load_kv_state(state)?;
         }
         local.set_step(source.step());
         let tables_of = (configs.iter().enumerate())
@@ -212,6 +247,12 @@ impl ShardedEmbeddingCollection {
         &self.local
     }
 
+    /// Training (the default) or inference: key-value shards admit new
+    /// ids only in training.
+    pub fn set_training(&mut self, training: bool) {
+        self.local.set_training(training);
+    }
+
     /// The rows of this device's samples' ids (`kjt`: its samples only),
     /// in [`EmbeddingCollection::forward`]'s layout. Every device calls it
     /// together.
@@ -233,10 +274,12 @@ impl ShardedEmbeddingCollection {
                 .get(key)
                 .ok_or_else(|| SparseError::MissingFeature(key.clone()))?;
             let rows = self.configs[t].num_embeddings;
+            // A key-value table's raw ids: its owners' maps find the rows.
+            let raw = self.configs[t].kv.is_some();
             let offsets = &kjt.offsets()[k * b..=(k + 1) * b];
             for s in 0..b {
                 for &id in &kjt.values()[offsets[s]..offsets[s + 1]] {
-                    if id < 0 || id as usize >= rows {
+                    if !raw && (id < 0 || id as usize >= rows) {
                         return Err(SparseError::IdOutOfRange {
                             table: self.configs[t].name.clone(),
                             feature: key.clone(),
@@ -247,13 +290,13 @@ impl ShardedEmbeddingCollection {
                         .into());
                     }
                     let place = (self.places[t].iter())
-                        .find_map(|p| p.rows.local(id as usize).map(|l| (p, l)))
-                        .expect("a validated plan covers every row");
+                        .find_map(|p| p.rows.route(id).map(|l| (p, l)))
+                        .expect("a validated plan covers every row and bucket");
                     let (p, l) = place;
                     let slot = p.first_slot + fi;
                     positions.push((p.device, slot, sent[p.device][slot]));
                     sent[p.device][slot] += 1;
-                    ids[p.device][slot].push(l as i64);
+                    ids[p.device][slot].push(l);
                 }
             }
         }
@@ -295,7 +338,11 @@ impl ShardedEmbeddingCollection {
         let served = KeyedJaggedTensor::from_lengths(keys, served_ids.concat(), &lengths, None)?;
         let rows = match mine {
             0 => Vec::new(),
-            _ => self.local.forward(&served)?.values().to_vec(),
+            _ => {
+                // Key-value shards look their raw ids up first.
+                self.local.prefetch(&served)?;
+                self.local.forward(&served)?.values().to_vec()
+            }
         };
         // Rows back to each source, slot by slot.
         let mut replies: Vec<Vec<f32>> = vec![Vec::new(); n];
@@ -388,6 +435,12 @@ impl ShardedEmbeddingCollection {
     /// on the other ranks), for checkpoints. Every device calls it
     /// together.
     pub fn gather_table(&self, t: usize) -> Result<Option<Vec<f32>>, ShardingError> {
+        if self.configs[t].kv.is_some() {
+            return Err(ShardingError::Source(format!(
+                "table '{}' is a key-value table: its rows mean nothing without its shards' maps, which are not gathered here",
+                self.configs[t].name
+            )));
+        }
         let n = self.collective.world_size();
         let (config, dim) = (&self.configs[t], self.configs[t].embedding_dim);
         let me = self.collective.rank();

@@ -237,22 +237,86 @@ fn an_id_out_of_range_is_named_before_any_exchange() {
     assert!(err.contains("actions") && err.contains('9'), "{err}");
 }
 
+/// Key-value tables (items split by buckets over every device, actions
+/// whole on one) look up and train as the unsharded collection's: every
+/// position's row, each step, bitwise (never full: no shard evicts).
 #[test]
-fn a_key_value_table_is_refused_by_name() {
+fn key_value_tables_shard_by_buckets_and_table_wise_as_unsharded() {
     let mut configs = configs(DataType::Fp32);
-    configs[1].kv = Some(ember_sparse::KvConfig::default());
-    let whole = EmbeddingCollection::new(configs.clone(), TableOptimizer::sgd(0.1), 1).unwrap();
+    // Room for every id (items 0..50, actions 0..7) and each shard's share.
+    (configs[0].num_embeddings, configs[1].num_embeddings) = (201, 8);
+    for c in &mut configs {
+        c.kv = Some(ember_sparse::KvConfig::default());
+    }
+    let optimizer = TableOptimizer::Adagrad { lr: 0.1, eps: 1e-8 };
+    let mut whole = EmbeddingCollection::new(configs.clone(), optimizer, 3).unwrap();
     let bags: Vec<_> = configs.iter().map(|c| c.bag_config()).collect();
     let plan = ShardingPlan {
-        num_devices: 2,
-        tables: bags.iter().map(|t| TablePlan::table_wise(t, 0)).collect(),
+        num_devices: DEVICES,
+        tables: vec![
+            TablePlan::row_wise_buckets(&bags[0], &[2, 0, 1]),
+            TablePlan::table_wise(&bags[1], 1),
+        ],
     };
-    let err = ShardedEmbeddingCollection::threads(&whole, &plan)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        err.contains("'actions'") && err.contains("not sharded yet"),
-        "{err}"
-    );
+    let mut devices = ShardedEmbeddingCollection::threads(&whole, &plan).unwrap();
+    let mut rng = Rng::new(3);
+    let samples = 10;
+    let blocks: Vec<_> = (0..DEVICES)
+        .map(|d| samples * d / DEVICES..samples * (d + 1) / DEVICES)
+        .collect();
+    for step in 0..5 {
+        let kjt = batch(&mut rng, samples);
+        whole.prefetch(&kjt).unwrap();
+        let rows = whole.forward(&kjt).unwrap();
+        let grad: Vec<f32> = (0..rows.values().len())
+            .map(|i| ((i * 7 + step) % 11) as f32 / 11.0 - 0.4)
+            .collect();
+        let got: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (devices.iter_mut().zip(&blocks))
+                .map(|(device, block)| {
+                    let (kjt, grad) = (&kjt, &grad);
+                    scope.spawn(move || {
+                        let mine = kjt.select_samples(block.clone());
+                        let got = device.forward(&mine).unwrap().values().to_vec();
+                        let grad = block_rows(kjt, grad, block.clone());
+                        device.backward_update(&grad).unwrap();
+                        got
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (block, got) in blocks.iter().zip(got) {
+            assert_eq!(
+                got,
+                block_rows(&kjt, rows.values(), block.clone()),
+                "step {step}"
+            );
+        }
+        whole.backward_update(&kjt, &grad).unwrap();
+    }
+    // Each bucket shard holds its buckets' ids, together the whole map's.
+    let held = |t: &ember_sparse::EmbeddingTable| -> Vec<u64> {
+        let s = t.kv_state().unwrap();
+        (s.ids.iter().zip(&s.counts))
+            .filter(|(_, &c)| c > 0)
+            .map(|(&id, _)| id)
+            .collect()
+    };
+    let mut ids: Vec<u64> = (devices.iter())
+        .flat_map(|d| {
+            d.local()
+                .tables()
+                .iter()
+                .filter(|t| t.name().starts_with("items"))
+                .flat_map(held)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    ids.sort_unstable();
+    let mut want = held(&whole.tables()[0]);
+    want.sort_unstable();
+    assert_eq!(ids, want);
+    let err = devices[0].gather_table(0).err().unwrap().to_string();
+    assert!(err.contains("key-value table"), "{err}");
 }

@@ -257,11 +257,12 @@ fn key_value_tables_on_ranks_hold_the_ids_one_process_holds() {
         assert_eq!(tables.as_array().map(Vec::len), Some(3), "{a}");
         assert_eq!(&b["key_value_tables"], tables, "{what}: {b}");
         let loss = |r: &serde_json::Value| r["loss_last"].as_f64().unwrap();
-        close(&what, loss(&b), loss(&a), 1e-6);
+        // The default optimizer is adaptive: rounding as above, to 1e-5.
+        close(&what, loss(&b), loss(&a), 1e-5);
         // One process saves shards of buckets as a set too.
         let file = one.join("model.safetensors");
         let saved = if file.exists() { file } else { one.clone() };
-        same_model(&what, &saved, &ranks, 1e-6);
+        same_model(&what, &saved, &ranks, 1e-5);
     }
 }
 

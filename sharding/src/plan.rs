@@ -247,7 +247,7 @@ impl TablePlan {
     /// shard the same share of its rows (all but the fallback; each shard
     /// has a zero fallback of its own).
     pub fn row_wise_buckets(t: &EmbeddingBagConfig, devices: &[usize]) -> Self {
-        let of = t.kv.as_ref().map_or(1, |kv| kv.buckets());
+        let of = t.kv.as_ref().map_or(1, |kv| kv.buckets()).max(1);
         let capacity = t.num_embeddings.saturating_sub(1);
         let shards = (blocks(of, devices.len()).into_iter().zip(devices))
             .map(|(b, &device)| {
@@ -626,6 +626,9 @@ pub(crate) fn validate_kv(
             }
             Ok(())
         }
+        ShardingType::TableWise => Err(
+            "a key-value table sharded table-wise is one shard of every row (its map whole on one device)".into(),
+        ),
         k => Err(format!(
             "a key-value table is sharded table-wise (its map whole on one device) or row-wise by buckets, not {}",
             kind(k)

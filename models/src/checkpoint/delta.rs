@@ -114,16 +114,16 @@ pub(crate) fn write_delta(
 /// the chain cannot be read; or the chain no longer holds the model's
 /// file (another model's full file replaced it).
 fn delta_head(model: &Dlrm, dir: &Path) -> Result<ChainHead, String> {
-    let Some(head) = model.chain_head().filter(|h| h.dir == dir).cloned() else {
-        return Err(
-            "this model saved no full checkpoint here, and was not loaded from this \
-                    directory's chain as saved (same table dtypes and optimizer)"
-                .into(),
-        );
-    };
     if model.world().is_some() || model.sparse_arch().local().is_none() {
         return Err("a sharded model's checkpoints are full".into());
     }
+    let Some(head) = model.chain_head().filter(|h| h.dir == dir).cloned() else {
+        return Err(
+            "this model saved no full checkpoint here, and was not loaded from this \
+             directory's chain as saved (same table dtypes and optimizer)"
+                .into(),
+        );
+    };
     // The directory's chain must hold the model's head: its last file, or
     // (a model loaded from an earlier delta) a file the chain goes on
     // from, where the new delta forks it.

@@ -77,10 +77,10 @@ impl Checkpoint {
         self.read_table_from(from, t, (split, cols), (optimizer, restore), local)
     }
 
-    /// Saved rows `from_rows` of table `t` (every column) into `local`'s
-    /// rows from 0, with their optimizer state when `restore`, a run of
-    /// consecutive rows (at most a piece) at a time: a key-value shard's
-    /// ids gathered from another split.
+    /// Saved rows `from_rows` (ascending) of table `t` (every column) into
+    /// `local`'s rows from 0, with their optimizer state when `restore`:
+    /// a key-value shard's ids gathered from another split. The tensors
+    /// are streamed once, a piece at a time, each checksum computed once.
     pub(super) fn read_listed(
         &self,
         t: usize,
@@ -88,62 +88,10 @@ impl Checkpoint {
         (optimizer, restore): (TableOptimizer, bool),
         local: &mut EmbeddingTable,
     ) -> Result<(), ModelError> {
-        let store = self.store.as_ref();
-        let config = &self.config.tables[t];
-        let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
-        let name = table_weight_name(&config.name);
-        let (dtype, shape) = weight_layout(saved, rows, dim);
-        let fail_on = |tensor: &str, message: String| ModelError::Checkpoint {
-            path: store.path().to_path_buf(),
-            tensor: Some(tensor.to_string()),
-            message,
-        };
-        let states = state_tensors(&config.name, optimizer, (rows, dim), 0..dim);
-        let per_row = local.state_floats_per_row();
-        // Rows a read at most, so a large table is never whole in memory.
-        let piece = 1 << 16;
-        let (mut values, mut at) = (vec![0f32; dim], 0);
-        let runs = from_rows.chunk_by(|a, b| *b == a + 1);
-        for run in runs.flat_map(|r| r.chunks(piece)) {
-            let split = RowSplit::Block {
-                start: run[0],
-                end: run[0] + run.len(),
-            };
-            let bytes = store.rows_bytes(&name, dtype, &shape, split, 0..shape[1])?;
-            check_rows(saved, &bytes, dim, (split, 0)).map_err(|m| fail_on(&name, m))?;
-            let bytes = match local.data_type() == saved {
-                true => bytes,
-                false => {
-                    let stride = local.bytes_per_row();
-                    let mut out = vec![0u8; run.len() * stride];
-                    for (src, dst) in (bytes.chunks_exact(bytes.len() / run.len()))
-                        .zip(out.chunks_exact_mut(stride))
-                    {
-                        saved.decode_row(src, &mut values);
-                        local.data_type().encode_row(&values, dst);
-                    }
-                    out
-                }
-            };
-            let mut state = vec![0f32; run.len() * per_row];
-            if restore {
-                let mut column = 0;
-                for st in &states {
-                    let v = store.rows_of(&st.name, &st.shape, split, st.kept.clone())?;
-                    let width = st.kept.len();
-                    check_values(&v, width, (split, 0), st.allowed)
-                        .map_err(|m| fail_on(&st.name, m))?;
-                    for (r, row) in v.chunks_exact(width.max(1)).enumerate() {
-                        state[r * per_row + column..][..width].copy_from_slice(row);
-                    }
-                    column += width;
-                }
-            }
-            (local.write_stored_rows(at, &bytes, &state))
-                .map_err(|e| fail_on(&name, e.to_string()))?;
-            at += run.len();
-        }
-        Ok(())
+        let pick = |g: usize| from_rows.binary_search(&g).ok();
+        let dim = self.config.tables[t].embedding_dim;
+        let from = (self.store.as_ref(), "");
+        self.stream_table(from, t, (&pick, 0..dim), (optimizer, restore), local)
     }
 
     /// [`read_table`](Self::read_table)'s rows and optimizer state (not a
@@ -161,7 +109,8 @@ impl Checkpoint {
         let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
         if local.is_on_disk() {
             let from = (store, prefix);
-            return self.stream_table(from, t, (split, cols), (optimizer, restore), local);
+            let pick = |g: usize| split.local(g);
+            return self.stream_table(from, t, (&pick, cols), (optimizer, restore), local);
         }
         let name = format!("{prefix}{}", table_weight_name(&config.name));
         let (dtype, shape) = weight_layout(saved, rows, dim);
@@ -232,12 +181,13 @@ impl Checkpoint {
     /// [`read_table`](Self::read_table) for a disk-tier table (or shard):
     /// the whole tensors streamed a piece of rows at a time, the shard's
     /// rows and columns of each piece written to its file, so the table
-    /// never sits in memory.
+    /// never sits in memory. `pick` gives a saved row's local row, if
+    /// `local` takes it (ascending with the saved rows).
     fn stream_table(
         &self,
         (store, prefix): (&dyn TensorStore, &str),
         t: usize,
-        (split, cols): (RowSplit, Range<usize>),
+        (pick, cols): (&dyn Fn(usize) -> Option<usize>, Range<usize>),
         (optimizer, restore): (TableOptimizer, bool),
         local: &mut EmbeddingTable,
     ) -> Result<(), ModelError> {
@@ -280,7 +230,7 @@ impl Checkpoint {
             let n = pieces[0].len() / saved_stride;
             // The piece's rows this table holds: consecutive local rows.
             let held: Vec<(usize, usize)> = (0..n)
-                .filter_map(|r| split.local(first + r).map(|l| (r, l)))
+                .filter_map(|r| pick(first + r).map(|l| (r, l)))
                 .collect();
             let Some(&(_, first_local)) = held.first() else {
                 return Ok(());

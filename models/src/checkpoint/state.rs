@@ -408,14 +408,18 @@ impl StateFile {
         optimizer: TableOptimizer,
     ) -> Result<(), ModelError> {
         for table in tables {
-            if table.is_key_value() {
-                let name = format!("{names}{}", table.name());
-                let read = |n: &str, dtype, len| self.bytes(n, dtype, &[len]);
-                let from = (&read as &ReadBytes, &self.metadata, self.path.as_path());
-                let sizes = (table.num_embeddings() - 1, table.kv_sketch_len());
-                let state = read_map(from, (map_names(&name), &name), sizes)?;
-                (table.load_kv_state(state)).map_err(|e| self.fail_on(&name, e.to_string()))?;
-            }
+            // A key-value table's map, read (and checked) first, loaded
+            // once its rows are.
+            let map = match table.is_key_value() {
+                true => {
+                    let name = format!("{names}{}", table.name());
+                    let read = |n: &str, dtype, len| self.bytes(n, dtype, &[len]);
+                    let from = (&read as &ReadBytes, &self.metadata, self.path.as_path());
+                    let sizes = (table.num_embeddings() - 1, table.kv_sketch_len());
+                    Some((read_map(from, (map_names(&name), &name), sizes)?, name))
+                }
+                false => None,
+            };
             let (rows, dim) = (table.num_embeddings(), table.dim());
             let name = format!("{names}{}", table.name());
             let (dtype, shape) = weight_layout(table.data_type(), rows, dim);
@@ -461,6 +465,9 @@ impl StateFile {
             file_view(&self.mmap, &weight, dtype, Some(&shape), sums, write)
                 .map_err(|m| self.fail_on(&weight, m))?
                 .0?;
+            if let Some((state, name)) = map {
+                (table.load_kv_state(state)).map_err(|e| self.fail_on(&name, e.to_string()))?;
+            }
         }
         Ok(())
     }

@@ -205,9 +205,8 @@ impl ShardedEmbeddingCollection {
                         buckets: 0..of,
                         state,
                     }];
-                    let slice = kv_slice(&saved, rows, buckets, of).map_err(|m| {
-                        ShardingError::Source(format!("table '{}': {m}", from.name()))
-                    })?;
+                    let eviction = configs[t].kv.as_ref().map(|k| k.eviction);
+                    let slice = kv_slice(&saved, rows, buckets, (of, eviction.unwrap_or_default()));
                     (slice.from_rows, slice.state)
                 }
             };

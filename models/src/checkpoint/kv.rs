@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 
 use ember_sharding::RowSplit;
 use ember_sparse::{
@@ -237,10 +238,13 @@ impl Checkpoint {
     /// Saved table `name`'s map as its shards ([`KvShard`]): one over its
     /// `capacity` rows and `of` buckets, or those of a set written by a
     /// table sharded by buckets.
+    /// Only the saved shard of `want` (rows, buckets) is read when there
+    /// is one: a shard on its own plan reads its own map.
     fn saved_kv(
         &self,
         name: &str,
         (capacity, of): (usize, usize),
+        want: (&Range<usize>, &Range<usize>),
         local: &EmbeddingTable,
     ) -> Result<Vec<KvShard>, ModelError> {
         let store = self.store.as_ref();
@@ -255,11 +259,19 @@ impl Checkpoint {
         }
         let [ids, last_seen, counts, free, sketch] = names(&base);
         let path = store.path();
-        let mut shards = Vec::new();
+        let mut metas = Vec::new();
         while let Some(saved) =
-            meta_value::<SavedShard>(store.metadata(), &shard_key(name, shards.len()), path)?
+            meta_value::<SavedShard>(store.metadata(), &shard_key(name, metas.len()), path)?
         {
-            let k = shards.len();
+            metas.push(saved);
+        }
+        let same = |s: &SavedShard| (s.rows[0]..s.rows[1], s.buckets[0]..s.buckets[1]);
+        let exact = metas.iter().position(|s| same(s) == (want.0.clone(), want.1.clone()));
+        let mut shards = Vec::new();
+        for (k, saved) in metas.into_iter().enumerate() {
+            if exact.is_some_and(|e| e != k) {
+                continue;
+            }
             let [start, end] = saved.rows;
             if start > end || end > capacity {
                 return Err(ModelError::Checkpoint {
@@ -320,13 +332,14 @@ impl Checkpoint {
         let config = &self.config.tables[t];
         let of = config.kv.as_ref().map_or(1, |kv| kv.buckets());
         let capacity = config.num_embeddings - 1;
-        let saved = self.saved_kv(&config.name, (capacity, of), local)?;
+
         let fail = |message: String| ModelError::Checkpoint {
             path: self.path().to_path_buf(),
             tensor: None,
             message: format!("table '{}': {message}", config.name),
         };
         let (rows, buckets, _) = split.buckets().unwrap_or((0..capacity, 0..of, of));
+        let saved = self.saved_kv(&config.name, (capacity, of), (&rows, &buckets), local)?;
         let whole = (split == RowSplit::All)
             .then(|| {
                 saved
@@ -343,7 +356,8 @@ impl Checkpoint {
             self.read_table_from(from, t, all, (optimizer, restore), local)?;
             return local.load_kv_state(state).map_err(|e| fail(e.to_string()));
         }
-        let slice = kv_slice(&saved, rows, buckets, of).map_err(fail)?;
+        let eviction = config.kv.as_ref().map(|k| k.eviction).unwrap_or_default();
+        let slice = kv_slice(&saved, rows, buckets, (of, eviction));
         drop(saved);
         self.read_listed(t, &slice.from_rows, (optimizer, restore), local)?;
         local

@@ -53,7 +53,7 @@ impl ShardSource for EmbeddingBagCollection {
     fn fill(
         &self,
         t: usize,
-        _: &EmbeddingBagConfig,
+        config: &EmbeddingBagConfig,
         shard: &Shard,
         local: &mut EmbeddingTable,
     ) -> Result<(), ShardingError> {
@@ -73,8 +73,8 @@ impl ShardSource for EmbeddingBagCollection {
             buckets: 0..of,
             state,
         }];
-        let slice = kv_slice(&saved, rows, buckets, of)
-            .map_err(|m| ShardingError::Source(format!("table '{}': {m}", global.name())))?;
+        let eviction = config.kv.as_ref().map(|k| k.eviction).unwrap_or_default();
+        let slice = kv_slice(&saved, rows, buckets, (of, eviction));
         copy_listed_rows(global, local, &slice.from_rows)?;
         Ok(local.load_kv_state(slice.state)?)
     }

@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use super::{KvPosition, KvState, KvStats};
+use super::{Eviction, KvPosition, KvState, KvStats};
 use crate::rng::splitmix;
 
 /// Mixed into an id before it is hashed to its bucket, so buckets and the
@@ -55,19 +55,21 @@ pub struct KvSlice {
 /// no free rows, the saved clocks' latest, the sketches summed (counts of
 /// other buckets' ids only raise the estimates, as collisions do), and,
 /// if it holds bucket 0, the saved figures summed (so the table's totals
-/// stay). Fails, saying how many rows are needed, when the ids are more
-/// than the shard's rows.
+/// stay). Ids are spread over buckets by hash, so a full table's shares
+/// rarely match the shards' rows: when the ids are more than the shard's
+/// rows, it keeps those `eviction` would keep (LFU: the most looked up;
+/// otherwise the most recently seen) and counts the others evicted.
 pub fn kv_slice(
     saved: &[KvShard],
     rows: Range<usize>,
     buckets: Range<usize>,
-    of: usize,
-) -> Result<KvSlice, String> {
+    (of, eviction): (usize, Eviction),
+) -> KvSlice {
     if let Some(same) = (saved.iter()).find(|s| s.rows == rows && s.buckets == buckets) {
-        return Ok(KvSlice {
+        return KvSlice {
             from_rows: rows.collect(),
             state: same.state.clone(),
-        });
+        };
     }
     let cap = rows.len();
     let mut state = KvState {
@@ -76,26 +78,33 @@ pub fn kv_slice(
         counts: Vec::with_capacity(cap),
         ..KvState::default()
     };
-    let mut from_rows = Vec::new();
+    // (saved row, id, header, count) of every id of the buckets.
+    let mut taken = Vec::new();
     for s in saved {
         let st = &s.state;
         for (l, &id) in st.ids.iter().enumerate() {
             if st.counts[l] > 0 && buckets.contains(&id_bucket(id, of)) {
-                from_rows.push(s.rows.start + l);
-                state.ids.push(id);
-                state.last_seen.push(st.last_seen[l]);
-                state.counts.push(st.counts[l]);
+                taken.push((s.rows.start + l, id, st.last_seen[l], st.counts[l]));
             }
         }
     }
-    let held = from_rows.len();
-    if held > cap {
-        return Err(format!(
-            "the {held} ids of buckets {}..{} (of {of}) do not fit in the shard's {cap} rows: \
-             give the table more rows, or spread it over fewer devices",
-            buckets.start, buckets.end
-        ));
+    let evicted = taken.len().saturating_sub(cap);
+    if evicted > 0 {
+        match eviction {
+            Eviction::Lfu => taken.sort_by_key(|t| std::cmp::Reverse((t.3, t.2, t.0))),
+            _ => taken.sort_by_key(|t| std::cmp::Reverse((t.2, t.3, t.0))),
+        }
+        taken.truncate(cap);
+        taken.sort_unstable_by_key(|t| t.0);
     }
+    let mut from_rows = Vec::with_capacity(taken.len());
+    for (row, id, last_seen, count) in taken {
+        from_rows.push(row);
+        state.ids.push(id);
+        state.last_seen.push(last_seen);
+        state.counts.push(count);
+    }
+    let held = from_rows.len();
     state.ids.resize(cap, 0);
     state.last_seen.resize(cap, 0);
     state.counts.resize(cap, 0);
@@ -109,12 +118,15 @@ pub fn kv_slice(
             .unwrap_or(0),
         never_used: held as u64,
         hand: 0,
-        stats: match buckets.start {
-            0 => summed_stats(saved),
-            _ => KvStats::default(),
+        stats: KvStats {
+            evicted: evicted as u64,
+            ..KvStats::default()
         },
     };
-    Ok(KvSlice { from_rows, state })
+    if buckets.start == 0 {
+        state.position.stats.add(&summed_stats(saved));
+    }
+    KvSlice { from_rows, state }
 }
 
 /// The shards' maps as one map of the table (their blocks side by side),

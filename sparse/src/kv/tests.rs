@@ -478,7 +478,7 @@ fn a_map_split_by_buckets_and_merged_keeps_every_id_with_its_header() {
     };
     assert!(held(a).len() > 4, "{a:?}");
     // The same split is taken whole.
-    let same = kv_slice(&saved, 0..12, 0..4, 4).unwrap();
+    let same = kv_slice(&saved, 0..12, 0..4, (4, Eviction::Lru));
     assert_eq!((same.from_rows, same.state), ((0..12).collect(), a.clone()));
     // Two shards of 6 rows, buckets 0..b and b..4 (b where both fit):
     // each takes its ids, from the rows that held them, and its map
@@ -493,7 +493,7 @@ fn a_map_split_by_buckets_and_merged_keeps_every_id_with_its_header() {
     let parts: Vec<KvShard> = [(0..6, 0..b), (6..12, b..4)]
         .into_iter()
         .map(|(rows, buckets)| {
-            let slice = kv_slice(&saved, rows.clone(), buckets.clone(), 4).unwrap();
+            let slice = kv_slice(&saved, rows.clone(), buckets.clone(), (4, Eviction::Lru));
             for (i, &r) in slice.from_rows.iter().enumerate() {
                 assert_eq!(slice.state.ids[i], a.ids[r]);
                 assert!(buckets.contains(&id_bucket(a.ids[r], 4)));
@@ -524,7 +524,20 @@ fn a_map_split_by_buckets_and_merged_keeps_every_id_with_its_header() {
             }
         }
     }
-    // Too many ids for a shard's rows: refused, saying so.
-    let err = kv_slice(&saved, 0..2, 0..4, 4).unwrap_err();
-    assert!(err.contains("do not fit in the shard's 2 rows"), "{err}");
+    // Too many ids for a shard's rows: it keeps the most recently seen
+    // (LRU) or the most looked up (LFU), and counts the rest evicted.
+    let mut by_recency = held(a);
+    by_recency.sort_by_key(|h| std::cmp::Reverse((h.1, h.2)));
+    let mut by_count = held(a);
+    by_count.sort_by_key(|h| std::cmp::Reverse((h.2, h.1)));
+    for (eviction, order) in [(Eviction::Lru, by_recency), (Eviction::Lfu, by_count)] {
+        let two = kv_slice(&saved, 0..2, 0..4, (4, eviction));
+        let mut want = order[..2].to_vec();
+        want.sort_unstable();
+        assert_eq!(held(&two.state), want, "{eviction:?}");
+        assert_eq!(two.from_rows.len(), 2);
+        assert!(two.from_rows[0] < two.from_rows[1]);
+        let evicted = a.position.stats.evicted + (held(a).len() - 2) as u64;
+        assert_eq!(two.state.position.stats.evicted, evicted);
+    }
 }

@@ -383,7 +383,10 @@ fn key_value_tables_sharded_by_buckets_resume_bitwise_and_move_to_any_device_cou
     let saved = ckpt.kv_stats().unwrap();
     let before = saved.iter().find(|(t, _)| t == "t_cat_2").unwrap().1;
     let after = stats(&spread);
-    assert_eq!(after.evicted - before.evicted, (want.len() - kept.len()) as u64);
+    assert_eq!(
+        after.evicted - before.evicted,
+        (want.len() - kept.len()) as u64
+    );
     assert_eq!(after.seen, before.seen);
 }
 

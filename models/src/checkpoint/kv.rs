@@ -39,20 +39,13 @@ fn names(base: &str) -> [String; 5] {
     ["ids", "last_seen", "counts", "free", "sketch"].map(|n| format!("{base}.kv.{n}"))
 }
 
-fn tensor<'a>(dtype: Dtype, len: usize, bytes: Vec<u8>) -> Tensor<'a> {
-    borrowed(dtype, len, Cow::Owned(bytes))
-}
-
+/// A 1-D tensor of `len` values of `dtype`, its bytes borrowed or owned.
 fn borrowed(dtype: Dtype, len: usize, bytes: Cow<'_, [u8]>) -> Tensor<'_> {
     Tensor {
         dtype,
         shape: vec![len],
         data: Data::Bytes(bytes),
     }
-}
-
-fn le_u32(values: &[u32]) -> Vec<u8> {
-    plain_bytes(values).to_vec()
 }
 
 /// Adds a key-value table's map (nothing for another table), saved as
@@ -177,33 +170,37 @@ struct SavedShard {
 pub(super) fn add_kv_shard<'a>(
     (table, k, rows): (&str, usize, [usize; 2]),
     buckets: [usize; 2],
-    state: KvState,
+    view: KvView<'a>,
     (pieces, whole): (&mut Named<'a>, &mut Named<'a>),
     meta: &mut HashMap<String, String>,
 ) {
     let base = super::names::table_base_name(table);
     let [ids, last_seen, counts, free, sketch] = names(&base);
-    let n = state.ids.len();
-    pieces.push((ids, tensor(Dtype::U64, n, plain_bytes(&state.ids).to_vec())));
-    pieces.push((last_seen, tensor(Dtype::U32, n, le_u32(&state.last_seen))));
-    pieces.push((counts, tensor(Dtype::U32, n, le_u32(&state.counts))));
-    let free_rows = state.free.len();
+    let n = view.ids.len();
+    let u32s = |v: &'a [u32]| Cow::Borrowed(plain_bytes(v));
+    pieces.push((
+        ids,
+        borrowed(Dtype::U64, n, Cow::Borrowed(plain_bytes(view.ids))),
+    ));
+    pieces.push((last_seen, borrowed(Dtype::U32, n, u32s(view.last_seen))));
+    pieces.push((counts, borrowed(Dtype::U32, n, u32s(view.counts))));
+    let free_rows = view.free.len();
     whole.push((
         format!("{free}#{k}"),
-        tensor(Dtype::U32, free_rows, le_u32(&state.free)),
+        borrowed(Dtype::U32, free_rows, u32s(view.free)),
     ));
-    if !state.sketch.is_empty() {
-        let len = state.sketch.len();
+    if !view.sketch.is_empty() {
+        let len = view.sketch.len();
         whole.push((
             format!("{sketch}#{k}"),
-            tensor(Dtype::U32, len, le_u32(&state.sketch)),
+            borrowed(Dtype::U32, len, u32s(view.sketch)),
         ));
     }
     let saved = SavedShard {
         rows,
         buckets,
         free_rows,
-        position: state.position,
+        position: view.position,
     };
     meta.insert(shard_key(table, k), json(&saved));
 }
@@ -266,7 +263,9 @@ impl Checkpoint {
             metas.push(saved);
         }
         let same = |s: &SavedShard| (s.rows[0]..s.rows[1], s.buckets[0]..s.buckets[1]);
-        let exact = metas.iter().position(|s| same(s) == (want.0.clone(), want.1.clone()));
+        let exact = metas
+            .iter()
+            .position(|s| same(s) == (want.0.clone(), want.1.clone()));
         let mut shards = Vec::new();
         for (k, saved) in metas.into_iter().enumerate() {
             if exact.is_some_and(|e| e != k) {

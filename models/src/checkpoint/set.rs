@@ -141,11 +141,11 @@ pub fn save_set(
         table_tensors(&base, &part, &table_opt, &mut tensors);
         // A key-value table's map: whole (table-wise), or a shard's.
         let mut kv_whole = Vec::new();
-        match (buckets, local.data.kv_state()) {
-            (Some((rows, ids)), Some(state)) => {
+        match (buckets, local.data.kv_view()) {
+            (Some((rows, ids)), Some(view)) => {
                 let shard = (local.table, local.index, rows);
                 let out = (&mut tensors, &mut kv_whole);
-                add_kv_shard(shard, ids, state, out, &mut written.meta);
+                add_kv_shard(shard, ids, view, out, &mut written.meta);
             }
             _ => add_kv_tensors(local.table, local.data, &mut tensors, &mut written.meta),
         }

@@ -178,7 +178,8 @@ fn copy_rows(
 }
 
 /// Copies rows `from_rows` of `global` (rows and optimizer state, every
-/// column) into `local`'s rows from 0, a run of consecutive rows at a time.
+/// column) into `local`'s rows from 0, a run of consecutive rows (at most
+/// a piece) at a time.
 fn copy_listed_rows(
     global: &EmbeddingTable,
     local: &mut EmbeddingTable,
@@ -187,7 +188,8 @@ fn copy_listed_rows(
     let (stride, per_row) = (global.bytes_per_row(), global.state_floats_per_row());
     let (mut rows, mut state) = (Vec::new(), Vec::new());
     let mut at = 0;
-    for run in from_rows.chunk_by(|a, b| *b == a + 1) {
+    let runs = from_rows.chunk_by(|a, b| *b == a + 1);
+    for run in runs.flat_map(|r| r.chunks(1 << 16)) {
         rows.resize(run.len() * stride, 0);
         state.resize(run.len() * per_row, 0.0);
         global.read_stored_rows(run[0], &mut rows, &mut state)?;

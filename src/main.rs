@@ -34,7 +34,7 @@ enum Command {
     /// Convert a checkpoint's tables to another data type (int8, int4, fp8,
     /// mxfp4 for inference; fp16, bf16, fp32).
     Quantize(quantize::QuantizeArgs),
-    /// Work on a run's checkpoints (compact a chain of deltas).
+    /// Work on a run's checkpoints (compact a chain of deltas, inspect one).
     #[command(subcommand)]
     Checkpoint(checkpoint::CheckpointCommand),
     /// Place the tables on devices and write the sharding plan (JSON).

@@ -239,8 +239,8 @@ fn options(t: &EmbeddingBagConfig, topo: &Topology, o: &PlannerOptions) -> Vec<T
     let column_ok = column_split_refused(&o.optimizer, t.data_type).is_none();
     let mut out = Vec::new();
     let want = |k: ShardingType| o.sharding.is_none_or(|s| s == k);
-    // A key-value table's map is whole on one device: table-wise, whatever
-    // sharding the others are given.
+    // A key-value table is table-wise (its map whole on one device), or
+    // row-wise by buckets below, whatever sharding the others are given.
     let kv = t.kv.is_some();
     if want(ShardingType::TableWise) || kv {
         out.extend((0..n).map(|d| TablePlan::table_wise(t, d)));

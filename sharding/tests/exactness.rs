@@ -359,7 +359,7 @@ proptest! {
             .map(|(i, &(rows, dim, f, kv))| {
                 let names: Vec<String> = (0..f).map(|k| format!("t{i}f{k}")).collect();
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                // Key-value tables are planned table-wise, whatever is asked.
+                // Key-value tables: table-wise or by buckets, whatever is asked.
                 EmbeddingBagConfig {
                     kv: kv.then(ember_sparse::KvConfig::default),
                     ..EmbeddingBagConfig::new(&format!("t{i}"), rows, dim, &refs)

@@ -11,11 +11,17 @@
 //! {"metadata":   {...as in a single file...},
 //!  "weight_map": {"<tensor>": "<file>"},           tensors one file holds whole
 //!  "pieces":     {"<tensor>": [{"file", "tensor", "rows", "columns"}]}}   split tensors: which
-//!                                                  rows (all, a block, or id mod N) and columns
+//!                                                  rows (all, a block, id mod N, a key-value
+//!                                                  shard's block) and columns
 //! ```
 //!
 //! Any number of ranks or devices reads it back: the pieces are placed into
-//! whole tensors, and the reader shards them by its own plan.
+//! whole tensors, and the reader shards them by its own plan. A key-value
+//! shard of buckets also writes its map: ids, headers and counts as pieces,
+//! `kv.free#<shard>` and `kv.sketch#<shard>` whole, its position in the
+//! index's metadata (`ember.kv.<table>#<shard>`); the last one the table's
+//! fallback row (`#<shard>.fallback`). A reader takes a saved shard's map
+//! whole on the same split, or its buckets' ids from every saved shard.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -68,7 +74,8 @@ struct Written {
 /// model's world calls this together; it returns once the index is written.
 /// A model sharded over one process's devices (no world) writes a set of
 /// one file holding every shard: how its disk-tier shards are saved, each
-/// streamed, never gathered into memory.
+/// streamed, never gathered into memory, and its key-value shards of
+/// buckets, each with its own map.
 pub fn save_set(
     model: &mut Dlrm,
     dir: &Path,

@@ -665,7 +665,8 @@ impl Model for Dlrm {
     /// One file (`model.safetensors`) from one process; a set (an index and
     /// one file per rank, each rank writing its own shards) from the ranks
     /// of a world, and from one process whose disk-tier tables are sharded
-    /// (one file of every shard). Either replaces the other.
+    /// or whose key-value tables are sharded by buckets (one file of every
+    /// shard). Either replaces the other.
     fn save_checkpoint(
         &mut self,
         dir: &Path,

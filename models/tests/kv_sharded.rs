@@ -259,16 +259,19 @@ fn held(model: &Dlrm, table: usize) -> Vec<Held> {
     let ebc = model.sparse_arch().unsharded().unwrap();
     let t = &ebc.tables()[table];
     let s = t.kv_state().unwrap();
-    let per = t.state_floats_per_row();
+    let (stride, per) = (t.bytes_per_row(), t.state_floats_per_row());
     let mut out: Vec<_> = (0..s.ids.len())
         .filter(|&r| s.counts[r] > 0)
         .map(|r| {
-            let mut row = vec![0f32; t.dim()];
-            t.read_row(r, &mut row);
-            let state = &t.optimizer_state()[r * per..(r + 1) * per];
+            // As stored (in RAM or on the disk tier); fp32 rows.
+            let (mut row, mut state) = (vec![0u8; stride], vec![0f32; per]);
+            t.read_stored_rows(r, &mut row, &mut state).unwrap();
+            let words = row.chunks_exact(4);
             (
                 s.ids[r],
-                row.iter().map(|v| v.to_bits()).collect(),
+                words
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                    .collect(),
                 state.iter().map(|v| v.to_bits()).collect(),
                 s.last_seen[r],
                 s.counts[r],
@@ -439,4 +442,53 @@ fn key_value_shards_of_buckets_on_ranks_save_a_set_that_moves() {
     let ckpt = Checkpoint::open(&index).unwrap();
     let alone = ckpt.builder().optimizers(table, dense).build().unwrap();
     assert_eq!(&held(&alone, 2), want);
+}
+
+#[test]
+fn key_value_shards_of_buckets_on_the_disk_tier_train_save_and_move_as_in_ram() {
+    let (_, data) = setup();
+    let (config, plan) = by_buckets(&[0, 1]);
+    let dir = tempfile::tempdir().unwrap();
+    // Table 2's shards on the disk tier, each caching 16 rows.
+    let tiers = |d: &Path| {
+        std::fs::create_dir_all(d).unwrap();
+        let tier = ember_sparse::DiskTierConfig {
+            dir: d.to_path_buf(),
+            cache_rows: 32,
+            policy: ember_sparse::CachePolicy::default(),
+        };
+        vec![None, None, Some(tier)]
+    };
+    let (table, dense) = optimizers();
+    let placed = |tiers: Vec<Option<ember_sparse::DiskTierConfig>>| {
+        (Dlrm::builder(config.clone()).optimizers(table, dense))
+            .seed(5)
+            .plan(plan.clone())
+            .disk_tiers(tiers)
+            .build()
+            .unwrap()
+    };
+    let (mut ram, mut disk) = (placed(Vec::new()), placed(tiers(&dir.path().join("tier"))));
+    let on_disk = disk.sparse_arch().sharded().unwrap().local_shards();
+    assert_eq!(on_disk.iter().filter(|s| s.data.is_on_disk()).count(), 2);
+    let losses = train(&mut ram, &data, 0..8, (0, 1));
+    assert_eq!(train(&mut disk, &data, 0..8, (0, 1)), losses);
+    assert_eq!(bucket_maps(&disk), bucket_maps(&ram));
+    assert_eq!(held(&disk, 2), held(&ram, 2));
+    // Saved (a set, streamed), resumed on the disk tier and on the plan.
+    let ckpt_dir = dir.path().join("ckpt");
+    disk.save_checkpoint(&ckpt_dir, None).unwrap();
+    every_checksum_holds(&ckpt_dir);
+    let ckpt = Checkpoint::open(&ckpt_dir).unwrap();
+    let mut resumed = (ckpt.builder().optimizers(table, dense))
+        .plan(plan.clone())
+        .disk_tiers(tiers(&dir.path().join("tier2")))
+        .build()
+        .unwrap();
+    assert_eq!(bucket_maps(&resumed), bucket_maps(&disk));
+    let more = train(&mut ram, &data, 8..11, (0, 1));
+    assert_eq!(train(&mut resumed, &data, 8..11, (0, 1)), more);
+    // Moved into one process, in RAM.
+    let alone = ckpt.builder().optimizers(table, dense).build().unwrap();
+    assert_eq!(held(&alone, 2), held(&disk, 2));
 }

@@ -32,8 +32,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ember_sparse::{
-    kv_slice, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings,
-    KeyedJaggedTensor, KvShard, SparseError, TablePart,
+    EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings, KeyedJaggedTensor,
+    SparseError, TablePart,
 };
 
 use crate::collective::{Collective, InProcess};
@@ -181,13 +181,13 @@ impl ShardedEmbeddingCollection {
         let mut row = vec![0.0f32; dim];
         for (k, &(t, split, rows)) in local_sources.iter().enumerate() {
             let (from, to) = (&source.tables()[t], &mut local.tables_mut()[k]);
-            let Some(state) = from.kv_state() else {
+            if !from.is_key_value() {
                 for l in 0..rows {
                     from.try_read_row(split.global(l), &mut row)?;
                     to.write_row(l, &row);
                 }
                 continue;
-            };
+            }
             // A key-value table: whole with its map, or its ids of the
             // shard's buckets in its first rows; new ids' rows are drawn
             // by the table's place, as the whole table draws them.
@@ -197,18 +197,13 @@ impl ShardedEmbeddingCollection {
                 row_step: 1,
                 first_column: 0,
             });
-            let (from_rows, state) = match split.buckets() {
-                None => ((0..rows).collect(), state),
-                Some((rows, buckets, of)) => {
-                    let saved = [KvShard {
-                        rows: 0..state.ids.len(),
-                        buckets: 0..of,
-                        state,
-                    }];
-                    let eviction = configs[t].kv.as_ref().map(|k| k.eviction);
-                    let slice = kv_slice(&saved, rows, buckets, (of, eviction.unwrap_or_default()));
-                    (slice.from_rows, slice.state)
-                }
+            let sliced = (split.buckets()).and_then(|(r, b, of)| from.kv_slice(r, b, of));
+            let (from_rows, state) = match sliced {
+                Some(slice) => (slice.from_rows, slice.state),
+                None => (
+                    (0..rows).collect(),
+                    from.kv_state().expect("a key-value table"),
+                ),
             };
             for (l, &g) in from_rows.iter().enumerate() {
                 from.try_read_row(g, &mut row)?;

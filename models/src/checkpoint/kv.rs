@@ -40,7 +40,7 @@ fn names(base: &str) -> [String; 5] {
 }
 
 /// A 1-D tensor of `len` values of `dtype`, its bytes borrowed or owned.
-fn borrowed(dtype: Dtype, len: usize, bytes: Cow<'_, [u8]>) -> Tensor<'_> {
+fn tensor_1d(dtype: Dtype, len: usize, bytes: Cow<'_, [u8]>) -> Tensor<'_> {
     Tensor {
         dtype,
         shape: vec![len],
@@ -125,15 +125,15 @@ fn add_state<'a, 'v>(
     let part = |values: &'v [u32]| bytes(plain_bytes(values));
     tensors.push((
         ids,
-        borrowed(Dtype::U64, rows, bytes(plain_bytes(view.ids))),
+        tensor_1d(Dtype::U64, rows, bytes(plain_bytes(view.ids))),
     ));
-    tensors.push((last_seen, borrowed(Dtype::U32, rows, part(view.last_seen))));
-    tensors.push((counts, borrowed(Dtype::U32, rows, part(view.counts))));
+    tensors.push((last_seen, tensor_1d(Dtype::U32, rows, part(view.last_seen))));
+    tensors.push((counts, tensor_1d(Dtype::U32, rows, part(view.counts))));
     let free_rows = view.free.len();
-    tensors.push((free, borrowed(Dtype::U32, free_rows, part(view.free))));
+    tensors.push((free, tensor_1d(Dtype::U32, free_rows, part(view.free))));
     if !view.sketch.is_empty() {
         let n = view.sketch.len();
-        tensors.push((sketch, borrowed(Dtype::U32, n, part(view.sketch))));
+        tensors.push((sketch, tensor_1d(Dtype::U32, n, part(view.sketch))));
     }
     let saved = SavedKv {
         free_rows,
@@ -180,20 +180,20 @@ pub(super) fn add_kv_shard<'a>(
     let u32s = |v: &'a [u32]| Cow::Borrowed(plain_bytes(v));
     pieces.push((
         ids,
-        borrowed(Dtype::U64, n, Cow::Borrowed(plain_bytes(view.ids))),
+        tensor_1d(Dtype::U64, n, Cow::Borrowed(plain_bytes(view.ids))),
     ));
-    pieces.push((last_seen, borrowed(Dtype::U32, n, u32s(view.last_seen))));
-    pieces.push((counts, borrowed(Dtype::U32, n, u32s(view.counts))));
+    pieces.push((last_seen, tensor_1d(Dtype::U32, n, u32s(view.last_seen))));
+    pieces.push((counts, tensor_1d(Dtype::U32, n, u32s(view.counts))));
     let free_rows = view.free.len();
     whole.push((
         format!("{free}#{k}"),
-        borrowed(Dtype::U32, free_rows, u32s(view.free)),
+        tensor_1d(Dtype::U32, free_rows, u32s(view.free)),
     ));
     if !view.sketch.is_empty() {
         let len = view.sketch.len();
         whole.push((
             format!("{sketch}#{k}"),
-            borrowed(Dtype::U32, len, u32s(view.sketch)),
+            tensor_1d(Dtype::U32, len, u32s(view.sketch)),
         ));
     }
     let saved = SavedShard {

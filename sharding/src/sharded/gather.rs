@@ -126,15 +126,8 @@ impl ShardedEmbeddingBagCollection {
         }
         // A table sharded by buckets becomes one map, its rows unmoved.
         for (global, shards) in ebc.tables_mut().iter_mut().zip(maps) {
-            match shards.as_slice() {
-                [] => {}
-                [whole]
-                    if whole.rows.start == 0
-                        && whole.state.ids.len() + 1 == global.num_embeddings() =>
-                {
-                    global.load_kv_state(whole.state.clone())?
-                }
-                _ => global.load_kv_state(merge_shards(&shards))?,
+            if !shards.is_empty() {
+                global.load_kv_state(merge_shards(&shards))?;
             }
         }
         ebc.set_step(self.step);

@@ -4,8 +4,8 @@
 use std::ops::Range;
 
 use ember_sparse::{
-    kv_slice, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, KvShard,
-    TableOptimizer, CACHE_WAYS,
+    DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, TableOptimizer,
+    CACHE_WAYS,
 };
 
 use crate::plan::{RowSplit, Shard};
@@ -53,28 +53,22 @@ impl ShardSource for EmbeddingBagCollection {
     fn fill(
         &self,
         t: usize,
-        config: &EmbeddingBagConfig,
+        _: &EmbeddingBagConfig,
         shard: &Shard,
         local: &mut EmbeddingTable,
     ) -> Result<(), ShardingError> {
         let opt = self.optimizer();
         let global = &self.tables()[t];
-        let Some(state) = global.kv_state() else {
-            return copy_rows(global, local, shard.rows, shard.column_range(), opt);
-        };
-        let Some((rows, buckets, of)) = shard.rows.buckets() else {
-            // Table-wise: the whole table and its map.
+        // A key-value table's ids of the shard's buckets, into its first rows.
+        let sliced = (shard.rows.buckets()).and_then(|(r, b, of)| global.kv_slice(r, b, of));
+        let Some(slice) = sliced else {
             copy_rows(global, local, shard.rows, shard.column_range(), opt)?;
-            return Ok(local.load_kv_state(state)?);
+            // Table-wise, a key-value table's map whole.
+            if let Some(state) = global.kv_state() {
+                local.load_kv_state(state)?;
+            }
+            return Ok(());
         };
-        // The one map's ids of the shard's buckets, into its first rows.
-        let saved = [KvShard {
-            rows: 0..state.ids.len(),
-            buckets: 0..of,
-            state,
-        }];
-        let eviction = config.kv.as_ref().map(|k| k.eviction).unwrap_or_default();
-        let slice = kv_slice(&saved, rows, buckets, (of, eviction));
         copy_listed_rows(global, local, &slice.from_rows)?;
         Ok(local.load_kv_state(slice.state)?)
     }

@@ -59,6 +59,23 @@ impl EmbeddingTable {
         self.kv.as_ref().map(KvIndex::view)
     }
 
+    /// The part of this key-value table's map a shard of its rows `rows`
+    /// holding `buckets` of `of` takes ([`kv_slice`](crate::kv_slice), the
+    /// table one saved shard, under its own eviction policy), read from
+    /// the map in place; `None` for another table.
+    pub fn kv_slice(
+        &self,
+        rows: std::ops::Range<usize>,
+        buckets: std::ops::Range<usize>,
+        of: usize,
+    ) -> Option<crate::KvSlice> {
+        let kv = self.kv.as_ref()?;
+        let view = kv.view();
+        let whole = [(0..view.ids.len(), 0..of, view)];
+        let eviction = kv.config().eviction;
+        Some(crate::kv::slice(&whole, rows, buckets, (of, eviction)))
+    }
+
     /// Replaces a key-value table's map with a saved one, checked whole
     /// first (one row per id, free rows free, no header after the map's
     /// clock); nothing changes on an error, which names the id or row at

@@ -88,6 +88,20 @@ pub struct KvView<'a> {
     pub position: KvPosition,
 }
 
+impl KvView<'_> {
+    /// The state, copied.
+    pub fn to_state(&self) -> KvState {
+        KvState {
+            ids: self.ids.to_vec(),
+            last_seen: self.last_seen.to_vec(),
+            counts: self.counts.to_vec(),
+            free: self.free.to_vec(),
+            sketch: self.sketch.to_vec(),
+            position: self.position,
+        }
+    }
+}
+
 impl KvState {
     /// The state, borrowed.
     pub fn view(&self) -> KvView<'_> {

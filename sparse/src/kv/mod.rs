@@ -18,4 +18,5 @@ pub use config::{
 };
 pub(crate) use index::{Fresh, KvIndex};
 pub use index::{KvPosition, KvState, KvStats, KvView};
+pub(crate) use shards::slice;
 pub use shards::{id_bucket, kv_slice, merge_shards, KvShard, KvSlice};

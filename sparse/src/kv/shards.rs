@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use super::{Eviction, KvPosition, KvState, KvStats};
+use super::{Eviction, KvPosition, KvState, KvStats, KvView};
 use crate::rng::splitmix;
 
 /// Mixed into an id before it is hashed to its bucket, so buckets and the
@@ -65,10 +65,26 @@ pub fn kv_slice(
     buckets: Range<usize>,
     (of, eviction): (usize, Eviction),
 ) -> KvSlice {
-    if let Some(same) = (saved.iter()).find(|s| s.rows == rows && s.buckets == buckets) {
+    let views: Vec<ShardView> = (saved.iter())
+        .map(|s| (s.rows.clone(), s.buckets.clone(), s.state.view()))
+        .collect();
+    slice(&views, rows, buckets, (of, eviction))
+}
+
+/// A shard's rows, buckets and map, borrowed.
+pub(crate) type ShardView<'a> = (Range<usize>, Range<usize>, KvView<'a>);
+
+/// [`kv_slice`] of borrowed maps (a table's own, uncopied).
+pub(crate) fn slice(
+    saved: &[ShardView],
+    rows: Range<usize>,
+    buckets: Range<usize>,
+    (of, eviction): (usize, Eviction),
+) -> KvSlice {
+    if let Some((_, _, same)) = (saved.iter()).find(|s| s.0 == rows && s.1 == buckets) {
         return KvSlice {
             from_rows: rows.collect(),
-            state: same.state.clone(),
+            state: same.to_state(),
         };
     }
     let cap = rows.len();
@@ -80,11 +96,10 @@ pub fn kv_slice(
     };
     // (saved row, id, header, count) of every id of the buckets.
     let mut taken = Vec::new();
-    for s in saved {
-        let st = &s.state;
+    for (at, _, st) in saved {
         for (l, &id) in st.ids.iter().enumerate() {
             if st.counts[l] > 0 && buckets.contains(&id_bucket(id, of)) {
-                taken.push((s.rows.start + l, id, st.last_seen[l], st.counts[l]));
+                taken.push((at.start + l, id, st.last_seen[l], st.counts[l]));
             }
         }
     }
@@ -108,12 +123,12 @@ pub fn kv_slice(
     state.ids.resize(cap, 0);
     state.last_seen.resize(cap, 0);
     state.counts.resize(cap, 0);
-    state.sketch = summed_sketch(saved);
-    let first = saved.first().map(|s| s.state.position);
+    state.sketch = summed_sketch(saved.iter().map(|s| s.2.sketch));
+    let first = saved.first().map(|s| s.2.position);
     state.position = KvPosition {
         seed: first.map_or(0, |p| p.seed),
         clock: (saved.iter())
-            .map(|s| s.state.position.clock)
+            .map(|s| s.2.position.clock)
             .max()
             .unwrap_or(0),
         never_used: held as u64,
@@ -124,7 +139,10 @@ pub fn kv_slice(
         },
     };
     if buckets.start == 0 {
-        state.position.stats.add(&summed_stats(saved));
+        state
+            .position
+            .stats
+            .add(&summed_stats(saved.iter().map(|s| s.2.position)));
     }
     KvSlice { from_rows, state }
 }
@@ -136,8 +154,12 @@ pub fn kv_slice(
 /// A shard's own free rows, positions and sketch are not kept: the map
 /// trains on as one.
 pub fn merge_shards(shards: &[KvShard]) -> KvState {
+    // One shard is the table's map as it is (its free rows and position too).
+    if let [whole] = shards {
+        return whole.state.clone();
+    }
     let mut out = KvState {
-        sketch: summed_sketch(shards),
+        sketch: summed_sketch(shards.iter().map(|s| &s.state.sketch[..])),
         ..KvState::default()
     };
     let last = shards.len().saturating_sub(1);
@@ -163,17 +185,17 @@ pub fn merge_shards(shards: &[KvShard]) -> KvState {
             .unwrap_or(0),
         never_used: last_start as u64 + never_used,
         hand: 0,
-        stats: summed_stats(shards),
+        stats: summed_stats(shards.iter().map(|s| s.state.position)),
     };
     out
 }
 
 /// The shards' sketches, counter by counter (saturating).
-fn summed_sketch(shards: &[KvShard]) -> Vec<u32> {
+fn summed_sketch<'a>(sketches: impl Iterator<Item = &'a [u32]>) -> Vec<u32> {
     let mut sum: Vec<u32> = Vec::new();
-    for s in shards {
-        sum.resize(sum.len().max(s.state.sketch.len()), 0);
-        for (a, &b) in sum.iter_mut().zip(&s.state.sketch) {
+    for sketch in sketches {
+        sum.resize(sum.len().max(sketch.len()), 0);
+        for (a, &b) in sum.iter_mut().zip(sketch) {
             *a = a.saturating_add(b);
         }
     }
@@ -182,10 +204,10 @@ fn summed_sketch(shards: &[KvShard]) -> Vec<u32> {
 
 /// The shards' figures summed (a map's occupancy and capacity are its
 /// own: it counts them afresh).
-fn summed_stats(shards: &[KvShard]) -> KvStats {
+fn summed_stats(positions: impl Iterator<Item = KvPosition>) -> KvStats {
     let mut total = KvStats::default();
-    for s in shards {
-        total.add(&s.state.position.stats);
+    for p in positions {
+        total.add(&p.stats);
     }
     total
 }

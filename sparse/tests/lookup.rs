@@ -385,6 +385,45 @@ fn duplicate_ids_update_with_summed_gradient_by_hand() {
     }
 }
 
+/// An optimizer set after building trains as one built in (fresh state,
+/// as TorchRec's `apply_optimizer_in_backward`); a refused one changes
+/// nothing.
+#[test]
+fn optimizer_set_after_building_trains_as_one_built_in() {
+    let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], vec![1, 2], &[1, 1], None).unwrap();
+    let grad = [1.0, 2.0, 3.0, -1.0];
+    for opt in optimizers() {
+        let mut built = one_table(opt);
+        let mut set = one_table(TableOptimizer::None);
+        set.set_optimizer(opt).unwrap();
+        assert_eq!(set.optimizer(), &opt);
+        for _ in 0..3 {
+            built.backward_update(&kjt, &grad).unwrap();
+            set.backward_update(&kjt, &grad).unwrap();
+        }
+        assert_eq!(built.tables()[0].weights(), set.tables()[0].weights());
+        assert_eq!(
+            built.tables()[0].optimizer_state(),
+            set.tables()[0].optimizer_state()
+        );
+    }
+    let mut ebc = one_table(TableOptimizer::sgd(0.1));
+    let bad = TableOptimizer::Adagrad {
+        lr: f32::NAN,
+        eps: 0.0,
+    };
+    assert!(matches!(
+        ebc.set_optimizer(bad),
+        Err(SparseError::InvalidOptimizer(_))
+    ));
+    assert_eq!(ebc.optimizer(), &TableOptimizer::sgd(0.1));
+    let int8 = EmbeddingBagConfig::new("q", 4, 8, &["f"]).with_data_type(ember_sparse::DataType::Int8);
+    let mut quantized =
+        EmbeddingBagCollection::new(vec![int8], TableOptimizer::None, 0).unwrap();
+    let err = quantized.set_optimizer(TableOptimizer::sgd(0.1)).unwrap_err();
+    assert!(err.to_string().contains("for inference"), "{err}");
+}
+
 #[test]
 fn same_seed_same_tables() {
     let configs = vec![

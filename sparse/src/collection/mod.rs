@@ -4,6 +4,7 @@
 
 use crate::kv::KvIndex;
 use crate::rows::TableRows;
+use crate::optimizer::OptimizerState;
 use crate::{
     DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PooledValue,
     SparseError, TableOptimizer, TierStats,
@@ -596,6 +597,56 @@ impl EmbeddingBagCollection {
     /// The optimizer fused into [`backward_update`](Self::backward_update).
     pub fn optimizer(&self) -> &TableOptimizer {
         &self.optimizer
+    }
+    /// Replaces the optimizer fused into the backward pass, with fresh
+    /// (zero) state for every table, as a new optimizer starts in
+    /// TorchRec's `apply_optimizer_in_backward`. The step count is kept.
+    /// Fails, leaving the collection as it was, when the optimizer is
+    /// invalid, a quantized table would train, the state cannot be
+    /// allocated, or a table is on the disk tier and either optimizer keeps
+    /// state (its file is laid out for the optimizer it was built with).
+    pub fn set_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
+        optimizer
+            .validate()
+            .map_err(SparseError::InvalidOptimizer)?;
+        let mut states = Vec::with_capacity(self.tables.len());
+        for table in &self.tables {
+            let (dim, name) = (table.dim(), table.name().to_string());
+            if !table.data_type().is_trainable() && !matches!(optimizer, TableOptimizer::None) {
+                return Err(SparseError::InvalidConfig {
+                    table: name,
+                    reason: format!(
+                        "{} tables are for inference: they take no optimizer",
+                        table.data_type()
+                    ),
+                });
+            }
+            let per_row = optimizer.state_floats_per_row(dim);
+            if table.is_on_disk() && per_row + self.optimizer.state_floats_per_row(dim) > 0 {
+                return Err(SparseError::InvalidConfig {
+                    table: name,
+                    reason: format!(
+                        "on the disk tier, its file holds the state of {:?}: build the \
+                         collection with the optimizer it will train with",
+                        self.optimizer
+                    ),
+                });
+            }
+            let (rows, _) = table.store.resident();
+            let rows = rows.bytes().len() / rows.stride().max(1);
+            let state = OptimizerState::new(&optimizer, rows, dim).ok_or(
+                SparseError::Allocation {
+                    table: name,
+                    bytes: per_row.saturating_mul(rows).saturating_mul(4),
+                },
+            )?;
+            states.push(state);
+        }
+        for (table, state) in self.tables.iter_mut().zip(states) {
+            *table.store.parts_mut().1 = state;
+        }
+        self.optimizer = optimizer;
+        Ok(())
     }
     /// Number of backward updates applied so far (Adam's bias-correction step).
     pub fn step(&self) -> u64 {

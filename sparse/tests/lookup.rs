@@ -417,10 +417,12 @@ fn optimizer_set_after_building_trains_as_one_built_in() {
         Err(SparseError::InvalidOptimizer(_))
     ));
     assert_eq!(ebc.optimizer(), &TableOptimizer::sgd(0.1));
-    let int8 = EmbeddingBagConfig::new("q", 4, 8, &["f"]).with_data_type(ember_sparse::DataType::Int8);
-    let mut quantized =
-        EmbeddingBagCollection::new(vec![int8], TableOptimizer::None, 0).unwrap();
-    let err = quantized.set_optimizer(TableOptimizer::sgd(0.1)).unwrap_err();
+    let int8 =
+        EmbeddingBagConfig::new("q", 4, 8, &["f"]).with_data_type(ember_sparse::DataType::Int8);
+    let mut quantized = EmbeddingBagCollection::new(vec![int8], TableOptimizer::None, 0).unwrap();
+    let err = quantized
+        .set_optimizer(TableOptimizer::sgd(0.1))
+        .unwrap_err();
     assert!(err.to_string().contains("for inference"), "{err}");
 }
 

@@ -3,8 +3,8 @@
 //! types, their construction and accessors, and the helpers the kernels share.
 
 use crate::kv::KvIndex;
-use crate::rows::TableRows;
 use crate::optimizer::OptimizerState;
+use crate::rows::TableRows;
 use crate::{
     DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PooledValue,
     SparseError, TableOptimizer, TierStats,
@@ -634,12 +634,11 @@ impl EmbeddingBagCollection {
             }
             let (rows, _) = table.store.resident();
             let rows = rows.bytes().len() / rows.stride().max(1);
-            let state = OptimizerState::new(&optimizer, rows, dim).ok_or(
-                SparseError::Allocation {
+            let state =
+                OptimizerState::new(&optimizer, rows, dim).ok_or(SparseError::Allocation {
                     table: name,
                     bytes: per_row.saturating_mul(rows).saturating_mul(4),
-                },
-            )?;
+                })?;
             states.push(state);
         }
         for (table, state) in self.tables.iter_mut().zip(states) {

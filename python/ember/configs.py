@@ -1,0 +1,84 @@
+"""Table configs with TorchRec's names and defaults (``torchrec.EmbeddingBagConfig``,
+``torchrec.PoolingType``, ``torchrec.DataType``)."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+class PoolingType(enum.Enum):
+    """How a bag's rows combine (TorchRec's ``PoolingType``)."""
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+
+
+class DataType(enum.Enum):
+    """A table's row type (TorchRec's ``DataType``; FP8 and MXFP4 are Ember's).
+
+    FP32, FP16 and BF16 tables train; the others are for inference.
+    """
+
+    FP32 = "FP32"
+    FP16 = "FP16"
+    BF16 = "BF16"
+    INT8 = "INT8"
+    INT4 = "INT4"
+    FP8 = "FP8"
+    MXFP4 = "MXFP4"
+
+
+@dataclass
+class EmbeddingBagConfig:
+    """One table and the features that look it up (TorchRec's fields, in its order).
+
+    ``weight_init_min``/``weight_init_max`` default to -/+ sqrt(1 / num_embeddings),
+    as in TorchRec.
+    """
+
+    num_embeddings: int
+    embedding_dim: int
+    name: str = ""
+    data_type: DataType = DataType.FP32
+    feature_names: List[str] = field(default_factory=list)
+    weight_init_max: Optional[float] = None
+    weight_init_min: Optional[float] = None
+    pooling: PoolingType = PoolingType.SUM
+
+    def _to_ember(self) -> dict:
+        """The config as Ember's ``EmbeddingBagConfig`` reads it (JSON)."""
+        if not isinstance(self.data_type, DataType):
+            raise ValueError(f"table '{self.name}': data_type must be an ember.DataType")
+        if not isinstance(self.pooling, PoolingType):
+            raise ValueError(
+                f"table '{self.name}': pooling must be ember.PoolingType.SUM or MEAN"
+            )
+        for field_name in ("num_embeddings", "embedding_dim"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"table '{self.name}': {field_name} must be a non-negative int, got {value!r}"
+                )
+        return {
+            "name": self.name,
+            "num_embeddings": int(self.num_embeddings),
+            "embedding_dim": int(self.embedding_dim),
+            "feature_names": [str(f) for f in self.feature_names],
+            "pooling": self.pooling.value.lower(),
+            "weight_init_min": self.weight_init_min,
+            "weight_init_max": self.weight_init_max,
+            "data_type": self.data_type.value.lower(),
+        }
+
+
+def tables_json(tables: List[EmbeddingBagConfig]) -> str:
+    """Configs as the JSON list the native collection takes."""
+    for i, table in enumerate(tables):
+        if not isinstance(table, EmbeddingBagConfig):
+            raise TypeError(
+                f"tables[{i}]: expected an ember.EmbeddingBagConfig, got {type(table).__name__}"
+            )
+    return json.dumps([t._to_ember() for t in tables])

@@ -1,0 +1,98 @@
+"""``KeyedJaggedTensor``: a batch of sparse features in TorchRec's layout
+(key-major values, with lengths or offsets, optional per-value weights).
+
+Values may be torch tensors, numpy arrays (read through DLPack) or lists.
+The batch is validated when built, with Ember's checks and messages
+(``ValueError``), and handed to Ember as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+from ember import _native
+
+
+class KeyedJaggedTensor:
+    """Sparse features of a batch (TorchRec's ``KeyedJaggedTensor``).
+
+    ``values`` holds every id, key by key; ``lengths`` one count per (key,
+    sample), key-major, or ``offsets`` (``len(keys) * batch + 1`` of them);
+    ``weights`` one float per id (weighted features), or None.
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        values: Any,
+        weights: Optional[Any] = None,
+        lengths: Optional[Any] = None,
+        offsets: Optional[Any] = None,
+        stride: Optional[int] = None,
+    ) -> None:
+        self._keys = [str(k) for k in keys]
+        self._values = values
+        self._weights = weights
+        self._lengths = lengths
+        self._offsets = offsets
+        if lengths is not None:
+            self._native = _native.Kjt(self._keys, values, lengths=lengths, weights=weights)
+        else:
+            self._native = _native.Kjt(self._keys, values, offsets=offsets, weights=weights)
+        if stride is not None and stride != self._native.stride():
+            raise ValueError(
+                f"stride {stride} given, but the lengths describe {self._native.stride()} samples"
+            )
+
+    @staticmethod
+    def from_lengths_sync(
+        keys: Sequence[str], values: Any, lengths: Any, weights: Optional[Any] = None
+    ) -> "KeyedJaggedTensor":
+        """From one length per (key, sample), key-major."""
+        return KeyedJaggedTensor(keys, values, weights=weights, lengths=lengths)
+
+    @staticmethod
+    def from_offsets_sync(
+        keys: Sequence[str], values: Any, offsets: Any, weights: Optional[Any] = None
+    ) -> "KeyedJaggedTensor":
+        """From ``len(keys) * batch + 1`` offsets into the values."""
+        return KeyedJaggedTensor(keys, values, weights=weights, offsets=offsets)
+
+    def keys(self) -> List[str]:
+        """The feature names, in input order."""
+        return list(self._keys)
+
+    def values(self) -> Any:
+        """The ids, as given."""
+        return self._values
+
+    def weights(self) -> Any:
+        """The per-id weights; raises when the features are unweighted."""
+        if self._weights is None:
+            raise ValueError("this KeyedJaggedTensor has no weights")
+        return self._weights
+
+    def weights_or_none(self) -> Optional[Any]:
+        """The per-id weights, or None."""
+        return self._weights
+
+    def lengths(self) -> Any:
+        """One length per (key, sample), key-major (as given, or computed as a list)."""
+        return self._lengths if self._lengths is not None else self._native.lengths()
+
+    def offsets(self) -> Any:
+        """``len(keys) * stride() + 1`` offsets (as given, or computed as a list)."""
+        return self._offsets if self._offsets is not None else self._native.offsets()
+
+    def stride(self) -> int:
+        """The batch size."""
+        return self._native.stride()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyedJaggedTensor(keys={self._keys}, stride={self.stride()}, "
+            f"values={self._native.num_values()})"
+        )

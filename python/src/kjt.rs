@@ -1,0 +1,78 @@
+//! `Kjt`: a validated `KeyedJaggedTensor` built from Python arrays or
+//! lists (TorchRec's layout: key-major values, lengths or offsets).
+
+use ember_sparse::KeyedJaggedTensor;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::{errors, input};
+
+/// A batch of jagged ids, checked once when built (negative lengths,
+/// sums, offsets, weights: Ember's errors as `ValueError`).
+#[pyclass(module = "ember._native", frozen)]
+pub struct Kjt {
+    pub(crate) kjt: KeyedJaggedTensor,
+}
+
+#[pymethods]
+impl Kjt {
+    /// `keys`, and `values` with exactly one of `lengths` (one per key and
+    /// sample, key-major) or `offsets` (`len(keys) * batch + 1`), and
+    /// optional per-value `weights`. Arrays are int64/int32 (float32 for
+    /// weights) through DLPack, or Python lists.
+    #[new]
+    #[pyo3(signature = (keys, values, lengths=None, offsets=None, weights=None))]
+    fn new(
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        lengths: Option<&Bound<'_, PyAny>>,
+        offsets: Option<&Bound<'_, PyAny>>,
+        weights: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let values = input::ints(values, "values")?;
+        let weights = weights.map(|w| input::floats(w, "weights")).transpose()?;
+        let kjt = match (lengths, offsets) {
+            (Some(lengths), None) => {
+                let lengths = input::ints(lengths, "lengths")?;
+                KeyedJaggedTensor::from_lengths(keys, values, &lengths, weights)
+            }
+            (None, Some(offsets)) => {
+                let offsets = input::ints(offsets, "offsets")?;
+                KeyedJaggedTensor::from_offsets(keys, values, &offsets, weights)
+            }
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give exactly one of lengths and offsets",
+                ))
+            }
+        };
+        Ok(Self {
+            kjt: kjt.map_err(errors::sparse)?,
+        })
+    }
+
+    /// The keys, in input order.
+    fn keys(&self) -> Vec<String> {
+        self.kjt.keys().to_vec()
+    }
+
+    /// The batch size (samples per key).
+    fn stride(&self) -> usize {
+        self.kjt.stride()
+    }
+
+    /// The number of ids.
+    fn num_values(&self) -> usize {
+        self.kjt.values().len()
+    }
+
+    /// One length per key and sample, key-major.
+    fn lengths(&self) -> Vec<usize> {
+        self.kjt.lengths()
+    }
+
+    /// `len(keys) * stride + 1` offsets into the values.
+    fn offsets(&self) -> Vec<usize> {
+        self.kjt.offsets().to_vec()
+    }
+}

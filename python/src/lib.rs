@@ -1,0 +1,24 @@
+//! The native module of the `ember` Python package (`ember._native`):
+//! Ember's embedding-bag tables, their jagged inputs and their tensors,
+//! for the Python layer (`python/ember/`) that gives them TorchRec's names
+//! and torch's autograd. The Rust API (ember-sparse) stays the source of
+//! truth; this crate only converts.
+
+use pyo3::prelude::*;
+
+mod collection;
+mod errors;
+mod input;
+mod kjt;
+mod tensor;
+
+/// `ember._native`: `Collection`, `Kjt`, `Tensor`.
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<tensor::Tensor>()?;
+    module.add_class::<kjt::Kjt>()?;
+    module.add_class::<collection::Collection>()?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -104,6 +104,8 @@ pub mod book {
     pub struct GettingStartedIngest;
     #[doc = include_str!("../docs/src/getting-started/library.md")]
     pub struct GettingStartedLibrary;
+    #[doc = include_str!("../docs/src/getting-started/python.md")]
+    pub struct GettingStartedPython;
     #[doc = include_str!("../docs/src/guides/disk-tier.md")]
     pub struct GuidesDiskTier;
     #[doc = include_str!("../docs/src/guides/key-value-tables.md")]

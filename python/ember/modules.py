@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ember import _native
-from ember.configs import EmbeddingBagConfig, tables_json
+from ember.configs import DataType, EmbeddingBagConfig, tables_json
 from ember.sparse import KeyedJaggedTensor
 
 
@@ -96,7 +96,7 @@ class _PooledLookup(torch.autograd.Function):
     def forward(ctx, collection, kjt, *weights):  # type: ignore[override]
         ctx.collection = collection
         ctx.kjt = kjt
-        ctx.num_weights = len(weights)
+        ctx.weights = weights
         return torch.from_dlpack(collection.forward(kjt))
 
     @staticmethod
@@ -109,7 +109,11 @@ class _PooledLookup(torch.autograd.Function):
             )
         grad = grad.detach().to(torch.float32).contiguous()
         ctx.collection.backward(ctx.kjt, grad)
-        return (None, None) + (None,) * ctx.num_weights
+        # The rows changed in place: torch's version counters say so, so a
+        # graph that saved a table's weight refuses a stale backward.
+        for weight in ctx.weights:
+            torch.autograd.graph.increment_version(weight)
+        return (None, None) + (None,) * len(ctx.weights)
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -148,7 +152,9 @@ class EmbeddingBagCollection(nn.Module):
         for config in self._embedding_bag_configs:
             table = nn.Module()
             weight = torch.from_dlpack(self._collection.weight(config.name))
-            param = nn.Parameter(weight, requires_grad=True)
+            # The inference types' rows are bytes as stored: no gradient.
+            trainable = config.data_type in (DataType.FP32, DataType.FP16, DataType.BF16)
+            param = nn.Parameter(weight, requires_grad=trainable)
             # A weak reference: the module owns its tables, not the reverse.
             param._ember_collection = weakref.ref(self)
             table.register_parameter("weight", param)
@@ -166,22 +172,62 @@ class EmbeddingBagCollection(nn.Module):
             raise TypeError(
                 f"expected an ember.KeyedJaggedTensor, got {type(features).__name__}"
             )
+        native = features._native_for(self._is_weighted)
         weights = [t.weight for t in self.embedding_bags.values()]
-        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
-            values = _PooledLookup.apply(self._collection, features._native, *weights)
+        training = [w.requires_grad for w in weights]
+        if torch.is_grad_enabled() and any(training):
+            if not all(training):
+                frozen = [n for n, w in zip(self.embedding_bags, weights) if not w.requires_grad]
+                raise ValueError(
+                    f"tables {frozen} are frozen and the others are not: the fused optimizer "
+                    "updates a collection's tables together; freeze all of them "
+                    "(requires_grad_(False)) or none, or put them in collections of their own"
+                )
+            values = _PooledLookup.apply(self._collection, native, *weights)
         else:
-            values = torch.from_dlpack(self._collection.forward(features._native))
+            values = torch.from_dlpack(self._collection.forward(native))
         return KeyedTensor(
             self._collection.feature_names, self._collection.feature_dims, values
         )
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .half(), .cuda() and the like would copy the tables away from
+        # Ember's rows, which the lookups keep reading: refused.
+        for name, table in self.embedding_bags.items():
+            weight = table.weight
+            converted = fn(weight)
+            if converted.data_ptr() != weight.data_ptr() or converted.dtype != weight.dtype:
+                raise ValueError(
+                    f"ember.EmbeddingBagCollection: table '{name}' stays in Ember's memory, in "
+                    f"its data type on the CPU ({weight.dtype}): choose the type with "
+                    "EmbeddingBagConfig(data_type=...)"
+                )
+        return super()._apply(fn, recurse)
+
+    def share_memory(self):
+        raise ValueError(
+            "ember.EmbeddingBagCollection: the tables are Ember's memory and cannot move into "
+            "shared memory; share the module between threads instead"
+        )
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """TorchRec's state dict (``embedding_bags.<table>.weight``), copied into
+        Ember's rows in place; ``assign=True`` is refused (it would put other
+        tensors where Ember's rows are)."""
+        if assign:
+            raise ValueError(
+                "ember.EmbeddingBagCollection.load_state_dict: assign=True would detach the "
+                "tables from Ember's rows; load with the default assign=False"
+            )
+        return super().load_state_dict(state_dict, strict=strict)
 
     def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
         """The tables' configs."""
         return list(self._embedding_bag_configs)
 
     def is_weighted(self) -> bool:
-        """Whether the features carry per-id weights (TorchRec's flag; Ember pools
-        weights whenever a batch has them)."""
+        """Whether the features' per-id weights are pooled (TorchRec's flag): a
+        weighted collection requires them; an unweighted one ignores them."""
         return self._is_weighted
 
     @property

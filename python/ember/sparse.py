@@ -3,7 +3,10 @@
 
 Values may be torch tensors, numpy arrays (read through DLPack) or lists.
 The batch is validated when built, with Ember's checks and messages
-(``ValueError``), and handed to Ember as it is.
+(``ValueError``), and its ids are copied once into the batch Ember looks
+up: changing the given tensors afterwards does not change the batch.
+``values()``, ``lengths()``, ``offsets()`` and ``weights()`` return what
+was given (a list stays a list).
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ class KeyedJaggedTensor:
         offsets: Optional[Any] = None,
         stride: Optional[int] = None,
     ) -> None:
+        if isinstance(keys, str):
+            raise TypeError(f"keys: expected a list of feature names, got the string {keys!r}")
         self._keys = [str(k) for k in keys]
         self._values = values
         self._weights = weights
         self._lengths = lengths
         self._offsets = offsets
+        self._unweighted: Optional[_native.Kjt] = None
         if lengths is not None:
             self._native = _native.Kjt(self._keys, values, lengths=lengths, weights=weights)
         else:
@@ -57,6 +63,25 @@ class KeyedJaggedTensor:
     ) -> "KeyedJaggedTensor":
         """From ``len(keys) * batch + 1`` offsets into the values."""
         return KeyedJaggedTensor(keys, values, weights=weights, offsets=offsets)
+
+    def _native_for(self, weighted: bool) -> "_native.Kjt":
+        """The batch for a collection that pools weights (``weighted``) or
+        ignores them, as TorchRec's ``is_weighted``."""
+        if weighted:
+            if self._weights is None:
+                raise ValueError(
+                    "the collection is weighted (is_weighted=True) but the batch has no weights"
+                )
+            return self._native
+        if self._weights is None:
+            return self._native
+        if self._unweighted is None:
+            lengths, offsets = self._lengths, self._offsets
+            if lengths is not None:
+                self._unweighted = _native.Kjt(self._keys, self._values, lengths=lengths)
+            else:
+                self._unweighted = _native.Kjt(self._keys, self._values, offsets=offsets)
+        return self._unweighted
 
     def keys(self) -> List[str]:
         """The feature names, in input order."""

@@ -22,11 +22,59 @@ pub struct Collection {
     state_views: Arc<()>,
 }
 
+/// The collection for a lookup; refused (not waited for) while another
+/// thread's backward holds it.
+fn shared<'py>(slf: &Bound<'py, Collection>) -> PyResult<PyRef<'py, Collection>> {
+    slf.try_borrow().map_err(|_| {
+        PyRuntimeError::new_err(
+            "the collection is being updated by another thread (a backward, or a new \
+             optimizer): run its lookups and backwards from one thread, or one at a time",
+        )
+    })
+}
+
+/// The collection for an update or a view; refused (not waited for) while
+/// another thread uses it.
+fn exclusive<'py>(slf: &Bound<'py, Collection>) -> PyResult<PyRefMut<'py, Collection>> {
+    slf.try_borrow_mut().map_err(|_| {
+        PyRuntimeError::new_err(
+            "the collection is in use by another thread (a lookup or a backward): run its \
+             lookups and backwards from one thread, or one at a time",
+        )
+    })
+}
+
 fn parse_optimizer(json: &str) -> PyResult<TableOptimizer> {
     serde_json::from_str(json).map_err(|e| errors::json("optimizer", e))
 }
 
 impl Collection {
+    /// Refuses a gradient that lies in a table's rows or optimizer state:
+    /// the backward writes those while it reads the gradient.
+    fn refuse_overlap(&self, grad: &[f32]) -> PyResult<()> {
+        let span = |start: *const u8, bytes: usize| (start as usize, start as usize + bytes);
+        let (g0, g1) = span(grad.as_ptr().cast(), std::mem::size_of_val(grad));
+        for table in self.ebc.tables().iter().filter(|t| !t.is_on_disk()) {
+            let rows = table.row_bytes();
+            let state = table.optimizer_state();
+            for (what, (a0, a1)) in [
+                ("rows", span(rows.as_ptr(), rows.len())),
+                (
+                    "optimizer state",
+                    span(state.as_ptr().cast(), std::mem::size_of_val(state)),
+                ),
+            ] {
+                if a0 < a1 && g0 < a1 && a0 < g1 {
+                    return Err(PyValueError::new_err(format!(
+                        "grad: it lies in the {what} of table '{}', which the backward updates",
+                        table.name()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn table_index(&self, name: &str) -> PyResult<usize> {
         self.ebc
             .tables()
@@ -61,11 +109,20 @@ impl Collection {
     /// `EmbeddingBagConfig`), initialised from `seed`, with the optimizer
     /// (Ember's `TableOptimizer` as JSON) fused into `backward`.
     #[new]
-    fn new(tables_json: &str, optimizer_json: &str, seed: u64) -> PyResult<Self> {
+    fn new(py: Python<'_>, tables_json: &str, optimizer_json: &str, seed: u64) -> PyResult<Self> {
         let configs: Vec<EmbeddingBagConfig> =
             serde_json::from_str(tables_json).map_err(|e| errors::json("tables", e))?;
+        if let Some(config) = configs.iter().find(|c| c.kv.is_some()) {
+            return Err(PyValueError::new_err(format!(
+                "table '{}': key-value tables are not offered from Python yet",
+                config.name
+            )));
+        }
         let optimizer = parse_optimizer(optimizer_json)?;
-        let ebc = EmbeddingBagCollection::new(configs, optimizer, seed).map_err(errors::sparse)?;
+        // Drawing gigabytes of rows takes seconds: other threads go on.
+        let ebc = py
+            .detach(|| EmbeddingBagCollection::new(configs, optimizer, seed))
+            .map_err(errors::sparse)?;
         Ok(Self {
             ebc,
             pool: BufferPool::default(),
@@ -73,16 +130,27 @@ impl Collection {
         })
     }
 
-    /// Replaces the fused optimizer (JSON), with fresh state.
-    fn set_optimizer(&mut self, optimizer_json: &str) -> PyResult<()> {
+    /// Replaces the fused optimizer (JSON), with fresh state and the step
+    /// count at 0.
+    fn set_optimizer(slf: &Bound<'_, Self>, optimizer_json: &str) -> PyResult<()> {
         let optimizer = parse_optimizer(optimizer_json)?;
-        if Arc::strong_count(&self.state_views) > 1 {
+        let mut this = exclusive(slf)?;
+        if this.optimizer_state_viewed() {
             return Err(PyRuntimeError::new_err(
                 "the optimizer state is viewed by a live tensor: let go of the views \
                  (optimizer_state) before replacing the optimizer",
             ));
         }
-        self.ebc.set_optimizer(optimizer).map_err(errors::sparse)
+        let ebc = &mut this.ebc;
+        slf.py()
+            .detach(|| ebc.set_optimizer(optimizer))
+            .map_err(errors::sparse)
+    }
+
+    /// Whether a view of the optimizer state is alive (the optimizer
+    /// cannot be replaced then).
+    fn optimizer_state_viewed(&self) -> bool {
+        Arc::strong_count(&self.state_views) > 1
     }
 
     /// The fused optimizer, as JSON.
@@ -125,12 +193,17 @@ impl Collection {
 
     /// Pooled lookup of every feature: a new `[batch, width]` float32
     /// tensor. The GIL is released while it runs.
-    fn forward(&self, py: Python<'_>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
+    fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
+        let this = shared(slf)?;
         let kjt = &kjt.kjt;
-        let (batch, width) = (kjt.stride(), self.ebc.width());
-        let mut out = PooledBuffer::take(&self.pool, batch * width);
-        let ebc = &self.ebc;
-        py.detach(|| ebc.forward_into_slice(kjt, out.values_mut()))
+        let (batch, width) = (kjt.stride(), this.ebc.width());
+        let len = batch.checked_mul(width).ok_or_else(|| {
+            PyValueError::new_err(format!("{batch} samples of width {width} overflow"))
+        })?;
+        let mut out = PooledBuffer::take(&this.pool, len)?;
+        let ebc = &this.ebc;
+        slf.py()
+            .detach(|| ebc.forward_into_slice(kjt, out.values_mut()))
             .map_err(errors::sparse)?;
         Ok(Tensor::owned(out, batch, width))
     }
@@ -140,25 +213,27 @@ impl Collection {
     /// array of `[batch, width]` (read in place). The GIL is released
     /// while it runs.
     fn backward(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         kjt: PyRef<'_, Kjt>,
         grad: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        let mut this = exclusive(slf)?;
         let kjt = &kjt.kjt;
         let imported = input::import(grad, "grad")?.ok_or_else(|| {
             PyValueError::new_err("grad: expected a float32 array (torch, numpy) through DLPack")
         })?;
         let shape = imported.shape();
-        let want = [kjt.stride() as i64, self.ebc.width() as i64];
+        let want = [kjt.stride() as i64, this.ebc.width() as i64];
         if shape != want {
             return Err(PyValueError::new_err(format!(
                 "grad: shape {shape:?}, but the output was {want:?} (batch, width)"
             )));
         }
         let grad = imported.f32s("grad")?;
-        let ebc = &mut self.ebc;
-        py.detach(|| ebc.backward_update(kjt, grad))
+        this.refuse_overlap(grad)?;
+        let ebc = &mut this.ebc;
+        slf.py()
+            .detach(|| ebc.backward_update(kjt, grad))
             .map_err(errors::sparse)
     }
 
@@ -168,7 +243,7 @@ impl Collection {
     /// `DataType::row_bytes`). Writes through the view change the table.
     fn weight(slf: Bound<'_, Self>, name: &str) -> PyResult<Tensor> {
         let owner = slf.clone().into_any().unbind();
-        let mut this = slf.try_borrow_mut()?;
+        let mut this = exclusive(&slf)?;
         let t = this.viewable_table(name, "rows")?;
         let table = &mut this.ebc.tables_mut()[t];
         let (rows, dim, dtype) = (table.num_embeddings(), table.dim(), table.data_type());
@@ -179,10 +254,7 @@ impl Collection {
             _ => (table.bytes_per_row(), Dtype::U8),
         };
         let bytes = table.row_bytes_mut();
-        debug_assert_eq!(
-            bytes.len(),
-            rows * cols * crate::tensor::element_bytes(dtype)
-        );
+        debug_assert_eq!(bytes.len(), rows * cols * dtype.bytes());
         // SAFETY: the rows of an in-memory table are one allocation of
         // `rows * cols` values of `dtype`, made when the table was built and
         // never moved or freed while the collection (kept by `owner`) lives.
@@ -194,7 +266,7 @@ impl Collection {
     /// `[m | v]`); `None` when the optimizer keeps none.
     fn optimizer_state(slf: Bound<'_, Self>, name: &str) -> PyResult<Option<Tensor>> {
         let owner = slf.clone().into_any().unbind();
-        let mut this = slf.try_borrow_mut()?;
+        let mut this = exclusive(&slf)?;
         let t = this.viewable_table(name, "optimizer state")?;
         let table = &mut this.ebc.tables_mut()[t];
         let (rows, per_row) = (table.num_embeddings(), table.state_floats_per_row());

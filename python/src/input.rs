@@ -1,6 +1,8 @@
 //! Arrays from Python: anything that speaks DLPack (torch tensors, numpy
-//! arrays) is read in place; lists and other sequences are converted.
-//! Every failure names the argument and says what it should be.
+//! arrays) is imported without a copy (a gradient is then read in place;
+//! ids, lengths and weights are copied once, into the batch Ember
+//! validates); lists and other sequences are converted. Every failure
+//! names the argument and says what it should be.
 
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDeviceType};
 use dlpark::python::{from_dlpack, ImportedDlpack};

@@ -12,7 +12,7 @@ use dlpark::ffi::{
 use dlpark::metadata::Fixed;
 use dlpark::python::{export_dlpack, DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
-use pyo3::exceptions::{PyMemoryError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 
 /// Element types a `Tensor` holds.
@@ -52,7 +52,7 @@ impl Dtype {
         }
     }
 
-    fn bytes(self) -> usize {
+    pub(crate) fn bytes(self) -> usize {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::Bf16 => 2,
@@ -76,16 +76,31 @@ pub struct PooledBuffer {
 
 impl PooledBuffer {
     /// A buffer of `len` values from `pool` (contents unspecified: the
-    /// forward writes every value).
-    pub fn take(pool: &BufferPool, len: usize) -> Self {
+    /// forward writes every value); a `MemoryError` when one cannot be
+    /// allocated.
+    pub fn take(pool: &BufferPool, len: usize) -> PyResult<Self> {
         let reused = pool.lock().ok().and_then(|mut spare| {
             let at = spare.iter().position(|b| b.len() == len)?;
             Some(spare.swap_remove(at))
         });
-        Self {
-            values: reused.unwrap_or_else(|| vec![0.0; len]),
+        let values = match reused {
+            Some(values) => values,
+            None => {
+                let mut values = Vec::new();
+                values.try_reserve_exact(len).map_err(|_| {
+                    PyMemoryError::new_err(format!(
+                        "cannot allocate an output of {len} floats ({} bytes)",
+                        len.saturating_mul(4)
+                    ))
+                })?;
+                values.resize(len, 0.0);
+                values
+            }
+        };
+        Ok(Self {
+            values,
             pool: Arc::clone(pool),
-        }
+        })
     }
 
     /// The values, to fill.
@@ -116,10 +131,11 @@ struct Memory {
     _guard: Option<Arc<()>>,
 }
 
-// SAFETY: `data` points into memory the keepers keep alive and never moves
-// (an owned Vec's heap block, or a table's allocation, which is fixed for
-// the table's life); the pointer itself carries no thread affinity, and
-// access to the values is the consumer's (as for any DLPack tensor).
+// SAFETY: `data` points into memory the keepers keep alive, at a fixed
+// address: an owned Vec's heap block, a table's rows (one allocation for
+// the table's life), or its optimizer state (replaced only while no guard
+// is held). The pointer carries no thread affinity; access to the values
+// is the consumer's, as for any DLPack tensor.
 unsafe impl Send for Memory {}
 // SAFETY: as for Send: shared references only hand out the pointer.
 unsafe impl Sync for Memory {}
@@ -223,7 +239,7 @@ impl Tensor {
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         if copy == Some(true) {
-            return Err(PyValueError::new_err(
+            return Err(PyBufferError::new_err(
                 "ember tensors export without copies: copy=True is not offered",
             ));
         }
@@ -249,8 +265,7 @@ impl Tensor {
     }
 
     /// The address of the first value (a consumer's tensor over the same
-    /// memory has the same).
-    #[getter]
+    /// memory has the same), a method as torch's.
     fn data_ptr(&self) -> usize {
         self.memory.data as usize
     }
@@ -283,9 +298,4 @@ impl Tensor {
             self.dtype.name()
         )
     }
-}
-
-/// Bytes per element of `dtype` (for views laid over rows).
-pub fn element_bytes(dtype: Dtype) -> usize {
-    dtype.bytes()
 }

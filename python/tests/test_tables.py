@@ -43,7 +43,7 @@ def reference_pooled(ebc, kjt, pooling):
 @pytest.mark.parametrize("pooling,weighted", [(PoolingType.SUM, False), (PoolingType.SUM, True),
                                               (PoolingType.MEAN, False)])
 def test_pooled_output_equals_torch_embedding_bag(pooling, weighted):
-    ebc = EmbeddingBagCollection(tables(pooling), seed=3)
+    ebc = EmbeddingBagCollection(tables(pooling), is_weighted=weighted, seed=3)
     kjt = batch(1, weighted=weighted)
     with torch.no_grad():
         kt = ebc(kjt)
@@ -53,6 +53,88 @@ def test_pooled_output_equals_torch_embedding_bag(pooling, weighted):
     parts = kt.to_dict()
     torch.testing.assert_close(parts["f1"], kt["f1"])
     assert parts["f2"].shape == (16, 8)
+
+
+def test_weights_are_pooled_by_weighted_collections_only():
+    # TorchRec's is_weighted: an unweighted collection ignores a batch's
+    # weights, a weighted one requires them.
+    weighted = EmbeddingBagCollection(tables(), is_weighted=True, seed=3)
+    plain = EmbeddingBagCollection(tables(), seed=3)
+    kjt = batch(2, weighted=True)
+    unweighted = KeyedJaggedTensor(kjt.keys(), kjt.values(), lengths=kjt.lengths())
+    with torch.no_grad():
+        assert torch.equal(plain(kjt).values(), plain(unweighted).values())
+        assert not torch.equal(weighted(kjt).values(), plain(kjt).values())
+        with pytest.raises(ValueError, match="is_weighted=True.*no weights"):
+            weighted(unweighted)
+
+
+def test_frozen_and_inference_tables():
+    ebc = EmbeddingBagCollection(tables(), optimizer=(torch.optim.SGD, {"lr": 0.1}))
+    kjt = batch(3)
+    ebc.embedding_bags["t0"].weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"tables \['t0'\] are frozen"):
+        ebc(kjt)
+    ebc.requires_grad_(False)
+    before = ebc.embedding_bags["t1"].weight.detach().clone()
+    out = ebc(kjt).values()
+    assert not out.requires_grad
+    assert torch.equal(ebc.embedding_bags["t1"].weight, before)
+    # Inference types: the rows as stored, bytes, no gradient.
+    int8 = [EmbeddingBagConfig(num_embeddings=10, embedding_dim=8, name="q",
+                               feature_names=["f"], data_type=ember.DataType.INT8)]
+    quantized = EmbeddingBagCollection(int8)
+    weight = quantized.embedding_bags["q"].weight
+    assert weight.dtype == torch.uint8 and weight.shape == (10, 12) and not weight.requires_grad
+    assert quantized(KeyedJaggedTensor(["f"], [1, 2], lengths=[2])).values().shape == (1, 8)
+    half = [EmbeddingBagConfig(num_embeddings=10, embedding_dim=8, name="h",
+                               feature_names=["f"], data_type=ember.DataType.BF16)]
+    assert EmbeddingBagCollection(half).embedding_bags["h"].weight.dtype == torch.bfloat16
+
+
+def test_optimizer_options_take_the_classes_defaults():
+    from ember.optim import table_optimizer
+
+    assert table_optimizer(torch.optim.SGD, {}) == {"type": "sgd", "lr": 1e-3}
+    assert table_optimizer(torch.optim.Adagrad, {}) == {"type": "adagrad", "lr": 1e-2, "eps": 1e-10}
+    assert table_optimizer(RowWiseAdagrad, {"lr": 0.5}) == {
+        "type": "row_wise_adagrad", "lr": 0.5, "eps": 1e-10}
+    assert table_optimizer(torch.optim.Adam, {"betas": (0.8, 0.9)}) == {
+        "type": "adam", "lr": 1e-3, "beta1": 0.8, "beta2": 0.9, "eps": 1e-8}
+    # torch's own defaults, given explicitly, are fine; anything else is refused.
+    assert table_optimizer(torch.optim.Adam, {"fused": None, "amsgrad": False})["type"] == "adam"
+    with pytest.raises(ValueError, match="unknown option eps"):
+        table_optimizer(torch.optim.SGD, {"eps": 0.1})
+    with pytest.raises(ValueError, match="momentum=0.9 is not offered"):
+        table_optimizer(torch.optim.SGD, {"momentum": 0.9})
+    with pytest.raises(ValueError, match="weight_decay=0.01 is not offered"):
+        table_optimizer(torch.optim.AdamW, {})
+    with pytest.raises(ValueError, match="unknown option momentun"):
+        table_optimizer(torch.optim.SGD, {"momentun": 0.9})
+
+
+def test_conversions_that_would_copy_the_tables_are_refused():
+    ebc = EmbeddingBagCollection(tables())
+    ebc.to("cpu").float()  # no copies: fine
+    with pytest.raises(ValueError, match="stays in Ember's memory"):
+        ebc.half()
+    with pytest.raises(ValueError, match="assign=True"):
+        ebc.load_state_dict(ebc.state_dict(), assign=True)
+    with pytest.raises(ValueError, match="shared memory"):
+        ebc.share_memory()
+    with pytest.raises(TypeError, match="got the string 'f0'"):
+        KeyedJaggedTensor("f0", [1], lengths=[1])
+
+
+def test_the_fused_update_bumps_torchs_version_counter():
+    # A graph that saved a table's weight must not backward through rows
+    # the fused update has changed since.
+    ebc = EmbeddingBagCollection(tables(), optimizer=(torch.optim.SGD, {"lr": 0.1}))
+    weight = ebc.embedding_bags["t0"].weight
+    saved = (weight * weight).sum()
+    ebc(batch(5)).values().sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
 
 
 def test_inputs_from_lists_numpy_and_torch_agree():
@@ -94,11 +176,11 @@ def test_outputs_and_weights_cross_without_copies():
     ebc = EmbeddingBagCollection(tables(), seed=2)
     kjt = batch(0)
     native_out = ebc._collection.forward(kjt._native)
-    assert torch.from_dlpack(native_out).data_ptr() == native_out.data_ptr
-    assert np.from_dlpack(native_out).ctypes.data == native_out.data_ptr
+    assert torch.from_dlpack(native_out).data_ptr() == native_out.data_ptr()
+    assert np.from_dlpack(native_out).ctypes.data == native_out.data_ptr()
     view = ebc._collection.weight("t0")
     state = ebc.state_dict()
-    assert state["embedding_bags.t0.weight"].data_ptr() == view.data_ptr
+    assert state["embedding_bags.t0.weight"].data_ptr() == view.data_ptr()
     # load_state_dict writes Ember's rows in place: the next lookup sees them.
     ones = {k: torch.ones_like(v) for k, v in state.items()}
     ebc.load_state_dict(ones)
@@ -135,7 +217,7 @@ def test_bad_inputs_raise_clear_exceptions():
         KeyedJaggedTensor(["f0"], torch.arange(6)[::2], lengths=[3])
     with pytest.raises(ValueError, match="exactly one of lengths and offsets"):
         KeyedJaggedTensor(["f0"], [1])
-    with pytest.raises(ValueError, match="id 50.*t0|t0.*50"):
+    with pytest.raises(ValueError, match="id 50 out of range for table .t0. \(50 rows\), feature .f0., sample 0"):
         ebc(KeyedJaggedTensor(["f0", "f1", "f2"], [50, 1, 1], lengths=[1, 1, 1]))
     with pytest.raises(ValueError, match="f2"):
         ebc(KeyedJaggedTensor(["f0", "f1"], [1, 1], lengths=[1, 1]))
@@ -162,6 +244,9 @@ def test_bad_inputs_raise_clear_exceptions():
         native.backward(kjt._native, torch.zeros(16, 20, dtype=torch.float64))
     with pytest.raises(KeyError, match="no table named 'nope'"):
         native.weight("nope")
+    rows = ebc.embedding_bags["t1"].weight.detach()
+    with pytest.raises(ValueError, match="grad: it lies in the rows of table 't1'"):
+        native.backward(kjt._native, rows.view(-1)[: 16 * 20].view(16, 20))
 
 
 def test_lookups_release_the_gil():
@@ -173,6 +258,8 @@ def test_lookups_release_the_gil():
     g = torch.Generator().manual_seed(0)
     kjt = KeyedJaggedTensor(["f0"], torch.randint(0, 100_000, (40_000,), generator=g),
                             lengths=torch.full((2_000,), 20))
+    ebc_grad = torch.zeros(2_000, 64)
+    apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.0})
     ticks, seen, done = [0], [], threading.Event()
 
     def other():
@@ -186,14 +273,19 @@ def test_lookups_release_the_gil():
         thread = threading.Thread(target=other)
         thread.start()
         start = ticks[0]
-        for _ in range(20):
+        for _ in range(10):
             ebc._collection.forward(kjt._native)
+            seen.append(ticks[0] - start)
+        start = ticks[0]
+        for _ in range(10):
+            ebc._collection.backward(kjt._native, ebc_grad)
             seen.append(ticks[0] - start)
         done.set()
         thread.join()
     finally:
         sys.setswitchinterval(old)
-    assert seen[-1] > 0, "the other thread never ran during 20 lookups"
+    assert seen[9] > 0, "the other thread never ran during 10 lookups"
+    assert seen[19] > 0, "the other thread never ran during 10 backwards"
 
 
 def test_core_works_without_torch():

@@ -95,6 +95,16 @@ def test_training_steps_equal_torchrec(name, pooling, weighted):
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_torchrecs_optimizer_classes_are_taken_by_name():
+    import torchrec.optim as torchrec_optim
+    from ember.optim import table_optimizer
+
+    assert table_optimizer(torchrec_optim.SGD, {"lr": 0.1}) == {"type": "sgd", "lr": 0.1}
+    assert table_optimizer(torchrec_optim.Adagrad, {"lr": 0.1})["type"] == "adagrad"
+    assert table_optimizer(TorchRecRowWiseAdagrad, {})["eps"] == 1e-10
+    assert table_optimizer(torchrec_optim.Adam, {"lr": 0.1})["type"] == "adam"
+
+
 def test_state_dict_names_are_torchrecs():
     theirs = torchrec.EmbeddingBagCollection(tables=torchrec_tables(PoolingType.SUM),
                                              device=torch.device("cpu"))

@@ -634,3 +634,19 @@ fn tables_made_from_one_another_make_the_same_rows() {
     }
     assert_eq!(stored(alike, 7), stored(whole, 7));
 }
+
+/// The file holds the optimizer state of the optimizer the table was built
+/// with: another that keeps state is refused; one that keeps none (SGD's
+/// rate) is taken.
+#[test]
+fn an_optimizer_with_state_is_refused_on_the_disk_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ebc = disk_collection(dir.path(), 1000, 64);
+    let err = ebc
+        .set_optimizer(TableOptimizer::rowwise_adagrad(0.1))
+        .unwrap_err();
+    assert!(err.to_string().contains("on the disk tier"), "{err}");
+    assert_eq!(ebc.optimizer(), &TableOptimizer::sgd(0.1));
+    ebc.set_optimizer(TableOptimizer::sgd(0.5)).unwrap();
+    assert_eq!(ebc.optimizer(), &TableOptimizer::sgd(0.5));
+}

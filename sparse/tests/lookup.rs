@@ -407,7 +407,20 @@ fn optimizer_set_after_building_trains_as_one_built_in() {
             set.tables()[0].optimizer_state()
         );
     }
-    let mut ebc = one_table(TableOptimizer::sgd(0.1));
+    // Adam set after training with another optimizer steps as a fresh one:
+    // its bias correction counts from its own first step.
+    let mut fresh = one_table(TableOptimizer::adam(0.01));
+    let mut reset = one_table(TableOptimizer::sgd(0.0));
+    reset.backward_update(&kjt, &grad).unwrap();
+    reset.set_optimizer(TableOptimizer::adam(0.01)).unwrap();
+    assert_eq!(reset.step(), 0);
+    fresh.backward_update(&kjt, &grad).unwrap();
+    reset.backward_update(&kjt, &grad).unwrap();
+    assert_eq!(fresh.tables()[0].weights(), reset.tables()[0].weights());
+    // A refused optimizer changes nothing: optimizer, state, step.
+    let mut ebc = one_table(TableOptimizer::adagrad(0.1));
+    ebc.backward_update(&kjt, &grad).unwrap();
+    let state = ebc.tables()[0].optimizer_state().to_vec();
     let bad = TableOptimizer::Adagrad {
         lr: f32::NAN,
         eps: 0.0,
@@ -416,7 +429,9 @@ fn optimizer_set_after_building_trains_as_one_built_in() {
         ebc.set_optimizer(bad),
         Err(SparseError::InvalidOptimizer(_))
     ));
-    assert_eq!(ebc.optimizer(), &TableOptimizer::sgd(0.1));
+    assert_eq!(ebc.optimizer(), &TableOptimizer::adagrad(0.1));
+    assert_eq!(ebc.tables()[0].optimizer_state(), state.as_slice());
+    assert_eq!(ebc.step(), 1);
     let int8 =
         EmbeddingBagConfig::new("q", 4, 8, &["f"]).with_data_type(ember_sparse::DataType::Int8);
     let mut quantized = EmbeddingBagCollection::new(vec![int8], TableOptimizer::None, 0).unwrap();

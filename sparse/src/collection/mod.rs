@@ -599,12 +599,14 @@ impl EmbeddingBagCollection {
         &self.optimizer
     }
     /// Replaces the optimizer fused into the backward pass, with fresh
-    /// (zero) state for every table, as a new optimizer starts in
-    /// TorchRec's `apply_optimizer_in_backward`. The step count is kept.
+    /// (zero) state for every table and the step count back at 0 (Adam's
+    /// bias correction counts from the new optimizer's first step), as a
+    /// new optimizer starts in TorchRec's `apply_optimizer_in_backward`.
     /// Fails, leaving the collection as it was, when the optimizer is
     /// invalid, a quantized table would train, the state cannot be
-    /// allocated, or a table is on the disk tier and either optimizer keeps
-    /// state (its file is laid out for the optimizer it was built with).
+    /// allocated, a table is on the disk tier and either optimizer keeps
+    /// state (its file is laid out for the optimizer it was built with), or
+    /// a key-value table has trained (its rows' headers record steps).
     pub fn set_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
         optimizer
             .validate()
@@ -619,6 +621,14 @@ impl EmbeddingBagCollection {
                         "{} tables are for inference: they take no optimizer",
                         table.data_type()
                     ),
+                });
+            }
+            if table.config().kv.is_some() && self.step > 0 {
+                return Err(SparseError::InvalidConfig {
+                    table: name,
+                    reason: "a key-value table's rows record the steps they were seen at: \
+                             choose the optimizer before training"
+                        .into(),
                 });
             }
             let per_row = optimizer.state_floats_per_row(dim);
@@ -645,6 +655,7 @@ impl EmbeddingBagCollection {
             *table.store.parts_mut().1 = state;
         }
         self.optimizer = optimizer;
+        self.step = 0;
         Ok(())
     }
     /// Number of backward updates applied so far (Adam's bias-correction step).

@@ -1,12 +1,12 @@
 """Type stubs of ember._native, the Rust module under the Python layer."""
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __version__: str
 
 class Tensor:
-    """A 2-D row-major CPU tensor of Ember's memory, exported through DLPack
-    (``torch.from_dlpack``, ``numpy.from_dlpack``) without a copy."""
+    """A row-major CPU tensor (1-D or 2-D) of Ember's memory, exported through
+    DLPack (``torch.from_dlpack``, ``numpy.from_dlpack``) without a copy."""
 
     def __dlpack__(
         self,
@@ -18,15 +18,14 @@ class Tensor:
     ) -> Any: ...
     def __dlpack_device__(self) -> Tuple[int, int]: ...
     @property
-    def shape(self) -> Tuple[int, int]: ...
+    def shape(self) -> List[int]: ...
     @property
     def dtype(self) -> str:
-        """'float32', 'float16', 'bfloat16' or 'uint8' (quantized rows as stored)."""
-    @property
+        """'float32', 'float16', 'bfloat16', 'int64' or 'uint8' (quantized rows as stored)."""
     def data_ptr(self) -> int:
         """The address of the first value."""
-    def tolist(self) -> List[List[float]]:
-        """The values as lists (float32 tensors)."""
+    def tolist(self) -> Any:
+        """The values as a list, or a list of rows (float32 and int64 tensors)."""
 
 class Kjt:
     """A validated KeyedJaggedTensor: ids (int64/int32 arrays through DLPack,
@@ -45,6 +44,10 @@ class Kjt:
     def num_values(self) -> int: ...
     def lengths(self) -> List[int]: ...
     def offsets(self) -> List[int]: ...
+    def values_tensor(self) -> Tensor: ...
+    def lengths_tensor(self) -> Tensor: ...
+    def offsets_tensor(self) -> Tensor: ...
+    def weights_tensor(self) -> Optional[Tensor]: ...
 
 class Collection:
     """Embedding-bag tables (a JSON list of Ember's EmbeddingBagConfig) with the
@@ -52,6 +55,7 @@ class Collection:
 
     def __init__(self, tables_json: str, optimizer_json: str, seed: int) -> None: ...
     def set_optimizer(self, optimizer_json: str) -> None: ...
+    def optimizer_state_viewed(self) -> bool: ...
     @property
     def optimizer(self) -> str: ...
     @property
@@ -73,3 +77,66 @@ class Collection:
         """A view of table ``name``'s rows."""
     def optimizer_state(self, name: str) -> Optional[Tensor]:
         """A view of table ``name``'s optimizer state, or None."""
+
+class Loader:
+    """Parquet files read as batches by Ember's ``LoaderConfig`` (JSON)."""
+
+    def __init__(self, paths: Sequence[str], config_json: str) -> None: ...
+    def batches_per_epoch(self, epoch: int) -> int: ...
+    @property
+    def keys(self) -> List[str]: ...
+    @property
+    def num_dense(self) -> int: ...
+    def epoch(self, epoch: int = 0, skip: int = 0) -> Epoch: ...
+
+class Epoch:
+    """One epoch's ``(dense, kjt, labels)`` batches; waiting releases the GIL."""
+
+    def __iter__(self) -> Epoch: ...
+    def __next__(self) -> Tuple[Tensor, Kjt, Tensor]: ...
+
+def criteo_spec(tables_json: str) -> str:
+    """The Criteo schema's dataset spec for these tables, as JSON."""
+
+def read_spec(path: str) -> str:
+    """A dataset spec file, checked, as JSON."""
+
+class Dlrm:
+    """Ember's DLRM from its ``DlrmConfig``, ``TableOptimizer`` and
+    ``DenseOptimizerConfig`` (JSON)."""
+
+    def __init__(
+        self,
+        config_json: str,
+        table_optimizer_json: str,
+        dense_optimizer_json: str,
+        seed: int,
+        shard_over: Optional[int] = None,
+    ) -> None: ...
+    def predict(self, dense: Any, kjt: Kjt) -> Tensor: ...
+    def evaluate(self, data: Loader, batches: Optional[int] = None) -> Dict[str, float]: ...
+    def save(self, dir: str) -> str: ...
+    def load(self, path: str) -> None: ...
+
+class Trainer:
+    """Ember's training loop."""
+
+    def __init__(
+        self,
+        epochs: int = 1,
+        max_steps: Optional[int] = None,
+        eval_every: int = 0,
+        eval_at_epoch_end: bool = True,
+        checkpoint_dir: Optional[str] = None,
+        checkpoint_every: int = 0,
+        log_every: int = 100,
+        pipeline: bool = True,
+    ) -> None: ...
+    def fit(
+        self,
+        model: Dlrm,
+        train: Loader,
+        eval: Optional[Loader] = None,
+        on_event: Optional[Callable[[dict], None]] = None,
+        resume: bool = False,
+    ) -> Dict[str, Any]: ...

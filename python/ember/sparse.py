@@ -50,6 +50,21 @@ class KeyedJaggedTensor:
                 f"stride {stride} given, but the lengths describe {self._native.stride()} samples"
             )
 
+    @classmethod
+    def _from_native(cls, native: "_native.Kjt") -> "KeyedJaggedTensor":
+        """A batch Ember made (the loader's): its arrays as torch tensors when
+        torch is installed, else as Ember's DLPack tensors, made on first use."""
+        kjt = cls.__new__(cls)
+        kjt._keys = native.keys()
+        kjt._native = native
+        kjt._unweighted = None
+        kjt._values = _Lazy(native.values_tensor)
+        kjt._lengths = _Lazy(native.lengths_tensor)
+        kjt._offsets = _Lazy(native.offsets_tensor)
+        weights = native.weights_tensor()
+        kjt._weights = None if weights is None else _Lazy(lambda: weights)
+        return kjt
+
     @staticmethod
     def from_lengths_sync(
         keys: Sequence[str], values: Any, lengths: Any, weights: Optional[Any] = None
@@ -76,11 +91,7 @@ class KeyedJaggedTensor:
         if self._weights is None:
             return self._native
         if self._unweighted is None:
-            lengths, offsets = self._lengths, self._offsets
-            if lengths is not None:
-                self._unweighted = _native.Kjt(self._keys, self._values, lengths=lengths)
-            else:
-                self._unweighted = _native.Kjt(self._keys, self._values, offsets=offsets)
+            self._unweighted = _native.Kjt(self._keys, self.values(), lengths=self.lengths())
         return self._unweighted
 
     def keys(self) -> List[str]:
@@ -89,24 +100,28 @@ class KeyedJaggedTensor:
 
     def values(self) -> Any:
         """The ids, as given."""
+        self._values = _resolve(self._values)
         return self._values
 
     def weights(self) -> Any:
         """The per-id weights; raises when the features are unweighted."""
         if self._weights is None:
             raise ValueError("this KeyedJaggedTensor has no weights")
+        self._weights = _resolve(self._weights)
         return self._weights
 
     def weights_or_none(self) -> Optional[Any]:
         """The per-id weights, or None."""
-        return self._weights
+        return None if self._weights is None else self.weights()
 
     def lengths(self) -> Any:
         """One length per (key, sample), key-major (as given, or computed as a list)."""
+        self._lengths = _resolve(self._lengths)
         return self._lengths if self._lengths is not None else self._native.lengths()
 
     def offsets(self) -> Any:
         """``len(keys) * stride() + 1`` offsets (as given, or computed as a list)."""
+        self._offsets = _resolve(self._offsets)
         return self._offsets if self._offsets is not None else self._native.offsets()
 
     def stride(self) -> int:
@@ -121,3 +136,21 @@ class KeyedJaggedTensor:
             f"KeyedJaggedTensor(keys={self._keys}, stride={self.stride()}, "
             f"values={self._native.num_values()})"
         )
+
+
+class _Lazy:
+    """An array of a batch Ember made, converted when first asked for."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+
+def _resolve(value: Any) -> Any:
+    if not isinstance(value, _Lazy):
+        return value
+    tensor = value.make()
+    try:
+        import torch
+    except ImportError:
+        return tensor
+    return torch.from_dlpack(tensor)

@@ -258,7 +258,7 @@ impl Collection {
         // SAFETY: the rows of an in-memory table are one allocation of
         // `rows * cols` values of `dtype`, made when the table was built and
         // never moved or freed while the collection (kept by `owner`) lives.
-        Ok(unsafe { Tensor::view(owner, None, bytes.as_mut_ptr(), rows, cols, dtype) })
+        Ok(unsafe { Tensor::view(owner, None, bytes.as_mut_ptr(), &[rows, cols], dtype) })
     }
 
     /// Table `name`'s optimizer state, a view: `[rows, floats per row]`
@@ -279,7 +279,7 @@ impl Collection {
         // `rows * per_row` floats, replaced only by `set_optimizer`, which
         // is refused while `guard` is held.
         Ok(Some(unsafe {
-            Tensor::view(owner, guard, state, rows, per_row, Dtype::F32)
+            Tensor::view(owner, guard, state, &[rows, per_row], Dtype::F32)
         }))
     }
 

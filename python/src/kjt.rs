@@ -5,6 +5,7 @@ use ember_sparse::KeyedJaggedTensor;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::tensor::Tensor;
 use crate::{errors, input};
 
 /// A batch of jagged ids, checked once when built (negative lengths,
@@ -74,5 +75,33 @@ impl Kjt {
     /// `len(keys) * stride + 1` offsets into the values.
     fn offsets(&self) -> Vec<usize> {
         self.kjt.offsets().to_vec()
+    }
+
+    /// The ids, as an int64 tensor (a copy: the batch stays as checked).
+    fn values_tensor(&self) -> Tensor {
+        let values = self.kjt.values().to_vec();
+        let n = values.len();
+        Tensor::from_vec(values, &[n])
+    }
+
+    /// The lengths, as an int64 tensor.
+    fn lengths_tensor(&self) -> Tensor {
+        let lengths: Vec<i64> = self.kjt.lengths().into_iter().map(|l| l as i64).collect();
+        let n = lengths.len();
+        Tensor::from_vec(lengths, &[n])
+    }
+
+    /// The offsets, as an int64 tensor.
+    fn offsets_tensor(&self) -> Tensor {
+        let offsets: Vec<i64> = self.kjt.offsets().iter().map(|&o| o as i64).collect();
+        let n = offsets.len();
+        Tensor::from_vec(offsets, &[n])
+    }
+
+    /// The per-id weights, as a float32 tensor, or None.
+    fn weights_tensor(&self) -> Option<Tensor> {
+        let weights = self.kjt.weights()?.to_vec();
+        let n = weights.len();
+        Some(Tensor::from_vec(weights, &[n]))
     }
 }

@@ -10,15 +10,23 @@ mod collection;
 mod errors;
 mod input;
 mod kjt;
+mod loader;
 mod tensor;
+mod train;
 
-/// `ember._native`: `Collection`, `Kjt`, `Tensor`.
+/// `ember._native`: `Collection`, `Kjt`, `Tensor`, `Loader`, `Dlrm`, `Trainer`.
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<tensor::Tensor>()?;
     module.add_class::<kjt::Kjt>()?;
     module.add_class::<collection::Collection>()?;
+    module.add_class::<loader::Loader>()?;
+    module.add_class::<loader::Epoch>()?;
+    module.add_class::<train::Dlrm>()?;
+    module.add_class::<train::Trainer>()?;
+    module.add_function(wrap_pyfunction!(loader::criteo_spec, module)?)?;
+    module.add_function(wrap_pyfunction!(loader::read_spec, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `Tensor`: memory of Ember's that Python reads through DLPack, without
 //! a copy: a pooled output (its buffer returned to the collection's pool
-//! when the last consumer lets go), or a view of a table's rows or
-//! optimizer state (keeping the collection alive).
+//! when the last consumer lets go), a batch's arrays, or a view of a
+//! table's rows or optimizer state (keeping the collection alive).
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use dlpark::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLManagedTensor, DLManagedTensorVersioned,
 };
-use dlpark::metadata::Fixed;
+use dlpark::metadata::Dynamic;
 use dlpark::python::{export_dlpack, DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyBufferError, PyMemoryError, PyValueError};
@@ -26,6 +26,8 @@ pub enum Dtype {
     Bf16,
     /// Quantized rows as stored (int8, int4, fp8, mxfp4): bytes.
     U8,
+    /// Ids, lengths, offsets.
+    I64,
 }
 
 impl Dtype {
@@ -35,6 +37,7 @@ impl Dtype {
             Self::F16 => (DLDataTypeCode::FLOAT, 16),
             Self::Bf16 => (DLDataTypeCode::BFLOAT, 16),
             Self::U8 => (DLDataTypeCode::UINT, 8),
+            Self::I64 => (DLDataTypeCode::INT, 64),
         };
         DLDataType {
             code,
@@ -49,6 +52,7 @@ impl Dtype {
             Self::F16 => "float16",
             Self::Bf16 => "bfloat16",
             Self::U8 => "uint8",
+            Self::I64 => "int64",
         }
     }
 
@@ -57,6 +61,7 @@ impl Dtype {
             Self::F32 => 4,
             Self::F16 | Self::Bf16 => 2,
             Self::U8 => 1,
+            Self::I64 => 8,
         }
     }
 }
@@ -123,8 +128,8 @@ impl Drop for PooledBuffer {
 /// DLPack export of a tensor.
 struct Memory {
     data: *mut c_void,
-    /// An output's own buffer.
-    _buffer: Option<PooledBuffer>,
+    /// The tensor's own values (a pooled buffer, a Vec).
+    _owned: Option<Box<dyn std::any::Any + Send + Sync>>,
     /// The Python object (a collection) whose memory a view shows.
     _object: Option<Py<PyAny>>,
     /// A guard the object counts to know a view of it is alive.
@@ -140,62 +145,92 @@ unsafe impl Send for Memory {}
 // SAFETY: as for Send: shared references only hand out the pointer.
 unsafe impl Sync for Memory {}
 
-/// A 2-D row-major CPU tensor, exported through DLPack
+/// A row-major CPU tensor (1-D or 2-D), exported through DLPack
 /// (`torch.from_dlpack(t)`, `numpy.from_dlpack(t)`) without a copy.
 #[pyclass(module = "ember._native", frozen)]
 pub struct Tensor {
     memory: Arc<Memory>,
-    shape: [i64; 2],
+    shape: Vec<i64>,
     dtype: Dtype,
 }
 
+/// Element types a `Tensor` can own.
+pub trait Element: Send + Sync + 'static {
+    /// Its DLPack type.
+    const DTYPE: Dtype;
+}
+impl Element for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+}
+impl Element for i64 {
+    const DTYPE: Dtype = Dtype::I64;
+}
+
 impl Tensor {
-    /// A tensor over a buffer of its own.
+    /// A `[rows, cols]` tensor over a pooled buffer of its own.
     pub fn owned(mut buffer: PooledBuffer, rows: usize, cols: usize) -> Self {
         debug_assert_eq!(buffer.values.len(), rows * cols);
         let data = buffer.values_mut().as_mut_ptr().cast();
         Self {
             memory: Arc::new(Memory {
                 data,
-                _buffer: Some(buffer),
+                _owned: Some(Box::new(buffer)),
                 _object: None,
                 _guard: None,
             }),
-            shape: [rows as i64, cols as i64],
+            shape: vec![rows as i64, cols as i64],
             dtype: Dtype::F32,
         }
     }
 
-    /// A view of `rows x cols` values of `dtype` at `data`, kept alive by
+    /// A tensor of `shape` over `values` (their number is the shape's).
+    pub fn from_vec<T: Element>(mut values: Vec<T>, shape: &[usize]) -> Self {
+        debug_assert_eq!(values.len(), shape.iter().product::<usize>());
+        let data = values.as_mut_ptr().cast();
+        Self {
+            memory: Arc::new(Memory {
+                data,
+                _owned: Some(Box::new(values)),
+                _object: None,
+                _guard: None,
+            }),
+            shape: shape.iter().map(|&d| d as i64).collect(),
+            dtype: T::DTYPE,
+        }
+    }
+
+    /// A view of `shape` values of `dtype` at `data`, kept alive by
     /// `owner`; `guard` is held as long as the view (or an export of it).
     ///
     /// # Safety
-    /// `data` must point to `rows * cols` values of `dtype` that stay
-    /// valid, and at that address, while `owner` lives (and `guard` is
-    /// held, where given).
+    /// `data` must point to the shape's number of values of `dtype` that
+    /// stay valid, and at that address, while `owner` lives (and `guard`
+    /// is held, where given).
     pub unsafe fn view(
         owner: Py<PyAny>,
         guard: Option<Arc<()>>,
         data: *mut u8,
-        rows: usize,
-        cols: usize,
+        shape: &[usize],
         dtype: Dtype,
     ) -> Self {
         Self {
             memory: Arc::new(Memory {
                 data: data.cast(),
-                _buffer: None,
+                _owned: None,
                 _object: Some(owner),
                 _guard: guard,
             }),
-            shape: [rows as i64, cols as i64],
+            shape: shape.iter().map(|&d| d as i64).collect(),
             dtype,
         }
     }
 
+    fn len(&self) -> usize {
+        self.shape.iter().map(|&d| d as usize).product()
+    }
+
     fn managed<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
-        let strides = [self.shape[1], 1];
-        let mut tensor = Fixed::new(self.shape, strides)
+        let mut tensor = Dynamic::compact(self.shape.clone())
             .initialize_as::<M>(Arc::clone(&self.memory))
             .map_err(|e| PyMemoryError::new_err(format!("DLPack export: {e}")))?;
         tensor
@@ -252,10 +287,10 @@ impl Tensor {
         (1, 0)
     }
 
-    /// `(rows, columns)`.
+    /// The shape.
     #[getter]
-    fn shape(&self) -> (i64, i64) {
-        (self.shape[0], self.shape[1])
+    fn shape(&self) -> Vec<i64> {
+        self.shape.clone()
     }
 
     /// The element type's name, as torch and numpy spell it.
@@ -270,31 +305,53 @@ impl Tensor {
         self.memory.data as usize
     }
 
-    /// The values as nested lists (fp32 tensors; for use without numpy or
-    /// torch).
-    fn tolist(&self) -> PyResult<Vec<Vec<f32>>> {
-        if self.dtype != Dtype::F32 {
-            return Err(PyValueError::new_err(format!(
-                "tolist() reads float32 tensors; this one is {}: use torch.from_dlpack",
-                self.dtype.name()
-            )));
+    /// The values as a list (1-D) or a list of rows (2-D), for use without
+    /// numpy or torch (float32 and int64 tensors).
+    fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        fn nest<'py, T: Copy + IntoPyObject<'py>>(
+            py: Python<'py>,
+            values: &[T],
+            shape: &[i64],
+        ) -> PyResult<Bound<'py, PyAny>> {
+            match shape {
+                [_] => Ok(values.to_vec().into_pyobject(py)?.into_any()),
+                [rows, cols] => {
+                    let cols = (*cols as usize).max(1);
+                    let rows: Vec<Vec<T>> = values
+                        .chunks(cols)
+                        .take(*rows as usize)
+                        .map(<[T]>::to_vec)
+                        .collect();
+                    Ok(rows.into_pyobject(py)?.into_any())
+                }
+                _ => Err(PyValueError::new_err("tolist() reads 1-D and 2-D tensors")),
+            }
         }
-        let [rows, cols] = self.shape.map(|d| d as usize);
-        // SAFETY: `memory` keeps `rows * cols` f32 values alive at `data`.
-        let values =
-            unsafe { std::slice::from_raw_parts(self.memory.data as *const f32, rows * cols) };
-        Ok(values
-            .chunks(cols.max(1))
-            .take(rows)
-            .map(<[f32]>::to_vec)
-            .collect())
+        let len = self.len();
+        match self.dtype {
+            // SAFETY: `memory` keeps `len` values of the tensor's dtype alive at `data`.
+            Dtype::F32 => nest(
+                py,
+                unsafe { std::slice::from_raw_parts(self.memory.data as *const f32, len) },
+                &self.shape,
+            ),
+            // SAFETY: as above.
+            Dtype::I64 => nest(
+                py,
+                unsafe { std::slice::from_raw_parts(self.memory.data as *const i64, len) },
+                &self.shape,
+            ),
+            other => Err(PyValueError::new_err(format!(
+                "tolist() reads float32 and int64 tensors; this one is {}: use torch.from_dlpack",
+                other.name()
+            ))),
+        }
     }
 
     fn __repr__(&self) -> String {
         format!(
-            "ember.Tensor(shape=({}, {}), dtype={})",
-            self.shape[0],
-            self.shape[1],
+            "ember.Tensor(shape={:?}, dtype={})",
+            self.shape,
             self.dtype.name()
         )
     }

@@ -1,0 +1,274 @@
+//! `Dlrm` and `Trainer`: Ember's whole engine from Python (the model's
+//! tables and dense towers in Rust, the Trainer's loop, evaluations and
+//! checkpoints), with the GIL released while it runs.
+
+use std::path::PathBuf;
+
+use ember_dataloader::Batch;
+use ember_dense::{DenseOptimizerConfig, Tensor as DenseTensor};
+use ember_models::{
+    evaluate_data, Backend, Dlrm as DlrmModel, DlrmConfig, FitOptions, Model, TrainData,
+    TrainEvent, TrainerConfig,
+};
+use ember_sparse::TableOptimizer;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::kjt::Kjt;
+use crate::loader::Loader;
+use crate::tensor::Tensor;
+use crate::{errors, input};
+
+/// A DLRM (or DLRM-DCNv2) trained by Ember (Ember's `Dlrm`).
+#[pyclass(module = "ember._native")]
+pub struct Dlrm {
+    model: DlrmModel,
+    backend: Backend,
+}
+
+#[pymethods]
+impl Dlrm {
+    /// From Ember's `DlrmConfig`, `TableOptimizer` and
+    /// `DenseOptimizerConfig` as JSON; `shard_over` devices in this
+    /// process (the planner's plan), or one collection.
+    #[new]
+    #[pyo3(signature = (config_json, table_optimizer_json, dense_optimizer_json, seed, shard_over=None))]
+    fn new(
+        py: Python<'_>,
+        config_json: &str,
+        table_optimizer_json: &str,
+        dense_optimizer_json: &str,
+        seed: u64,
+        shard_over: Option<usize>,
+    ) -> PyResult<Self> {
+        let config: DlrmConfig =
+            serde_json::from_str(config_json).map_err(|e| errors::json("model config", e))?;
+        let table: TableOptimizer = serde_json::from_str(table_optimizer_json)
+            .map_err(|e| errors::json("table optimizer", e))?;
+        let dense: DenseOptimizerConfig = serde_json::from_str(dense_optimizer_json)
+            .map_err(|e| errors::json("dense optimizer", e))?;
+        let model = py
+            .detach(|| {
+                let mut builder = DlrmModel::builder(config)
+                    .table_optimizer(table)
+                    .dense_optimizer(dense)
+                    .seed(seed);
+                if let Some(devices) = shard_over {
+                    builder = builder.shard_over(devices);
+                }
+                builder.build()
+            })
+            .map_err(errors::model)?;
+        Ok(Self {
+            model,
+            backend: Backend::native(),
+        })
+    }
+
+    /// Logits of a batch: `dense` a float32 `[batch, num_dense]` array,
+    /// `kjt` its sparse features; a float32 `[batch]` tensor. The GIL is
+    /// released while it runs.
+    fn predict(
+        &mut self,
+        py: Python<'_>,
+        dense: &Bound<'_, PyAny>,
+        kjt: PyRef<'_, Kjt>,
+    ) -> PyResult<Tensor> {
+        let imported = input::import(dense, "dense")?.ok_or_else(|| {
+            PyValueError::new_err(
+                "dense: expected a float32 [batch, num_dense] array (torch, numpy)",
+            )
+        })?;
+        let shape = imported.shape();
+        let [rows, cols] = shape[..] else {
+            return Err(PyValueError::new_err(format!(
+                "dense: expected a 2-D array, got shape {shape:?}"
+            )));
+        };
+        let values = imported.f32s("dense")?.to_vec();
+        let dense = DenseTensor::from_vec(rows as usize, cols as usize, values)
+            .map_err(|e| PyValueError::new_err(format!("dense: {e}")))?;
+        let batch = Batch {
+            dense,
+            sparse: kjt.kjt.clone(),
+            labels: vec![f32::NAN; rows as usize],
+        };
+        let (model, backend) = (&mut self.model, &self.backend);
+        let logits = py
+            .detach(|| model.predict(backend, &batch).map(<[f32]>::to_vec))
+            .map_err(errors::model)?;
+        let n = logits.len();
+        Ok(Tensor::from_vec(logits, &[n]))
+    }
+
+    /// AUC, log loss and accuracy on `data`'s first `batches` batches of
+    /// epoch 0 (all of them by default), as a dict.
+    #[pyo3(signature = (data, batches=None))]
+    fn evaluate<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: PyRef<'py, Loader>,
+        batches: Option<u64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let data = data.loader();
+        let batches = batches.unwrap_or_else(|| data.batches_per_epoch(0));
+        let (model, backend) = (&mut self.model, &self.backend);
+        let metrics = py
+            .detach(|| evaluate_data(model, backend, &*data, batches))
+            .map_err(errors::model)?;
+        let out = PyDict::new(py);
+        out.set_item("auc", metrics.auc)?;
+        out.set_item("logloss", metrics.logloss)?;
+        out.set_item("accuracy", metrics.accuracy)?;
+        out.set_item("rows", metrics.count)?;
+        Ok(out)
+    }
+
+    /// Saves a checkpoint (Ember's safetensors, TorchRec's names) into
+    /// `dir`; returns its path.
+    fn save(&mut self, py: Python<'_>, dir: PathBuf) -> PyResult<PathBuf> {
+        let model = &mut self.model;
+        py.detach(|| model.save_checkpoint(&dir, None))
+            .map_err(errors::model)
+    }
+
+    /// Loads a checkpoint's weights and optimizer state.
+    fn load(&mut self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let model = &mut self.model;
+        py.detach(|| model.load_checkpoint(&path))
+            .map(|_| ())
+            .map_err(errors::model)
+    }
+}
+
+/// Ember's training loop: epochs, evaluations, checkpoints, resumption.
+#[pyclass(module = "ember._native", frozen)]
+pub struct Trainer {
+    epochs: u64,
+    max_steps: Option<u64>,
+    eval_every: u64,
+    eval_at_epoch_end: bool,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_every: u64,
+    log_every: u64,
+    pipeline: bool,
+}
+
+impl Trainer {
+    fn trainer(&self) -> ember_models::Trainer {
+        let config = TrainerConfig {
+            epochs: self.epochs,
+            max_steps: self.max_steps,
+            eval_every: self.eval_every,
+            eval_at_epoch_end: self.eval_at_epoch_end,
+            checkpoint_dir: self.checkpoint_dir.clone(),
+            checkpoint_every: self.checkpoint_every,
+            log_every: self.log_every,
+            pipeline: self.pipeline,
+            ..TrainerConfig::default()
+        };
+        ember_models::Trainer::new(config, Backend::native())
+    }
+}
+
+#[pymethods]
+impl Trainer {
+    #[new]
+    #[pyo3(signature = (epochs=1, max_steps=None, eval_every=0, eval_at_epoch_end=true, checkpoint_dir=None, checkpoint_every=0, log_every=100, pipeline=true))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    fn new(
+        epochs: u64,
+        max_steps: Option<u64>,
+        eval_every: u64,
+        eval_at_epoch_end: bool,
+        checkpoint_dir: Option<PathBuf>,
+        checkpoint_every: u64,
+        log_every: u64,
+        pipeline: bool,
+    ) -> Self {
+        Self {
+            epochs,
+            max_steps,
+            eval_every,
+            eval_at_epoch_end,
+            checkpoint_dir,
+            checkpoint_every,
+            log_every,
+            pipeline,
+        }
+    }
+
+    /// Trains `model` on `train`, evaluating on `eval`; with `resume`,
+    /// from the latest checkpoint of the checkpoint directory (if any).
+    /// `on_event(dict)` hears every step, log, evaluation and checkpoint
+    /// (Ember's `TrainEvent` as a dict); an exception it raises stops
+    /// nothing and is raised when the run ends. Returns the summary.
+    #[pyo3(signature = (model, train, eval=None, on_event=None, resume=false))]
+    fn fit<'py>(
+        &self,
+        py: Python<'py>,
+        mut model: PyRefMut<'py, Dlrm>,
+        train: PyRef<'py, Loader>,
+        eval: Option<PyRef<'py, Loader>>,
+        on_event: Option<Py<PyAny>>,
+        resume: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let trainer = self.trainer();
+        let train = train.loader();
+        let eval = eval.map(|e| e.loader());
+        let mut raised: Option<PyErr> = None;
+        let model = &mut model.model;
+        let summary = py.detach(|| {
+            let from = if resume {
+                trainer.resume(model).map_err(errors::model)?
+            } else {
+                Default::default()
+            };
+            let mut hear = |event: &TrainEvent| {
+                let Some(callback) = on_event.as_ref() else {
+                    return;
+                };
+                Python::attach(|py| {
+                    let result = serde_json::to_string(event)
+                        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+                        .and_then(|json| {
+                            let event = py.import("json")?.call_method1("loads", (json,))?;
+                            callback.call1(py, (event,))
+                        });
+                    if let Err(error) = result {
+                        raised.get_or_insert(error);
+                    }
+                });
+            };
+            let options = FitOptions {
+                eval: eval.as_deref().map(|e| e as &dyn TrainData),
+                from,
+                on_event: Some(&mut hear),
+            };
+            trainer.fit(model, &*train, options).map_err(errors::train)
+        })?;
+        if let Some(error) = raised {
+            return Err(error);
+        }
+        let out = PyDict::new(py);
+        out.set_item("steps", summary.steps)?;
+        out.set_item("samples", summary.samples)?;
+        out.set_item("train_seconds", summary.train_seconds)?;
+        out.set_item("data_wait_seconds", summary.data_wait_seconds)?;
+        out.set_item("compute_seconds", summary.compute_seconds)?;
+        out.set_item("loss_first", summary.loss_first)?;
+        out.set_item("loss_last", summary.loss_last)?;
+        out.set_item("resumed_at_step", summary.resumed_at_step)?;
+        out.set_item("checkpoint", summary.checkpoint)?;
+        if let Some(metrics) = summary.eval {
+            let eval = PyDict::new(py);
+            eval.set_item("auc", metrics.auc)?;
+            eval.set_item("logloss", metrics.logloss)?;
+            eval.set_item("accuracy", metrics.accuracy)?;
+            eval.set_item("rows", metrics.count)?;
+            out.set_item("eval", eval)?;
+        }
+        Ok(out)
+    }
+}

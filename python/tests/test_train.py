@@ -1,0 +1,87 @@
+"""Ember's whole engine from Python: a DLRM trained by Ember's Trainer on
+the Parquet loader, with evaluations, events, checkpoints and resumption."""
+
+import math
+
+import pytest
+import torch
+
+from ember import EmbeddingBagConfig
+from ember.data import ParquetLoader
+from ember.train import DLRM, Trainer
+
+from conftest import require
+
+pa = require("pyarrow")
+pq = require("pyarrow.parquet")
+
+NUM_CAT, ROWS = 4, 200
+
+
+def tables():
+    return [EmbeddingBagConfig(num_embeddings=ROWS, embedding_dim=8, name=f"t_cat_{j}",
+                               feature_names=[f"cat_{j}"]) for j in range(NUM_CAT)]
+
+
+def write_clicks(path, samples, seed):
+    """Criteo-schema rows whose labels follow a hidden model of the ids."""
+    g = torch.Generator().manual_seed(seed)
+    effects = torch.randn(NUM_CAT, ROWS, generator=torch.Generator().manual_seed(99)) * 2
+    ids = (torch.rand(NUM_CAT, samples, generator=g) ** 2 * ROWS).long()
+    logit = sum(effects[j][ids[j]] for j in range(NUM_CAT)) / math.sqrt(NUM_CAT)
+    labels = torch.bernoulli(torch.sigmoid(logit), generator=g).to(torch.int8)
+    columns = {"label": pa.array(labels.tolist(), pa.int8())}
+    columns.update({f"int_{j}": pa.array([1] * samples, pa.int32()) for j in range(13)})
+    columns.update({f"cat_{j}": pa.array(ids[j].tolist(), pa.int64()) for j in range(NUM_CAT)})
+    path.mkdir()
+    pq.write_table(pa.table(columns), path / "part-0.parquet", row_group_size=1024)
+    return path
+
+
+def model(seed=1):
+    return DLRM(tables(), dense_in_features=13, dense_arch_layer_sizes=[16, 8],
+                over_arch_layer_sizes=[16, 1], seed=seed,
+                table_optimizer={"type": "row_wise_adagrad", "lr": 0.1, "eps": 1e-8},
+                dense_optimizer=(torch.optim.Adagrad, {"lr": 0.05}))
+
+
+def test_trainer_fits_a_dlrm_from_parquet(tmp_path):
+    train = ParquetLoader([write_clicks(tmp_path / "train", 8192, 1)], 256, tables=tables(),
+                          shuffle_seed=5)
+    test = ParquetLoader([write_clicks(tmp_path / "test", 2048, 2)], 256, tables=tables())
+    events = []
+    dlrm = model()
+    summary = Trainer(epochs=2, eval_every=16, checkpoint_dir=tmp_path / "ckpt").fit(
+        dlrm, train, eval=test, on_event=events.append)
+    assert summary["steps"] == 64 and summary["samples"] == 2 * 8192
+    assert summary["eval"]["auc"] > 0.7, summary  # learned (0.5 is chance)
+    steps = [e for e in events if e["event"] == "step"]
+    assert len(steps) == 64 and all(math.isfinite(e["loss"]) for e in steps)
+    assert [e["steps"] for e in events if e["event"] == "eval"] == [16, 32, 48, 64]
+    # The evaluation the Trainer made is the model's own on the same data.
+    assert dlrm.evaluate(test)["auc"] == pytest.approx(summary["eval"]["auc"], abs=1e-9)
+    # A checkpoint loads into a fresh model and predicts the same.
+    dense, kjt, _ = next(iter(test))
+    fresh = model(seed=2)
+    fresh.load(summary["checkpoint"])
+    assert torch.equal(fresh.predict(dense, kjt), dlrm.predict(dense, kjt))
+    # Resuming a finished run takes no step.
+    again = Trainer(epochs=2, checkpoint_dir=tmp_path / "ckpt").fit(model(), train, resume=True)
+    assert again["resumed_at_step"] == 64 and again["steps"] == 64
+
+
+def test_errors_from_the_engine_are_python_exceptions(tmp_path):
+    train = ParquetLoader([write_clicks(tmp_path / "train", 512, 1)], 256, tables=tables())
+    with pytest.raises(ValueError, match="bottom MLP"):
+        DLRM(tables(), 13, [16, 4], [16, 1])  # must end at the embedding dim, 8
+    with pytest.raises(FloatingPointError, match="lower the learning rate"):
+        Trainer().fit(DLRM(tables(), 13, [16, 8], [16, 1],
+                           dense_optimizer={"Sgd": {"lr": 1e30}}), train)
+
+    def broken(event):
+        raise KeyError("from the callback")
+
+    with pytest.raises(KeyError, match="from the callback"):
+        Trainer().fit(model(), train, on_event=broken)
+    with pytest.raises(OSError, match="nothing.safetensors"):
+        model().load(tmp_path / "nothing.safetensors")

@@ -1,7 +1,9 @@
 """Writes the docs' result files from one sitting of scripts/bench-results-python:
-RUNS/{python,torchrec,rust} (one JSON line per run, in pairs) into
-OUT/python-torchrec.json (Ember from Python against TorchRec) and
-OUT/python-rust.json (Ember from Python against Ember from Rust).
+RUNS/{python,torchrec,rust,dlrm-ember,dlrm-torchrec} (one JSON line per run,
+in pairs) into OUT/python-torchrec.json (Ember from Python against
+TorchRec), OUT/python-rust.json (Ember from Python against Ember from
+Rust) and OUT/python-dlrm.json (TorchRec's DLRM module on Ember's tables
+against TorchRec's).
 
     python python/benches/results.py RUNS OUT
 """
@@ -28,7 +30,9 @@ def write(path, result):
 
 def main():
     runs, out = sys.argv[1:]
-    python, torchrec, rust = (lines(os.path.join(runs, n)) for n in ("python", "torchrec", "rust"))
+    python, torchrec, rust, dlrm_ember, dlrm_torchrec = (
+        lines(os.path.join(runs, n))
+        for n in ("python", "torchrec", "rust", "dlrm-ember", "dlrm-torchrec"))
     write(os.path.join(out, "python-torchrec.json"), {
         "title": "From Python: embedding bags against TorchRec",
         "about": SHAPE + " The peer is TorchRec's EmbeddingBagCollection on its CPU production "
@@ -36,6 +40,19 @@ def main():
         "ember": python,
         "peer": {"name": "TorchRec + FBGEMM (CPU)",
                  "command": torchrec[0]["run"]["command"], "runs": torchrec},
+    })
+    write(os.path.join(out, "python-dlrm.json"), {
+        "title": "From Python: the DLRM kaggle preset against TorchRec",
+        "about": "TorchRec's DLRM module (torchrec.models.dlrm.DLRM) in torch at the kaggle "
+                 "preset's shape: 26 tables x 100k rows x 16, bottom 13-512-256-64-16, top "
+                 "512-256-1, dot interaction, batch 2048 of random samples; row-wise Adagrad "
+                 "fused into the tables' backward, Adagrad on the dense layers. Ember: the "
+                 "module's tables are Ember's EmbeddingBagCollection. The peer: TorchRec's, "
+                 "the model under DistributedModelParallel on one rank (FBGEMM's fused TBE). "
+                 "The dense towers are torch's in both.",
+        "ember": dlrm_ember,
+        "peer": {"name": "TorchRec + FBGEMM (CPU)",
+                 "command": dlrm_torchrec[0]["run"]["command"], "runs": dlrm_torchrec},
     })
     write(os.path.join(out, "python-rust.json"), {
         "title": "From Python: the cost of the crossing",

@@ -1,7 +1,9 @@
 """Ember's Parquet loader as a Python iterator of ``(dense, kjt, labels)``
 batches: the files are read and decoded on Ember's threads, which run
-while Python waits for the next batch (the GIL is released), and a
-batch's arrays cross without copies.
+while Python waits for the next batch (the GIL is released). The dense
+values and the labels cross without copies; the ids are copied when first
+asked for (``kjt.values()``), the batch Ember looks them up in being its
+own.
 
     loader = ember.data.ParquetLoader(["train/"], batch_size=2048, tables=tables)
     for dense, kjt, labels in loader:          # one epoch
@@ -52,6 +54,9 @@ class Epoch:
 
 class ParquetLoader:
     """Batches of Parquet files or directories (Ember's ``Loader``).
+
+    Iterating the loader gives epoch 0 (the same shuffle each time);
+    ``epoch(n)`` gives epoch ``n``, as Ember's Trainer numbers them.
 
     ``shuffle_seed`` shuffles each epoch's row groups; ``rank`` and
     ``world_size`` take every ``world_size``-th row group from ``rank``;

@@ -61,8 +61,7 @@ class KeyedJaggedTensor:
         kjt._values = _Lazy(native.values_tensor)
         kjt._lengths = _Lazy(native.lengths_tensor)
         kjt._offsets = _Lazy(native.offsets_tensor)
-        weights = native.weights_tensor()
-        kjt._weights = None if weights is None else _Lazy(lambda: weights)
+        kjt._weights = _Lazy(native.weights_tensor) if native.has_weights() else None
         return kjt
 
     @staticmethod
@@ -91,7 +90,7 @@ class KeyedJaggedTensor:
         if self._weights is None:
             return self._native
         if self._unweighted is None:
-            self._unweighted = _native.Kjt(self._keys, self.values(), lengths=self.lengths())
+            self._unweighted = self._native.without_weights()
         return self._unweighted
 
     def keys(self) -> List[str]:
@@ -99,7 +98,7 @@ class KeyedJaggedTensor:
         return list(self._keys)
 
     def values(self) -> Any:
-        """The ids, as given."""
+        """The ids, as given (a batch of the loader's: an int64 tensor)."""
         self._values = _resolve(self._values)
         return self._values
 
@@ -115,12 +114,14 @@ class KeyedJaggedTensor:
         return None if self._weights is None else self.weights()
 
     def lengths(self) -> Any:
-        """One length per (key, sample), key-major (as given, or computed as a list)."""
+        """One length per (key, sample), key-major: as given, an int64 tensor for a
+        batch of the loader's, or else computed as a list."""
         self._lengths = _resolve(self._lengths)
         return self._lengths if self._lengths is not None else self._native.lengths()
 
     def offsets(self) -> Any:
-        """``len(keys) * stride() + 1`` offsets (as given, or computed as a list)."""
+        """``len(keys) * stride() + 1`` offsets: as given, an int64 tensor for a
+        batch of the loader's, or else computed as a list."""
         self._offsets = _resolve(self._offsets)
         return self._offsets if self._offsets is not None else self._native.offsets()
 

@@ -19,8 +19,8 @@ and ``dcn_low_rank_dim`` make the DCNv2 interaction). Optimizers are
 Ember's own configs as dicts: a ``TableOptimizer``
 (``{"type": "row_wise_adagrad", "lr": 0.01, "eps": 1e-8}``) for the tables, a
 ``DenseOptimizerConfig`` (``{"Adagrad": {"lr": 0.01, "eps": 1e-8}}``) for the
-dense towers. The defaults are Ember's: row-wise Adagrad on the tables and
-Adagrad on the dense towers, both at 0.01.
+dense towers. Without them, Ember's defaults: row-wise Adagrad on the
+tables and Adagrad on the dense towers, both at 0.01.
 """
 
 from __future__ import annotations
@@ -71,9 +71,8 @@ class DLRM:
         *,
         dcn_num_layers: Optional[int] = None,
         dcn_low_rank_dim: Optional[int] = None,
-        table_optimizer: Union[dict, tuple] = {"type": "row_wise_adagrad", "lr": 0.01,
-                                               "eps": 1e-8},
-        dense_optimizer: Union[dict, tuple] = {"Adagrad": {"lr": 0.01, "eps": 1e-8}},
+        table_optimizer: Optional[Union[dict, tuple]] = None,
+        dense_optimizer: Optional[Union[dict, tuple]] = None,
         seed: int = 0,
         shard_over: Optional[int] = None,
     ) -> None:
@@ -88,8 +87,10 @@ class DLRM:
             "interaction": interaction,
         }
         self._native = _native.Dlrm(
-            json.dumps(config), json.dumps(_table_optimizer(table_optimizer)),
-            json.dumps(_dense_optimizer(dense_optimizer)), int(seed), shard_over)
+            json.dumps(config),
+            json.dumps(None if table_optimizer is None else _table_optimizer(table_optimizer)),
+            json.dumps(None if dense_optimizer is None else _dense_optimizer(dense_optimizer)),
+            int(seed), shard_over)
 
     def predict(self, dense: Any, kjt: Any) -> Any:
         """Logits ``[batch]`` of a batch (dense float32 ``[batch, num_dense]``
@@ -110,7 +111,9 @@ class DLRM:
         return str(self._native.save(os.fspath(directory)))
 
     def load(self, path: Union[str, os.PathLike]) -> None:
-        """Loads a checkpoint's weights and optimizer state."""
+        """Loads a checkpoint's weights and optimizer state. A checkpoint that
+        fails to load part-way leaves the model without its tables: build a
+        new one."""
         self._native.load(os.fspath(path))
 
 
@@ -134,8 +137,16 @@ class Trainer:
             resume: bool = False) -> Dict[str, Any]:
         """Trains ``model`` on ``train`` (evaluating on ``eval``); with
         ``resume``, from the checkpoint directory's latest checkpoint.
-        ``on_event`` hears every step, log, evaluation and checkpoint as a
-        dict (``{"event": "step", "loss": ...}``). Returns the summary:
-        steps, samples, seconds, first and last loss, the last evaluation."""
+
+        ``on_event`` hears Ember's ``TrainEvent``s as dicts, ``event`` naming
+        each: ``start``, ``step`` (``loss``, ``times`` in seconds), ``train``
+        (a log line every ``log_every`` batches), ``eval`` (``auc``,
+        ``logloss``, ``accuracy``, ``rows``; NaN arrives as None),
+        ``checkpoint`` (``path``), ``epoch_rest_skipped``, ``batches_left_out``.
+        It runs while the model is training: it may not use the model. An
+        exception it raises, or Ctrl-C, stops the run at its next batch and
+        is raised. Returns the summary: steps, samples, seconds, first and
+        last loss, the last evaluation (None without one), the last
+        checkpoint."""
         return self._native.fit(model._native, train._native,
                                 None if eval is None else eval._native, on_event, resume)

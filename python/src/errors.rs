@@ -1,5 +1,6 @@
 //! Ember's errors as Python exceptions, with Ember's messages: bad input is
-//! a `ValueError`, a file an `OSError`, memory a `MemoryError`.
+//! a `ValueError`, a file an `OSError`, memory a `MemoryError`, a loss that
+//! stopped being finite a `FloatingPointError`.
 
 use ember_dataloader::DataError;
 use ember_models::{ModelError, TrainError};
@@ -26,9 +27,10 @@ pub fn json(what: &str, error: serde_json::Error) -> PyErr {
 /// `OSError`, their contents and the options a `ValueError`.
 pub fn data(error: DataError) -> PyErr {
     match error {
-        DataError::Io { .. } | DataError::DiskFull { .. } | DataError::NoInput { .. } => {
-            PyOSError::new_err(error.to_string())
-        }
+        DataError::Io { .. }
+        | DataError::DiskFull { .. }
+        | DataError::NoInput { .. }
+        | DataError::InUse { .. } => PyOSError::new_err(error.to_string()),
         DataError::QueuesTooLarge { .. } => PyMemoryError::new_err(error.to_string()),
         DataError::Sparse(error) => sparse(error),
         _ => PyValueError::new_err(error.to_string()),
@@ -42,7 +44,11 @@ pub fn model(error: ModelError) -> PyErr {
         ModelError::Memory(_) => PyMemoryError::new_err(error.to_string()),
         ModelError::Data(error) => data(error),
         ModelError::Sparse(error) => sparse(error),
-        ModelError::Checkpoint { .. } => PyOSError::new_err(error.to_string()),
+        // A file that is not there is the system's fault; one that does not
+        // fit the model is the caller's.
+        ModelError::Checkpoint { ref path, .. } if !path.exists() => {
+            PyOSError::new_err(error.to_string())
+        }
         _ => PyValueError::new_err(error.to_string()),
     }
 }

@@ -98,6 +98,26 @@ impl Kjt {
         Tensor::from_vec(offsets, &[n])
     }
 
+    /// Whether the ids carry weights.
+    fn has_weights(&self) -> bool {
+        self.kjt.weights().is_some()
+    }
+
+    /// The same batch without its weights (an unweighted collection's
+    /// input, as TorchRec's `is_weighted=False` reads it).
+    fn without_weights(&self) -> PyResult<Self> {
+        let offsets: Vec<i64> = self.kjt.offsets().iter().map(|&o| o as i64).collect();
+        let kjt = KeyedJaggedTensor::from_offsets(
+            self.kjt.keys().to_vec(),
+            self.kjt.values().to_vec(),
+            &offsets,
+            None,
+        );
+        Ok(Self {
+            kjt: kjt.map_err(errors::sparse)?,
+        })
+    }
+
     /// The per-id weights, as a float32 tensor, or None.
     fn weights_tensor(&self) -> Option<Tensor> {
         let weights = self.kjt.weights()?.to_vec();

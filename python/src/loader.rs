@@ -27,6 +27,17 @@ impl Loader {
     pub fn loader(&self) -> Arc<ember_dataloader::Loader> {
         Arc::clone(&self.loader)
     }
+
+    /// The loader, refused (naming `what` needs them) when it reads no
+    /// labels.
+    pub fn labelled(&self, what: &str) -> PyResult<Arc<ember_dataloader::Loader>> {
+        if !self.loader.config().labels {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{what} needs labels, and this loader reads none (labels=False)"
+            )));
+        }
+        Ok(self.loader())
+    }
 }
 
 #[pymethods]
@@ -71,9 +82,21 @@ impl Loader {
 }
 
 /// One epoch's batches: an iterator of `(dense, kjt, labels)`.
-#[pyclass(module = "ember._native")]
+#[pyclass(module = "ember._native", frozen)]
 pub struct Epoch {
     batches: Mutex<Option<Batches>>,
+}
+
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        // An epoch left early stops its threads, which finish the row
+        // group they decode first: wait for them on a thread of its own,
+        // not on one holding the GIL.
+        let batches = self.batches.get_mut().ok().and_then(Option::take);
+        if let Some(batches) = batches {
+            std::thread::spawn(move || drop(batches));
+        }
+    }
 }
 
 #[pymethods]

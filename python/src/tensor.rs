@@ -18,7 +18,8 @@ use pyo3::prelude::*;
 /// Element types a `Tensor` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dtype {
-    /// Pooled outputs, fp32 rows, optimizer state.
+    /// Pooled outputs, fp32 rows, optimizer state, dense features,
+    /// labels, logits, per-id weights.
     F32,
     /// fp16 rows.
     F16,
@@ -169,7 +170,8 @@ impl Element for i64 {
 impl Tensor {
     /// A `[rows, cols]` tensor over a pooled buffer of its own.
     pub fn owned(mut buffer: PooledBuffer, rows: usize, cols: usize) -> Self {
-        debug_assert_eq!(buffer.values.len(), rows * cols);
+        // The export reads the shape's number of values: a must.
+        assert_eq!(buffer.values.len(), rows * cols, "an output's shape");
         let data = buffer.values_mut().as_mut_ptr().cast();
         Self {
             memory: Arc::new(Memory {
@@ -185,7 +187,12 @@ impl Tensor {
 
     /// A tensor of `shape` over `values` (their number is the shape's).
     pub fn from_vec<T: Element>(mut values: Vec<T>, shape: &[usize]) -> Self {
-        debug_assert_eq!(values.len(), shape.iter().product::<usize>());
+        // The export reads the shape's number of values: a must.
+        assert_eq!(
+            values.len(),
+            shape.iter().product::<usize>(),
+            "a tensor's shape"
+        );
         let data = values.as_mut_ptr().cast();
         Self {
             memory: Arc::new(Memory {
@@ -316,11 +323,9 @@ impl Tensor {
             match shape {
                 [_] => Ok(values.to_vec().into_pyobject(py)?.into_any()),
                 [rows, cols] => {
-                    let cols = (*cols as usize).max(1);
-                    let rows: Vec<Vec<T>> = values
-                        .chunks(cols)
-                        .take(*rows as usize)
-                        .map(<[T]>::to_vec)
+                    let cols = *cols as usize;
+                    let rows: Vec<Vec<T>> = (0..*rows as usize)
+                        .map(|r| values[r * cols..(r + 1) * cols].to_vec())
                         .collect();
                     Ok(rows.into_pyobject(py)?.into_any())
                 }

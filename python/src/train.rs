@@ -3,13 +3,15 @@
 //! checkpoints), with the GIL released while it runs.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use ember_dataloader::Batch;
+use ember_dataloader::{Batch, DataError, DatasetSpec};
 use ember_dense::{DenseOptimizerConfig, Tensor as DenseTensor};
 use ember_models::{
-    evaluate_data, Backend, Dlrm as DlrmModel, DlrmConfig, FitOptions, Model, TrainData,
-    TrainEvent, TrainerConfig,
+    evaluate_data, Backend, Dlrm as DlrmModel, DlrmConfig, FitOptions, Model, ModelError,
+    TrainData, TrainEvent, TrainState, TrainerConfig,
 };
+use ember_sharding::plan::MAX_DEVICES;
 use ember_sparse::TableOptimizer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -30,8 +32,9 @@ pub struct Dlrm {
 #[pymethods]
 impl Dlrm {
     /// From Ember's `DlrmConfig`, `TableOptimizer` and
-    /// `DenseOptimizerConfig` as JSON; `shard_over` devices in this
-    /// process (the planner's plan), or one collection.
+    /// `DenseOptimizerConfig` as JSON (`null`: Ember's defaults);
+    /// `shard_over` devices in this process (the planner's plan), or one
+    /// collection.
     #[new]
     #[pyo3(signature = (config_json, table_optimizer_json, dense_optimizer_json, seed, shard_over=None))]
     fn new(
@@ -44,16 +47,24 @@ impl Dlrm {
     ) -> PyResult<Self> {
         let config: DlrmConfig =
             serde_json::from_str(config_json).map_err(|e| errors::json("model config", e))?;
-        let table: TableOptimizer = serde_json::from_str(table_optimizer_json)
+        let table: Option<TableOptimizer> = serde_json::from_str(table_optimizer_json)
             .map_err(|e| errors::json("table optimizer", e))?;
-        let dense: DenseOptimizerConfig = serde_json::from_str(dense_optimizer_json)
+        let dense: Option<DenseOptimizerConfig> = serde_json::from_str(dense_optimizer_json)
             .map_err(|e| errors::json("dense optimizer", e))?;
+        if let Some(devices) = shard_over.filter(|&d| d == 0 || d > MAX_DEVICES) {
+            return Err(PyValueError::new_err(format!(
+                "shard_over {devices}: from 1 to {MAX_DEVICES} devices"
+            )));
+        }
         let model = py
             .detach(|| {
-                let mut builder = DlrmModel::builder(config)
-                    .table_optimizer(table)
-                    .dense_optimizer(dense)
-                    .seed(seed);
+                let mut builder = DlrmModel::builder(config).seed(seed);
+                if let Some(table) = table {
+                    builder = builder.table_optimizer(table);
+                }
+                if let Some(dense) = dense {
+                    builder = builder.dense_optimizer(dense);
+                }
                 if let Some(devices) = shard_over {
                     builder = builder.shard_over(devices);
                 }
@@ -111,7 +122,7 @@ impl Dlrm {
         data: PyRef<'py, Loader>,
         batches: Option<u64>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let data = data.loader();
+        let data = data.labelled("evaluate")?;
         let batches = batches.unwrap_or_else(|| data.batches_per_epoch(0));
         let (model, backend) = (&mut self.model, &self.backend);
         let metrics = py
@@ -201,9 +212,10 @@ impl Trainer {
 
     /// Trains `model` on `train`, evaluating on `eval`; with `resume`,
     /// from the latest checkpoint of the checkpoint directory (if any).
-    /// `on_event(dict)` hears every step, log, evaluation and checkpoint
-    /// (Ember's `TrainEvent` as a dict); an exception it raises stops
-    /// nothing and is raised when the run ends. Returns the summary.
+    /// `on_event(dict)` hears Ember's `TrainEvent`s as dicts (all but
+    /// `before_step`; durations in seconds); an exception it raises, or
+    /// Ctrl-C, stops the run at its next batch and is raised. Returns the
+    /// summary.
     #[pyo3(signature = (model, train, eval=None, on_event=None, resume=false))]
     fn fit<'py>(
         &self,
@@ -214,61 +226,146 @@ impl Trainer {
         on_event: Option<Py<PyAny>>,
         resume: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
+        if resume && self.checkpoint_dir.is_none() {
+            return Err(PyValueError::new_err(
+                "resume=True needs the Trainer's checkpoint_dir to resume from",
+            ));
+        }
         let trainer = self.trainer();
-        let train = train.loader();
-        let eval = eval.map(|e| e.loader());
+        let train = train.labelled("fit")?;
+        let eval = eval.map(|e| e.labelled("evaluation")).transpose()?;
         let mut raised: Option<PyErr> = None;
+        let stop = AtomicBool::new(false);
         let model = &mut model.model;
-        let summary = py.detach(|| {
+        let result = py.detach(|| {
             let from = if resume {
                 trainer.resume(model).map_err(errors::model)?
             } else {
                 Default::default()
             };
             let mut hear = |event: &TrainEvent| {
-                let Some(callback) = on_event.as_ref() else {
+                if matches!(event, TrainEvent::BeforeStep { .. }) {
                     return;
-                };
+                }
                 Python::attach(|py| {
-                    let result = serde_json::to_string(event)
-                        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
-                        .and_then(|json| {
-                            let event = py.import("json")?.call_method1("loads", (json,))?;
-                            callback.call1(py, (event,))
-                        });
-                    if let Err(error) = result {
+                    let heard = py.check_signals().and_then(|()| match on_event.as_ref() {
+                        Some(callback) => callback.call1(py, (event_dict(py, event)?,)).map(drop),
+                        None => Ok(()),
+                    });
+                    if let Err(error) = heard {
                         raised.get_or_insert(error);
+                        stop.store(true, Ordering::Relaxed);
                     }
                 });
             };
+            let train = Interruptible {
+                data: &*train,
+                stop: &stop,
+            };
+            let eval = eval
+                .as_deref()
+                .map(|data| Interruptible { data, stop: &stop });
             let options = FitOptions {
-                eval: eval.as_deref().map(|e| e as &dyn TrainData),
+                eval: eval.as_ref().map(|e| e as &dyn TrainData),
                 from,
                 on_event: Some(&mut hear),
             };
-            trainer.fit(model, &*train, options).map_err(errors::train)
-        })?;
+            trainer.fit(model, &train, options).map_err(errors::train)
+        });
+        // What stopped the run (a callback's exception, Ctrl-C) comes
+        // before the error the stop made.
         if let Some(error) = raised {
             return Err(error);
         }
+        let summary = result?;
         let out = PyDict::new(py);
         out.set_item("steps", summary.steps)?;
         out.set_item("samples", summary.samples)?;
         out.set_item("train_seconds", summary.train_seconds)?;
         out.set_item("data_wait_seconds", summary.data_wait_seconds)?;
+        out.set_item("input_dist_seconds", summary.input_dist_seconds)?;
         out.set_item("compute_seconds", summary.compute_seconds)?;
         out.set_item("loss_first", summary.loss_first)?;
         out.set_item("loss_last", summary.loss_last)?;
         out.set_item("resumed_at_step", summary.resumed_at_step)?;
         out.set_item("checkpoint", summary.checkpoint)?;
-        if let Some(metrics) = summary.eval {
-            let eval = PyDict::new(py);
-            eval.set_item("auc", metrics.auc)?;
-            eval.set_item("logloss", metrics.logloss)?;
-            eval.set_item("accuracy", metrics.accuracy)?;
-            eval.set_item("rows", metrics.count)?;
-            out.set_item("eval", eval)?;
-        }
+        let eval = match summary.eval {
+            Some(metrics) => {
+                let eval = PyDict::new(py);
+                eval.set_item("auc", metrics.auc)?;
+                eval.set_item("logloss", metrics.logloss)?;
+                eval.set_item("accuracy", metrics.accuracy)?;
+                eval.set_item("rows", metrics.count)?;
+                Some(eval)
+            }
+            None => None,
+        };
+        out.set_item("eval", eval)?;
         Ok(out)
     }
+}
+
+/// Training data that ends with an error once `stop` is set (a Python
+/// exception or Ctrl-C while the run had the GIL released).
+struct Interruptible<'a> {
+    data: &'a dyn TrainData,
+    stop: &'a AtomicBool,
+}
+
+impl TrainData for Interruptible<'_> {
+    fn batches_per_epoch(&self, epoch: u64) -> u64 {
+        self.data.batches_per_epoch(epoch)
+    }
+
+    fn epoch(
+        &self,
+        epoch: u64,
+        skip: u64,
+    ) -> Box<dyn Iterator<Item = Result<Batch, ModelError>> + Send + '_> {
+        let stop = self.stop;
+        Box::new(self.data.epoch(epoch, skip).map(move |batch| {
+            if stop.load(Ordering::Relaxed) {
+                // Replaced by what set `stop` (see `fit`).
+                Err(ModelError::Data(DataError::DecoderStopped))
+            } else {
+                batch
+            }
+        }))
+    }
+
+    fn fingerprint(&self) -> u64 {
+        self.data.fingerprint()
+    }
+
+    fn start_state(&self) -> TrainState {
+        self.data.start_state()
+    }
+
+    fn dataset_spec(&self) -> Option<&DatasetSpec> {
+        self.data.dataset_spec()
+    }
+}
+
+/// A `TrainEvent` as a Python dict, its durations in seconds.
+fn event_dict<'py>(py: Python<'py>, event: &TrainEvent) -> PyResult<Bound<'py, PyAny>> {
+    fn seconds(value: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match value {
+            Value::Object(map)
+                if map.len() == 2 && map.contains_key("secs") && map.contains_key("nanos") =>
+            {
+                let secs = map["secs"].as_f64().unwrap_or(0.0);
+                let nanos = map["nanos"].as_f64().unwrap_or(0.0);
+                Value::from(secs + nanos * 1e-9)
+            }
+            Value::Object(map) => {
+                Value::Object(map.into_iter().map(|(k, v)| (k, seconds(v))).collect())
+            }
+            other => other,
+        }
+    }
+    let value = serde_json::to_value(event).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let json = serde_json::to_string(&seconds(value))
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    py.import("json")?.call_method1("loads", (json,))
 }

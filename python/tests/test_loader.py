@@ -58,14 +58,25 @@ def test_criteo_batches_hold_the_files_values(criteo_dir):
     assert kjt.weights_or_none() is None
 
 
-def test_epochs_resume_and_shuffle(criteo_dir):
-    loader = ParquetLoader([criteo_dir], batch_size=4, tables=criteo_tables(), shuffle_seed=3)
-    first = [b[2].tolist() for b in loader.epoch(0)]
-    assert [b[2].tolist() for b in loader.epoch(0, skip=1)] == first[1:]
-    second = [b[2].tolist() for b in loader.epoch(1)]
-    assert sorted(sum(first, [])) == sorted(sum(second, []))
-    dropped = ParquetLoader([criteo_dir], batch_size=4, tables=criteo_tables(), drop_last=True)
-    assert len(dropped) == 2 and len(list(dropped)) == 2
+def test_epochs_resume_and_shuffle(tmp_path):
+    # 12 row groups of 2 rows, each row told apart by its first dense value.
+    columns = {"label": pa.array([i % 2 for i in range(24)], pa.int8())}
+    columns.update({f"int_{j}": pa.array([i * 100 + j for i in range(24)], pa.int32())
+                    for j in range(13)})
+    columns.update({f"cat_{j}": pa.array([i for i in range(24)], pa.int64()) for j in range(26)})
+    pq.write_table(pa.table(columns), tmp_path / "part.parquet", row_group_size=2)
+    rows = lambda batches: [round(math.expm1(float(x))) // 100 for b in batches for x in b[0][:, 0]]
+    plain = ParquetLoader([tmp_path], batch_size=4, tables=criteo_tables())
+    assert rows(plain) == list(range(24))
+    loader = ParquetLoader([tmp_path], batch_size=4, tables=criteo_tables(), shuffle_seed=3)
+    first, second = rows(loader.epoch(0)), rows(loader.epoch(1))
+    assert sorted(first) == sorted(second) == list(range(24))
+    assert first != list(range(24)) and second != first  # row groups shuffled, per epoch
+    assert rows(loader.epoch(0)) == first  # the same seed, the same order
+    assert rows(loader.epoch(0, skip=2)) == first[8:]
+    assert len(ParquetLoader([tmp_path], batch_size=5, tables=criteo_tables())) == 5
+    dropped = ParquetLoader([tmp_path], batch_size=5, tables=criteo_tables(), drop_last=True)
+    assert len(dropped) == 4 and len(list(dropped)) == 4
 
 
 def test_a_spec_of_ones_own_with_multi_hot_weighted_features(tmp_path):

@@ -70,6 +70,55 @@ def test_trainer_fits_a_dlrm_from_parquet(tmp_path):
     assert again["resumed_at_step"] == 64 and again["steps"] == 64
 
 
+def test_a_stopped_run_resumes_bitwise(tmp_path):
+    train = ParquetLoader([write_clicks(tmp_path / "train", 4096, 1)], 256, tables=tables(),
+                          shuffle_seed=5)
+    whole = model()
+    Trainer(epochs=2).fit(whole, train)
+    stopped = model()
+    first = Trainer(epochs=2, max_steps=11, checkpoint_dir=tmp_path / "ckpt").fit(stopped, train)
+    assert first["steps"] == 11 and first["checkpoint"] is not None
+    resumed = model(seed=9)  # its own weights are replaced by the checkpoint's
+    rest = Trainer(epochs=2, checkpoint_dir=tmp_path / "ckpt").fit(resumed, train, resume=True)
+    assert rest["resumed_at_step"] == 11 and rest["steps"] == 32
+    dense, kjt, _ = next(iter(train))
+    assert torch.equal(resumed.predict(dense, kjt), whole.predict(dense, kjt))
+
+
+def test_training_releases_the_gil(tmp_path):
+    # With a switch interval this long the interpreter never takes the GIL
+    # from a running thread: the ticker runs only while a call releases it.
+    import sys
+    import threading
+
+    train = ParquetLoader([write_clicks(tmp_path / "train", 8192, 1)], 256, tables=tables())
+    ticks, seen, done = [0], [], threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks[0] += 1
+            done.wait(0.0001)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        thread = threading.Thread(target=ticker)
+        thread.start()
+        start = ticks[0]
+        batches = sum(1 for _ in train)
+        seen.append(ticks[0] - start)
+        start = ticks[0]
+        Trainer(epochs=1).fit(model(), train)
+        seen.append(ticks[0] - start)
+        done.set()
+        thread.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert batches == 32
+    assert seen[0] > 0, "the ticker never ran while the loader made 32 batches"
+    assert seen[1] > 0, "the ticker never ran during fit"
+
+
 def test_errors_from_the_engine_are_python_exceptions(tmp_path):
     train = ParquetLoader([write_clicks(tmp_path / "train", 512, 1)], 256, tables=tables())
     with pytest.raises(ValueError, match="bottom MLP"):
@@ -78,10 +127,23 @@ def test_errors_from_the_engine_are_python_exceptions(tmp_path):
         Trainer().fit(DLRM(tables(), 13, [16, 8], [16, 1],
                            dense_optimizer={"Sgd": {"lr": 1e30}}), train)
 
+    heard = []
+
     def broken(event):
-        raise KeyError("from the callback")
+        heard.append(event["event"])
+        if event["event"] == "step":
+            raise KeyError("from the callback")
 
     with pytest.raises(KeyError, match="from the callback"):
-        Trainer().fit(model(), train, on_event=broken)
+        Trainer(epochs=50).fit(model(), train, on_event=broken)
+    # The run stopped at its next batch, not after its 100 steps.
+    assert heard.count("step") <= 3, heard
+    unlabelled = ParquetLoader([tmp_path / "train"], 256, tables=tables(), labels=False)
+    with pytest.raises(ValueError, match="labels=False"):
+        Trainer().fit(model(), unlabelled)
+    with pytest.raises(ValueError, match="checkpoint_dir to resume from"):
+        Trainer().fit(model(), train, resume=True)
+    with pytest.raises(ValueError, match="shard_over 0"):
+        DLRM(tables(), 13, [16, 8], [16, 1], shard_over=0)
     with pytest.raises(OSError, match="nothing.safetensors"):
         model().load(tmp_path / "nothing.safetensors")

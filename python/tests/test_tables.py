@@ -92,6 +92,28 @@ def test_frozen_and_inference_tables():
     assert EmbeddingBagCollection(half).embedding_bags["h"].weight.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("dtype,torch_dtype", [(ember.DataType.FP16, torch.float16),
+                                               (ember.DataType.BF16, torch.bfloat16)])
+def test_half_precision_tables_train(dtype, torch_dtype):
+    # The rows are stored in half precision (updated with stochastic
+    # rounding); outputs and gradients stay float32.
+    config = EmbeddingBagConfig(num_embeddings=20, embedding_dim=8, name="h",
+                                feature_names=["f"], data_type=dtype)
+    ebc = EmbeddingBagCollection([config], optimizer=(torch.optim.SGD, {"lr": 0.5}), seed=4)
+    weight = ebc.embedding_bags["h"].weight
+    assert weight.dtype == torch_dtype
+    before = weight.detach().float().clone()
+    kjt = KeyedJaggedTensor(["f"], [3, 5], lengths=[1, 1])
+    out = ebc(kjt).values()
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, before[[3, 5]])
+    out.sum().backward()
+    after = weight.detach().float()
+    # w -= 0.5 * 1 on the two rows looked up, to the type's precision.
+    torch.testing.assert_close(after[[3, 5]], before[[3, 5]] - 0.5, atol=1e-2, rtol=0)
+    assert torch.equal(after[0], before[0])
+
+
 def test_optimizer_options_take_the_classes_defaults():
     from ember.optim import table_optimizer
 

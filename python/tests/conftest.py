@@ -1,5 +1,6 @@
 """Shared fixtures: small tables and batches."""
 
+import importlib
 import os
 
 import pytest
@@ -35,5 +36,5 @@ def require(module: str):
     """Imports `module`, skipping the test without it, unless the environment
     says the suite must run whole (CI: EMBER_REQUIRE_TORCHREC=1)."""
     if os.environ.get("EMBER_REQUIRE_TORCHREC") == "1":
-        return __import__(module)
+        return importlib.import_module(module)
     return pytest.importorskip(module)

@@ -239,7 +239,8 @@ def test_bad_inputs_raise_clear_exceptions():
         KeyedJaggedTensor(["f0"], torch.arange(6)[::2], lengths=[3])
     with pytest.raises(ValueError, match="exactly one of lengths and offsets"):
         KeyedJaggedTensor(["f0"], [1])
-    with pytest.raises(ValueError, match="id 50 out of range for table .t0. \(50 rows\), feature .f0., sample 0"):
+    with pytest.raises(ValueError,
+                       match=r"id 50 out of range for table .t0. \(50 rows\), feature .f0., sample 0"):
         ebc(KeyedJaggedTensor(["f0", "f1", "f2"], [50, 1, 1], lengths=[1, 1, 1]))
     with pytest.raises(ValueError, match="f2"):
         ebc(KeyedJaggedTensor(["f0", "f1"], [1, 1], lengths=[1, 1]))

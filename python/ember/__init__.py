@@ -10,7 +10,7 @@ neither torch nor numpy. ``EmbeddingBagCollection``, ``KeyedTensor`` and
 """
 
 from ember import _native
-from ember.configs import DataType, EmbeddingBagConfig, PoolingType
+from ember.configs import DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from ember.sparse import KeyedJaggedTensor
 
 __version__ = _native.__version__
@@ -19,13 +19,21 @@ __all__ = [
     "DataType",
     "EmbeddingBagCollection",
     "EmbeddingBagConfig",
+    "EmbeddingCollection",
+    "EmbeddingConfig",
+    "JaggedTensor",
     "KeyedJaggedTensor",
     "KeyedTensor",
     "PoolingType",
     "__version__",
 ]
 
-_TORCH_NAMES = {"EmbeddingBagCollection": "ember.modules", "KeyedTensor": "ember.modules"}
+_TORCH_NAMES = {
+    "EmbeddingBagCollection": "ember.modules",
+    "KeyedTensor": "ember.modules",
+    "EmbeddingCollection": "ember.sequence",
+    "JaggedTensor": "ember.sequence",
+}
 
 
 def __getattr__(name: str):

@@ -80,6 +80,29 @@ class Collection:
     def optimizer_state(self, name: str) -> Optional[Tensor]:
         """A view of table ``name``'s optimizer state, or None."""
 
+class SequenceCollection:
+    """Embedding tables read unpooled (a JSON list of Ember's EmbeddingConfig,
+    one dim) with the optimizer fused into ``backward``."""
+
+    def __init__(self, tables_json: str, optimizer_json: str, seed: int) -> None: ...
+    def set_optimizer(self, optimizer_json: str) -> None: ...
+    def optimizer_state_viewed(self) -> bool: ...
+    @property
+    def optimizer(self) -> str: ...
+    @property
+    def feature_names(self) -> List[str]: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    def forward(self, kjt: Kjt) -> Tuple[Tensor, List[int]]:
+        """Every id's row: ``[rows, dim]`` float32 and the ``features * batch + 1``
+        row offsets; releases the GIL."""
+    def backward(self, kjt: Kjt, grad: Any) -> None:
+        """The fused update from d(loss)/d(rows), float32 ``[rows, dim]``."""
+    def weight(self, name: str) -> Tensor: ...
+    def optimizer_state(self, name: str) -> Optional[Tensor]: ...
+
 class Loader:
     """Parquet files read as batches by Ember's ``LoaderConfig`` (JSON)."""
 

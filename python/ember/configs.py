@@ -74,11 +74,34 @@ class EmbeddingBagConfig:
         }
 
 
-def tables_json(tables: List[EmbeddingBagConfig]) -> str:
-    """Configs as the JSON list the native collection takes."""
+@dataclass
+class EmbeddingConfig:
+    """One table read unpooled, every id's row in place (TorchRec's
+    ``EmbeddingConfig``: its fields, in its order; no pooling). The tables of
+    one collection share a dim."""
+
+    num_embeddings: int
+    embedding_dim: int
+    name: str = ""
+    data_type: DataType = DataType.FP32
+    feature_names: List[str] = field(default_factory=list)
+    weight_init_max: Optional[float] = None
+    weight_init_min: Optional[float] = None
+
+    def _to_ember(self) -> dict:
+        """The config as Ember's ``EmbeddingConfig`` reads it (JSON)."""
+        bag = EmbeddingBagConfig(self.num_embeddings, self.embedding_dim, self.name,
+                                 self.data_type, self.feature_names, self.weight_init_max,
+                                 self.weight_init_min)._to_ember()
+        del bag["pooling"]
+        return bag
+
+
+def tables_json(tables: list, kind: type = EmbeddingBagConfig) -> str:
+    """Configs (all of ``kind``) as the JSON list the native collection takes."""
     for i, table in enumerate(tables):
-        if not isinstance(table, EmbeddingBagConfig):
+        if not isinstance(table, kind):
             raise TypeError(
-                f"tables[{i}]: expected an ember.EmbeddingBagConfig, got {type(table).__name__}"
+                f"tables[{i}]: expected an ember.{kind.__name__}, got {type(table).__name__}"
             )
     return json.dumps([t._to_ember() for t in tables])

@@ -15,16 +15,14 @@ writes them in place, with TorchRec's names ``embedding_bags.<table>.weight``.
 
 from __future__ import annotations
 
-import json
-import weakref
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from torch import nn
 
 from ember import _native
-from ember.configs import DataType, EmbeddingBagConfig, tables_json
+from ember.configs import EmbeddingBagConfig, tables_json
 from ember.sparse import KeyedJaggedTensor
+from ember.tables import EmberTables, bump_versions, check_optimizer
 
 
 class KeyedTensor:
@@ -101,22 +99,13 @@ class _PooledLookup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        if json.loads(ctx.collection.optimizer)["type"] == "none":
-            raise RuntimeError(
-                "ember.EmbeddingBagCollection: no optimizer to apply in backward: call "
-                "ember.optim.apply_optimizer_in_backward(...) on its parameters (or pass "
-                "optimizer=), or freeze it with requires_grad_(False)"
-            )
-        grad = grad.detach().to(torch.float32).contiguous()
-        ctx.collection.backward(ctx.kjt, grad)
-        # The rows changed in place: torch's version counters say so, so a
-        # graph that saved a table's weight refuses a stale backward.
-        for weight in ctx.weights:
-            torch.autograd.graph.increment_version(weight)
+        check_optimizer(ctx.collection, "EmbeddingBagCollection")
+        ctx.collection.backward(ctx.kjt, grad.detach().to(torch.float32).contiguous())
+        bump_versions(ctx.weights)
         return (None, None) + (None,) * len(ctx.weights)
 
 
-class EmbeddingBagCollection(nn.Module):
+class EmbeddingBagCollection(EmberTables):
     """Embedding-bag tables (TorchRec's ``EmbeddingBagCollection``).
 
     ``forward(features)`` pools every table's features of a
@@ -145,25 +134,11 @@ class EmbeddingBagCollection(nn.Module):
             )
         self._embedding_bag_configs = list(tables)
         self._is_weighted = bool(is_weighted)
-        self._collection = _native.Collection(
+        collection = _native.Collection(
             tables_json(self._embedding_bag_configs), '{"type": "none"}', int(seed)
         )
-        self.embedding_bags = nn.ModuleDict()
-        for config in self._embedding_bag_configs:
-            table = nn.Module()
-            weight = torch.from_dlpack(self._collection.weight(config.name))
-            # The inference types' rows are bytes as stored: no gradient.
-            trainable = config.data_type in (DataType.FP32, DataType.FP16, DataType.BF16)
-            param = nn.Parameter(weight, requires_grad=trainable)
-            # A weak reference: the module owns its tables, not the reverse.
-            param._ember_collection = weakref.ref(self)
-            table.register_parameter("weight", param)
-            self.embedding_bags[config.name] = table
-        if optimizer is not None:
-            from ember.optim import apply_optimizer_in_backward
-
-            optimizer_class, kwargs = optimizer
-            apply_optimizer_in_backward(optimizer_class, self.parameters(), kwargs)
+        self._register_tables(collection, self._embedding_bag_configs, "embedding_bags",
+                              optimizer)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """The pooled lookup of ``features``; differentiable when the tables
@@ -173,53 +148,14 @@ class EmbeddingBagCollection(nn.Module):
                 f"expected an ember.KeyedJaggedTensor, got {type(features).__name__}"
             )
         native = features._native_for(self._is_weighted)
-        weights = [t.weight for t in self.embedding_bags.values()]
-        training = [w.requires_grad for w in weights]
-        if torch.is_grad_enabled() and any(training):
-            if not all(training):
-                frozen = [n for n, w in zip(self.embedding_bags, weights) if not w.requires_grad]
-                raise ValueError(
-                    f"tables {frozen} are frozen and the others are not: the fused optimizer "
-                    "updates a collection's tables together; freeze all of them "
-                    "(requires_grad_(False)) or none, or put them in collections of their own"
-                )
+        weights = self._trained_weights()
+        if weights is not None:
             values = _PooledLookup.apply(self._collection, native, *weights)
         else:
             values = torch.from_dlpack(self._collection.forward(native))
         return KeyedTensor(
             self._collection.feature_names, self._collection.feature_dims, values
         )
-
-    def _apply(self, fn, recurse=True):
-        # .to(), .half(), .cuda() and the like would copy the tables away from
-        # Ember's rows, which the lookups keep reading: refused.
-        for name, table in self.embedding_bags.items():
-            weight = table.weight
-            converted = fn(weight)
-            if converted.data_ptr() != weight.data_ptr() or converted.dtype != weight.dtype:
-                raise ValueError(
-                    f"ember.EmbeddingBagCollection: table '{name}' stays in Ember's memory, in "
-                    f"its data type on the CPU ({weight.dtype}): choose the type with "
-                    "EmbeddingBagConfig(data_type=...)"
-                )
-        return super()._apply(fn, recurse)
-
-    def share_memory(self):
-        raise ValueError(
-            "ember.EmbeddingBagCollection: the tables are Ember's memory and cannot move into "
-            "shared memory; share the module between threads instead"
-        )
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """TorchRec's state dict (``embedding_bags.<table>.weight``), copied into
-        Ember's rows in place; ``assign=True`` is refused (it would put other
-        tensors where Ember's rows are)."""
-        if assign:
-            raise ValueError(
-                "ember.EmbeddingBagCollection.load_state_dict: assign=True would detach the "
-                "tables from Ember's rows; load with the default assign=False"
-            )
-        return super().load_state_dict(state_dict, strict=strict)
 
     def embedding_bag_configs(self) -> List[EmbeddingBagConfig]:
         """The tables' configs."""
@@ -229,20 +165,3 @@ class EmbeddingBagCollection(nn.Module):
         """Whether the features' per-id weights are pooled (TorchRec's flag): a
         weighted collection requires them; an unweighted one ignores them."""
         return self._is_weighted
-
-    @property
-    def fused_optimizer(self) -> dict:
-        """The optimizer applied in backward (Ember's ``TableOptimizer`` as a dict)."""
-        return json.loads(self._collection.optimizer)
-
-    def optimizer_state(self, table: str) -> Optional[torch.Tensor]:
-        """Table ``table``'s optimizer state, a view over Ember's (Adagrad: one
-        float per weight; row-wise Adagrad: one per row, TorchRec's
-        ``momentum1``; Adam: ``[m | v]`` per row); None without state."""
-        state = self._collection.optimizer_state(table)
-        return None if state is None else torch.from_dlpack(state)
-
-    @property
-    def step(self) -> int:
-        """Backward updates applied so far."""
-        return self._collection.step

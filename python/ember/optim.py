@@ -142,7 +142,7 @@ def apply_optimizer_in_backward(
     Ember collections whose tables are ``params`` (TorchRec's call). Every
     table of such a collection must be among ``params``: the optimizer is
     the collection's. The state starts fresh."""
-    from ember.modules import EmbeddingBagCollection
+    from ember.tables import EmberTables
 
     spec = table_optimizer(optimizer_class, optimizer_kwargs)
     params = list(params)
@@ -152,7 +152,7 @@ def apply_optimizer_in_backward(
         owner = ref() if ref is not None else None
         if owner is None:
             raise ValueError(
-                f"params[{i}] is not a table of an ember.EmbeddingBagCollection: Ember fuses "
+                f"params[{i}] is not a table of an Ember collection: Ember fuses "
                 "optimizers into its own tables only (use a torch optimizer for the rest)"
             )
         owners[id(owner)] = owner
@@ -160,7 +160,7 @@ def apply_optimizer_in_backward(
     # Every collection checked before any changes: all of them take the
     # optimizer, or none does.
     for owner in owners.values():
-        assert isinstance(owner, EmbeddingBagCollection)
+        assert isinstance(owner, EmberTables)
         missing = [n for n, p in owner.named_parameters() if id(p) not in listed]
         if missing:
             raise ValueError(

@@ -2,15 +2,17 @@
 //! lookups and the fused backward release the GIL; outputs and table views
 //! cross as DLPack tensors without copies.
 
-use ember_sparse::{DataType, EmbeddingBagCollection, EmbeddingBagConfig, TableOptimizer};
+use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, TableOptimizer};
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pyclass::boolean_struct::False;
+use pyo3::PyClass;
 
 use crate::kjt::Kjt;
-use crate::tensor::{BufferPool, Dtype, PooledBuffer, Tensor};
-use crate::{errors, input};
+use crate::tensor::{BufferPool, PooledBuffer, Tensor};
+use crate::{errors, input, views};
 
 /// Embedding-bag tables with their fused optimizer.
 #[pyclass(module = "ember._native")]
@@ -22,9 +24,9 @@ pub struct Collection {
     state_views: Arc<()>,
 }
 
-/// The collection for a lookup; refused (not waited for) while another
+/// A collection for a lookup; refused (not waited for) while another
 /// thread's backward holds it.
-fn shared<'py>(slf: &Bound<'py, Collection>) -> PyResult<PyRef<'py, Collection>> {
+pub fn shared<'py, T: PyClass>(slf: &Bound<'py, T>) -> PyResult<PyRef<'py, T>> {
     slf.try_borrow().map_err(|_| {
         PyRuntimeError::new_err(
             "the collection is being updated by another thread (a backward, or a new \
@@ -33,9 +35,11 @@ fn shared<'py>(slf: &Bound<'py, Collection>) -> PyResult<PyRef<'py, Collection>>
     })
 }
 
-/// The collection for an update or a view; refused (not waited for) while
+/// A collection for an update or a view; refused (not waited for) while
 /// another thread uses it.
-fn exclusive<'py>(slf: &Bound<'py, Collection>) -> PyResult<PyRefMut<'py, Collection>> {
+pub fn exclusive<'py, T: PyClass<Frozen = False>>(
+    slf: &Bound<'py, T>,
+) -> PyResult<PyRefMut<'py, T>> {
     slf.try_borrow_mut().map_err(|_| {
         PyRuntimeError::new_err(
             "the collection is in use by another thread (a lookup or a backward): run its \
@@ -44,63 +48,9 @@ fn exclusive<'py>(slf: &Bound<'py, Collection>) -> PyResult<PyRefMut<'py, Collec
     })
 }
 
-fn parse_optimizer(json: &str) -> PyResult<TableOptimizer> {
+/// A `TableOptimizer` from its JSON.
+pub fn parse_optimizer(json: &str) -> PyResult<TableOptimizer> {
     serde_json::from_str(json).map_err(|e| errors::json("optimizer", e))
-}
-
-impl Collection {
-    /// Refuses a gradient that lies in a table's rows or optimizer state:
-    /// the backward writes those while it reads the gradient.
-    fn refuse_overlap(&self, grad: &[f32]) -> PyResult<()> {
-        let span = |start: *const u8, bytes: usize| (start as usize, start as usize + bytes);
-        let (g0, g1) = span(grad.as_ptr().cast(), std::mem::size_of_val(grad));
-        for table in self.ebc.tables().iter().filter(|t| !t.is_on_disk()) {
-            let rows = table.row_bytes();
-            let state = table.optimizer_state();
-            for (what, (a0, a1)) in [
-                ("rows", span(rows.as_ptr(), rows.len())),
-                (
-                    "optimizer state",
-                    span(state.as_ptr().cast(), std::mem::size_of_val(state)),
-                ),
-            ] {
-                if a0 < a1 && g0 < a1 && a0 < g1 {
-                    return Err(PyValueError::new_err(format!(
-                        "grad: it lies in the {what} of table '{}', which the backward updates",
-                        table.name()
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn table_index(&self, name: &str) -> PyResult<usize> {
-        self.ebc
-            .tables()
-            .iter()
-            .position(|t| t.name() == name)
-            .ok_or_else(|| PyKeyError::new_err(format!("no table named '{name}'")))
-    }
-
-    /// Table `name`, refused (naming why) where its rows are not one
-    /// array indexed by id in RAM.
-    fn viewable_table(&self, name: &str, what: &str) -> PyResult<usize> {
-        let t = self.table_index(name)?;
-        let table = &self.ebc.tables()[t];
-        if table.is_on_disk() {
-            return Err(PyValueError::new_err(format!(
-                "table '{name}' is on the disk tier: its {what} are not in memory as one array"
-            )));
-        }
-        if table.config().kv.is_some() {
-            return Err(PyValueError::new_err(format!(
-                "table '{name}' is a key-value table: its rows are found by id through a map, \
-                 so its {what} are not indexed by id"
-            )));
-        }
-        Ok(t)
-    }
 }
 
 #[pymethods]
@@ -230,7 +180,7 @@ impl Collection {
             )));
         }
         let grad = imported.f32s("grad")?;
-        this.refuse_overlap(grad)?;
+        views::refuse_overlap(this.ebc.tables(), grad)?;
         let ebc = &mut this.ebc;
         slf.py()
             .detach(|| ebc.backward_update(kjt, grad))
@@ -244,21 +194,8 @@ impl Collection {
     fn weight(slf: Bound<'_, Self>, name: &str) -> PyResult<Tensor> {
         let owner = slf.clone().into_any().unbind();
         let mut this = exclusive(&slf)?;
-        let t = this.viewable_table(name, "rows")?;
-        let table = &mut this.ebc.tables_mut()[t];
-        let (rows, dim, dtype) = (table.num_embeddings(), table.dim(), table.data_type());
-        let (cols, dtype) = match dtype {
-            DataType::Fp32 => (dim, Dtype::F32),
-            DataType::Fp16 => (dim, Dtype::F16),
-            DataType::Bf16 => (dim, Dtype::Bf16),
-            _ => (table.bytes_per_row(), Dtype::U8),
-        };
-        let bytes = table.row_bytes_mut();
-        debug_assert_eq!(bytes.len(), rows * cols * dtype.bytes());
-        // SAFETY: the rows of an in-memory table are one allocation of
-        // `rows * cols` values of `dtype`, made when the table was built and
-        // never moved or freed while the collection (kept by `owner`) lives.
-        Ok(unsafe { Tensor::view(owner, None, bytes.as_mut_ptr(), &[rows, cols], dtype) })
+        let t = views::viewable(this.ebc.tables(), name, "rows")?;
+        Ok(views::rows(owner, &mut this.ebc.tables_mut()[t]))
     }
 
     /// Table `name`'s optimizer state, a view: `[rows, floats per row]`
@@ -267,20 +204,9 @@ impl Collection {
     fn optimizer_state(slf: Bound<'_, Self>, name: &str) -> PyResult<Option<Tensor>> {
         let owner = slf.clone().into_any().unbind();
         let mut this = exclusive(&slf)?;
-        let t = this.viewable_table(name, "optimizer state")?;
-        let table = &mut this.ebc.tables_mut()[t];
-        let (rows, per_row) = (table.num_embeddings(), table.state_floats_per_row());
-        if per_row == 0 {
-            return Ok(None);
-        }
-        let state = table.optimizer_state_mut().as_mut_ptr().cast();
-        let guard = Some(Arc::clone(&this.state_views));
-        // SAFETY: as for `weight`: the state is one allocation of
-        // `rows * per_row` floats, replaced only by `set_optimizer`, which
-        // is refused while `guard` is held.
-        Ok(Some(unsafe {
-            Tensor::view(owner, guard, state, &[rows, per_row], Dtype::F32)
-        }))
+        let t = views::viewable(this.ebc.tables(), name, "optimizer state")?;
+        let guard = Arc::clone(&this.state_views);
+        Ok(views::state(owner, &guard, &mut this.ebc.tables_mut()[t]))
     }
 
     fn __repr__(&self) -> String {

@@ -11,16 +11,20 @@ mod errors;
 mod input;
 mod kjt;
 mod loader;
+mod sequence;
 mod tensor;
 mod train;
+mod views;
 
-/// `ember._native`: `Collection`, `Kjt`, `Tensor`, `Loader`, `Dlrm`, `Trainer`.
+/// `ember._native`: `Collection`, `SequenceCollection`, `Kjt`, `Tensor`,
+/// `Loader`, `Dlrm`, `Trainer`.
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<tensor::Tensor>()?;
     module.add_class::<kjt::Kjt>()?;
     module.add_class::<collection::Collection>()?;
+    module.add_class::<sequence::SequenceCollection>()?;
     module.add_class::<loader::Loader>()?;
     module.add_class::<loader::Epoch>()?;
     module.add_class::<train::Dlrm>()?;

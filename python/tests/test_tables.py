@@ -254,7 +254,7 @@ def test_bad_inputs_raise_clear_exceptions():
         apply_optimizer_in_backward(torch.optim.RMSprop, ebc.parameters(), {"lr": 0.1})
     with pytest.raises(ValueError, match="not in params"):
         apply_optimizer_in_backward(torch.optim.SGD, [ebc.embedding_bags["t0"].weight], {"lr": 0.1})
-    with pytest.raises(ValueError, match="not a table of an ember"):
+    with pytest.raises(ValueError, match="not a table of an Ember collection"):
         apply_optimizer_in_backward(torch.optim.SGD, [torch.nn.Parameter(torch.zeros(2))], {})
     # Without an optimizer, backward refuses rather than leaving the tables as they were.
     with pytest.raises(RuntimeError, match="no optimizer to apply in backward"):

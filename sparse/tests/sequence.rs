@@ -274,3 +274,26 @@ fn bad_input_is_named() {
     let err = EmbeddingCollection::new(mixed, TableOptimizer::None, 1).unwrap_err();
     assert!(err.to_string().contains("share one dim"), "{err}");
 }
+
+/// An optimizer set after building trains as one built in; the forward's
+/// parts come out as its accessors show them.
+#[test]
+fn optimizer_set_after_building_and_parts_out() {
+    let kjt = batch(&[vec![2, 0], vec![1, 1], vec![1, 1]], 3);
+    let mut built =
+        EmbeddingCollection::new(configs(DataType::Fp32), TableOptimizer::adagrad(0.1), 1).unwrap();
+    let mut set =
+        EmbeddingCollection::new(configs(DataType::Fp32), TableOptimizer::None, 1).unwrap();
+    set.set_optimizer(TableOptimizer::adagrad(0.1)).unwrap();
+    let out = built.forward(&kjt).unwrap();
+    let (values, offsets) = (out.values().to_vec(), out.offsets().to_vec());
+    let (dim, parts_offsets, parts_values) = out.into_parts();
+    assert_eq!(
+        (dim, parts_offsets, parts_values),
+        (built.dim(), offsets, values.clone())
+    );
+    let grad = gradient(values.len() / built.dim(), 9);
+    built.backward_update(&kjt, &grad).unwrap();
+    set.backward_update(&kjt, &grad).unwrap();
+    assert_eq!(rows_of(built.tables()), rows_of(set.tables()));
+}

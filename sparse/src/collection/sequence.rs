@@ -157,6 +157,12 @@ impl JaggedEmbeddings {
         &self.offsets
     }
 
+    /// Its parts, without a copy: the dim, the offsets and the values
+    /// (the layout of [`from_parts`](Self::from_parts)).
+    pub fn into_parts(self) -> (usize, Vec<usize>, Vec<f32>) {
+        (self.dim, self.offsets, self.values)
+    }
+
     /// Feature `key`'s rows (`[len, dim]`) and its samples' offsets into
     /// them (`stride + 1`, from 0), or `None` when it is not a key.
     pub fn feature(&self, key: &str) -> Option<(&[f32], Vec<usize>)> {
@@ -297,6 +303,13 @@ impl EmbeddingCollection {
     /// in RAM and keyed by row).
     pub fn prefetch(&mut self, kjt: &KeyedJaggedTensor) -> Result<(), SparseError> {
         self.bags.prefetch(kjt)
+    }
+
+    /// Replaces the optimizer fused into the backward, as
+    /// [`EmbeddingBagCollection::set_optimizer`] does (fresh state, the
+    /// step count at 0), failing as it does.
+    pub fn set_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
+        self.bags.set_optimizer(optimizer)
     }
 
     /// Training (the default) or inference, for key-value tables' staging

@@ -1,0 +1,136 @@
+"""``EmbeddingCollection``: Ember's tables read unpooled, every id's row in
+its place in the sequence (TorchRec's ``EmbeddingCollection``, for user
+histories and sequence models), returning one ``JaggedTensor`` a feature;
+``loss.backward()`` applies the fused optimizer, as for the bags."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+
+from ember import _native
+from ember.configs import EmbeddingConfig, tables_json
+from ember.sparse import KeyedJaggedTensor
+from ember.tables import EmberTables, bump_versions, check_optimizer
+
+
+class JaggedTensor:
+    """One feature's rows of a batch (TorchRec's ``JaggedTensor``):
+    ``values()`` is ``[rows, dim]``; sample ``i``'s rows are
+    ``values()[offsets()[i]:offsets()[i + 1]]``."""
+
+    def __init__(self, values: torch.Tensor, lengths: Optional[torch.Tensor] = None,
+                 offsets: Optional[torch.Tensor] = None) -> None:
+        if (lengths is None) == (offsets is None):
+            raise ValueError("give exactly one of lengths and offsets")
+        if offsets is None:
+            lengths = torch.as_tensor(lengths, dtype=torch.int64)
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        self._values = values
+        self._offsets = torch.as_tensor(offsets, dtype=torch.int64)
+
+    def values(self) -> torch.Tensor:
+        """``[rows, dim]``."""
+        return self._values
+
+    def offsets(self) -> torch.Tensor:
+        """``batch + 1`` row offsets."""
+        return self._offsets
+
+    def lengths(self) -> torch.Tensor:
+        """Rows per sample."""
+        return self._offsets[1:] - self._offsets[:-1]
+
+    def to_dense(self) -> List[torch.Tensor]:
+        """Each sample's ``[len, dim]`` rows (views)."""
+        bounds = self._offsets.tolist()
+        return [self._values[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def __repr__(self) -> str:
+        return f"JaggedTensor(values={tuple(self._values.shape)}, samples={len(self._offsets) - 1})"
+
+
+class _SequenceLookup(torch.autograd.Function):
+    """Ember's unpooled forward and its backward with the optimizer fused
+    in (as the bags' ``_PooledLookup``); the offsets ride on ``ctx``."""
+
+    @staticmethod
+    def forward(ctx, collection, kjt, box, *weights):  # type: ignore[override]
+        ctx.collection = collection
+        ctx.kjt = kjt
+        ctx.weights = weights
+        values, offsets = collection.forward(kjt)
+        box.append(offsets)
+        return torch.from_dlpack(values)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        check_optimizer(ctx.collection, "EmbeddingCollection")
+        ctx.collection.backward(ctx.kjt, grad.detach().to(torch.float32).contiguous())
+        bump_versions(ctx.weights)
+        return (None, None, None) + (None,) * len(ctx.weights)
+
+
+class EmbeddingCollection(EmberTables):
+    """Embedding tables read unpooled (TorchRec's ``EmbeddingCollection``):
+    ``forward(features)`` returns, for each of the tables' features (in the
+    tables' order, then each table's ``feature_names``), a ``JaggedTensor``
+    of every id's row in place. The tables share one dim. ``seed`` and
+    ``optimizer`` as for ``EmbeddingBagCollection``; the state dict's names
+    are TorchRec's, ``embeddings.<table>.weight``."""
+
+    def __init__(
+        self,
+        tables: List[EmbeddingConfig],
+        device: Optional[torch.device] = None,
+        need_indices: bool = False,
+        *,
+        seed: int = 0,
+        optimizer: Optional[tuple] = None,
+    ) -> None:
+        super().__init__()
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(
+                f"ember.EmbeddingCollection runs on the CPU; device {device} is not offered"
+            )
+        if need_indices:
+            raise ValueError("ember.EmbeddingCollection: need_indices is not offered")
+        self._embedding_configs = list(tables)
+        collection = _native.SequenceCollection(
+            tables_json(self._embedding_configs, EmbeddingConfig), '{"type": "none"}', int(seed)
+        )
+        self._register_tables(collection, self._embedding_configs, "embeddings", optimizer)
+
+    def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
+        """Every id's row of ``features``, a ``JaggedTensor`` a feature;
+        differentiable when the tables require grad."""
+        if not isinstance(features, KeyedJaggedTensor):
+            raise TypeError(
+                f"expected an ember.KeyedJaggedTensor, got {type(features).__name__}"
+            )
+        native = features._native_for(False)
+        weights = self._trained_weights()
+        if weights is not None:
+            box: list = []
+            values = _SequenceLookup.apply(self._collection, native, box, *weights)
+            offsets = box[0]
+        else:
+            raw, offsets = self._collection.forward(native)
+            values = torch.from_dlpack(raw)
+        stride = native.stride()
+        out = {}
+        for f, name in enumerate(self._collection.feature_names):
+            bounds = offsets[f * stride:(f + 1) * stride + 1]
+            first = bounds[0]
+            out[name] = JaggedTensor(values[first:bounds[-1]],
+                                     offsets=torch.tensor([o - first for o in bounds]))
+        return out
+
+    def embedding_configs(self) -> List[EmbeddingConfig]:
+        """The tables' configs."""
+        return list(self._embedding_configs)
+
+    def embedding_dim(self) -> int:
+        """The tables' dim."""
+        return self._collection.dim

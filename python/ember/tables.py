@@ -1,0 +1,126 @@
+"""What Ember's torch modules share: tables whose weights are
+``torch.nn.Parameter``s over Ember's own rows (through DLPack, no copy),
+the fused optimizer's checks, and the refusals of what would copy the
+tables away from Ember's memory."""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from ember.configs import DataType
+
+
+def check_optimizer(collection, module_name: str) -> None:
+    """Refuses a backward with no optimizer to apply (the tables would stay
+    as they were, silently)."""
+    if json.loads(collection.optimizer)["type"] == "none":
+        raise RuntimeError(
+            f"ember.{module_name}: no optimizer to apply in backward: call "
+            "ember.optim.apply_optimizer_in_backward(...) on its parameters (or pass "
+            "optimizer=), or freeze it with requires_grad_(False)"
+        )
+
+
+def bump_versions(weights) -> None:
+    """The rows changed in place: torch's version counters say so, so a graph
+    that saved a table's weight refuses a stale backward."""
+    for weight in weights:
+        torch.autograd.graph.increment_version(weight)
+
+
+class EmberTables(nn.Module):
+    """A module of Ember's tables: ``self._collection`` (native) and one
+    ``<attr>.<table>.weight`` parameter a table, TorchRec's names."""
+
+    def _register_tables(self, collection, configs, attr: str, optimizer) -> None:
+        self._collection = collection
+        self._tables_attr = attr
+        tables = nn.ModuleDict()
+        for config in configs:
+            table = nn.Module()
+            weight = torch.from_dlpack(collection.weight(config.name))
+            # The inference types' rows are bytes as stored: no gradient.
+            trainable = config.data_type in (DataType.FP32, DataType.FP16, DataType.BF16)
+            param = nn.Parameter(weight, requires_grad=trainable)
+            # A weak reference: the module owns its tables, not the reverse.
+            param._ember_collection = weakref.ref(self)
+            table.register_parameter("weight", param)
+            tables[config.name] = table
+        setattr(self, attr, tables)
+        if optimizer is not None:
+            from ember.optim import apply_optimizer_in_backward
+
+            optimizer_class, kwargs = optimizer
+            apply_optimizer_in_backward(optimizer_class, self.parameters(), kwargs)
+
+    def _tables(self) -> nn.ModuleDict:
+        return getattr(self, self._tables_attr)
+
+    def _trained_weights(self) -> Optional[List[torch.Tensor]]:
+        """The tables' weights when this lookup trains them (grad enabled and
+        the tables not frozen); None when it does not."""
+        weights = [t.weight for t in self._tables().values()]
+        training = [w.requires_grad for w in weights]
+        if not (torch.is_grad_enabled() and any(training)):
+            return None
+        if not all(training):
+            frozen = [n for n, w in zip(self._tables(), weights) if not w.requires_grad]
+            raise ValueError(
+                f"tables {frozen} are frozen and the others are not: the fused optimizer "
+                "updates a collection's tables together; freeze all of them "
+                "(requires_grad_(False)) or none, or put them in collections of their own"
+            )
+        return weights
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .half(), .cuda() and the like would copy the tables away from
+        # Ember's rows, which the lookups keep reading: refused.
+        for name, table in self._tables().items():
+            weight = table.weight
+            converted = fn(weight)
+            if converted.data_ptr() != weight.data_ptr() or converted.dtype != weight.dtype:
+                raise ValueError(
+                    f"ember.{type(self).__name__}: table '{name}' stays in Ember's memory, in "
+                    f"its data type on the CPU ({weight.dtype}): choose the type with the "
+                    "table's config (data_type=...)"
+                )
+        return super()._apply(fn, recurse)
+
+    def share_memory(self):
+        raise ValueError(
+            f"ember.{type(self).__name__}: the tables are Ember's memory and cannot move into "
+            "shared memory; share the module between threads instead"
+        )
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """TorchRec's state dict, copied into Ember's rows in place;
+        ``assign=True`` is refused (it would put other tensors where Ember's
+        rows are)."""
+        if assign:
+            raise ValueError(
+                f"ember.{type(self).__name__}.load_state_dict: assign=True would detach the "
+                "tables from Ember's rows; load with the default assign=False"
+            )
+        return super().load_state_dict(state_dict, strict=strict)
+
+    @property
+    def fused_optimizer(self) -> dict:
+        """The optimizer applied in backward (Ember's ``TableOptimizer`` as a dict)."""
+        return json.loads(self._collection.optimizer)
+
+    def optimizer_state(self, table: str) -> Optional[torch.Tensor]:
+        """Table ``table``'s optimizer state, a view over Ember's (Adagrad: one
+        float per weight; row-wise Adagrad: one per row, TorchRec's
+        ``momentum1``; Adam: ``[m | v]`` per row); None without state."""
+        state = self._collection.optimizer_state(table)
+        return None if state is None else torch.from_dlpack(state)
+
+    @property
+    def step(self) -> int:
+        """Backward updates applied so far."""
+        return self._collection.step

@@ -1,0 +1,148 @@
+//! `SequenceCollection`: an `EmbeddingCollection` (unpooled lookups, every
+//! id's row in place) driven from Python, as `Collection` drives the bags.
+
+use std::sync::Arc;
+
+use ember_sparse::{EmbeddingCollection, EmbeddingConfig};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::collection::{exclusive, parse_optimizer, shared};
+use crate::kjt::Kjt;
+use crate::tensor::Tensor;
+use crate::{errors, input, views};
+
+/// Embedding tables read unpooled, with their fused optimizer.
+#[pyclass(module = "ember._native")]
+pub struct SequenceCollection {
+    ec: EmbeddingCollection,
+    /// Held by every view of the optimizer state (see `Collection`).
+    state_views: Arc<()>,
+}
+
+#[pymethods]
+impl SequenceCollection {
+    /// Tables from their configs (a JSON list of Ember's `EmbeddingConfig`,
+    /// one dim), initialised from `seed`, with the optimizer (JSON).
+    #[new]
+    fn new(py: Python<'_>, tables_json: &str, optimizer_json: &str, seed: u64) -> PyResult<Self> {
+        let configs: Vec<EmbeddingConfig> =
+            serde_json::from_str(tables_json).map_err(|e| errors::json("tables", e))?;
+        if let Some(config) = configs.iter().find(|c| c.kv.is_some()) {
+            return Err(PyValueError::new_err(format!(
+                "table '{}': key-value tables are not offered from Python yet",
+                config.name
+            )));
+        }
+        let optimizer = parse_optimizer(optimizer_json)?;
+        let ec = py
+            .detach(|| EmbeddingCollection::new(configs, optimizer, seed))
+            .map_err(errors::sparse)?;
+        Ok(Self {
+            ec,
+            state_views: Arc::new(()),
+        })
+    }
+
+    /// Replaces the fused optimizer (JSON), with fresh state and the step
+    /// count at 0.
+    fn set_optimizer(slf: &Bound<'_, Self>, optimizer_json: &str) -> PyResult<()> {
+        let optimizer = parse_optimizer(optimizer_json)?;
+        let mut this = exclusive(slf)?;
+        if this.optimizer_state_viewed() {
+            return Err(PyRuntimeError::new_err(
+                "the optimizer state is viewed by a live tensor: let go of the views \
+                 (optimizer_state) before replacing the optimizer",
+            ));
+        }
+        let ec = &mut this.ec;
+        slf.py()
+            .detach(|| ec.set_optimizer(optimizer))
+            .map_err(errors::sparse)
+    }
+
+    /// Whether a view of the optimizer state is alive.
+    fn optimizer_state_viewed(&self) -> bool {
+        Arc::strong_count(&self.state_views) > 1
+    }
+
+    /// The fused optimizer, as JSON.
+    #[getter]
+    fn optimizer(&self) -> String {
+        serde_json::to_string(self.ec.optimizer()).unwrap_or_default()
+    }
+
+    /// Output features, in output order.
+    #[getter]
+    fn feature_names(&self) -> Vec<String> {
+        self.ec.feature_names()
+    }
+
+    /// Floats per row (every table's).
+    #[getter]
+    fn dim(&self) -> usize {
+        self.ec.dim()
+    }
+
+    /// Backward updates applied so far.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.ec.step()
+    }
+
+    /// Every id's row of every feature: `(values, offsets)`, values
+    /// `[rows, dim]` float32 (the features one after another), offsets the
+    /// `features * batch + 1` row offsets of each (feature, sample). The
+    /// GIL is released while it runs.
+    fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<(Tensor, Vec<usize>)> {
+        let this = shared(slf)?;
+        let kjt = &kjt.kjt;
+        let ec = &this.ec;
+        let out = slf
+            .py()
+            .detach(|| ec.forward(kjt))
+            .map_err(errors::sparse)?;
+        let (dim, offsets, values) = out.into_parts();
+        let rows = values.len() / dim.max(1);
+        Ok((Tensor::from_vec(values, &[rows, dim]), offsets))
+    }
+
+    /// The backward of `forward(kjt)` with the optimizer applied in the
+    /// scatter: `grad` is d(loss)/d(values), float32 `[rows, dim]`, read in
+    /// place. The GIL is released while it runs.
+    fn backward(
+        slf: &Bound<'_, Self>,
+        kjt: PyRef<'_, Kjt>,
+        grad: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let mut this = exclusive(slf)?;
+        let kjt = &kjt.kjt;
+        let imported = input::import(grad, "grad")?.ok_or_else(|| {
+            PyValueError::new_err("grad: expected a float32 array (torch, numpy) through DLPack")
+        })?;
+        let grad = imported.f32s("grad")?;
+        views::refuse_overlap(this.ec.tables(), grad)?;
+        let ec = &mut this.ec;
+        slf.py()
+            .detach(|| ec.backward_update(kjt, grad))
+            .map_err(errors::sparse)
+    }
+
+    /// Table `name`'s rows, a view without a copy (as `Collection.weight`).
+    fn weight(slf: Bound<'_, Self>, name: &str) -> PyResult<Tensor> {
+        let owner = slf.clone().into_any().unbind();
+        let mut this = exclusive(&slf)?;
+        let t = views::viewable(this.ec.tables(), name, "rows")?;
+        Ok(views::rows(owner, &mut this.ec.tables_mut()[t]))
+    }
+
+    /// Table `name`'s optimizer state, a view; `None` when the optimizer
+    /// keeps none.
+    fn optimizer_state(slf: Bound<'_, Self>, name: &str) -> PyResult<Option<Tensor>> {
+        let owner = slf.clone().into_any().unbind();
+        let mut this = exclusive(&slf)?;
+        let t = views::viewable(this.ec.tables(), name, "optimizer state")?;
+        let guard = Arc::clone(&this.state_views);
+        Ok(views::state(owner, &guard, &mut this.ec.tables_mut()[t]))
+    }
+}

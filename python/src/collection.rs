@@ -2,17 +2,18 @@
 //! lookups and the fused backward release the GIL; outputs and table views
 //! cross as DLPack tensors without copies.
 
-use ember_sparse::{EmbeddingBagCollection, EmbeddingBagConfig, TableOptimizer};
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use ember_sparse::{
+    EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, SparseError, TableOptimizer,
+};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::pyclass::boolean_struct::False;
-use pyo3::PyClass;
 
 use crate::kjt::Kjt;
+use crate::tables::{self, exclusive, parse_optimizer, shared, NativeTables};
 use crate::tensor::{BufferPool, PooledBuffer, Tensor};
-use crate::{errors, input, views};
+use crate::{errors, input};
 
 /// Embedding-bag tables with their fused optimizer.
 #[pyclass(module = "ember._native")]
@@ -24,33 +25,19 @@ pub struct Collection {
     state_views: Arc<()>,
 }
 
-/// A collection for a lookup; refused (not waited for) while another
-/// thread's backward holds it.
-pub fn shared<'py, T: PyClass>(slf: &Bound<'py, T>) -> PyResult<PyRef<'py, T>> {
-    slf.try_borrow().map_err(|_| {
-        PyRuntimeError::new_err(
-            "the collection is being updated by another thread (a backward, or a new \
-             optimizer): run its lookups and backwards from one thread, or one at a time",
-        )
-    })
-}
-
-/// A collection for an update or a view; refused (not waited for) while
-/// another thread uses it.
-pub fn exclusive<'py, T: PyClass<Frozen = False>>(
-    slf: &Bound<'py, T>,
-) -> PyResult<PyRefMut<'py, T>> {
-    slf.try_borrow_mut().map_err(|_| {
-        PyRuntimeError::new_err(
-            "the collection is in use by another thread (a lookup or a backward): run its \
-             lookups and backwards from one thread, or one at a time",
-        )
-    })
-}
-
-/// A `TableOptimizer` from its JSON.
-pub fn parse_optimizer(json: &str) -> PyResult<TableOptimizer> {
-    serde_json::from_str(json).map_err(|e| errors::json("optimizer", e))
+impl NativeTables for Collection {
+    fn tables(&self) -> &[EmbeddingTable] {
+        self.ebc.tables()
+    }
+    fn tables_mut(&mut self) -> &mut [EmbeddingTable] {
+        self.ebc.tables_mut()
+    }
+    fn state_views(&self) -> &Arc<()> {
+        &self.state_views
+    }
+    fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
+        self.ebc.set_optimizer(optimizer)
+    }
 }
 
 #[pymethods]
@@ -83,24 +70,13 @@ impl Collection {
     /// Replaces the fused optimizer (JSON), with fresh state and the step
     /// count at 0.
     fn set_optimizer(slf: &Bound<'_, Self>, optimizer_json: &str) -> PyResult<()> {
-        let optimizer = parse_optimizer(optimizer_json)?;
-        let mut this = exclusive(slf)?;
-        if this.optimizer_state_viewed() {
-            return Err(PyRuntimeError::new_err(
-                "the optimizer state is viewed by a live tensor: let go of the views \
-                 (optimizer_state) before replacing the optimizer",
-            ));
-        }
-        let ebc = &mut this.ebc;
-        slf.py()
-            .detach(|| ebc.set_optimizer(optimizer))
-            .map_err(errors::sparse)
+        tables::set_optimizer(slf, optimizer_json)
     }
 
     /// Whether a view of the optimizer state is alive (the optimizer
     /// cannot be replaced then).
     fn optimizer_state_viewed(&self) -> bool {
-        Arc::strong_count(&self.state_views) > 1
+        tables::state_viewed(self)
     }
 
     /// The fused optimizer, as JSON.
@@ -180,7 +156,7 @@ impl Collection {
             )));
         }
         let grad = imported.f32s("grad")?;
-        views::refuse_overlap(this.ebc.tables(), grad)?;
+        tables::refuse_overlap(this.ebc.tables(), grad)?;
         let ebc = &mut this.ebc;
         slf.py()
             .detach(|| ebc.backward_update(kjt, grad))
@@ -192,21 +168,14 @@ impl Collection {
     /// stored, `[rows, row bytes]` of uint8 (layouts in Ember's
     /// `DataType::row_bytes`). Writes through the view change the table.
     fn weight(slf: Bound<'_, Self>, name: &str) -> PyResult<Tensor> {
-        let owner = slf.clone().into_any().unbind();
-        let mut this = exclusive(&slf)?;
-        let t = views::viewable(this.ebc.tables(), name, "rows")?;
-        Ok(views::rows(owner, &mut this.ebc.tables_mut()[t]))
+        tables::weight(slf, name)
     }
 
     /// Table `name`'s optimizer state, a view: `[rows, floats per row]`
     /// of float32 (Adagrad: one per column; row-wise Adagrad: one; Adam:
     /// `[m | v]`); `None` when the optimizer keeps none.
     fn optimizer_state(slf: Bound<'_, Self>, name: &str) -> PyResult<Option<Tensor>> {
-        let owner = slf.clone().into_any().unbind();
-        let mut this = exclusive(&slf)?;
-        let t = views::viewable(this.ebc.tables(), name, "optimizer state")?;
-        let guard = Arc::clone(&this.state_views);
-        Ok(views::state(owner, &guard, &mut this.ebc.tables_mut()[t]))
+        tables::optimizer_state(slf, name)
     }
 
     fn __repr__(&self) -> String {

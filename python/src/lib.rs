@@ -12,9 +12,9 @@ mod input;
 mod kjt;
 mod loader;
 mod sequence;
+mod tables;
 mod tensor;
 mod train;
-mod views;
 
 /// `ember._native`: `Collection`, `SequenceCollection`, `Kjt`, `Tensor`,
 /// `Loader`, `Dlrm`, `Trainer`.

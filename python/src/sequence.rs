@@ -3,14 +3,16 @@
 
 use std::sync::Arc;
 
-use ember_sparse::{EmbeddingCollection, EmbeddingConfig};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use ember_sparse::{
+    EmbeddingCollection, EmbeddingConfig, EmbeddingTable, SparseError, TableOptimizer,
+};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::collection::{exclusive, parse_optimizer, shared};
 use crate::kjt::Kjt;
+use crate::tables::{self, exclusive, parse_optimizer, shared, NativeTables};
 use crate::tensor::Tensor;
-use crate::{errors, input, views};
+use crate::{errors, input};
 
 /// Embedding tables read unpooled, with their fused optimizer.
 #[pyclass(module = "ember._native")]
@@ -47,23 +49,12 @@ impl SequenceCollection {
     /// Replaces the fused optimizer (JSON), with fresh state and the step
     /// count at 0.
     fn set_optimizer(slf: &Bound<'_, Self>, optimizer_json: &str) -> PyResult<()> {
-        let optimizer = parse_optimizer(optimizer_json)?;
-        let mut this = exclusive(slf)?;
-        if this.optimizer_state_viewed() {
-            return Err(PyRuntimeError::new_err(
-                "the optimizer state is viewed by a live tensor: let go of the views \
-                 (optimizer_state) before replacing the optimizer",
-            ));
-        }
-        let ec = &mut this.ec;
-        slf.py()
-            .detach(|| ec.set_optimizer(optimizer))
-            .map_err(errors::sparse)
+        tables::set_optimizer(slf, optimizer_json)
     }
 
     /// Whether a view of the optimizer state is alive.
     fn optimizer_state_viewed(&self) -> bool {
-        Arc::strong_count(&self.state_views) > 1
+        tables::state_viewed(self)
     }
 
     /// The fused optimizer, as JSON.
@@ -121,7 +112,7 @@ impl SequenceCollection {
             PyValueError::new_err("grad: expected a float32 array (torch, numpy) through DLPack")
         })?;
         let grad = imported.f32s("grad")?;
-        views::refuse_overlap(this.ec.tables(), grad)?;
+        tables::refuse_overlap(this.ec.tables(), grad)?;
         let ec = &mut this.ec;
         slf.py()
             .detach(|| ec.backward_update(kjt, grad))
@@ -130,19 +121,27 @@ impl SequenceCollection {
 
     /// Table `name`'s rows, a view without a copy (as `Collection.weight`).
     fn weight(slf: Bound<'_, Self>, name: &str) -> PyResult<Tensor> {
-        let owner = slf.clone().into_any().unbind();
-        let mut this = exclusive(&slf)?;
-        let t = views::viewable(this.ec.tables(), name, "rows")?;
-        Ok(views::rows(owner, &mut this.ec.tables_mut()[t]))
+        tables::weight(slf, name)
     }
 
     /// Table `name`'s optimizer state, a view; `None` when the optimizer
     /// keeps none.
     fn optimizer_state(slf: Bound<'_, Self>, name: &str) -> PyResult<Option<Tensor>> {
-        let owner = slf.clone().into_any().unbind();
-        let mut this = exclusive(&slf)?;
-        let t = views::viewable(this.ec.tables(), name, "optimizer state")?;
-        let guard = Arc::clone(&this.state_views);
-        Ok(views::state(owner, &guard, &mut this.ec.tables_mut()[t]))
+        tables::optimizer_state(slf, name)
+    }
+}
+
+impl NativeTables for SequenceCollection {
+    fn tables(&self) -> &[EmbeddingTable] {
+        self.ec.tables()
+    }
+    fn tables_mut(&mut self) -> &mut [EmbeddingTable] {
+        self.ec.tables_mut()
+    }
+    fn state_views(&self) -> &Arc<()> {
+        &self.state_views
+    }
+    fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
+        self.ec.set_optimizer(optimizer)
     }
 }

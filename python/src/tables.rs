@@ -1,14 +1,98 @@
-//! Views of a collection's tables for Python: rows and optimizer state
-//! through DLPack without a copy, and the checks around them (shared by
-//! the bag and the sequence collections).
+//! What the native collections (bags and sequences) share: borrowing one
+//! from Python threads, replacing its optimizer, and views of its tables'
+//! rows and optimizer state through DLPack without a copy, with the checks
+//! around them.
 
 use std::sync::Arc;
 
-use ember_sparse::{DataType, EmbeddingTable};
-use pyo3::exceptions::{PyKeyError, PyValueError};
+use ember_sparse::{DataType, EmbeddingTable, SparseError, TableOptimizer};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pyclass::boolean_struct::False;
+use pyo3::PyClass;
 
+use crate::errors;
 use crate::tensor::{Dtype, Tensor};
+
+/// A native collection of tables, as the functions below need it.
+pub trait NativeTables: PyClass<Frozen = False> + Send {
+    /// Its tables.
+    fn tables(&self) -> &[EmbeddingTable];
+    /// Its tables, mutable (to take views).
+    fn tables_mut(&mut self) -> &mut [EmbeddingTable];
+    /// Held by every view of the optimizer state.
+    fn state_views(&self) -> &Arc<()>;
+    /// Replaces the fused optimizer (fresh state, the step count at 0).
+    fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError>;
+}
+
+/// A collection for a lookup; refused (not waited for) while another
+/// thread's backward holds it.
+pub fn shared<'py, T: PyClass>(slf: &Bound<'py, T>) -> PyResult<PyRef<'py, T>> {
+    slf.try_borrow().map_err(|_| {
+        PyRuntimeError::new_err(
+            "the collection is being updated by another thread (a backward, or a new \
+             optimizer): run its lookups and backwards from one thread, or one at a time",
+        )
+    })
+}
+
+/// A collection for an update or a view; refused (not waited for) while
+/// another thread uses it.
+pub fn exclusive<'py, T: PyClass<Frozen = False>>(
+    slf: &Bound<'py, T>,
+) -> PyResult<PyRefMut<'py, T>> {
+    slf.try_borrow_mut().map_err(|_| {
+        PyRuntimeError::new_err(
+            "the collection is in use by another thread (a lookup or a backward): run its \
+             lookups and backwards from one thread, or one at a time",
+        )
+    })
+}
+
+/// A `TableOptimizer` from its JSON.
+pub fn parse_optimizer(json: &str) -> PyResult<TableOptimizer> {
+    serde_json::from_str(json).map_err(|e| errors::json("optimizer", e))
+}
+
+/// Whether a view of the collection's optimizer state is alive.
+pub fn state_viewed<T: NativeTables>(collection: &T) -> bool {
+    Arc::strong_count(collection.state_views()) > 1
+}
+
+/// Replaces the collection's optimizer (JSON), refused while a view of
+/// the old state lives; the GIL is released while the state is made.
+pub fn set_optimizer<T: NativeTables>(slf: &Bound<'_, T>, optimizer_json: &str) -> PyResult<()> {
+    let optimizer = parse_optimizer(optimizer_json)?;
+    let mut this = exclusive(slf)?;
+    if state_viewed(&*this) {
+        return Err(PyRuntimeError::new_err(
+            "the optimizer state is viewed by a live tensor: let go of the views \
+             (optimizer_state) before replacing the optimizer",
+        ));
+    }
+    let collection = &mut *this;
+    slf.py()
+        .detach(|| collection.replace_optimizer(optimizer))
+        .map_err(errors::sparse)
+}
+
+/// Table `name`'s rows, a view (see [`rows`]).
+pub fn weight<T: NativeTables>(slf: Bound<'_, T>, name: &str) -> PyResult<Tensor> {
+    let owner = slf.clone().into_any().unbind();
+    let mut this = exclusive(&slf)?;
+    let t = viewable(this.tables(), name, "rows")?;
+    Ok(rows(owner, &mut this.tables_mut()[t]))
+}
+
+/// Table `name`'s optimizer state, a view (see [`state`]).
+pub fn optimizer_state<T: NativeTables>(slf: Bound<'_, T>, name: &str) -> PyResult<Option<Tensor>> {
+    let owner = slf.clone().into_any().unbind();
+    let mut this = exclusive(&slf)?;
+    let t = viewable(this.tables(), name, "optimizer state")?;
+    let guard = Arc::clone(this.state_views());
+    Ok(state(owner, &guard, &mut this.tables_mut()[t]))
+}
 
 /// The index of table `name`, refused (naming why) where its rows are not
 /// one array indexed by id in RAM; `what` names what was asked for.

@@ -1,8 +1,10 @@
 """Ember's embedding tables from Python, under TorchRec's names.
 
-The core (configs, ``KeyedJaggedTensor``, the native collection) needs
-neither torch nor numpy. ``EmbeddingBagCollection``, ``KeyedTensor`` and
-``ember.optim`` are torch modules and tensors: install the ``torch`` extra.
+The core (configs, ``KeyedJaggedTensor``, the native collections,
+``ember.data``, ``ember.train``) needs neither torch nor numpy.
+``EmbeddingBagCollection``, ``KeyedTensor``, ``EmbeddingCollection``,
+``JaggedTensor`` and ``ember.optim`` are torch modules and tensors: install
+the ``torch`` extra.
 
     import torch
     from ember import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor

@@ -95,9 +95,9 @@ class SequenceCollection:
     def dim(self) -> int: ...
     @property
     def step(self) -> int: ...
-    def forward(self, kjt: Kjt) -> Tuple[Tensor, List[int]]:
+    def forward(self, kjt: Kjt) -> Tuple[Tensor, Tensor]:
         """Every id's row: ``[rows, dim]`` float32 and the ``features * batch + 1``
-        row offsets; releases the GIL."""
+        row offsets (int64); releases the GIL."""
     def backward(self, kjt: Kjt, grad: Any) -> None:
         """The fused update from d(loss)/d(rows), float32 ``[rows, dim]``."""
     def weight(self, name: str) -> Tensor: ...

@@ -16,23 +16,40 @@ from ember.tables import EmberTables, bump_versions, check_optimizer
 
 
 class JaggedTensor:
-    """One feature's rows of a batch (TorchRec's ``JaggedTensor``):
-    ``values()`` is ``[rows, dim]``; sample ``i``'s rows are
-    ``values()[offsets()[i]:offsets()[i + 1]]``."""
+    """One feature's rows of a batch (TorchRec's ``JaggedTensor``, its
+    arguments in its order): ``values()`` is ``[rows, dim]``; sample ``i``'s
+    rows are ``values()[offsets()[i]:offsets()[i + 1]]``. Give lengths,
+    offsets or both (then they must agree)."""
 
-    def __init__(self, values: torch.Tensor, lengths: Optional[torch.Tensor] = None,
+    def __init__(self, values: torch.Tensor, weights: Optional[torch.Tensor] = None,
+                 lengths: Optional[torch.Tensor] = None,
                  offsets: Optional[torch.Tensor] = None) -> None:
-        if (lengths is None) == (offsets is None):
-            raise ValueError("give exactly one of lengths and offsets")
-        if offsets is None:
+        if lengths is None and offsets is None:
+            raise ValueError("give lengths or offsets")
+        if lengths is not None:
             lengths = torch.as_tensor(lengths, dtype=torch.int64)
-            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+            from_lengths = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+            given = None if offsets is None else torch.as_tensor(offsets, dtype=torch.int64)
+            if given is not None and not torch.equal(given, from_lengths):
+                raise ValueError("the lengths and the offsets disagree")
+            offsets = from_lengths
         self._values = values
+        self._weights = weights
         self._offsets = torch.as_tensor(offsets, dtype=torch.int64)
 
     def values(self) -> torch.Tensor:
         """``[rows, dim]``."""
         return self._values
+
+    def weights(self) -> torch.Tensor:
+        """The per-row weights; raises when there are none."""
+        if self._weights is None:
+            raise ValueError("this JaggedTensor has no weights")
+        return self._weights
+
+    def weights_or_none(self) -> Optional[torch.Tensor]:
+        """The per-row weights, or None."""
+        return self._weights
 
     def offsets(self) -> torch.Tensor:
         """``batch + 1`` row offsets."""
@@ -52,24 +69,26 @@ class JaggedTensor:
 
 
 class _SequenceLookup(torch.autograd.Function):
-    """Ember's unpooled forward and its backward with the optimizer fused
-    in (as the bags' ``_PooledLookup``); the offsets ride on ``ctx``."""
+    """Ember's unpooled forward (the rows, and their offsets, which carry no
+    gradient) and its backward with the optimizer fused in (as the bags'
+    ``_PooledLookup``)."""
 
     @staticmethod
-    def forward(ctx, collection, kjt, box, *weights):  # type: ignore[override]
+    def forward(ctx, collection, kjt, *weights):  # type: ignore[override]
         ctx.collection = collection
         ctx.kjt = kjt
         ctx.weights = weights
         values, offsets = collection.forward(kjt)
-        box.append(offsets)
-        return torch.from_dlpack(values)
+        offsets = torch.from_dlpack(offsets)
+        ctx.mark_non_differentiable(offsets)
+        return torch.from_dlpack(values), offsets
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad, _offsets_grad):  # type: ignore[override]
         check_optimizer(ctx.collection, "EmbeddingCollection")
         ctx.collection.backward(ctx.kjt, grad.detach().to(torch.float32).contiguous())
         bump_versions(ctx.weights)
-        return (None, None, None) + (None,) * len(ctx.weights)
+        return (None, None) + (None,) * len(ctx.weights)
 
 
 class EmbeddingCollection(EmberTables):
@@ -112,19 +131,16 @@ class EmbeddingCollection(EmberTables):
         native = features._native_for(False)
         weights = self._trained_weights()
         if weights is not None:
-            box: list = []
-            values = _SequenceLookup.apply(self._collection, native, box, *weights)
-            offsets = box[0]
+            values, offsets = _SequenceLookup.apply(self._collection, native, *weights)
         else:
-            raw, offsets = self._collection.forward(native)
-            values = torch.from_dlpack(raw)
+            raw, raw_offsets = self._collection.forward(native)
+            values, offsets = torch.from_dlpack(raw), torch.from_dlpack(raw_offsets)
         stride = native.stride()
         out = {}
         for f, name in enumerate(self._collection.feature_names):
             bounds = offsets[f * stride:(f + 1) * stride + 1]
-            first = bounds[0]
-            out[name] = JaggedTensor(values[first:bounds[-1]],
-                                     offsets=torch.tensor([o - first for o in bounds]))
+            first, last = int(bounds[0]), int(bounds[-1])
+            out[name] = JaggedTensor(values[first:last], offsets=bounds - first)
         return out
 
     def embedding_configs(self) -> List[EmbeddingConfig]:

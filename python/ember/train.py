@@ -139,13 +139,14 @@ class Trainer:
         ``resume``, from the checkpoint directory's latest checkpoint.
 
         ``on_event`` hears Ember's ``TrainEvent``s as dicts, ``event`` naming
-        each: ``start``, ``step`` (``loss``, ``times`` in seconds), ``train``
-        (a log line every ``log_every`` batches), ``eval`` (``auc``,
-        ``logloss``, ``accuracy``, ``rows``; NaN arrives as None),
-        ``checkpoint`` (``path``), ``epoch_rest_skipped``, ``batches_left_out``.
-        It runs while the model is training: it may not use the model. An
-        exception it raises, or Ctrl-C, stops the run at its next batch and
-        is raised. Returns the summary: steps, samples, seconds, first and
+        each: ``start``, ``step`` (``loss``; ``times`` in seconds), ``train``
+        (a log line every ``log_every`` batches; its ``ms_per_step`` in
+        milliseconds), ``eval`` (``auc``, ``logloss``, ``accuracy``, ``rows``;
+        NaN arrives as None), ``checkpoint`` (``path``), ``epoch_rest_skipped``,
+        ``batches_left_out``. It runs while the model is training: it may not
+        use the model. An exception it raises, or Ctrl-C, stops the run
+        within two batches (those the pipeline had already taken, which run
+        unheard) and is raised. Returns the summary: steps, samples, seconds, first and
         last loss, the last evaluation (None without one), the last
         checkpoint."""
         return self._native.fit(model._native, train._native,

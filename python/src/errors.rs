@@ -44,8 +44,8 @@ pub fn model(error: ModelError) -> PyErr {
         ModelError::Memory(_) => PyMemoryError::new_err(error.to_string()),
         ModelError::Data(error) => data(error),
         ModelError::Sparse(error) => sparse(error),
-        // A file that is not there is the system's fault; one that does not
-        // fit the model is the caller's.
+        // A file that is not there is an OSError; one that is there but
+        // cannot be read or does not fit the model a ValueError.
         ModelError::Checkpoint { ref path, .. } if !path.exists() => {
             PyOSError::new_err(error.to_string())
         }

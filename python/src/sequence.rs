@@ -83,9 +83,9 @@ impl SequenceCollection {
 
     /// Every id's row of every feature: `(values, offsets)`, values
     /// `[rows, dim]` float32 (the features one after another), offsets the
-    /// `features * batch + 1` row offsets of each (feature, sample). The
-    /// GIL is released while it runs.
-    fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<(Tensor, Vec<usize>)> {
+    /// `features * batch + 1` row offsets (int64) of each (feature,
+    /// sample). The GIL is released while it runs.
+    fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<(Tensor, Tensor)> {
         let this = shared(slf)?;
         let kjt = &kjt.kjt;
         let ec = &this.ec;
@@ -95,7 +95,12 @@ impl SequenceCollection {
             .map_err(errors::sparse)?;
         let (dim, offsets, values) = out.into_parts();
         let rows = values.len() / dim.max(1);
-        Ok((Tensor::from_vec(values, &[rows, dim]), offsets))
+        let offsets: Vec<i64> = offsets.into_iter().map(|o| o as i64).collect();
+        let n = offsets.len();
+        Ok((
+            Tensor::from_vec(values, &[rows, dim]),
+            Tensor::from_vec(offsets, &[n]),
+        ))
     }
 
     /// The backward of `forward(kjt)` with the optimizer applied in the
@@ -111,12 +116,28 @@ impl SequenceCollection {
         let imported = input::import(grad, "grad")?.ok_or_else(|| {
             PyValueError::new_err("grad: expected a float32 array (torch, numpy) through DLPack")
         })?;
+        let shape = imported.shape();
+        let dim = this.ec.dim() as i64;
+        if shape.len() != 2 || shape[1] != dim {
+            return Err(PyValueError::new_err(format!(
+                "grad: shape {shape:?}, but the rows are [rows, {dim}]"
+            )));
+        }
         let grad = imported.f32s("grad")?;
         tables::refuse_overlap(this.ec.tables(), grad)?;
         let ec = &mut this.ec;
         slf.py()
             .detach(|| ec.backward_update(kjt, grad))
             .map_err(errors::sparse)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ember._native.SequenceCollection({} tables, dim {}, optimizer {})",
+            self.ec.tables().len(),
+            self.ec.dim(),
+            self.optimizer()
+        )
     }
 
     /// Table `name`'s rows, a view without a copy (as `Collection.weight`).

@@ -214,8 +214,8 @@ impl Trainer {
     /// from the latest checkpoint of the checkpoint directory (if any).
     /// `on_event(dict)` hears Ember's `TrainEvent`s as dicts (all but
     /// `before_step`; durations in seconds); an exception it raises, or
-    /// Ctrl-C, stops the run at its next batch and is raised. Returns the
-    /// summary.
+    /// Ctrl-C, stops the run within two batches (those the pipeline had
+    /// taken) and is raised. Returns the summary.
     #[pyo3(signature = (model, train, eval=None, on_event=None, resume=false))]
     fn fit<'py>(
         &self,
@@ -244,7 +244,9 @@ impl Trainer {
                 Default::default()
             };
             let mut hear = |event: &TrainEvent| {
-                if matches!(event, TrainEvent::BeforeStep { .. }) {
+                // After a stop, the steps the pipeline had already taken
+                // run to their end unheard.
+                if stop.load(Ordering::Relaxed) || matches!(event, TrainEvent::BeforeStep { .. }) {
                     return;
                 }
                 Python::attach(|py| {

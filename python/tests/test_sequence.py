@@ -56,6 +56,35 @@ def test_rows_in_place_and_their_update():
                                                       "embeddings.t_users.weight"]
 
 
+def test_outputs_follow_the_tables_not_the_batch_and_match_without_grad():
+    ec = ember.EmbeddingCollection(tables(), optimizer=(torch.optim.SGD, {"lr": 0.1}))
+    # The batch's keys in another order, and one no table reads.
+    kjt = KeyedJaggedTensor(["user", "other", "candidate", "history"], [7, 99, 5, 3, 9],
+                            lengths=[1, 1, 1, 2])
+    trained = ec(kjt)
+    with torch.no_grad():
+        inference = ec(kjt)
+    assert list(trained) == list(inference) == KEYS
+    for key in KEYS:
+        assert torch.equal(trained[key].values(), inference[key].values())
+        assert torch.equal(trained[key].offsets(), inference[key].offsets())
+    assert trained["history"].lengths().tolist() == [2]
+    assert not inference["history"].values().requires_grad
+    assert trained["history"].values().requires_grad
+
+
+def test_jagged_tensor_takes_torchrecs_arguments():
+    from ember import JaggedTensor
+
+    values = torch.arange(12.0).view(6, 2)
+    jt = JaggedTensor(values, None, torch.tensor([2, 0, 4]))
+    assert jt.offsets().tolist() == [0, 2, 2, 6] and jt.weights_or_none() is None
+    both = JaggedTensor(values, lengths=[2, 0, 4], offsets=[0, 2, 2, 6])
+    assert torch.equal(both.lengths(), jt.lengths())
+    with pytest.raises(ValueError, match="disagree"):
+        JaggedTensor(values, lengths=[2, 4], offsets=[0, 1, 6])
+
+
 def test_errors():
     with pytest.raises(ValueError, match="share one dim"):
         ember.EmbeddingCollection([EmbeddingConfig(10, 4, "a", feature_names=["x"]),
@@ -65,6 +94,10 @@ def test_errors():
         ec(KeyedJaggedTensor(["history", "candidate"], [1, 2], lengths=[1, 1]))
     with pytest.raises(RuntimeError, match="no optimizer to apply in backward"):
         ec(batch(0))["user"].values().sum().backward()
+    kjt = batch(0)
+    rows = int(kjt.lengths().sum())
+    with pytest.raises(ValueError, match=r"grad: shape \[4, \d+\], but the rows are \[rows, 4\]"):
+        ec._collection.backward(kjt._native, torch.zeros(4, rows))
 
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad"]

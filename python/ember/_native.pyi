@@ -79,6 +79,10 @@ class Collection:
         """A view of table ``name``'s rows."""
     def optimizer_state(self, name: str) -> Optional[Tensor]:
         """A view of table ``name``'s optimizer state, or None."""
+    def save(self, path: str) -> None:
+        """Ember's checkpoint of the tables, their optimizer state and step."""
+    def load(self, path: str) -> None:
+        """Loads Ember's checkpoint into the tables, in place."""
 
 class SequenceCollection:
     """Embedding tables read unpooled (a JSON list of Ember's EmbeddingConfig,
@@ -102,6 +106,8 @@ class SequenceCollection:
         """The fused update from d(loss)/d(rows), float32 ``[rows, dim]``."""
     def weight(self, name: str) -> Tensor: ...
     def optimizer_state(self, name: str) -> Optional[Tensor]: ...
+    def save(self, path: str) -> None: ...
+    def load(self, path: str) -> None: ...
 
 class Loader:
     """Parquet files read as batches by Ember's ``LoaderConfig`` (JSON)."""

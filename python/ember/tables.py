@@ -6,6 +6,7 @@ tables away from Ember's memory."""
 from __future__ import annotations
 
 import json
+import os
 import weakref
 from typing import List, Optional
 
@@ -124,3 +125,16 @@ class EmberTables(nn.Module):
     def step(self) -> int:
         """Backward updates applied so far."""
         return self._collection.step
+
+    def save_checkpoint(self, path) -> None:
+        """Writes the tables, their optimizer state and the step count to
+        ``path``, Ember's checkpoint format (safetensors with TorchRec's
+        names, as Ember's Trainer writes; whole or not at all)."""
+        self._collection.save(os.fspath(path))
+
+    def load_checkpoint(self, path) -> None:
+        """Reads a checkpoint ``save_checkpoint`` (or Ember's Rust API) wrote
+        into the tables, in place: the rows, the step count, and the
+        optimizer state when the saved optimizer is of this module's kind
+        (choose the optimizer first)."""
+        self._collection.load(os.fspath(path))

@@ -2,8 +2,11 @@
 //! lookups and the fused backward release the GIL; outputs and table views
 //! cross as DLPack tensors without copies.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ember_models::checkpoint::{StateDict, StateFile};
+use ember_models::ModelError;
 use ember_sparse::{
     EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, SparseError, TableOptimizer,
 };
@@ -37,6 +40,14 @@ impl NativeTables for Collection {
     }
     fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
         self.ebc.set_optimizer(optimizer)
+    }
+    fn save_to(&self, path: &Path) -> Result<(), ModelError> {
+        let mut state = StateDict::new();
+        state.add_collection("", &self.ebc);
+        state.save(path, None)
+    }
+    fn load_from(&mut self, path: &Path) -> Result<(), ModelError> {
+        StateFile::open(path)?.load_collection("", &mut self.ebc)
     }
 }
 
@@ -176,6 +187,17 @@ impl Collection {
     /// `[m | v]`); `None` when the optimizer keeps none.
     fn optimizer_state(slf: Bound<'_, Self>, name: &str) -> PyResult<Option<Tensor>> {
         tables::optimizer_state(slf, name)
+    }
+
+    /// Writes the tables, their optimizer state and step count to Ember's
+    /// checkpoint file `path` (safetensors, TorchRec's names).
+    fn save(slf: &Bound<'_, Self>, path: PathBuf) -> PyResult<()> {
+        tables::save(slf, path)
+    }
+
+    /// Loads Ember's checkpoint file `path` into the tables, in place.
+    fn load(slf: &Bound<'_, Self>, path: PathBuf) -> PyResult<()> {
+        tables::load(slf, path)
     }
 
     fn __repr__(&self) -> String {

@@ -1,8 +1,11 @@
 //! `SequenceCollection`: an `EmbeddingCollection` (unpooled lookups, every
 //! id's row in place) driven from Python, as `Collection` drives the bags.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ember_models::checkpoint::{StateDict, StateFile};
+use ember_models::ModelError;
 use ember_sparse::{
     EmbeddingCollection, EmbeddingConfig, EmbeddingTable, SparseError, TableOptimizer,
 };
@@ -150,6 +153,17 @@ impl SequenceCollection {
     fn optimizer_state(slf: Bound<'_, Self>, name: &str) -> PyResult<Option<Tensor>> {
         tables::optimizer_state(slf, name)
     }
+
+    /// Writes the tables, their optimizer state and step count to Ember's
+    /// checkpoint file `path`.
+    fn save(slf: &Bound<'_, Self>, path: PathBuf) -> PyResult<()> {
+        tables::save(slf, path)
+    }
+
+    /// Loads Ember's checkpoint file `path` into the tables, in place.
+    fn load(slf: &Bound<'_, Self>, path: PathBuf) -> PyResult<()> {
+        tables::load(slf, path)
+    }
 }
 
 impl NativeTables for SequenceCollection {
@@ -164,5 +178,13 @@ impl NativeTables for SequenceCollection {
     }
     fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
         self.ec.set_optimizer(optimizer)
+    }
+    fn save_to(&self, path: &Path) -> Result<(), ModelError> {
+        let mut state = StateDict::new();
+        state.add_embedding_collection("", &self.ec);
+        state.save(path, None)
+    }
+    fn load_from(&mut self, path: &Path) -> Result<(), ModelError> {
+        StateFile::open(path)?.load_embedding_collection("", &mut self.ec)
     }
 }

@@ -3,8 +3,10 @@
 //! rows and optimizer state through DLPack without a copy, with the checks
 //! around them.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ember_models::ModelError;
 use ember_sparse::{DataType, EmbeddingTable, SparseError, TableOptimizer};
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -15,7 +17,7 @@ use crate::errors;
 use crate::tensor::{Dtype, Tensor};
 
 /// A native collection of tables, as the functions below need it.
-pub trait NativeTables: PyClass<Frozen = False> + Send {
+pub trait NativeTables: PyClass<Frozen = False> + Send + Sync {
     /// Its tables.
     fn tables(&self) -> &[EmbeddingTable];
     /// Its tables, mutable (to take views).
@@ -24,6 +26,32 @@ pub trait NativeTables: PyClass<Frozen = False> + Send {
     fn state_views(&self) -> &Arc<()>;
     /// Replaces the fused optimizer (fresh state, the step count at 0).
     fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError>;
+    /// Writes the tables, their optimizer state and step count to `path`
+    /// (Ember's checkpoint: safetensors, TorchRec's names).
+    fn save_to(&self, path: &Path) -> Result<(), ModelError>;
+    /// Reads what `save_to` wrote into the tables (the optimizer state
+    /// when the saved optimizer is of this collection's kind).
+    fn load_from(&mut self, path: &Path) -> Result<(), ModelError>;
+}
+
+/// Saves the collection's tables to Ember's checkpoint file `path`
+/// (written whole or not at all); the GIL is released meanwhile.
+pub fn save<T: NativeTables>(slf: &Bound<'_, T>, path: PathBuf) -> PyResult<()> {
+    let this = shared(slf)?;
+    let collection = &*this;
+    slf.py()
+        .detach(|| collection.save_to(&path))
+        .map_err(errors::model)
+}
+
+/// Loads Ember's checkpoint file `path` into the collection's tables, in
+/// place (views of them see the loaded rows).
+pub fn load<T: NativeTables>(slf: &Bound<'_, T>, path: PathBuf) -> PyResult<()> {
+    let mut this = exclusive(slf)?;
+    let collection = &mut *this;
+    slf.py()
+        .detach(|| collection.load_from(&path))
+        .map_err(errors::model)
 }
 
 /// A collection for a lookup; refused (not waited for) while another

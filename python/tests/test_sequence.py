@@ -85,6 +85,19 @@ def test_jagged_tensor_takes_torchrecs_arguments():
         JaggedTensor(values, lengths=[2, 4], offsets=[0, 1, 6])
 
 
+def test_embers_checkpoints(tmp_path):
+    ec = ember.EmbeddingCollection(tables(), optimizer=(torch.optim.Adagrad, {"lr": 0.1}))
+    ec(batch(1))["history"].values().sum().backward()
+    ec.save_checkpoint(tmp_path / "ec.safetensors")
+    fresh = ember.EmbeddingCollection(tables(), optimizer=(torch.optim.Adagrad, {"lr": 0.1}),
+                                      seed=5)
+    fresh.load_checkpoint(tmp_path / "ec.safetensors")
+    for key, value in ec.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value)
+    assert torch.equal(fresh.optimizer_state("t_items"), ec.optimizer_state("t_items"))
+    assert fresh.step == 1
+
+
 def test_errors():
     with pytest.raises(ValueError, match="share one dim"):
         ember.EmbeddingCollection([EmbeddingConfig(10, 4, "a", feature_names=["x"]),

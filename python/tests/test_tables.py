@@ -135,6 +135,29 @@ def test_optimizer_options_take_the_classes_defaults():
         table_optimizer(torch.optim.SGD, {"momentun": 0.9})
 
 
+def test_embers_checkpoints_save_and_load_tables_state_and_step(tmp_path):
+    ebc = EmbeddingBagCollection(tables(), optimizer=(RowWiseAdagrad, {"lr": 0.1}), seed=1)
+    for step in range(3):
+        ebc(batch(step)).values().square().sum().backward()
+    ebc.save_checkpoint(tmp_path / "tables.safetensors")
+    fresh = EmbeddingBagCollection(tables(), optimizer=(RowWiseAdagrad, {"lr": 0.1}), seed=2)
+    fresh.load_checkpoint(tmp_path / "tables.safetensors")
+    for key, value in ebc.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value)
+    assert torch.equal(fresh.optimizer_state("t1"), ebc.optimizer_state("t1"))
+    assert fresh.step == 3
+    # Both go on the same way.
+    for module in (ebc, fresh):
+        module(batch(9)).values().square().sum().backward()
+    assert torch.equal(fresh.embedding_bags["t1"].weight, ebc.embedding_bags["t1"].weight)
+    with pytest.raises(OSError, match="nothing.safetensors"):
+        fresh.load_checkpoint(tmp_path / "nothing.safetensors")
+    other = EmbeddingBagCollection([EmbeddingBagConfig(num_embeddings=7, embedding_dim=4,
+                                                       name="t0", feature_names=["f0"])])
+    with pytest.raises(ValueError, match="t0"):
+        other.load_checkpoint(tmp_path / "tables.safetensors")
+
+
 def test_conversions_that_would_copy_the_tables_are_refused():
     ebc = EmbeddingBagCollection(tables())
     ebc.to("cpu").float()  # no copies: fine

@@ -1,7 +1,7 @@
 //! What the native collections (bags and sequences) share: borrowing one
-//! from Python threads, replacing its optimizer, and views of its tables'
-//! rows and optimizer state through DLPack without a copy, with the checks
-//! around them.
+//! from Python threads, replacing its optimizer, saving and loading Ember's
+//! checkpoints, and views of its tables' rows and optimizer state through
+//! DLPack without a copy, with the checks around them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

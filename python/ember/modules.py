@@ -15,7 +15,9 @@ writes them in place, with TorchRec's names ``embedding_bags.<table>.weight``.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+import json
+import os
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -116,6 +118,13 @@ class EmbeddingBagCollection(EmberTables):
     ``optimizer`` is an optimizer class and its keyword arguments, as for
     ``ember.optim.apply_optimizer_in_backward``; None leaves the tables
     without one until that call.
+
+    With ``disk_dir``, the tables live on Ember's disk tier: their rows
+    (and optimizer state) in files there, behind an in-memory cache of
+    ``cache_rows`` rows per table; a lookup brings its rows into the caches
+    first. The optimizer is then given here (the files hold its state);
+    the tables are not parameters (``state_dict`` is refused: use
+    ``save_checkpoint``), and lookups train whenever grad is enabled.
     """
 
     def __init__(
@@ -126,6 +135,8 @@ class EmbeddingBagCollection(EmberTables):
         *,
         seed: int = 0,
         optimizer: Optional[tuple] = None,
+        disk_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_rows: Optional[int] = None,
     ) -> None:
         super().__init__()
         if device is not None and torch.device(device).type != "cpu":
@@ -134,8 +145,14 @@ class EmbeddingBagCollection(EmberTables):
             )
         self._embedding_bag_configs = list(tables)
         self._is_weighted = bool(is_weighted)
+        fused = '{"type": "none"}'
+        if disk_dir is not None and optimizer is not None:
+            from ember.optim import table_optimizer
+
+            fused, optimizer = json.dumps(table_optimizer(*optimizer)), None
         collection = _native.Collection(
-            tables_json(self._embedding_bag_configs), '{"type": "none"}', int(seed)
+            tables_json(self._embedding_bag_configs), fused, int(seed),
+            None if disk_dir is None else os.fspath(disk_dir), cache_rows,
         )
         self._register_tables(collection, self._embedding_bag_configs, "embedding_bags",
                               optimizer)

@@ -42,6 +42,14 @@ class EmberTables(nn.Module):
         self._collection = collection
         self._tables_attr = attr
         tables = nn.ModuleDict()
+        if getattr(collection, "on_disk", False):
+            # The rows are in files behind caches: no array to make
+            # parameters of. Autograd reaches the backward through this
+            # empty tensor instead; the optimizer came with the collection.
+            self._anchor = torch.zeros(0, requires_grad=True)
+            setattr(self, attr, tables)
+            return
+        self._anchor = None
         for config in configs:
             table = nn.Module()
             weight = torch.from_dlpack(collection.weight(config.name))
@@ -64,7 +72,10 @@ class EmberTables(nn.Module):
 
     def _trained_weights(self) -> Optional[List[torch.Tensor]]:
         """The tables' weights when this lookup trains them (grad enabled and
-        the tables not frozen); None when it does not."""
+        the tables not frozen); None when it does not. On the disk tier,
+        lookups train whenever grad is enabled."""
+        if self._anchor is not None:
+            return [self._anchor] if torch.is_grad_enabled() else None
         weights = [t.weight for t in self._tables().values()]
         training = [w.requires_grad for w in weights]
         if not (torch.is_grad_enabled() and any(training)):
@@ -98,10 +109,24 @@ class EmberTables(nn.Module):
             "shared memory; share the module between threads instead"
         )
 
+    def _refuse_on_disk(self, what: str) -> None:
+        if self._anchor is not None:
+            raise ValueError(
+                f"ember.{type(self).__name__}.{what}: the tables are on the disk tier, in files "
+                "behind caches, not in tensors: use save_checkpoint and load_checkpoint"
+            )
+
+    def state_dict(self, *args, **kwargs):
+        """TorchRec's names (``<tables>.<table>.weight``), the weights viewed
+        in place; refused on the disk tier (see ``save_checkpoint``)."""
+        self._refuse_on_disk("state_dict")
+        return super().state_dict(*args, **kwargs)
+
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """TorchRec's state dict, copied into Ember's rows in place;
         ``assign=True`` is refused (it would put other tensors where Ember's
-        rows are)."""
+        rows are), and so is a collection on the disk tier."""
+        self._refuse_on_disk("load_state_dict")
         if assign:
             raise ValueError(
                 f"ember.{type(self).__name__}.load_state_dict: assign=True would detach the "

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use ember_models::checkpoint::{StateDict, StateFile};
 use ember_models::ModelError;
 use ember_sparse::{
-    EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, SparseError, TableOptimizer,
+    CachePolicy, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable,
+    SparseError, TableOptimizer,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -26,6 +27,29 @@ pub struct Collection {
     /// Held by every view of the optimizer state: the state is replaced
     /// only when none is alive.
     state_views: Arc<()>,
+}
+
+impl Collection {
+    /// The forward of tables on the disk tier: the batch's rows brought
+    /// into the caches first (FBGEMM's prefetch), which changes the
+    /// collection, then the lookup; the backward updates the same rows.
+    fn forward_staged(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
+        let mut this = exclusive(slf)?;
+        let kjt = &kjt.kjt;
+        let (batch, width) = (kjt.stride(), this.ebc.width());
+        let len = batch.checked_mul(width).ok_or_else(|| {
+            PyValueError::new_err(format!("{batch} samples of width {width} overflow"))
+        })?;
+        let mut out = PooledBuffer::take(&this.pool, len)?;
+        let ebc = &mut this.ebc;
+        slf.py()
+            .detach(|| {
+                ebc.prefetch(kjt)?;
+                ebc.forward_into_slice(kjt, out.values_mut())
+            })
+            .map_err(errors::sparse)?;
+        Ok(Tensor::owned(out, batch, width))
+    }
 }
 
 impl NativeTables for Collection {
@@ -55,9 +79,19 @@ impl NativeTables for Collection {
 impl Collection {
     /// Tables from their configs (a JSON list of Ember's
     /// `EmbeddingBagConfig`), initialised from `seed`, with the optimizer
-    /// (Ember's `TableOptimizer` as JSON) fused into `backward`.
+    /// (Ember's `TableOptimizer` as JSON) fused into `backward`. With
+    /// `disk_dir`, every table on the disk tier there, behind a cache of
+    /// `cache_rows` rows each (least recently used evicted first).
     #[new]
-    fn new(py: Python<'_>, tables_json: &str, optimizer_json: &str, seed: u64) -> PyResult<Self> {
+    #[pyo3(signature = (tables_json, optimizer_json, seed, disk_dir=None, cache_rows=None))]
+    fn new(
+        py: Python<'_>,
+        tables_json: &str,
+        optimizer_json: &str,
+        seed: u64,
+        disk_dir: Option<PathBuf>,
+        cache_rows: Option<usize>,
+    ) -> PyResult<Self> {
         let configs: Vec<EmbeddingBagConfig> =
             serde_json::from_str(tables_json).map_err(|e| errors::json("tables", e))?;
         if let Some(config) = configs.iter().find(|c| c.kv.is_some()) {
@@ -67,9 +101,25 @@ impl Collection {
             )));
         }
         let optimizer = parse_optimizer(optimizer_json)?;
+        let tiers = match (disk_dir, cache_rows) {
+            (Some(dir), Some(cache_rows)) => configs
+                .iter()
+                .map(|_| {
+                    Some(DiskTierConfig {
+                        dir: dir.clone(),
+                        cache_rows,
+                        policy: CachePolicy::Lru,
+                    })
+                })
+                .collect(),
+            (None, None) => Vec::new(),
+            _ => return Err(PyValueError::new_err(
+                "the disk tier takes both disk_dir and cache_rows (rows each table's cache holds)",
+            )),
+        };
         // Drawing gigabytes of rows takes seconds: other threads go on.
         let ebc = py
-            .detach(|| EmbeddingBagCollection::new(configs, optimizer, seed))
+            .detach(|| EmbeddingBagCollection::with_disk_tiers(configs, optimizer, seed, tiers))
             .map_err(errors::sparse)?;
         Ok(Self {
             ebc,
@@ -131,6 +181,9 @@ impl Collection {
     /// Pooled lookup of every feature: a new `[batch, width]` float32
     /// tensor. The GIL is released while it runs.
     fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
+        if shared(slf)?.on_disk() {
+            return Self::forward_staged(slf, kjt);
+        }
         let this = shared(slf)?;
         let kjt = &kjt.kjt;
         let (batch, width) = (kjt.stride(), this.ebc.width());
@@ -143,6 +196,12 @@ impl Collection {
             .detach(|| ebc.forward_into_slice(kjt, out.values_mut()))
             .map_err(errors::sparse)?;
         Ok(Tensor::owned(out, batch, width))
+    }
+
+    /// Whether the tables are on the disk tier.
+    #[getter]
+    fn on_disk(&self) -> bool {
+        self.ebc.tables().iter().any(|t| t.is_on_disk())
     }
 
     /// The backward of `forward(kjt)` with the optimizer applied in the

@@ -354,3 +354,34 @@ def test_core_works_without_torch():
     if os.environ.get("EMBER_REQUIRE_TORCHREC") == "1":
         # The suite of scripts/test-python tests the installed wheel.
         assert "site-packages" in ember.__file__, ember.__file__
+
+
+@pytest.mark.parametrize("optimizer", [(torch.optim.SGD, {"lr": 0.5}),
+                                       (RowWiseAdagrad, {"lr": 0.1})])
+def test_tables_on_the_disk_tier_train_as_in_memory(tmp_path, optimizer):
+    # Caches of 64 rows (4 sets of 16) for tables of 50 and 80, batches of
+    # at most 16 of a table's ids: rows are evicted to the files and read
+    # back, and every figure stays as in RAM.
+    ram = EmbeddingBagCollection(tables(), optimizer=optimizer, seed=6)
+    disk = EmbeddingBagCollection(tables(), optimizer=optimizer, seed=6,
+                                  disk_dir=tmp_path, cache_rows=64)
+    assert list(disk.parameters()) == []
+    for step in range(30):
+        kjt = batch(30 + step, size=4, max_len=2)
+        ours, theirs = disk(kjt).values(), ram(kjt).values()
+        assert torch.equal(ours, theirs)
+        (ours * ours).sum().backward()
+        (theirs * theirs).sum().backward()
+    assert disk.step == ram.step == 30
+    disk.save_checkpoint(tmp_path / "disk.safetensors")
+    loaded = EmbeddingBagCollection(tables(), optimizer=optimizer, seed=7)
+    loaded.load_checkpoint(tmp_path / "disk.safetensors")
+    for key, value in ram.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    with pytest.raises(ValueError, match="on the disk tier.*save_checkpoint"):
+        disk.state_dict()
+    with pytest.raises(ValueError, match="disk_dir and cache_rows"):
+        EmbeddingBagCollection(tables(), disk_dir=tmp_path)
+    with torch.no_grad():
+        assert torch.equal(disk(batch(1, size=4, max_len=2)).values(),
+                           ram(batch(1, size=4, max_len=2)).values())

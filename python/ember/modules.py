@@ -15,7 +15,6 @@ writes them in place, with TorchRec's names ``embedding_bags.<table>.weight``.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -24,7 +23,7 @@ import torch
 from ember import _native
 from ember.configs import EmbeddingBagConfig, tables_json
 from ember.sparse import KeyedJaggedTensor
-from ember.tables import EmberTables, bump_versions, check_optimizer
+from ember.tables import EmberTables, bump_versions, check_optimizer, fused_at_build
 
 
 class KeyedTensor:
@@ -145,11 +144,7 @@ class EmbeddingBagCollection(EmberTables):
             )
         self._embedding_bag_configs = list(tables)
         self._is_weighted = bool(is_weighted)
-        fused = '{"type": "none"}'
-        if disk_dir is not None and optimizer is not None:
-            from ember.optim import table_optimizer
-
-            fused, optimizer = json.dumps(table_optimizer(*optimizer)), None
+        fused, optimizer = fused_at_build(disk_dir, optimizer)
         collection = _native.Collection(
             tables_json(self._embedding_bag_configs), fused, int(seed),
             None if disk_dir is None else os.fspath(disk_dir), cache_rows,

@@ -5,14 +5,15 @@ histories and sequence models), returning one ``JaggedTensor`` a feature;
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import os
+from typing import Dict, List, Optional, Union
 
 import torch
 
 from ember import _native
 from ember.configs import EmbeddingConfig, tables_json
 from ember.sparse import KeyedJaggedTensor
-from ember.tables import EmberTables, bump_versions, check_optimizer
+from ember.tables import EmberTables, bump_versions, check_optimizer, fused_at_build
 
 
 class JaggedTensor:
@@ -97,7 +98,9 @@ class EmbeddingCollection(EmberTables):
     tables' order, then each table's ``feature_names``), a ``JaggedTensor``
     of every id's row in place. The tables share one dim. ``seed`` and
     ``optimizer`` as for ``EmbeddingBagCollection``; the state dict's names
-    are TorchRec's, ``embeddings.<table>.weight``."""
+    are TorchRec's, ``embeddings.<table>.weight``. ``disk_dir`` and
+    ``cache_rows`` put the tables on the disk tier, as for
+    ``EmbeddingBagCollection``."""
 
     def __init__(
         self,
@@ -107,6 +110,8 @@ class EmbeddingCollection(EmberTables):
         *,
         seed: int = 0,
         optimizer: Optional[tuple] = None,
+        disk_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_rows: Optional[int] = None,
     ) -> None:
         super().__init__()
         if device is not None and torch.device(device).type != "cpu":
@@ -116,8 +121,10 @@ class EmbeddingCollection(EmberTables):
         if need_indices:
             raise ValueError("ember.EmbeddingCollection: need_indices is not offered")
         self._embedding_configs = list(tables)
+        fused, optimizer = fused_at_build(disk_dir, optimizer)
         collection = _native.SequenceCollection(
-            tables_json(self._embedding_configs, EmbeddingConfig), '{"type": "none"}', int(seed)
+            tables_json(self._embedding_configs, EmbeddingConfig), fused, int(seed),
+            None if disk_dir is None else os.fspath(disk_dir), cache_rows,
         )
         self._register_tables(collection, self._embedding_configs, "embeddings", optimizer)
 

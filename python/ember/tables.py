@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -32,6 +32,17 @@ def bump_versions(weights) -> None:
     that saved a table's weight refuses a stale backward."""
     for weight in weights:
         torch.autograd.graph.increment_version(weight)
+
+
+def fused_at_build(disk_dir, optimizer) -> Tuple[str, Optional[tuple]]:
+    """The optimizer the native collection is built with (JSON), and the one
+    left to apply afterwards: on the disk tier the files hold the
+    optimizer's state, so it is chosen when the tables are made."""
+    if disk_dir is None or optimizer is None:
+        return '{"type": "none"}', optimizer
+    from ember.optim import table_optimizer
+
+    return json.dumps(table_optimizer(*optimizer)), None
 
 
 class EmberTables(nn.Module):

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use ember_models::checkpoint::{StateDict, StateFile};
 use ember_models::ModelError;
 use ember_sparse::{
-    CachePolicy, DiskTierConfig, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable,
-    SparseError, TableOptimizer,
+    EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, SparseError, TableOptimizer,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -101,22 +100,7 @@ impl Collection {
             )));
         }
         let optimizer = parse_optimizer(optimizer_json)?;
-        let tiers = match (disk_dir, cache_rows) {
-            (Some(dir), Some(cache_rows)) => configs
-                .iter()
-                .map(|_| {
-                    Some(DiskTierConfig {
-                        dir: dir.clone(),
-                        cache_rows,
-                        policy: CachePolicy::Lru,
-                    })
-                })
-                .collect(),
-            (None, None) => Vec::new(),
-            _ => return Err(PyValueError::new_err(
-                "the disk tier takes both disk_dir and cache_rows (rows each table's cache holds)",
-            )),
-        };
+        let tiers = tables::disk_tiers(disk_dir, cache_rows, configs.len())?;
         // Drawing gigabytes of rows takes seconds: other threads go on.
         let ebc = py
             .detach(|| EmbeddingBagCollection::with_disk_tiers(configs, optimizer, seed, tiers))

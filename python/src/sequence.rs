@@ -28,9 +28,18 @@ pub struct SequenceCollection {
 #[pymethods]
 impl SequenceCollection {
     /// Tables from their configs (a JSON list of Ember's `EmbeddingConfig`,
-    /// one dim), initialised from `seed`, with the optimizer (JSON).
+    /// one dim), initialised from `seed`, with the optimizer (JSON); with
+    /// `disk_dir` and `cache_rows`, on the disk tier (as `Collection`).
     #[new]
-    fn new(py: Python<'_>, tables_json: &str, optimizer_json: &str, seed: u64) -> PyResult<Self> {
+    #[pyo3(signature = (tables_json, optimizer_json, seed, disk_dir=None, cache_rows=None))]
+    fn new(
+        py: Python<'_>,
+        tables_json: &str,
+        optimizer_json: &str,
+        seed: u64,
+        disk_dir: Option<PathBuf>,
+        cache_rows: Option<usize>,
+    ) -> PyResult<Self> {
         let configs: Vec<EmbeddingConfig> =
             serde_json::from_str(tables_json).map_err(|e| errors::json("tables", e))?;
         if let Some(config) = configs.iter().find(|c| c.kv.is_some()) {
@@ -40,8 +49,9 @@ impl SequenceCollection {
             )));
         }
         let optimizer = parse_optimizer(optimizer_json)?;
+        let tiers = tables::disk_tiers(disk_dir, cache_rows, configs.len())?;
         let ec = py
-            .detach(|| EmbeddingCollection::new(configs, optimizer, seed))
+            .detach(|| EmbeddingCollection::with_disk_tiers(configs, optimizer, seed, tiers))
             .map_err(errors::sparse)?;
         Ok(Self {
             ec,
@@ -72,6 +82,12 @@ impl SequenceCollection {
         self.ec.feature_names()
     }
 
+    /// Whether the tables are on the disk tier.
+    #[getter]
+    fn on_disk(&self) -> bool {
+        self.ec.tables().iter().any(|t| t.is_on_disk())
+    }
+
     /// Floats per row (every table's).
     #[getter]
     fn dim(&self) -> usize {
@@ -89,13 +105,21 @@ impl SequenceCollection {
     /// `features * batch + 1` row offsets (int64) of each (feature,
     /// sample). The GIL is released while it runs.
     fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<(Tensor, Tensor)> {
-        let this = shared(slf)?;
         let kjt = &kjt.kjt;
-        let ec = &this.ec;
-        let out = slf
-            .py()
-            .detach(|| ec.forward(kjt))
-            .map_err(errors::sparse)?;
+        let out = if shared(slf)?.on_disk() {
+            // The batch's rows into the caches first (FBGEMM's prefetch).
+            let mut this = exclusive(slf)?;
+            let ec = &mut this.ec;
+            slf.py().detach(|| {
+                ec.prefetch(kjt)?;
+                ec.forward(kjt)
+            })
+        } else {
+            let this = shared(slf)?;
+            let ec = &this.ec;
+            slf.py().detach(|| ec.forward(kjt))
+        }
+        .map_err(errors::sparse)?;
         let (dim, offsets, values) = out.into_parts();
         let rows = values.len() / dim.max(1);
         let offsets: Vec<i64> = offsets.into_iter().map(|o| o as i64).collect();

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ember_models::ModelError;
-use ember_sparse::{DataType, EmbeddingTable, SparseError, TableOptimizer};
+use ember_sparse::{
+    CachePolicy, DataType, DiskTierConfig, EmbeddingTable, SparseError, TableOptimizer,
+};
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pyclass::boolean_struct::False;
@@ -32,6 +34,30 @@ pub trait NativeTables: PyClass<Frozen = False> + Send + Sync {
     /// Reads what `save_to` wrote into the tables (the optimizer state
     /// when the saved optimizer is of this collection's kind).
     fn load_from(&mut self, path: &Path) -> Result<(), ModelError>;
+}
+
+/// The disk tier of every one of `tables` tables: in `disk_dir`, behind a
+/// cache of `cache_rows` rows each (least recently used evicted first);
+/// none when neither is given.
+pub fn disk_tiers(
+    disk_dir: Option<PathBuf>,
+    cache_rows: Option<usize>,
+    tables: usize,
+) -> PyResult<Vec<Option<DiskTierConfig>>> {
+    match (disk_dir, cache_rows) {
+        (Some(dir), Some(cache_rows)) => Ok(vec![
+            Some(DiskTierConfig {
+                dir,
+                cache_rows,
+                policy: CachePolicy::Lru,
+            });
+            tables
+        ]),
+        (None, None) => Ok(Vec::new()),
+        _ => Err(PyValueError::new_err(
+            "the disk tier takes both disk_dir and cache_rows (rows each table's cache holds)",
+        )),
+    }
 }
 
 /// Saves the collection's tables to Ember's checkpoint file `path`

@@ -161,3 +161,27 @@ def test_training_steps_equal_torchrecs_embedding_collection(name):
             our_state = ours.optimizer_state(config.name)
             torch.testing.assert_close(our_state, their_state.reshape(our_state.shape),
                                        rtol=1e-5, atol=1e-7)
+
+
+def test_sequence_tables_on_the_disk_tier_train_as_in_memory(tmp_path):
+    # Caches of 32 rows (2 sets of 16) for tables of 50 and 30 rows,
+    # batches of at most 16 of a table's ids.
+    optimizer = (torch.optim.Adagrad, {"lr": 0.1})
+    ram = ember.EmbeddingCollection(tables(), optimizer=optimizer, seed=2)
+    disk = ember.EmbeddingCollection(tables(), optimizer=optimizer, seed=2,
+                                     disk_dir=tmp_path, cache_rows=32)
+    for step in range(30):
+        kjt = batch(40 + step, size=2)
+        ours, theirs = disk(kjt), ram(kjt)
+        loss_ours = loss_theirs = 0
+        for key in KEYS:
+            assert torch.equal(ours[key].values(), theirs[key].values())
+            loss_ours = loss_ours + ours[key].values().square().sum()
+            loss_theirs = loss_theirs + theirs[key].values().square().sum()
+        loss_ours.backward()
+        loss_theirs.backward()
+    disk.save_checkpoint(tmp_path / "disk.safetensors")
+    loaded = ember.EmbeddingCollection(tables(), optimizer=optimizer, seed=3)
+    loaded.load_checkpoint(tmp_path / "disk.safetensors")
+    for key, value in ram.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key

@@ -47,6 +47,10 @@ class EmbeddingBagConfig:
     weight_init_max: Optional[float] = None
     weight_init_min: Optional[float] = None
     pooling: PoolingType = PoolingType.SUM
+    # Ember's: rows found by the raw 64-bit id through a map, with
+    # admission and eviction (Ember's KvConfig as a dict; {} for its
+    # defaults). None: the id is the row.
+    kv: Optional[dict] = None
 
     def _to_ember(self) -> dict:
         """The config as Ember's ``EmbeddingBagConfig`` reads it (JSON)."""
@@ -62,7 +66,7 @@ class EmbeddingBagConfig:
                 raise ValueError(
                     f"table '{self.name}': {field_name} must be a non-negative int, got {value!r}"
                 )
-        return {
+        config = {
             "name": self.name,
             "num_embeddings": int(self.num_embeddings),
             "embedding_dim": int(self.embedding_dim),
@@ -72,6 +76,9 @@ class EmbeddingBagConfig:
             "weight_init_max": self.weight_init_max,
             "data_type": self.data_type.value.lower(),
         }
+        if self.kv is not None:
+            config["kv"] = dict(self.kv)
+        return config
 
 
 @dataclass
@@ -87,12 +94,14 @@ class EmbeddingConfig:
     feature_names: List[str] = field(default_factory=list)
     weight_init_max: Optional[float] = None
     weight_init_min: Optional[float] = None
+    # Ember's key-value tables, as EmbeddingBagConfig's.
+    kv: Optional[dict] = None
 
     def _to_ember(self) -> dict:
         """The config as Ember's ``EmbeddingConfig`` reads it (JSON)."""
         bag = EmbeddingBagConfig(self.num_embeddings, self.embedding_dim, self.name,
                                  self.data_type, self.feature_names, self.weight_init_max,
-                                 self.weight_init_min)._to_ember()
+                                 self.weight_init_min, kv=self.kv)._to_ember()
         del bag["pooling"]
         return bag
 

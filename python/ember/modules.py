@@ -124,6 +124,11 @@ class EmbeddingBagCollection(EmberTables):
     first. The optimizer is then given here (the files hold its state);
     the tables are not parameters (``state_dict`` is refused: use
     ``save_checkpoint``), and lookups train whenever grad is enabled.
+
+    Tables whose config has ``kv`` (Ember's key-value tables) take raw
+    64-bit ids, found through a map with admission and eviction; they are
+    staged as disk-tier tables are (the optimizer given here, no
+    parameters), and ``eval()`` stops admitting new ids.
     """
 
     def __init__(
@@ -144,7 +149,8 @@ class EmbeddingBagCollection(EmberTables):
             )
         self._embedding_bag_configs = list(tables)
         self._is_weighted = bool(is_weighted)
-        fused, optimizer = fused_at_build(disk_dir, optimizer)
+        staged = disk_dir is not None or any(t.kv is not None for t in tables)
+        fused, optimizer = fused_at_build(staged, optimizer)
         collection = _native.Collection(
             tables_json(self._embedding_bag_configs), fused, int(seed),
             None if disk_dir is None else os.fspath(disk_dir), cache_rows,

@@ -121,7 +121,8 @@ class EmbeddingCollection(EmberTables):
         if need_indices:
             raise ValueError("ember.EmbeddingCollection: need_indices is not offered")
         self._embedding_configs = list(tables)
-        fused, optimizer = fused_at_build(disk_dir, optimizer)
+        staged = disk_dir is not None or any(t.kv is not None for t in tables)
+        fused, optimizer = fused_at_build(staged, optimizer)
         collection = _native.SequenceCollection(
             tables_json(self._embedding_configs, EmbeddingConfig), fused, int(seed),
             None if disk_dir is None else os.fspath(disk_dir), cache_rows,

@@ -34,11 +34,12 @@ def bump_versions(weights) -> None:
         torch.autograd.graph.increment_version(weight)
 
 
-def fused_at_build(disk_dir, optimizer) -> Tuple[str, Optional[tuple]]:
+def fused_at_build(staged: bool, optimizer) -> Tuple[str, Optional[tuple]]:
     """The optimizer the native collection is built with (JSON), and the one
-    left to apply afterwards: on the disk tier the files hold the
-    optimizer's state, so it is chosen when the tables are made."""
-    if disk_dir is None or optimizer is None:
+    left to apply afterwards: staged tables (on the disk tier, or keyed by
+    raw ids) have no parameters to apply one to, so it is chosen when the
+    tables are made."""
+    if not staged or optimizer is None:
         return '{"type": "none"}', optimizer
     from ember.optim import table_optimizer
 
@@ -53,10 +54,11 @@ class EmberTables(nn.Module):
         self._collection = collection
         self._tables_attr = attr
         tables = nn.ModuleDict()
-        if getattr(collection, "on_disk", False):
-            # The rows are in files behind caches: no array to make
-            # parameters of. Autograd reaches the backward through this
-            # empty tensor instead; the optimizer came with the collection.
+        if collection.staged:
+            # The rows are in files behind caches, or found by id through a
+            # map: no array indexed by id to make parameters of. Autograd
+            # reaches the backward through this empty tensor instead; the
+            # optimizer came with the collection.
             self._anchor = torch.zeros(0, requires_grad=True)
             setattr(self, attr, tables)
             return
@@ -83,8 +85,8 @@ class EmberTables(nn.Module):
 
     def _trained_weights(self) -> Optional[List[torch.Tensor]]:
         """The tables' weights when this lookup trains them (grad enabled and
-        the tables not frozen); None when it does not. On the disk tier,
-        lookups train whenever grad is enabled."""
+        the tables not frozen); None when it does not. Staged tables train
+        whenever grad is enabled."""
         if self._anchor is not None:
             return [self._anchor] if torch.is_grad_enabled() else None
         weights = [t.weight for t in self._tables().values()]
@@ -120,24 +122,31 @@ class EmberTables(nn.Module):
             "shared memory; share the module between threads instead"
         )
 
-    def _refuse_on_disk(self, what: str) -> None:
+    def _refuse_staged(self, what: str) -> None:
         if self._anchor is not None:
             raise ValueError(
-                f"ember.{type(self).__name__}.{what}: the tables are on the disk tier, in files "
-                "behind caches, not in tensors: use save_checkpoint and load_checkpoint"
+                f"ember.{type(self).__name__}.{what}: the tables are on the disk tier or keyed "
+                "by raw ids, not in tensors indexed by id: use save_checkpoint and "
+                "load_checkpoint"
             )
+
+    def train(self, mode: bool = True):
+        """Training mode (key-value tables admit new ids) or evaluation (new
+        ids read the fallback, and nothing is admitted)."""
+        self._collection.set_training(bool(mode))
+        return super().train(mode)
 
     def state_dict(self, *args, **kwargs):
         """TorchRec's names (``<tables>.<table>.weight``), the weights viewed
-        in place; refused on the disk tier (see ``save_checkpoint``)."""
-        self._refuse_on_disk("state_dict")
+        in place; refused for staged tables (see ``save_checkpoint``)."""
+        self._refuse_staged("state_dict")
         return super().state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """TorchRec's state dict, copied into Ember's rows in place;
         ``assign=True`` is refused (it would put other tensors where Ember's
-        rows are), and so is a collection on the disk tier."""
-        self._refuse_on_disk("load_state_dict")
+        rows are), and so is a collection of staged tables."""
+        self._refuse_staged("load_state_dict")
         if assign:
             raise ValueError(
                 f"ember.{type(self).__name__}.load_state_dict: assign=True would detach the "

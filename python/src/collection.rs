@@ -29,9 +29,10 @@ pub struct Collection {
 }
 
 impl Collection {
-    /// The forward of tables on the disk tier: the batch's rows brought
-    /// into the caches first (FBGEMM's prefetch), which changes the
-    /// collection, then the lookup; the backward updates the same rows.
+    /// The forward of staged tables: the batch's rows brought into the
+    /// disk tier's caches, and raw ids found in key-value tables' maps,
+    /// first (FBGEMM's prefetch), which changes the collection; then the
+    /// lookup. The backward updates the same rows.
     fn forward_staged(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
         let mut this = exclusive(slf)?;
         let kjt = &kjt.kjt;
@@ -93,12 +94,6 @@ impl Collection {
     ) -> PyResult<Self> {
         let configs: Vec<EmbeddingBagConfig> =
             serde_json::from_str(tables_json).map_err(|e| errors::json("tables", e))?;
-        if let Some(config) = configs.iter().find(|c| c.kv.is_some()) {
-            return Err(PyValueError::new_err(format!(
-                "table '{}': key-value tables are not offered from Python yet",
-                config.name
-            )));
-        }
         let optimizer = parse_optimizer(optimizer_json)?;
         let tiers = tables::disk_tiers(disk_dir, cache_rows, configs.len())?;
         // Drawing gigabytes of rows takes seconds: other threads go on.
@@ -165,7 +160,7 @@ impl Collection {
     /// Pooled lookup of every feature: a new `[batch, width]` float32
     /// tensor. The GIL is released while it runs.
     fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
-        if shared(slf)?.on_disk() {
+        if shared(slf)?.staged() {
             return Self::forward_staged(slf, kjt);
         }
         let this = shared(slf)?;
@@ -182,10 +177,17 @@ impl Collection {
         Ok(Tensor::owned(out, batch, width))
     }
 
-    /// Whether the tables are on the disk tier.
+    /// Whether a lookup stages its batch first: a table on the disk tier
+    /// (rows through a cache) or keyed by raw ids (rows through a map).
     #[getter]
-    fn on_disk(&self) -> bool {
-        self.ebc.tables().iter().any(|t| t.is_on_disk())
+    fn staged(&self) -> bool {
+        (self.ebc.tables().iter()).any(|t| t.is_on_disk() || t.config().kv.is_some())
+    }
+
+    /// Training (new ids of key-value tables are admitted), or not.
+    fn set_training(slf: &Bound<'_, Self>, training: bool) -> PyResult<()> {
+        exclusive(slf)?.ebc.set_training(training);
+        Ok(())
     }
 
     /// The backward of `forward(kjt)` with the optimizer applied in the

@@ -42,12 +42,6 @@ impl SequenceCollection {
     ) -> PyResult<Self> {
         let configs: Vec<EmbeddingConfig> =
             serde_json::from_str(tables_json).map_err(|e| errors::json("tables", e))?;
-        if let Some(config) = configs.iter().find(|c| c.kv.is_some()) {
-            return Err(PyValueError::new_err(format!(
-                "table '{}': key-value tables are not offered from Python yet",
-                config.name
-            )));
-        }
         let optimizer = parse_optimizer(optimizer_json)?;
         let tiers = tables::disk_tiers(disk_dir, cache_rows, configs.len())?;
         let ec = py
@@ -82,10 +76,17 @@ impl SequenceCollection {
         self.ec.feature_names()
     }
 
-    /// Whether the tables are on the disk tier.
+    /// Whether a lookup stages its batch first: a table on the disk tier
+    /// (rows through a cache) or keyed by raw ids (rows through a map).
     #[getter]
-    fn on_disk(&self) -> bool {
-        self.ec.tables().iter().any(|t| t.is_on_disk())
+    fn staged(&self) -> bool {
+        (self.ec.tables().iter()).any(|t| t.is_on_disk() || t.config().kv.is_some())
+    }
+
+    /// Training (new ids of key-value tables are admitted), or not.
+    fn set_training(slf: &Bound<'_, Self>, training: bool) -> PyResult<()> {
+        exclusive(slf)?.ec.set_training(training);
+        Ok(())
     }
 
     /// Floats per row (every table's).
@@ -106,8 +107,9 @@ impl SequenceCollection {
     /// sample). The GIL is released while it runs.
     fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<(Tensor, Tensor)> {
         let kjt = &kjt.kjt;
-        let out = if shared(slf)?.on_disk() {
-            // The batch's rows into the caches first (FBGEMM's prefetch).
+        let out = if shared(slf)?.staged() {
+            // The batch's rows into the caches, raw ids into rows, first
+            // (FBGEMM's prefetch).
             let mut this = exclusive(slf)?;
             let ec = &mut this.ec;
             slf.py().detach(|| {

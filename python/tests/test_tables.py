@@ -385,3 +385,33 @@ def test_tables_on_the_disk_tier_train_as_in_memory(tmp_path, optimizer):
     with torch.no_grad():
         assert torch.equal(disk(batch(1, size=4, max_len=2)).values(),
                            ram(batch(1, size=4, max_len=2)).values())
+
+
+def test_key_value_tables_take_raw_ids(tmp_path):
+    # Raw ids far beyond the rows; a table of 64 rows, fed 48 ids.
+    config = [EmbeddingBagConfig(num_embeddings=64, embedding_dim=4, name="kv",
+                                 feature_names=["f"], kv={})]
+    optimizer = (RowWiseAdagrad, {"lr": 0.1})
+    ebc = EmbeddingBagCollection(config, optimizer=optimizer, seed=1)
+    assert list(ebc.parameters()) == []
+    ids = [10**12 + 7 * i for i in range(48)]
+    for step in range(4):
+        kjt = KeyedJaggedTensor(["f"], ids[step * 12:(step + 1) * 12], lengths=[3] * 4)
+        ebc(kjt).values().square().sum().backward()
+    assert ebc.step == 4
+    seen = KeyedJaggedTensor(["f"], ids[:4], lengths=[1] * 4)
+    ebc.eval()
+    with torch.no_grad():
+        before = ebc(seen).values()
+        # A new id in evaluation reads the zero fallback and is not admitted.
+        new = KeyedJaggedTensor(["f"], [5], lengths=[1])
+        assert torch.equal(ebc(new).values(), torch.zeros(1, 4))
+    assert before.abs().sum() > 0
+    ebc.save_checkpoint(tmp_path / "kv.safetensors")
+    loaded = EmbeddingBagCollection(config, optimizer=optimizer, seed=2)
+    loaded.load_checkpoint(tmp_path / "kv.safetensors")
+    loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(seen).values(), before)
+    with pytest.raises(ValueError, match="keyed by raw ids.*save_checkpoint"):
+        ebc.state_dict()

@@ -21,9 +21,9 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 from ember import _native
-from ember.configs import EmbeddingBagConfig, tables_json
+from ember.configs import EmbeddingBagConfig
 from ember.sparse import KeyedJaggedTensor
-from ember.tables import EmberTables, bump_versions, check_optimizer, fused_at_build
+from ember.tables import EmberTables, bump_versions, check_optimizer
 
 
 class KeyedTensor:
@@ -143,20 +143,11 @@ class EmbeddingBagCollection(EmberTables):
         cache_rows: Optional[int] = None,
     ) -> None:
         super().__init__()
-        if device is not None and torch.device(device).type != "cpu":
-            raise ValueError(
-                f"ember.EmbeddingBagCollection runs on the CPU; device {device} is not offered"
-            )
         self._embedding_bag_configs = list(tables)
         self._is_weighted = bool(is_weighted)
-        staged = disk_dir is not None or any(t.kv is not None for t in tables)
-        fused, optimizer = fused_at_build(staged, optimizer)
-        collection = _native.Collection(
-            tables_json(self._embedding_bag_configs), fused, int(seed),
-            None if disk_dir is None else os.fspath(disk_dir), cache_rows,
-        )
-        self._register_tables(collection, self._embedding_bag_configs, "embedding_bags",
-                              optimizer)
+        self._build(_native.Collection, self._embedding_bag_configs, EmbeddingBagConfig,
+                    "embedding_bags", device=device, seed=seed, optimizer=optimizer,
+                    disk_dir=disk_dir, cache_rows=cache_rows)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """The pooled lookup of ``features``; differentiable when the tables

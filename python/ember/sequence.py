@@ -11,9 +11,9 @@ from typing import Dict, List, Optional, Union
 import torch
 
 from ember import _native
-from ember.configs import EmbeddingConfig, tables_json
+from ember.configs import EmbeddingConfig
 from ember.sparse import KeyedJaggedTensor
-from ember.tables import EmberTables, bump_versions, check_optimizer, fused_at_build
+from ember.tables import EmberTables, bump_versions, check_optimizer
 
 
 class JaggedTensor:
@@ -114,20 +114,12 @@ class EmbeddingCollection(EmberTables):
         cache_rows: Optional[int] = None,
     ) -> None:
         super().__init__()
-        if device is not None and torch.device(device).type != "cpu":
-            raise ValueError(
-                f"ember.EmbeddingCollection runs on the CPU; device {device} is not offered"
-            )
         if need_indices:
             raise ValueError("ember.EmbeddingCollection: need_indices is not offered")
         self._embedding_configs = list(tables)
-        staged = disk_dir is not None or any(t.kv is not None for t in tables)
-        fused, optimizer = fused_at_build(staged, optimizer)
-        collection = _native.SequenceCollection(
-            tables_json(self._embedding_configs, EmbeddingConfig), fused, int(seed),
-            None if disk_dir is None else os.fspath(disk_dir), cache_rows,
-        )
-        self._register_tables(collection, self._embedding_configs, "embeddings", optimizer)
+        self._build(_native.SequenceCollection, self._embedding_configs, EmbeddingConfig,
+                    "embeddings", device=device, seed=seed, optimizer=optimizer,
+                    disk_dir=disk_dir, cache_rows=cache_rows)
 
     def forward(self, features: KeyedJaggedTensor) -> Dict[str, JaggedTensor]:
         """Every id's row of ``features``, a ``JaggedTensor`` a feature;

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from ember.configs import DataType
+from ember.configs import DataType, tables_json
 
 
 def check_optimizer(collection, module_name: str) -> None:
@@ -49,6 +49,23 @@ def fused_at_build(staged: bool, optimizer) -> Tuple[str, Optional[tuple]]:
 class EmberTables(nn.Module):
     """A module of Ember's tables: ``self._collection`` (native) and one
     ``<attr>.<table>.weight`` parameter a table, TorchRec's names."""
+
+    def _build(self, native_class, configs, kind: type, attr: str, *, device, seed: int,
+               optimizer, disk_dir, cache_rows) -> None:
+        """Makes the native collection of ``configs`` (all of ``kind``) and
+        registers its tables under ``attr``: what both modules' constructors
+        do."""
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(
+                f"ember.{type(self).__name__} runs on the CPU; device {device} is not offered"
+            )
+        staged = disk_dir is not None or any(t.kv is not None for t in configs)
+        fused, optimizer = fused_at_build(staged, optimizer)
+        collection = native_class(
+            tables_json(configs, kind), fused, int(seed),
+            None if disk_dir is None else os.fspath(disk_dir), cache_rows,
+        )
+        self._register_tables(collection, configs, attr, optimizer)
 
     def _register_tables(self, collection, configs, attr: str, optimizer) -> None:
         self._collection = collection

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use ember_models::checkpoint::{StateDict, StateFile};
 use ember_models::ModelError;
 use ember_sparse::{
-    EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, SparseError, TableOptimizer,
+    EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingTable, KeyedJaggedTensor, SparseError,
+    TableOptimizer,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -22,6 +23,8 @@ use crate::{errors, input};
 #[pyclass(module = "ember._native")]
 pub struct Collection {
     ebc: EmbeddingBagCollection,
+    /// Whether a lookup stages its batch first (fixed by the configs).
+    staged: bool,
     pool: BufferPool,
     /// Held by every view of the optimizer state: the state is replaced
     /// only when none is alive.
@@ -29,26 +32,13 @@ pub struct Collection {
 }
 
 impl Collection {
-    /// The forward of staged tables: the batch's rows brought into the
-    /// disk tier's caches, and raw ids found in key-value tables' maps,
-    /// first (FBGEMM's prefetch), which changes the collection; then the
-    /// lookup. The backward updates the same rows.
-    fn forward_staged(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
-        let mut this = exclusive(slf)?;
-        let kjt = &kjt.kjt;
-        let (batch, width) = (kjt.stride(), this.ebc.width());
+    /// A buffer for `kjt`'s pooled output, with its rows and width.
+    fn output(&self, kjt: &KeyedJaggedTensor) -> PyResult<(PooledBuffer, usize, usize)> {
+        let (batch, width) = (kjt.stride(), self.ebc.width());
         let len = batch.checked_mul(width).ok_or_else(|| {
             PyValueError::new_err(format!("{batch} samples of width {width} overflow"))
         })?;
-        let mut out = PooledBuffer::take(&this.pool, len)?;
-        let ebc = &mut this.ebc;
-        slf.py()
-            .detach(|| {
-                ebc.prefetch(kjt)?;
-                ebc.forward_into_slice(kjt, out.values_mut())
-            })
-            .map_err(errors::sparse)?;
-        Ok(Tensor::owned(out, batch, width))
+        Ok((PooledBuffer::take(&self.pool, len)?, batch, width))
     }
 }
 
@@ -100,8 +90,10 @@ impl Collection {
         let ebc = py
             .detach(|| EmbeddingBagCollection::with_disk_tiers(configs, optimizer, seed, tiers))
             .map_err(errors::sparse)?;
+        let staged = (ebc.tables().iter()).any(|t| t.is_on_disk() || t.config().kv.is_some());
         Ok(Self {
             ebc,
+            staged,
             pool: BufferPool::default(),
             state_views: Arc::new(()),
         })
@@ -160,20 +152,26 @@ impl Collection {
     /// Pooled lookup of every feature: a new `[batch, width]` float32
     /// tensor. The GIL is released while it runs.
     fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
-        if shared(slf)?.staged() {
-            return Self::forward_staged(slf, kjt);
-        }
-        let this = shared(slf)?;
         let kjt = &kjt.kjt;
-        let (batch, width) = (kjt.stride(), this.ebc.width());
-        let len = batch.checked_mul(width).ok_or_else(|| {
-            PyValueError::new_err(format!("{batch} samples of width {width} overflow"))
-        })?;
-        let mut out = PooledBuffer::take(&this.pool, len)?;
-        let ebc = &this.ebc;
-        slf.py()
-            .detach(|| ebc.forward_into_slice(kjt, out.values_mut()))
-            .map_err(errors::sparse)?;
+        let (mut out, batch, width);
+        let done = if shared(slf)?.staged {
+            // The batch's rows into the disk tier's caches and raw ids into
+            // rows first (FBGEMM's prefetch), which changes the collection;
+            // the backward updates the same rows.
+            let mut this = exclusive(slf)?;
+            (out, batch, width) = this.output(kjt)?;
+            let (ebc, values) = (&mut this.ebc, out.values_mut());
+            slf.py().detach(|| {
+                ebc.prefetch(kjt)?;
+                ebc.forward_into_slice(kjt, values)
+            })
+        } else {
+            let this = shared(slf)?;
+            (out, batch, width) = this.output(kjt)?;
+            let (ebc, values) = (&this.ebc, out.values_mut());
+            slf.py().detach(|| ebc.forward_into_slice(kjt, values))
+        };
+        done.map_err(errors::sparse)?;
         Ok(Tensor::owned(out, batch, width))
     }
 
@@ -181,7 +179,7 @@ impl Collection {
     /// (rows through a cache) or keyed by raw ids (rows through a map).
     #[getter]
     fn staged(&self) -> bool {
-        (self.ebc.tables().iter()).any(|t| t.is_on_disk() || t.config().kv.is_some())
+        self.staged
     }
 
     /// Training (new ids of key-value tables are admitted), or not.

@@ -21,6 +21,8 @@ use crate::{errors, input};
 #[pyclass(module = "ember._native")]
 pub struct SequenceCollection {
     ec: EmbeddingCollection,
+    /// Whether a lookup stages its batch first (fixed by the configs).
+    staged: bool,
     /// Held by every view of the optimizer state (see `Collection`).
     state_views: Arc<()>,
 }
@@ -47,8 +49,10 @@ impl SequenceCollection {
         let ec = py
             .detach(|| EmbeddingCollection::with_disk_tiers(configs, optimizer, seed, tiers))
             .map_err(errors::sparse)?;
+        let staged = (ec.tables().iter()).any(|t| t.is_on_disk() || t.config().kv.is_some());
         Ok(Self {
             ec,
+            staged,
             state_views: Arc::new(()),
         })
     }
@@ -80,7 +84,7 @@ impl SequenceCollection {
     /// (rows through a cache) or keyed by raw ids (rows through a map).
     #[getter]
     fn staged(&self) -> bool {
-        (self.ec.tables().iter()).any(|t| t.is_on_disk() || t.config().kv.is_some())
+        self.staged
     }
 
     /// Training (new ids of key-value tables are admitted), or not.
@@ -107,7 +111,7 @@ impl SequenceCollection {
     /// sample). The GIL is released while it runs.
     fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<(Tensor, Tensor)> {
         let kjt = &kjt.kjt;
-        let out = if shared(slf)?.staged() {
+        let out = if shared(slf)?.staged {
             // The batch's rows into the caches, raw ids into rows, first
             // (FBGEMM's prefetch).
             let mut this = exclusive(slf)?;

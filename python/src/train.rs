@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ember_dataloader::{Batch, DataError, DatasetSpec};
 use ember_dense::{DenseOptimizerConfig, Tensor as DenseTensor};
 use ember_models::{
-    evaluate_data, Backend, Dlrm as DlrmModel, DlrmConfig, FitOptions, Model, ModelError,
+    evaluate_data, Backend, Dlrm as DlrmModel, DlrmConfig, FitOptions, Metrics, Model, ModelError,
     TrainData, TrainEvent, TrainState, TrainerConfig,
 };
 use ember_sharding::plan::MAX_DEVICES;
@@ -128,12 +128,7 @@ impl Dlrm {
         let metrics = py
             .detach(|| evaluate_data(model, backend, &*data, batches))
             .map_err(errors::model)?;
-        let out = PyDict::new(py);
-        out.set_item("auc", metrics.auc)?;
-        out.set_item("logloss", metrics.logloss)?;
-        out.set_item("accuracy", metrics.accuracy)?;
-        out.set_item("rows", metrics.count)?;
-        Ok(out)
+        metrics_dict(py, &metrics)
     }
 
     /// Saves a checkpoint (Ember's safetensors, TorchRec's names) into
@@ -156,31 +151,7 @@ impl Dlrm {
 /// Ember's training loop: epochs, evaluations, checkpoints, resumption.
 #[pyclass(module = "ember._native", frozen)]
 pub struct Trainer {
-    epochs: u64,
-    max_steps: Option<u64>,
-    eval_every: u64,
-    eval_at_epoch_end: bool,
-    checkpoint_dir: Option<PathBuf>,
-    checkpoint_every: u64,
-    log_every: u64,
-    pipeline: bool,
-}
-
-impl Trainer {
-    fn trainer(&self) -> ember_models::Trainer {
-        let config = TrainerConfig {
-            epochs: self.epochs,
-            max_steps: self.max_steps,
-            eval_every: self.eval_every,
-            eval_at_epoch_end: self.eval_at_epoch_end,
-            checkpoint_dir: self.checkpoint_dir.clone(),
-            checkpoint_every: self.checkpoint_every,
-            log_every: self.log_every,
-            pipeline: self.pipeline,
-            ..TrainerConfig::default()
-        };
-        ember_models::Trainer::new(config, Backend::native())
-    }
+    config: TrainerConfig,
 }
 
 #[pymethods]
@@ -198,7 +169,7 @@ impl Trainer {
         log_every: u64,
         pipeline: bool,
     ) -> Self {
-        Self {
+        let config = TrainerConfig {
             epochs,
             max_steps,
             eval_every,
@@ -207,7 +178,9 @@ impl Trainer {
             checkpoint_every,
             log_every,
             pipeline,
-        }
+            ..TrainerConfig::default()
+        };
+        Self { config }
     }
 
     /// Trains `model` on `train`, evaluating on `eval`; with `resume`,
@@ -226,12 +199,12 @@ impl Trainer {
         on_event: Option<Py<PyAny>>,
         resume: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        if resume && self.checkpoint_dir.is_none() {
+        if resume && self.config.checkpoint_dir.is_none() {
             return Err(PyValueError::new_err(
                 "resume=True needs the Trainer's checkpoint_dir to resume from",
             ));
         }
-        let trainer = self.trainer();
+        let trainer = ember_models::Trainer::new(self.config.clone(), Backend::native());
         let train = train.labelled("fit")?;
         let eval = eval.map(|e| e.labelled("evaluation")).transpose()?;
         let mut raised: Option<PyErr> = None;
@@ -291,20 +264,21 @@ impl Trainer {
         out.set_item("loss_last", summary.loss_last)?;
         out.set_item("resumed_at_step", summary.resumed_at_step)?;
         out.set_item("checkpoint", summary.checkpoint)?;
-        let eval = match summary.eval {
-            Some(metrics) => {
-                let eval = PyDict::new(py);
-                eval.set_item("auc", metrics.auc)?;
-                eval.set_item("logloss", metrics.logloss)?;
-                eval.set_item("accuracy", metrics.accuracy)?;
-                eval.set_item("rows", metrics.count)?;
-                Some(eval)
-            }
-            None => None,
-        };
+        let eval = summary.eval.map(|m| metrics_dict(py, &m)).transpose()?;
         out.set_item("eval", eval)?;
         Ok(out)
     }
+}
+
+/// An evaluation's metrics as a dict (`rows` as the command line names
+/// the count).
+fn metrics_dict<'py>(py: Python<'py>, metrics: &Metrics) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("auc", metrics.auc)?;
+    out.set_item("logloss", metrics.logloss)?;
+    out.set_item("accuracy", metrics.accuracy)?;
+    out.set_item("rows", metrics.count)?;
+    Ok(out)
 }
 
 /// Training data that ends with an error once `stop` is set (a Python

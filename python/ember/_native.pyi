@@ -1,6 +1,6 @@
 """Type stubs of ember._native, the Rust module under the Python layer."""
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
@@ -55,13 +55,27 @@ class Collection:
     """Embedding-bag tables (a JSON list of Ember's EmbeddingBagConfig) with the
     optimizer (Ember's TableOptimizer as JSON) fused into ``backward``."""
 
-    def __init__(self, tables_json: str, optimizer_json: str, seed: int) -> None: ...
+    def __init__(self, tables_json: str, optimizer_json: str, seed: int,
+                 disk_dir: Optional[str] = None, cache_rows: Optional[int] = None,
+                 plan_json: Optional[str] = None) -> None:
+        """``disk_dir`` and ``cache_rows``: every table on the disk tier;
+        ``plan_json`` (Ember's ShardingPlan): sharded over in-process devices."""
     def set_optimizer(self, optimizer_json: str) -> None: ...
     def optimizer_state_viewed(self) -> bool: ...
     @property
     def optimizer(self) -> str: ...
     @property
     def tables(self) -> str: ...
+    @property
+    def staged(self) -> bool: ...
+    def set_training(self, training: bool) -> None: ...
+    @property
+    def plan(self) -> Optional[str]:
+        """The sharding plan (JSON), or None when the tables are whole."""
+    def gathered(self) -> Collection:
+        """Sharded tables copied whole into a new collection."""
+    def reshard_from(self, whole: Collection) -> None:
+        """Shards ``whole`` (from ``gathered``) in place of these shards."""
     @property
     def feature_names(self) -> List[str]: ...
     @property
@@ -88,13 +102,17 @@ class SequenceCollection:
     """Embedding tables read unpooled (a JSON list of Ember's EmbeddingConfig,
     one dim) with the optimizer fused into ``backward``."""
 
-    def __init__(self, tables_json: str, optimizer_json: str, seed: int) -> None: ...
+    def __init__(self, tables_json: str, optimizer_json: str, seed: int,
+                 disk_dir: Optional[str] = None, cache_rows: Optional[int] = None) -> None: ...
     def set_optimizer(self, optimizer_json: str) -> None: ...
     def optimizer_state_viewed(self) -> bool: ...
     @property
     def optimizer(self) -> str: ...
     @property
     def feature_names(self) -> List[str]: ...
+    @property
+    def staged(self) -> bool: ...
+    def set_training(self, training: bool) -> None: ...
     @property
     def dim(self) -> int: ...
     @property
@@ -132,6 +150,11 @@ def criteo_spec(tables_json: str) -> str:
 def read_spec(path: str) -> str:
     """A dataset spec file, checked, as JSON."""
 
+def plan(tables_json: str, devices: int, batch_size: int, pooling_factor: float,
+         optimizer_json: str, sharding: Optional[str] = None,
+         memory_bytes: Optional[int] = None) -> str:
+    """The planner's ShardingPlan (JSON) of the tables over ``devices``."""
+
 class Dlrm:
     """Ember's DLRM from its ``DlrmConfig``, ``TableOptimizer`` and
     ``DenseOptimizerConfig`` (JSON)."""
@@ -166,9 +189,57 @@ class Trainer:
     ) -> None: ...
     def fit(
         self,
-        model: Dlrm,
-        train: Loader,
+        model: Union[Dlrm, SequenceModel],
+        train: Union[Loader, HistoryLoader],
         eval: Optional[Loader] = None,
         on_event: Optional[Callable[[dict], None]] = None,
         resume: bool = False,
     ) -> Dict[str, Any]: ...
+
+class Histories:
+    """Users' histories in time order (Ember's ``UserHistory``s)."""
+
+    def __init__(self, items: Sequence[Sequence[int]],
+                 timestamps: Optional[Sequence[Sequence[int]]] = None,
+                 actions: Optional[Sequence[Sequence[int]]] = None) -> None: ...
+    @staticmethod
+    def read(path: str) -> Histories:
+        """A user-history Parquet file (``ember ingest sequences``)."""
+    def __len__(self) -> int: ...
+    @property
+    def num_items(self) -> int: ...
+    def items(self, u: int) -> List[int]: ...
+    def leave_out(self, held: int = 1) -> Tuple[Histories, Histories, Histories]:
+        """``(train, valid, test)``, the references' evaluation split."""
+
+class HistoryLoader:
+    """Histories as a sequence model's training batches."""
+
+    def batches_per_epoch(self, epoch: int) -> int: ...
+
+class SequenceModel:
+    """SASRec, HSTU retrieval or HSTU ranking (Ember's), made by its
+    static constructors with every argument given (see ember.train)."""
+
+    @staticmethod
+    def sasrec(num_items: int, maxlen: int, hidden_units: int, num_blocks: int,
+               num_heads: int, dropout_rate: float, lr: float, norm_first: bool, loss: str,
+               num_negatives: int, temperature: float, seed: int) -> SequenceModel: ...
+    @staticmethod
+    def hstu_retrieval(num_items: int, max_sequence_len: int, embedding_dim: int,
+                       num_blocks: int, num_heads: int, attention_dim: int, linear_dim: int,
+                       num_negatives: int, negative_sampling: str, temperature: float,
+                       dropout_rate: float, learning_rate: float,
+                       seed: int) -> SequenceModel: ...
+    @staticmethod
+    def hstu_ranking(num_items: int, max_sequence_len: int, embedding_dim: int,
+                     num_blocks: int, num_heads: int, attention_dim: int, linear_dim: int,
+                     num_candidates: int, num_tasks: int, head_hidden: int,
+                     dropout_rate: float, learning_rate: float,
+                     table_optimizer_json: Optional[str], seed: int) -> SequenceModel: ...
+    def loader(self, histories: Histories, batch_size: int = 128,
+               shuffle_seed: Optional[int] = None, bucket_batches: int = 1) -> HistoryLoader: ...
+    def evaluate(self, histories: Histories, negatives: Optional[int] = None,
+                 top_k: int = 10) -> Dict[str, Any]: ...
+    def save(self, dir: str) -> Any: ...
+    def load(self, path: str) -> None: ...

@@ -129,6 +129,17 @@ class EmbeddingBagCollection(EmberTables):
     64-bit ids, found through a map with admission and eviction; they are
     staged as disk-tier tables are (the optimizer given here, no
     parameters), and ``eval()`` stops admitting new ids.
+
+    ``shard_over=N`` shards the tables over N devices of this process, each
+    a thread, by Ember's planner (TorchRec's ``DistributedModelParallel``
+    with its default planner, without a process group); ``plan=`` shards
+    them by a plan of your own (``ember.sharding.plan``, or ``ember plan
+    --json``). Each lookup routes ids to their shards and pools there; the
+    backward updates each shard where it lives. The optimizer is then given
+    here, the tables are not parameters, and ``state_dict()`` gathers a copy
+    of each table under TorchRec's names (``load_state_dict`` writes one
+    back); ``plan`` says where each table went. Sharded tables are in RAM
+    and indexed by id (neither the disk tier nor key-value tables).
     """
 
     def __init__(
@@ -141,13 +152,21 @@ class EmbeddingBagCollection(EmberTables):
         optimizer: Optional[tuple] = None,
         disk_dir: Optional[Union[str, os.PathLike]] = None,
         cache_rows: Optional[int] = None,
+        shard_over: Optional[int] = None,
+        plan: Optional[dict] = None,
     ) -> None:
         super().__init__()
         self._embedding_bag_configs = list(tables)
         self._is_weighted = bool(is_weighted)
+        if shard_over is not None:
+            if plan is not None:
+                raise ValueError("give shard_over (the planner's plan) or plan, not both")
+            from ember.sharding import plan as planner
+
+            plan = planner(self._embedding_bag_configs, shard_over, optimizer=optimizer)
         self._build(_native.Collection, self._embedding_bag_configs, EmbeddingBagConfig,
                     "embedding_bags", device=device, seed=seed, optimizer=optimizer,
-                    disk_dir=disk_dir, cache_rows=cache_rows)
+                    disk_dir=disk_dir, cache_rows=cache_rows, plan=plan)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """The pooled lookup of ``features``; differentiable when the tables

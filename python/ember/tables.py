@@ -1,7 +1,7 @@
 """What Ember's torch modules share: tables whose weights are
 ``torch.nn.Parameter``s over Ember's own rows (through DLPack, no copy),
-the fused optimizer's checks, and the refusals of what would copy the
-tables away from Ember's memory."""
+sharded tables whose state dict is gathered, the fused optimizer's checks,
+and the refusals of what would copy the tables away from Ember's memory."""
 
 from __future__ import annotations
 
@@ -34,16 +34,16 @@ def bump_versions(weights) -> None:
         torch.autograd.graph.increment_version(weight)
 
 
-def fused_at_build(staged: bool, optimizer) -> Tuple[str, Optional[tuple]]:
+def fused_at_build(unviewed: bool, optimizer) -> Tuple[str, Optional[tuple]]:
     """The optimizer the native collection is built with (JSON), and the one
     left to apply afterwards: staged tables (on the disk tier, or keyed by
-    raw ids) have no parameters to apply one to, so it is chosen when the
-    tables are made."""
-    if not staged or optimizer is None:
+    raw ids) and sharded ones have no parameters to apply one to, so it is
+    chosen when the tables are made."""
+    if not unviewed or optimizer is None:
         return '{"type": "none"}', optimizer
-    from ember.optim import table_optimizer
+    from ember.sharding import optimizer_json
 
-    return json.dumps(table_optimizer(*optimizer)), None
+    return optimizer_json(optimizer), None
 
 
 class EmberTables(nn.Module):
@@ -51,31 +51,33 @@ class EmberTables(nn.Module):
     ``<attr>.<table>.weight`` parameter a table, TorchRec's names."""
 
     def _build(self, native_class, configs, kind: type, attr: str, *, device, seed: int,
-               optimizer, disk_dir, cache_rows) -> None:
-        """Makes the native collection of ``configs`` (all of ``kind``) and
-        registers its tables under ``attr``: what both modules' constructors
-        do."""
+               optimizer, disk_dir, cache_rows, plan: Optional[dict] = None) -> None:
+        """Makes the native collection of ``configs`` (all of ``kind``),
+        sharded by ``plan`` if given, and registers its tables under
+        ``attr``: what both modules' constructors do."""
         if device is not None and torch.device(device).type != "cpu":
             raise ValueError(
                 f"ember.{type(self).__name__} runs on the CPU; device {device} is not offered"
             )
         staged = disk_dir is not None or any(t.kv is not None for t in configs)
-        fused, optimizer = fused_at_build(staged, optimizer)
+        fused, optimizer = fused_at_build(staged or plan is not None, optimizer)
+        sharding = () if plan is None else (json.dumps(plan),)
         collection = native_class(
             tables_json(configs, kind), fused, int(seed),
-            None if disk_dir is None else os.fspath(disk_dir), cache_rows,
+            None if disk_dir is None else os.fspath(disk_dir), cache_rows, *sharding,
         )
         self._register_tables(collection, configs, attr, optimizer)
 
     def _register_tables(self, collection, configs, attr: str, optimizer) -> None:
         self._collection = collection
         self._tables_attr = attr
+        self._table_names = [c.name for c in configs]
         tables = nn.ModuleDict()
-        if collection.staged:
-            # The rows are in files behind caches, or found by id through a
-            # map: no array indexed by id to make parameters of. Autograd
-            # reaches the backward through this empty tensor instead; the
-            # optimizer came with the collection.
+        if collection.staged or self._sharded():
+            # The rows are in files behind caches, found by id through a
+            # map, or in pieces on the devices: no array indexed by id to
+            # make parameters of. Autograd reaches the backward through this
+            # empty tensor instead; the optimizer came with the collection.
             self._anchor = torch.zeros(0, requires_grad=True)
             setattr(self, attr, tables)
             return
@@ -99,6 +101,16 @@ class EmberTables(nn.Module):
 
     def _tables(self) -> nn.ModuleDict:
         return getattr(self, self._tables_attr)
+
+    def _sharded(self) -> bool:
+        return getattr(self._collection, "plan", None) is not None
+
+    @property
+    def plan(self) -> Optional[dict]:
+        """The plan the tables are sharded by (see ``ember.sharding``); None
+        when they are whole in this module."""
+        plan = getattr(self._collection, "plan", None)
+        return None if plan is None else json.loads(plan)
 
     def _trained_weights(self) -> Optional[List[torch.Tensor]]:
         """The tables' weights when this lookup trains them (grad enabled and
@@ -140,12 +152,15 @@ class EmberTables(nn.Module):
         )
 
     def _refuse_staged(self, what: str) -> None:
-        if self._anchor is not None:
+        if self._collection.staged:
             raise ValueError(
                 f"ember.{type(self).__name__}.{what}: the tables are on the disk tier or keyed "
                 "by raw ids, not in tensors indexed by id: use save_checkpoint and "
                 "load_checkpoint"
             )
+
+    def _weight_key(self, prefix: str, name: str) -> str:
+        return f"{prefix}{self._tables_attr}.{name}.weight"
 
     def train(self, mode: bool = True):
         """Training mode (key-value tables admit new ids) or evaluation (new
@@ -153,17 +168,62 @@ class EmberTables(nn.Module):
         self._collection.set_training(bool(mode))
         return super().train(mode)
 
-    def state_dict(self, *args, **kwargs):
-        """TorchRec's names (``<tables>.<table>.weight``), the weights viewed
-        in place; refused for staged tables (see ``save_checkpoint``)."""
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # The hook torch calls for this module whether its state dict is
+        # asked for or a parent's: staged tables refuse there, sharded ones
+        # write their gathered copies under the parameters' names.
         self._refuse_staged("state_dict")
-        return super().state_dict(*args, **kwargs)
+        if self._sharded():
+            whole = self._collection.gathered()
+            for name in self._table_names:
+                destination[self._weight_key(prefix, name)] = torch.from_dlpack(
+                    whole.weight(name))
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        self._refuse_staged("load_state_dict")
+        if self._sharded():
+            self._load_sharded(state_dict, prefix, missing_keys, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                      missing_keys, unexpected_keys, error_msgs)
+
+    def _load_sharded(self, state_dict, prefix, missing_keys, error_msgs) -> None:
+        """Sharded tables gathered, written and sharded again by the same
+        plan: all of them or none (a partial load is an error, so a failed
+        load leaves them as they were). The keys are taken out, so the
+        (empty) table modules do not call them unexpected."""
+        keys = {name: self._weight_key(prefix, name) for name in self._table_names}
+        given = {name: state_dict.pop(key) for name, key in keys.items() if key in state_dict}
+        missing = [key for name, key in keys.items() if name not in given]
+        missing_keys.extend(missing)
+        if not given:
+            return
+        if missing:
+            error_msgs.append(
+                f"sharded tables load whole: {', '.join(missing)} missing, so none of "
+                f"{', '.join(keys[name] for name in given)} was loaded")
+            return
+        whole = self._collection.gathered()
+        targets = {name: torch.from_dlpack(whole.weight(name)) for name in given}
+        wrong = [name for name in given if tuple(given[name].shape) != tuple(targets[name].shape)]
+        for name in wrong:
+            error_msgs.append(
+                f"size mismatch for {keys[name]}: copying a param with shape "
+                f"{tuple(given[name].shape)} from checkpoint, the shape in current model is "
+                f"{tuple(targets[name].shape)}.")
+        if wrong:
+            return
+        with torch.no_grad():
+            for name, value in given.items():
+                targets[name].copy_(value)
+        self._collection.reshard_from(whole)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """TorchRec's state dict, copied into Ember's rows in place;
-        ``assign=True`` is refused (it would put other tensors where Ember's
-        rows are), and so is a collection of staged tables."""
-        self._refuse_staged("load_state_dict")
+        """TorchRec's state dict, copied into Ember's rows in place (sharded
+        tables: gathered, written and sharded again); ``assign=True`` is
+        refused (it would put other tensors where Ember's rows are), and so
+        is a collection of staged tables."""
         if assign:
             raise ValueError(
                 f"ember.{type(self).__name__}.load_state_dict: assign=True would detach the "
@@ -179,8 +239,10 @@ class EmberTables(nn.Module):
     def optimizer_state(self, table: str) -> Optional[torch.Tensor]:
         """Table ``table``'s optimizer state, a view over Ember's (Adagrad: one
         float per weight; row-wise Adagrad: one per row, TorchRec's
-        ``momentum1``; Adam: ``[m | v]`` per row); None without state."""
-        state = self._collection.optimizer_state(table)
+        ``momentum1``; Adam: ``[m | v]`` per row); None without state.
+        Sharded tables give a gathered copy."""
+        owner = self._collection.gathered() if self._sharded() else self._collection
+        state = owner.optimizer_state(table)
         return None if state is None else torch.from_dlpack(state)
 
     @property

@@ -13,6 +13,18 @@ not needed.
                                     eval=ParquetLoader(["test/"], 2048, tables=tables))
     print(summary["eval"]["auc"])
 
+The sequence models train the same way, on users' histories (a Parquet
+file of ``ember ingest sequences``, or lists), split as SASRec's and HSTU's
+references evaluate (each user's last item for test, the one before for
+validation):
+
+    from ember.train import Histories, SASRec, Trainer
+
+    train, valid, test = Histories.read("histories.parquet").leave_out()
+    model = SASRec(num_items=3417, maxlen=200)
+    Trainer(epochs=20).fit(model, model.loader(train, batch_size=128, shuffle_seed=0))
+    print(model.evaluate(test, negatives=100))   # HR@10, NDCG@10, MRR
+
 The arguments follow TorchRec's ``DLRM`` and ``DLRM_DCN`` (``dcn_num_layers``
 and ``dcn_low_rank_dim`` make the DCNv2 interaction). Optimizers are
 ``(class, kwargs)`` as for ``ember.optim.apply_optimizer_in_backward``, or
@@ -32,6 +44,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 from ember import _native
 from ember.configs import EmbeddingBagConfig
 from ember.data import ParquetLoader
+
+Histories = _native.Histories
+"""Users' histories in time order: ``Histories(items, timestamps=None,
+actions=None)`` from lists (one a user), ``Histories.read(path)`` from a
+user-history Parquet file; ``len()``, ``num_items``, ``items(u)``, and
+``leave_out(held=1)`` -> ``(train, valid, test)``."""
 
 _DENSE = {"sgd": "Sgd", "adagrad": "Adagrad", "adam": "Adam"}
 
@@ -117,6 +135,99 @@ class DLRM:
         self._native.load(os.fspath(path))
 
 
+class _SequenceModel:
+    """What the sequence models share: their loader, evaluation and
+    checkpoints (the model itself is Ember's, in Rust)."""
+
+    _native: Any
+
+    def loader(self, histories, batch_size: int = 128, shuffle_seed: Optional[int] = None,
+               bucket_batches: int = 1):
+        """``histories`` as this model's training batches of ``batch_size``
+        users, each cut to the items the model reads, shuffled by
+        ``shuffle_seed`` every epoch (None: in order), sorted by length in
+        windows of ``bucket_batches`` batches (1: not)."""
+        return self._native.loader(histories, batch_size, shuffle_seed, bucket_batches)
+
+    def evaluate(self, histories, negatives: Union[int, str] = "all",
+                 top_k: int = 10) -> Dict[str, Any]:
+        """Quality on ``histories`` whose last items were held out (the
+        ``valid`` or ``test`` of ``Histories.leave_out``). Retrieval models:
+        ``hit_rate`` (HR@top_k), ``ndcg``, ``mrr`` and ``users``, each last
+        item ranked against ``negatives``: ``"all"`` items, or that many
+        sampled ones the user never saw (SASRec's paper: 100)."""
+        if negatives == "all":
+            negatives = None
+        elif not isinstance(negatives, int) or isinstance(negatives, bool):
+            raise ValueError(f"negatives {negatives!r}: 'all' or a number of sampled items")
+        return self._native.evaluate(histories, negatives, top_k)
+
+    def save(self, directory: Union[str, os.PathLike]) -> str:
+        """Writes a checkpoint into ``directory``; its path."""
+        return str(self._native.save(os.fspath(directory)))
+
+    def load(self, path: Union[str, os.PathLike]) -> None:
+        """Loads a checkpoint's weights and optimizer state."""
+        self._native.load(os.fspath(path))
+
+
+class SASRec(_SequenceModel):
+    """SASRec as the public PyTorch SASRec trains it (its argument names
+    and defaults), Adam at ``lr``: causal self-attention over the ``maxlen``
+    most recent items. ``loss="bce"`` is its own (the next item against one
+    the user never saw); ``"sampled_softmax"`` is HSTU's (``num_negatives``
+    at ``temperature``)."""
+
+    def __init__(self, num_items: int, maxlen: int = 200, *, hidden_units: int = 50,
+                 num_blocks: int = 2, num_heads: int = 1, dropout_rate: float = 0.2,
+                 lr: float = 1e-3, norm_first: bool = False, loss: str = "bce",
+                 num_negatives: int = 128, temperature: float = 0.05, seed: int = 0) -> None:
+        self._native = _native.SequenceModel.sasrec(
+            num_items, maxlen, hidden_units, num_blocks, num_heads, dropout_rate, lr,
+            norm_first, loss, num_negatives, temperature, seed)
+
+
+class HSTURetrieval(_SequenceModel):
+    """HSTU trained for next-item retrieval with a sampled softmax (the
+    generative-recommenders reference's MovieLens shape by default):
+    ``negative_sampling`` ``"uniform"`` or ``"in_batch"``; ``attention_dim``
+    and ``linear_dim`` per head default to ``embedding_dim / num_heads``."""
+
+    def __init__(self, num_items: int, max_sequence_len: int = 200, *,
+                 embedding_dim: int = 50, num_blocks: int = 2, num_heads: int = 1,
+                 attention_dim: Optional[int] = None, linear_dim: Optional[int] = None,
+                 num_negatives: int = 128, negative_sampling: str = "uniform",
+                 temperature: float = 0.05, dropout_rate: float = 0.2,
+                 learning_rate: float = 1e-3, seed: int = 0) -> None:
+        per_head = embedding_dim // max(num_heads, 1)
+        self._native = _native.SequenceModel.hstu_retrieval(
+            num_items, max_sequence_len, embedding_dim, num_blocks, num_heads,
+            per_head if attention_dim is None else attention_dim,
+            per_head if linear_dim is None else linear_dim, num_negatives, negative_sampling,
+            temperature, dropout_rate, learning_rate, seed)
+
+
+class HSTURanking(_SequenceModel):
+    """HSTU ranking each user's last ``num_candidates`` items' actions
+    (DLRMv4's shape): ``num_tasks`` action bits, each a task, scored by AUC
+    and log loss (``evaluate`` returns ``candidates`` and ``tasks``). The
+    dense parts train with Adam at ``learning_rate``; the item table with
+    ``table_optimizer`` ((class, kwargs) or Ember's ``TableOptimizer`` dict;
+    None: row-wise Adagrad at 0.05). Its histories need actions."""
+
+    def __init__(self, num_items: int, max_sequence_len: int = 200, *,
+                 embedding_dim: int = 64, num_blocks: int = 2, num_heads: int = 2,
+                 attention_dim: int = 32, linear_dim: int = 32, num_candidates: int = 8,
+                 num_tasks: int = 2, head_hidden: int = 64, dropout_rate: float = 0.2,
+                 learning_rate: float = 1e-3,
+                 table_optimizer: Optional[Union[dict, tuple]] = None, seed: int = 0) -> None:
+        table = None if table_optimizer is None else json.dumps(_table_optimizer(table_optimizer))
+        self._native = _native.SequenceModel.hstu_ranking(
+            num_items, max_sequence_len, embedding_dim, num_blocks, num_heads, attention_dim,
+            linear_dim, num_candidates, num_tasks, head_hidden, dropout_rate, learning_rate,
+            table, seed)
+
+
 class Trainer:
     """Ember's training loop (its ``TrainerConfig``): ``epochs``, ``max_steps``,
     evaluation every ``eval_every`` steps and at epoch ends, checkpoints in
@@ -132,11 +243,14 @@ class Trainer:
             None if checkpoint_dir is None else os.fspath(checkpoint_dir),
             checkpoint_every, log_every, pipeline)
 
-    def fit(self, model: DLRM, train: ParquetLoader, eval: Optional[ParquetLoader] = None,
+    def fit(self, model: Union[DLRM, _SequenceModel], train: Any,
+            eval: Optional[ParquetLoader] = None,
             on_event: Optional[Callable[[dict], None]] = None,
             resume: bool = False) -> Dict[str, Any]:
         """Trains ``model`` on ``train`` (evaluating on ``eval``); with
-        ``resume``, from the checkpoint directory's latest checkpoint.
+        ``resume``, from the checkpoint directory's latest checkpoint. A
+        ``DLRM`` trains on a ``ParquetLoader``; a sequence model on its
+        ``loader(histories)``, and is evaluated by its ``evaluate``.
 
         ``on_event`` hears Ember's ``TrainEvent``s as dicts, ``event`` naming
         each: ``start``, ``step`` (``loss``; ``times`` in seconds), ``train``
@@ -149,5 +263,5 @@ class Trainer:
         unheard) and is raised. Returns the summary: steps, samples, seconds, first and
         last loss, the last evaluation (None without one), the last
         checkpoint."""
-        return self._native.fit(model._native, train._native,
+        return self._native.fit(getattr(model, "_native", model), getattr(train, "_native", train),
                                 None if eval is None else eval._native, on_event, resume)

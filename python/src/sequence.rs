@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use ember_models::checkpoint::{StateDict, StateFile};
 use ember_models::ModelError;
-use ember_sparse::{
-    EmbeddingCollection, EmbeddingConfig, EmbeddingTable, SparseError, TableOptimizer,
-};
+use ember_sparse::{EmbeddingCollection, EmbeddingConfig, EmbeddingTable, TableOptimizer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -206,8 +204,8 @@ impl NativeTables for SequenceCollection {
     fn state_views(&self) -> &Arc<()> {
         &self.state_views
     }
-    fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
-        self.ec.set_optimizer(optimizer)
+    fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), ModelError> {
+        Ok(self.ec.set_optimizer(optimizer)?)
     }
     fn save_to(&self, path: &Path) -> Result<(), ModelError> {
         let mut state = StateDict::new();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ember_models::ModelError;
 use ember_sparse::{
-    CachePolicy, DataType, DiskTierConfig, EmbeddingTable, SparseError, TableOptimizer,
+    CachePolicy, DataType, DiskTierConfig, EmbeddingBagConfig, EmbeddingTable, TableOptimizer,
 };
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -20,14 +20,18 @@ use crate::tensor::{Dtype, Tensor};
 
 /// A native collection of tables, as the functions below need it.
 pub trait NativeTables: PyClass<Frozen = False> + Send + Sync {
-    /// Its tables.
+    /// Its tables (none when they are sharded).
     fn tables(&self) -> &[EmbeddingTable];
     /// Its tables, mutable (to take views).
     fn tables_mut(&mut self) -> &mut [EmbeddingTable];
+    /// The devices its tables are sharded over (`None`: whole here).
+    fn sharded_over(&self) -> Option<usize> {
+        None
+    }
     /// Held by every view of the optimizer state.
     fn state_views(&self) -> &Arc<()>;
     /// Replaces the fused optimizer (fresh state, the step count at 0).
-    fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError>;
+    fn replace_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), ModelError>;
     /// Writes the tables, their optimizer state and step count to `path`
     /// (Ember's checkpoint: safetensors, TorchRec's names).
     fn save_to(&self, path: &Path) -> Result<(), ModelError>;
@@ -128,13 +132,14 @@ pub fn set_optimizer<T: NativeTables>(slf: &Bound<'_, T>, optimizer_json: &str) 
     let collection = &mut *this;
     slf.py()
         .detach(|| collection.replace_optimizer(optimizer))
-        .map_err(errors::sparse)
+        .map_err(errors::model)
 }
 
 /// Table `name`'s rows, a view (see [`rows`]).
 pub fn weight<T: NativeTables>(slf: Bound<'_, T>, name: &str) -> PyResult<Tensor> {
     let owner = slf.clone().into_any().unbind();
     let mut this = exclusive(&slf)?;
+    refuse_sharded(&*this, "rows")?;
     let t = viewable(this.tables(), name, "rows")?;
     Ok(rows(owner, &mut this.tables_mut()[t]))
 }
@@ -143,9 +148,46 @@ pub fn weight<T: NativeTables>(slf: Bound<'_, T>, name: &str) -> PyResult<Tensor
 pub fn optimizer_state<T: NativeTables>(slf: Bound<'_, T>, name: &str) -> PyResult<Option<Tensor>> {
     let owner = slf.clone().into_any().unbind();
     let mut this = exclusive(&slf)?;
+    refuse_sharded(&*this, "optimizer state")?;
     let t = viewable(this.tables(), name, "optimizer state")?;
     let guard = Arc::clone(this.state_views());
     Ok(state(owner, &guard, &mut this.tables_mut()[t]))
+}
+
+/// Refuses a view (of `what`) into sharded tables: their rows are in
+/// pieces on the devices.
+fn refuse_sharded<T: NativeTables>(collection: &T, what: &str) -> PyResult<()> {
+    match collection.sharded_over() {
+        Some(n) => Err(PyValueError::new_err(format!(
+            "the tables are sharded over {n} devices: their {what} are in shards, not one \
+             array to view (gathered() copies them whole)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Refuses sharding for tables whose lookups are staged (on the disk tier,
+/// `tiers` non-empty, or keyed by raw ids): in one process the modules
+/// shard tables in RAM indexed by id.
+pub fn refuse_staged_sharding(
+    configs: &[EmbeddingBagConfig],
+    tiers: &[Option<DiskTierConfig>],
+) -> PyResult<()> {
+    let kv = configs.iter().find(|c| c.kv.is_some());
+    if let Some(c) = kv {
+        return Err(PyValueError::new_err(format!(
+            "table '{}' is a key-value table: the modules shard tables in RAM indexed by id \
+             (keep key-value tables whole)",
+            c.name
+        )));
+    }
+    if !tiers.is_empty() {
+        return Err(PyValueError::new_err(
+            "the disk tier and sharding together: the modules shard tables in RAM (keep \
+             disk-tier tables whole)",
+        ));
+    }
+    Ok(())
 }
 
 /// The index of table `name`, refused (naming why) where its rows are not

@@ -113,6 +113,12 @@ impl PooledBuffer {
     pub fn values_mut(&mut self) -> &mut [f32] {
         &mut self.values
     }
+
+    /// The buffer itself, to lend to what fills a `Vec` (and give back at
+    /// the same length: the export reads it).
+    pub fn vec_mut(&mut self) -> &mut Vec<f32> {
+        &mut self.values
+    }
 }
 
 impl Drop for PooledBuffer {

@@ -1,6 +1,7 @@
 //! `Dlrm` and `Trainer`: Ember's whole engine from Python (the model's
 //! tables and dense towers in Rust, the Trainer's loop, evaluations and
-//! checkpoints), with the GIL released while it runs.
+//! checkpoints), with the GIL released while it runs. The Trainer trains
+//! the sequence models of `sequential` too.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,12 +14,13 @@ use ember_models::{
 };
 use ember_sharding::plan::MAX_DEVICES;
 use ember_sparse::TableOptimizer;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::kjt::Kjt;
 use crate::loader::Loader;
+use crate::sequential::{HistoryLoader, SequenceModel};
 use crate::tensor::Tensor;
 use crate::{errors, input};
 
@@ -183,8 +185,10 @@ impl Trainer {
         Self { config }
     }
 
-    /// Trains `model` on `train`, evaluating on `eval`; with `resume`,
-    /// from the latest checkpoint of the checkpoint directory (if any).
+    /// Trains `model` (a `Dlrm` on a `Loader`, or a `SequenceModel` on
+    /// its `HistoryLoader`) on `train`, evaluating a `Dlrm` on `eval`; with
+    /// `resume`, from the latest checkpoint of the checkpoint directory (if
+    /// any).
     /// `on_event(dict)` hears Ember's `TrainEvent`s as dicts (all but
     /// `before_step`; durations in seconds); an exception it raises, or
     /// Ctrl-C, stops the run within two batches (those the pipeline had
@@ -193,8 +197,8 @@ impl Trainer {
     fn fit<'py>(
         &self,
         py: Python<'py>,
-        mut model: PyRefMut<'py, Dlrm>,
-        train: PyRef<'py, Loader>,
+        model: &Bound<'py, PyAny>,
+        train: &Bound<'py, PyAny>,
         eval: Option<PyRef<'py, Loader>>,
         on_event: Option<Py<PyAny>>,
         resume: bool,
@@ -205,11 +209,39 @@ impl Trainer {
             ));
         }
         let trainer = ember_models::Trainer::new(self.config.clone(), Backend::native());
-        let train = train.labelled("fit")?;
+        // What the model is decides the data it takes.
+        let mut dlrm: PyRefMut<Dlrm>;
+        let mut sequence: PyRefMut<SequenceModel>;
+        let labelled;
+        let (model, train): (&mut (dyn Model + Send), &dyn TrainData) =
+            if let Ok(m) = model.cast::<Dlrm>() {
+                let data = train.cast::<Loader>().map_err(|_| {
+                    PyTypeError::new_err("a DLRM trains on an ember.data.ParquetLoader")
+                })?;
+                labelled = data.borrow().labelled("fit")?;
+                dlrm = m.try_borrow_mut()?;
+                (&mut dlrm.model, &*labelled)
+            } else if let Ok(m) = model.cast::<SequenceModel>() {
+                let data = train.cast::<HistoryLoader>().map_err(|_| {
+                    PyTypeError::new_err("a sequence model trains on its loader (model.loader)")
+                })?;
+                if eval.is_some() {
+                    return Err(PyValueError::new_err(
+                        "eval: a sequence model is evaluated on held-out items by its own \
+                         evaluate(histories)",
+                    ));
+                }
+                sequence = m.try_borrow_mut()?;
+                (sequence.model(), &data.get().loader)
+            } else {
+                return Err(PyTypeError::new_err(format!(
+                    "model: a DLRM or a sequence model of ember.train, not {}",
+                    model.get_type().name()?
+                )));
+            };
         let eval = eval.map(|e| e.labelled("evaluation")).transpose()?;
         let mut raised: Option<PyErr> = None;
         let stop = AtomicBool::new(false);
-        let model = &mut model.model;
         let result = py.detach(|| {
             let from = if resume {
                 trainer.resume(model).map_err(errors::model)?
@@ -224,7 +256,7 @@ impl Trainer {
                 }
                 Python::attach(|py| {
                     let heard = py.check_signals().and_then(|()| match on_event.as_ref() {
-                        Some(callback) => callback.call1(py, (event_dict(py, event)?,)).map(drop),
+                        Some(callback) => callback.call1(py, (to_python(py, event)?,)).map(drop),
                         None => Ok(()),
                     });
                     if let Err(error) = heard {
@@ -234,7 +266,7 @@ impl Trainer {
                 });
             };
             let train = Interruptible {
-                data: &*train,
+                data: train,
                 stop: &stop,
             };
             let eval = eval
@@ -322,8 +354,12 @@ impl TrainData for Interruptible<'_> {
     }
 }
 
-/// A `TrainEvent` as a Python dict, its durations in seconds.
-fn event_dict<'py>(py: Python<'py>, event: &TrainEvent) -> PyResult<Bound<'py, PyAny>> {
+/// A `TrainEvent` or a report as Python values (through JSON), durations
+/// in seconds.
+pub fn to_python<'py>(
+    py: Python<'py>,
+    value: &impl serde::Serialize,
+) -> PyResult<Bound<'py, PyAny>> {
     fn seconds(value: serde_json::Value) -> serde_json::Value {
         use serde_json::Value;
         match value {
@@ -340,7 +376,7 @@ fn event_dict<'py>(py: Python<'py>, event: &TrainEvent) -> PyResult<Bound<'py, P
             other => other,
         }
     }
-    let value = serde_json::to_value(event).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let value = serde_json::to_value(value).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     let json = serde_json::to_string(&seconds(value))
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     py.import("json")?.call_method1("loads", (json,))

@@ -579,6 +579,11 @@ impl<T: PooledValue> KeyedTensor<T> {
     pub fn values_mut(&mut self) -> &mut [T] {
         &mut self.values
     }
+    /// The row-major `[batch, width]` values, taken out (their buffer
+    /// kept for reuse).
+    pub fn into_values(self) -> Vec<T> {
+        self.values
+    }
     /// Sample `b`'s pooled vector for key index `k`.
     pub fn get(&self, b: usize, k: usize) -> &[T] {
         let row = b * self.width();

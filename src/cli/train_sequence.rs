@@ -17,8 +17,9 @@ use serde::Serialize;
 
 use ember_models::sequential::{
     evaluate_retrieval, read_histories, EvalNegatives, HistoryLoader, HstuRanking,
-    HstuRankingConfig, HstuRetrieval, HstuRetrievalConfig, NegativeSampling, RankingMetrics,
-    RetrievalMetrics, SasRec, SasRecConfig, SasRecLoss, SequenceRetriever, UserHistory,
+    HstuRankingConfig, HstuRetrieval, HstuRetrievalConfig, LeaveOut, NegativeSampling,
+    RankingMetrics, RetrievalMetrics, SasRec, SasRecConfig, SasRecLoss, SequenceRetriever,
+    UserHistory,
 };
 use ember_models::{
     Backend, ExecMode, FitOptions, Model, TrainData, TrainEvent, TrainState, Trainer, TrainerConfig,
@@ -313,26 +314,6 @@ impl Built {
     }
 }
 
-/// The training, validation and test histories: each evaluated user's
-/// history less its last `2 * held` items, less its last `held`, and
-/// whole (users of fewer than `2 * held + 2` items: training only).
-fn split(
-    users: &[UserHistory],
-    held: usize,
-) -> (Vec<UserHistory>, Vec<UserHistory>, Vec<UserHistory>) {
-    let (mut train, mut valid, mut test) = (Vec::new(), Vec::new(), Vec::new());
-    for u in users {
-        if u.items.len() < 2 * held + 2 {
-            train.push(u.clone());
-        } else {
-            train.push(u.without_last(2 * held));
-            valid.push(u.without_last(held));
-            test.push(u.clone());
-        }
-    }
-    (train, valid, test)
-}
-
 fn build(args: &TrainArgs, kind: SequenceModel, items: usize) -> anyhow::Result<Built> {
     let s = &args.sequence;
     let max_len = s.max_seq_len.unwrap_or(200);
@@ -522,7 +503,7 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
     } else {
         1
     };
-    let (train, valid, test) = split(&users, held);
+    let LeaveOut { train, valid, test } = LeaveOut::split(&users, held);
     let max_len = s.max_seq_len.unwrap_or(200);
     // Retrieval reads max_len inputs and the item after them.
     let window = if ranking { max_len } else { max_len + 1 };

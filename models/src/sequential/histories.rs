@@ -186,6 +186,40 @@ impl SyntheticHistories {
     }
 }
 
+/// Users' histories split for evaluation by leaving out their last items,
+/// as SASRec's and HSTU's references evaluate (held 1: the last item is
+/// the test item, the one before it the validation item).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LeaveOut {
+    /// Each user's history less its last `2 * held` items (every item of
+    /// a user too short to evaluate).
+    pub train: Vec<UserHistory>,
+    /// Each evaluated user's history less its last `held` items: the
+    /// held-out validation items end it.
+    pub valid: Vec<UserHistory>,
+    /// Each evaluated user's whole history: the test items end it.
+    pub test: Vec<UserHistory>,
+}
+
+impl LeaveOut {
+    /// Splits `users`, holding out `held` items a user for validation and
+    /// `held` for test; users of fewer than `2 * held + 2` items train on
+    /// every item and are not evaluated.
+    pub fn split(users: &[UserHistory], held: usize) -> Self {
+        let mut out = Self::default();
+        for u in users {
+            if u.items.len() < 2 * held + 2 {
+                out.train.push(u.clone());
+            } else {
+                out.train.push(u.without_last(2 * held));
+                out.valid.push(u.without_last(held));
+                out.test.push(u.clone());
+            }
+        }
+        out
+    }
+}
+
 /// Bit 0 (engaged) and bit 1 (liked) of a synthetic action.
 fn synthetic_action(rng: &mut Rng, home_topic: bool, propensity: f64, item: usize) -> i64 {
     let engaged = unit(rng) < if home_topic { 0.8 } else { 0.3 };
@@ -367,5 +401,32 @@ impl Tokens {
             at += n;
         }
         next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(n: i64) -> UserHistory {
+        UserHistory {
+            items: (0..n).collect(),
+            timestamps: (0..n).collect(),
+            actions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn leave_out_holds_the_last_items_of_long_enough_users() {
+        let users = [user(3), user(4), user(7)];
+        let split = LeaveOut::split(&users, 1);
+        // 3 items: too short to evaluate (fewer than 2 held + 2), trains whole.
+        let items = |us: &[UserHistory]| us.iter().map(|u| u.items.len()).collect::<Vec<_>>();
+        assert_eq!(items(&split.train), [3, 2, 5]);
+        assert_eq!(items(&split.valid), [3, 6]);
+        assert_eq!(items(&split.test), [4, 7]);
+        let ranking = LeaveOut::split(&users, 2);
+        assert_eq!(items(&ranking.train), [3, 4, 3]);
+        assert_eq!(items(&ranking.test), [7]);
     }
 }

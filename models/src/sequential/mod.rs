@@ -2,7 +2,8 @@
 //!
 //! - [`histories`]: [`UserHistory`], [`SyntheticHistories`] with learnable
 //!   structure, and [`history_batches`] (the [`HISTORY_FEATURE`] of a
-//!   [`Batch`](crate::Batch), seconds as weights).
+//!   [`Batch`](crate::Batch), seconds as weights), [`LeaveOut`] (the
+//!   references' evaluation split).
 //! - [`loader`]: [`HistoryLoader`], histories as shuffled batches bucketed
 //!   by length.
 //! - [`ranking`]: [`HstuRanking`], HSTU scoring candidates' actions
@@ -28,7 +29,8 @@ pub use ember_dataloader::sequences::{
     read_histories, read_user_item_file, write_histories, write_user_item_file,
 };
 pub use histories::{
-    history_batches, SyntheticHistories, UserHistory, Zipf, ACTIONS_FEATURE, HISTORY_FEATURE,
+    history_batches, LeaveOut, SyntheticHistories, UserHistory, Zipf, ACTIONS_FEATURE,
+    HISTORY_FEATURE,
 };
 pub use loader::HistoryLoader;
 pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};

@@ -55,6 +55,28 @@ impl UserHistory {
             actions: self.actions[..keep.min(self.actions.len())].to_vec(),
         }
     }
+
+    /// What is wrong with the history, if anything: the column at fault
+    /// and why (a timestamp an item, no actions or one an item, no
+    /// negative item, time order).
+    pub fn fault(&self) -> Option<(&'static str, String)> {
+        let (items, timestamps, actions) = (&self.items, &self.timestamps, &self.actions);
+        if timestamps.len() != items.len() {
+            let m = format!("{} timestamps for {} items", timestamps.len(), items.len());
+            return Some(("timestamps", m));
+        }
+        if !actions.is_empty() && actions.len() != items.len() {
+            let m = format!("{} actions for {} items", actions.len(), items.len());
+            return Some(("actions", m));
+        }
+        if let Some(i) = items.iter().position(|&i| i < 0) {
+            return Some(("items", format!("item {} is negative", items[i])));
+        }
+        if let Some(t) = timestamps.windows(2).position(|w| w[1] < w[0]) {
+            return Some(("timestamps", format!("not in time order at item {}", t + 1)));
+        }
+        None
+    }
 }
 
 /// How an interactions file is written.
@@ -623,30 +645,16 @@ pub fn read_histories(path: &Path) -> Result<Vec<UserHistory>, DataError> {
             None => vec![Vec::new(); items.len()],
         };
         for ((items, timestamps), actions) in items.into_iter().zip(times).zip(actions) {
-            let row = out.len();
-            let bad = |column: &str, m: String| {
-                DataError::column(path, column, format!("row {row}: {m}"))
-            };
-            if timestamps.len() != items.len() {
-                let m = format!("{} timestamps for {} items", timestamps.len(), items.len());
-                return Err(bad("timestamps", m));
-            }
-            if !actions.is_empty() && actions.len() != items.len() {
-                let m = format!("{} actions for {} items", actions.len(), items.len());
-                return Err(bad("actions", m));
-            }
-            if let Some(i) = items.iter().position(|&i| i < 0) {
-                return Err(bad("items", format!("item {} is negative", items[i])));
-            }
-            if let Some(t) = timestamps.windows(2).position(|w| w[1] < w[0]) {
-                let m = format!("not in time order at item {}", t + 1);
-                return Err(bad("timestamps", m));
-            }
-            out.push(UserHistory {
+            let history = UserHistory {
                 items,
                 timestamps,
                 actions,
-            });
+            };
+            if let Some((column, m)) = history.fault() {
+                let row = out.len();
+                return Err(DataError::column(path, column, format!("row {row}: {m}")));
+            }
+            out.push(history);
         }
     }
     Ok(out)

@@ -114,3 +114,15 @@ def tables_json(tables: list, kind: type = EmbeddingBagConfig) -> str:
                 f"tables[{i}]: expected an ember.{kind.__name__}, got {type(table).__name__}"
             )
     return json.dumps([t._to_ember() for t in tables])
+
+
+def table_optimizer_spec(spec) -> dict:
+    """A table optimizer given as Ember's ``TableOptimizer`` dict, or as an
+    optimizer class and its keyword arguments (as for
+    ``ember.optim.apply_optimizer_in_backward``), as the dict."""
+    if isinstance(spec, dict):
+        return dict(spec)
+    from ember.optim import table_optimizer
+
+    optimizer_class, kwargs = spec
+    return table_optimizer(optimizer_class, kwargs)

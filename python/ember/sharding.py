@@ -16,10 +16,11 @@ Ember's ``row_wise_mod``) and its shards' devices, rows and columns.
 from __future__ import annotations
 
 import json
-from typing import List, Optional, Union
+import operator
+from typing import List, Optional
 
 from ember import _native
-from ember.configs import EmbeddingBagConfig, tables_json
+from ember.configs import EmbeddingBagConfig, table_optimizer_spec, tables_json
 
 
 def _sharding_name(sharding_type) -> Optional[str]:
@@ -29,29 +30,28 @@ def _sharding_name(sharding_type) -> Optional[str]:
     return str(getattr(sharding_type, "value", sharding_type))
 
 
-def optimizer_json(optimizer: Optional[tuple]) -> str:
-    """An optimizer class and its keyword arguments as Ember's
-    ``TableOptimizer`` JSON (none: ``{"type": "none"}``)."""
+def optimizer_json(optimizer) -> str:
+    """A table optimizer ((class, kwargs) or Ember's dict) as Ember's
+    ``TableOptimizer`` JSON (None: ``{"type": "none"}``)."""
     if optimizer is None:
         return '{"type": "none"}'
-    from ember.optim import table_optimizer
-
-    optimizer_class, kwargs = optimizer
-    return json.dumps(table_optimizer(optimizer_class, kwargs))
+    return json.dumps(table_optimizer_spec(optimizer))
 
 
 def plan(tables: List[EmbeddingBagConfig], world_size: int, *, batch_size: int = 512,
-         pooling_factor: float = 1.0, sharding_type=None, optimizer: Optional[tuple] = None,
+         pooling_factor: float = 1.0, sharding_type=None, optimizer=None,
          memory_bytes: Optional[int] = None) -> dict:
     """The planner's plan of ``tables`` over ``world_size`` devices of
     ``memory_bytes`` each (None: unbounded, the load balanced alone), for
     batches of ``batch_size`` (TorchRec's ``Topology`` default, 512) with
     ``pooling_factor`` ids a bag on average. ``sharding_type`` (a name, or
     TorchRec's ``ShardingType``) forces one type on every table;
-    ``optimizer`` (class, kwargs) sizes the optimizer state and rules out
-    what it cannot run on (row-wise Adagrad: column-wise)."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size {world_size!r}: at least 1 device")
+    ``optimizer`` ((class, kwargs) or Ember's dict) sizes the optimizer
+    state and rules out what it cannot run on (row-wise Adagrad:
+    column-wise)."""
+    if isinstance(world_size, bool):
+        raise ValueError(f"world_size {world_size!r}: a number of devices")
     return json.loads(_native.plan(
-        tables_json(tables), world_size, int(batch_size), float(pooling_factor),
-        optimizer_json(optimizer), _sharding_name(sharding_type), memory_bytes))
+        tables_json(tables), operator.index(world_size), operator.index(batch_size),
+        float(pooling_factor), optimizer_json(optimizer), _sharding_name(sharding_type),
+        None if memory_bytes is None else int(memory_bytes)))

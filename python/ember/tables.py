@@ -19,12 +19,20 @@ from ember.configs import DataType, tables_json
 def check_optimizer(collection, module_name: str) -> None:
     """Refuses a backward with no optimizer to apply (the tables would stay
     as they were, silently)."""
-    if json.loads(collection.optimizer)["type"] == "none":
+    if json.loads(collection.optimizer)["type"] != "none":
+        return
+    if collection.staged or getattr(collection, "plan", None) is not None:
+        # No parameters: the optimizer can only come with the tables.
         raise RuntimeError(
-            f"ember.{module_name}: no optimizer to apply in backward: call "
-            "ember.optim.apply_optimizer_in_backward(...) on its parameters (or pass "
-            "optimizer=), or freeze it with requires_grad_(False)"
+            f"ember.{module_name}: no optimizer to apply in backward: its tables (staged "
+            "or sharded) are not parameters, so pass optimizer= when building it, or look "
+            "up under torch.no_grad()"
         )
+    raise RuntimeError(
+        f"ember.{module_name}: no optimizer to apply in backward: call "
+        "ember.optim.apply_optimizer_in_backward(...) on its parameters (or pass "
+        "optimizer=), or freeze it with requires_grad_(False)"
+    )
 
 
 def bump_versions(weights) -> None:
@@ -133,7 +141,16 @@ class EmberTables(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # .to(), .half(), .cuda() and the like would copy the tables away from
-        # Ember's rows, which the lookups keep reading: refused.
+        # Ember's rows, which the lookups keep reading: refused. Staged and
+        # sharded tables have no parameters: their anchor stands for them.
+        if self._anchor is not None:
+            converted = fn(self._anchor)
+            if converted.dtype != self._anchor.dtype or converted.device != self._anchor.device:
+                raise ValueError(
+                    f"ember.{type(self).__name__}: the tables stay in Ember's memory, on the "
+                    "CPU in their data type: choose the type with the tables' configs "
+                    "(data_type=...)"
+                )
         for name, table in self._tables().items():
             weight = table.weight
             converted = fn(weight)
@@ -183,41 +200,39 @@ class EmberTables(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         self._refuse_staged("load_state_dict")
+        if local_metadata.get("assign_to_params_buffers"):
+            # A parent's load_state_dict(assign=True) reaches here too.
+            self._refuse_assign()
         if self._sharded():
             self._load_sharded(state_dict, prefix, missing_keys, error_msgs)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
                                       missing_keys, unexpected_keys, error_msgs)
 
     def _load_sharded(self, state_dict, prefix, missing_keys, error_msgs) -> None:
-        """Sharded tables gathered, written and sharded again by the same
-        plan: all of them or none (a partial load is an error, so a failed
-        load leaves them as they were). The keys are taken out, so the
-        (empty) table modules do not call them unexpected."""
+        """Sharded tables gathered, the given ones written, and sharded again
+        by the same plan; as torch loads parameters, a table missing or of
+        the wrong shape is reported and the others load. The keys are taken
+        out, so the (empty) table modules do not call them unexpected."""
         keys = {name: self._weight_key(prefix, name) for name in self._table_names}
         given = {name: state_dict.pop(key) for name, key in keys.items() if key in state_dict}
-        missing = [key for name, key in keys.items() if name not in given]
-        missing_keys.extend(missing)
+        missing_keys.extend(key for name, key in keys.items() if name not in given)
         if not given:
             return
-        if missing:
-            error_msgs.append(
-                f"sharded tables load whole: {', '.join(missing)} missing, so none of "
-                f"{', '.join(keys[name] for name in given)} was loaded")
-            return
         whole = self._collection.gathered()
-        targets = {name: torch.from_dlpack(whole.weight(name)) for name in given}
-        wrong = [name for name in given if tuple(given[name].shape) != tuple(targets[name].shape)]
-        for name in wrong:
-            error_msgs.append(
-                f"size mismatch for {keys[name]}: copying a param with shape "
-                f"{tuple(given[name].shape)} from checkpoint, the shape in current model is "
-                f"{tuple(targets[name].shape)}.")
-        if wrong:
-            return
-        with torch.no_grad():
-            for name, value in given.items():
-                targets[name].copy_(value)
-        self._collection.reshard_from(whole)
+        loaded = 0
+        for name, value in given.items():
+            target = torch.from_dlpack(whole.weight(name))
+            if tuple(value.shape) != tuple(target.shape):
+                error_msgs.append(
+                    f"size mismatch for {keys[name]}: copying a param with shape "
+                    f"{tuple(value.shape)} from checkpoint, the shape in current model is "
+                    f"{tuple(target.shape)}.")
+                continue
+            with torch.no_grad():
+                target.copy_(value)
+            loaded += 1
+        if loaded:
+            self._collection.reshard_from(whole)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """TorchRec's state dict, copied into Ember's rows in place (sharded
@@ -225,11 +240,14 @@ class EmberTables(nn.Module):
         refused (it would put other tensors where Ember's rows are), and so
         is a collection of staged tables."""
         if assign:
-            raise ValueError(
-                f"ember.{type(self).__name__}.load_state_dict: assign=True would detach the "
-                "tables from Ember's rows; load with the default assign=False"
-            )
+            self._refuse_assign()
         return super().load_state_dict(state_dict, strict=strict)
+
+    def _refuse_assign(self) -> None:
+        raise ValueError(
+            f"ember.{type(self).__name__}.load_state_dict: assign=True would detach the "
+            "tables from Ember's rows; load with the default assign=False"
+        )
 
     @property
     def fused_optimizer(self) -> dict:

@@ -20,8 +20,9 @@ validation):
 
     from ember.train import Histories, SASRec, Trainer
 
-    train, valid, test = Histories.read("histories.parquet").leave_out()
-    model = SASRec(num_items=3417, maxlen=200)
+    histories = Histories.read("histories.parquet")
+    train, valid, test = histories.leave_out()
+    model = SASRec(num_items=histories.num_items, maxlen=200)
     Trainer(epochs=20).fit(model, model.loader(train, batch_size=128, shuffle_seed=0))
     print(model.evaluate(test, negatives=100))   # HR@10, NDCG@10, MRR
 
@@ -38,11 +39,12 @@ tables and Adagrad on the dense towers, both at 0.01.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from ember import _native
-from ember.configs import EmbeddingBagConfig
+from ember.configs import EmbeddingBagConfig, table_optimizer_spec
 from ember.data import ParquetLoader
 
 Histories = _native.Histories
@@ -54,19 +56,10 @@ user-history Parquet file; ``len()``, ``num_items``, ``items(u)``, and
 _DENSE = {"sgd": "Sgd", "adagrad": "Adagrad", "adam": "Adam"}
 
 
-def _table_optimizer(spec: Union[dict, tuple]) -> dict:
-    if isinstance(spec, dict):
-        return spec
-    from ember.optim import table_optimizer
-
-    optimizer_class, kwargs = spec
-    return table_optimizer(optimizer_class, kwargs)
-
-
 def _dense_optimizer(spec: Union[dict, tuple]) -> dict:
     if isinstance(spec, dict):
         return spec
-    rule = _table_optimizer(spec)
+    rule = table_optimizer_spec(spec)
     kind = _DENSE.get(rule.pop("type"))
     if kind is None:
         raise ValueError("the dense towers take SGD, Adagrad or Adam")
@@ -106,7 +99,7 @@ class DLRM:
         }
         self._native = _native.Dlrm(
             json.dumps(config),
-            json.dumps(None if table_optimizer is None else _table_optimizer(table_optimizer)),
+            json.dumps(None if table_optimizer is None else table_optimizer_spec(table_optimizer)),
             json.dumps(None if dense_optimizer is None else _dense_optimizer(dense_optimizer)),
             int(seed), shard_over)
 
@@ -156,11 +149,15 @@ class _SequenceModel:
         ``hit_rate`` (HR@top_k), ``ndcg``, ``mrr`` and ``users``, each last
         item ranked against ``negatives``: ``"all"`` items, or that many
         sampled ones the user never saw (SASRec's paper: 100)."""
-        if negatives == "all":
+        if isinstance(negatives, str) and negatives == "all":
             negatives = None
-        elif not isinstance(negatives, int) or isinstance(negatives, bool):
-            raise ValueError(f"negatives {negatives!r}: 'all' or a number of sampled items")
-        return self._native.evaluate(histories, negatives, top_k)
+        else:
+            try:
+                negatives = operator.index(negatives)
+            except TypeError:
+                raise ValueError(
+                    f"negatives {negatives!r}: 'all' or a number of sampled items") from None
+        return self._native.evaluate(histories, negatives, operator.index(top_k))
 
     def save(self, directory: Union[str, os.PathLike]) -> str:
         """Writes a checkpoint into ``directory``; its path."""
@@ -221,7 +218,8 @@ class HSTURanking(_SequenceModel):
                  num_tasks: int = 2, head_hidden: int = 64, dropout_rate: float = 0.2,
                  learning_rate: float = 1e-3,
                  table_optimizer: Optional[Union[dict, tuple]] = None, seed: int = 0) -> None:
-        table = None if table_optimizer is None else json.dumps(_table_optimizer(table_optimizer))
+        table = (None if table_optimizer is None
+                 else json.dumps(table_optimizer_spec(table_optimizer)))
         self._native = _native.SequenceModel.hstu_ranking(
             num_items, max_sequence_len, embedding_dim, num_blocks, num_heads, attention_dim,
             linear_dim, num_candidates, num_tasks, head_hidden, dropout_rate, learning_rate,

@@ -30,6 +30,9 @@ pub struct Collection {
     configs: Vec<EmbeddingBagConfig>,
     /// Whether a lookup stages its batch first (fixed by the configs).
     staged: bool,
+    /// The batch whose ids the shards routed last (their backward reuses
+    /// that routing): held, so that its identity cannot be reused.
+    routed: Option<Py<Kjt>>,
     pool: BufferPool,
     /// Held by every view of the optimizer state: the state is replaced
     /// only when none is alive.
@@ -46,6 +49,7 @@ impl Collection {
             arch,
             configs,
             staged,
+            routed: None,
             pool: BufferPool::default(),
             state_views: Arc::new(()),
         }
@@ -169,8 +173,11 @@ impl Collection {
         let plan: Option<ShardingPlan> = plan_json
             .map(|json| serde_json::from_str(json).map_err(|e| errors::json("plan", e)))
             .transpose()?;
-        if plan.is_some() {
-            tables::refuse_staged_sharding(&configs, &tiers)?;
+        if let Some(plan) = &plan {
+            tables::refuse_staged_sharding(&configs, &tiers, plan)?;
+            // Before the devices' channels are made for its device count.
+            (plan.validate(&configs, &optimizer))
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
         }
         let built = configs.clone();
         // Drawing gigabytes of rows takes seconds: other threads go on.
@@ -287,8 +294,8 @@ impl Collection {
 
     /// Pooled lookup of every feature: a new `[batch, width]` float32
     /// tensor. The GIL is released while it runs.
-    fn forward(slf: &Bound<'_, Self>, kjt: PyRef<'_, Kjt>) -> PyResult<Tensor> {
-        let kjt = &kjt.kjt;
+    fn forward(slf: &Bound<'_, Self>, batch_kjt: &Bound<'_, Kjt>) -> PyResult<Tensor> {
+        let kjt = &batch_kjt.get().kjt;
         let (mut out, batch, width);
         if shared(slf)?.arch.sharded().is_some() {
             // The devices keep the batch's routing for its backward.
@@ -303,6 +310,7 @@ impl Collection {
             let done = slf.py().detach(|| sharded.forward_into(kjt, &mut keyed));
             *out.vec_mut() = keyed.into_values();
             done.map_err(|e| errors::model(e.into()))?;
+            this.routed = Some(batch_kjt.clone().unbind());
             return Ok(Tensor::owned(out, batch, width));
         }
         let done = if shared(slf)?.staged {
@@ -353,11 +361,11 @@ impl Collection {
     /// while it runs.
     fn backward(
         slf: &Bound<'_, Self>,
-        kjt: PyRef<'_, Kjt>,
+        batch_kjt: &Bound<'_, Kjt>,
         grad: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let mut this = exclusive(slf)?;
-        let kjt = &kjt.kjt;
+        let kjt = &batch_kjt.get().kjt;
         let imported = input::import(grad, "grad")?.ok_or_else(|| {
             PyValueError::new_err("grad: expected a float32 array (torch, numpy) through DLPack")
         })?;
@@ -371,10 +379,24 @@ impl Collection {
         let grad = imported.f32s("grad")?;
         // Shards are never viewed: no gradient can lie in them.
         tables::refuse_overlap(NativeTables::tables(&*this), grad)?;
+        // Shards update the rows their last forward routed: a backward of
+        // another batch (two lookups before their backwards) routes its
+        // own ids again first.
+        let last = this.routed.as_ref().map(|k| k.as_ptr());
+        let reroute = this.arch.sharded().is_some() && last != Some(batch_kjt.as_ptr());
         let arch = &mut this.arch;
         slf.py()
-            .detach(|| arch.backward_update(kjt, grad))
-            .map_err(errors::model)
+            .detach(|| {
+                if let (true, SparseArch::Sharded(sharded)) = (reroute, &mut *arch) {
+                    sharded.forward(kjt)?;
+                }
+                arch.backward_update(kjt, grad)
+            })
+            .map_err(errors::model)?;
+        if reroute {
+            this.routed = Some(batch_kjt.clone().unbind());
+        }
+        Ok(())
     }
 
     /// Table `name`'s rows, a view without a copy: `[rows, dim]` of

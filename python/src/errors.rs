@@ -4,6 +4,7 @@
 
 use ember_dataloader::DataError;
 use ember_models::{ModelError, TrainError};
+use ember_sharding::ShardingError;
 use ember_sparse::SparseError;
 use pyo3::exceptions::{PyFloatingPointError, PyMemoryError, PyOSError, PyValueError};
 use pyo3::PyErr;
@@ -43,7 +44,9 @@ pub fn model(error: ModelError) -> PyErr {
     match error {
         ModelError::Memory(_) => PyMemoryError::new_err(error.to_string()),
         ModelError::Data(error) => data(error),
-        ModelError::Sparse(error) => sparse(error),
+        ModelError::Sparse(error) | ModelError::Sharding(ShardingError::Sparse(error)) => {
+            sparse(error)
+        }
         // A file that is not there is an OSError; one that is there but
         // cannot be read or does not fit the model a ValueError.
         ModelError::Checkpoint { ref path, .. } if !path.exists() => {

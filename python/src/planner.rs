@@ -2,6 +2,7 @@
 //! in-process devices of one module (TorchRec's `EmbeddingShardingPlanner`
 //! with a `Topology`).
 
+use ember_sharding::plan::MAX_DEVICES;
 use ember_sharding::{PlannerOptions, ShardingType, Topology};
 use ember_sparse::EmbeddingBagConfig;
 use pyo3::exceptions::PyValueError;
@@ -37,6 +38,11 @@ pub fn plan(
     let sharding: Option<ShardingType> = sharding
         .map(|s| serde_json::from_value(s.into()).map_err(|e| errors::json("sharding type", e)))
         .transpose()?;
+    if devices == 0 || devices > MAX_DEVICES {
+        return Err(PyValueError::new_err(format!(
+            "{devices} devices: from 1 to {MAX_DEVICES}"
+        )));
+    }
     if !(pooling_factor.is_finite() && pooling_factor > 0.0) || batch_size == 0 {
         return Err(PyValueError::new_err(format!(
             "batch_size {batch_size} and pooling_factor {pooling_factor}: both must be positive"

@@ -10,7 +10,7 @@ use ember_models::sequential::{
     SasRecConfig, SasRecLoss, SequenceRetriever, UserHistory,
 };
 use ember_models::{Backend, Model};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::errors;
@@ -46,40 +46,23 @@ impl Histories {
         let mut actions = actions.map(Vec::into_iter);
         let mut users = Vec::with_capacity(n);
         for (u, items) in items.into_iter().enumerate() {
-            if let Some(i) = items.iter().position(|&i| i < 0) {
-                return Err(PyValueError::new_err(format!(
-                    "user {u}: item {} at position {i} is negative",
-                    items[i]
-                )));
-            }
-            let times = match timestamps.as_mut().and_then(Iterator::next) {
+            let timestamps = match timestamps.as_mut().and_then(Iterator::next) {
                 Some(t) => t,
                 None => (0..items.len() as i64).collect(),
             };
-            let acts = actions
+            let actions = actions
                 .as_mut()
                 .and_then(Iterator::next)
                 .unwrap_or_default();
-            if times.len() != items.len() || !(acts.is_empty() || acts.len() == items.len()) {
-                return Err(PyValueError::new_err(format!(
-                    "user {u}: {} items, {} timestamps, {} actions (one of each an item)",
-                    items.len(),
-                    times.len(),
-                    acts.len()
-                )));
-            }
-            if let Some(i) = times.windows(2).position(|w| w[1] < w[0]) {
-                return Err(PyValueError::new_err(format!(
-                    "user {u}: timestamp {} at position {} comes before the one before it",
-                    times[i + 1],
-                    i + 1
-                )));
-            }
-            users.push(UserHistory {
+            let user = UserHistory {
                 items,
-                timestamps: times,
-                actions: acts,
-            });
+                timestamps,
+                actions,
+            };
+            if let Some((column, m)) = user.fault() {
+                return Err(PyValueError::new_err(format!("user {u}: {column}: {m}")));
+            }
+            users.push(user);
         }
         Ok(Self { users })
     }
@@ -105,7 +88,7 @@ impl Histories {
     /// User `u`'s items.
     fn items(&self, u: usize) -> PyResult<Vec<i64>> {
         let user = self.users.get(u).ok_or_else(|| {
-            PyValueError::new_err(format!("user {u}: there are {}", self.users.len()))
+            PyIndexError::new_err(format!("user {u}: there are {}", self.users.len()))
         })?;
         Ok(user.items.clone())
     }

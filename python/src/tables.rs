@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ember_models::ModelError;
+use ember_sharding::ShardingPlan;
 use ember_sparse::{
     CachePolicy, DataType, DiskTierConfig, EmbeddingBagConfig, EmbeddingTable, TableOptimizer,
 };
@@ -167,12 +168,20 @@ fn refuse_sharded<T: NativeTables>(collection: &T, what: &str) -> PyResult<()> {
 }
 
 /// Refuses sharding for tables whose lookups are staged (on the disk tier,
-/// `tiers` non-empty, or keyed by raw ids): in one process the modules
-/// shard tables in RAM indexed by id.
+/// by `tiers` or by the plan, or keyed by raw ids): in one process the
+/// modules shard tables in RAM indexed by id.
 pub fn refuse_staged_sharding(
     configs: &[EmbeddingBagConfig],
     tiers: &[Option<DiskTierConfig>],
+    plan: &ShardingPlan,
 ) -> PyResult<()> {
+    if let Some(t) = plan.tables.iter().find(|t| t.cache_rows.is_some()) {
+        return Err(PyValueError::new_err(format!(
+            "the plan puts table '{}' on the disk tier (cache_rows): the modules shard \
+             tables in RAM (plan without the disk tier)",
+            t.table
+        )));
+    }
     let kv = configs.iter().find(|c| c.kv.is_some());
     if let Some(c) = kv {
         return Err(PyValueError::new_err(format!(

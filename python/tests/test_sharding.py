@@ -91,18 +91,22 @@ def test_state_dicts_cross_between_sharded_and_whole_tables():
     fresh.load_state_dict(sharded.state_dict())
     for key, value in whole.state_dict().items():
         assert torch.equal(fresh.state_dict()[key], value), key
-    # torch's checks: a missing table, a wrong shape; either leaves the
-    # tables as they were (a partial load is refused, strict or not).
+    # torch's rules: strict=False loads the tables given and reports the
+    # rest; a wrong shape is an error and leaves that table as it was.
+    t1 = sharded.state_dict()["embedding_bags.t1.weight"]
+    result = sharded.load_state_dict({"embedding_bags.t0.weight": torch.ones(50, 4)},
+                                     strict=False)
+    assert result.missing_keys == ["embedding_bags.t1.weight"]
+    assert torch.equal(sharded.state_dict()["embedding_bags.t0.weight"], torch.ones(50, 4))
     with pytest.raises(RuntimeError, match="Missing key.*embedding_bags.t1.weight"):
         sharded.load_state_dict({"embedding_bags.t0.weight": torch.zeros(50, 4)})
-    with pytest.raises(RuntimeError, match="sharded tables load whole"):
-        sharded.load_state_dict({"embedding_bags.t0.weight": torch.zeros(50, 4)},
-                                strict=False)
-    with pytest.raises(RuntimeError, match="size mismatch for embedding_bags.t0.weight"):
-        sharded.load_state_dict({"embedding_bags.t0.weight": torch.zeros(5, 4),
-                                 "embedding_bags.t1.weight": torch.zeros(80, 8)})
-    with torch.no_grad():
-        close(sharded(batch(9)).values(), fresh(batch(9)).values())
+    with pytest.raises(RuntimeError, match="size mismatch for embedding_bags.t1.weight"):
+        sharded.load_state_dict({"embedding_bags.t0.weight": torch.zeros(50, 4),
+                                 "embedding_bags.t1.weight": torch.zeros(8, 8)})
+    assert torch.equal(sharded.state_dict()["embedding_bags.t1.weight"], t1)
+    with pytest.raises(ValueError, match="assign=True would detach"):
+        parent.load_state_dict({"sparse." + k: v for k, v in whole.state_dict().items()},
+                               assign=True)
 
 
 def test_checkpoints_cross_between_sharded_and_whole_tables(tmp_path):
@@ -134,8 +138,17 @@ def test_bad_plans_and_combinations_are_refused(tmp_path):
         plan(tables(), 2, sharding_type="column_wise", optimizer=rowwise)
     with pytest.raises(ValueError, match="sharding type"):
         plan(tables(), 2, sharding_type="diagonal")
-    with pytest.raises(ValueError, match="world_size"):
+    with pytest.raises(ValueError, match="0 devices: from 1 to 4096"):
         plan(tables(), 0)
+    with pytest.raises(ValueError, match="10000 devices: from 1 to 4096"):
+        EmbeddingBagCollection(tables(), optimizer=rowwise, shard_over=10_000)
+    too_many = dict(plan(tables(), 2), num_devices=10**9)
+    with pytest.raises(ValueError, match="1 to 4096 devices"):
+        EmbeddingBagCollection(tables(), optimizer=rowwise, plan=too_many)
+    on_disk = plan(tables(), 2)
+    on_disk["tables"][0]["cache_rows"] = 16
+    with pytest.raises(ValueError, match="puts table 't0' on the disk tier"):
+        EmbeddingBagCollection(tables(), optimizer=rowwise, plan=on_disk)
     with pytest.raises(ValueError, match="shard_over.*or plan, not both"):
         EmbeddingBagCollection(tables(), shard_over=2, plan=plan(tables(), 2))
     # A plan made for other tables names what is wrong.
@@ -153,8 +166,45 @@ def test_bad_plans_and_combinations_are_refused(tmp_path):
     ebc = EmbeddingBagCollection(tables(), optimizer=rowwise, shard_over=2)
     with pytest.raises(ValueError, match="sharded over 2 devices.*gathered"):
         ebc._collection.weight("t0")
+    with pytest.raises(ValueError, match="the tables stay in Ember's memory"):
+        ebc.half()
+    untrained = EmbeddingBagCollection(tables(), shard_over=2)
+    with torch.no_grad():
+        untrained(batch(1))
+    with pytest.raises(RuntimeError, match="not parameters, so pass optimizer= when building"):
+        untrained(batch(1)).values().sum().backward()
     with pytest.raises(ValueError, match="not sharded"):
         EmbeddingBagCollection(tables())._collection.gathered()
+
+
+def test_a_backward_updates_its_own_batchs_rows():
+    # Two lookups before their backwards (two towers, positives and
+    # negatives): the shards route each backward's ids again, so each
+    # updates its own batch's rows, as whole tables do.
+    optimizer = (torch.optim.Adagrad, {"lr": 0.1})
+    whole = EmbeddingBagCollection(tables(), optimizer=optimizer, seed=8)
+    sharded = EmbeddingBagCollection(tables(), optimizer=optimizer, seed=8,
+                                     plan=plan(tables(), 2, sharding_type="row_wise"))
+    for ebc in (whole, sharded):
+        first, second = ebc(batch(1)).values(), ebc(batch(2)).values()
+        (first * 2).sum().backward()
+        (second * 3).sum().backward()
+        with torch.no_grad():
+            ebc(batch(3))  # a lookup between does not move the next backward either
+        ebc(batch(4)).values().sum().backward()
+    for key, value in whole.state_dict().items():
+        close(sharded.state_dict()[key], value)
+    for name in ("t0", "t1"):
+        close(sharded.optimizer_state(name), whole.optimizer_state(name))
+
+
+def test_torchrecs_sharding_types_name_the_same_plans():
+    from conftest import require
+
+    types = require("torchrec.distributed.types")
+    for ours in TYPES[:-1]:
+        theirs = types.ShardingType(ours)
+        assert plan(tables(), 2, sharding_type=theirs) == plan(tables(), 2, sharding_type=ours)
 
 
 def test_staged_tables_refuse_a_parents_state_dict(tmp_path):

@@ -207,8 +207,9 @@ impl LeaveOut {
     /// every item and are not evaluated.
     pub fn split(users: &[UserHistory], held: usize) -> Self {
         let mut out = Self::default();
+        let shortest = held.saturating_mul(2).saturating_add(2);
         for u in users {
-            if u.items.len() < 2 * held + 2 {
+            if u.items.len() < shortest {
                 out.train.push(u.clone());
             } else {
                 out.train.push(u.without_last(2 * held));

@@ -34,6 +34,9 @@
 pub use ember_dataloader as dataloader;
 pub use ember_dense as dense;
 pub use ember_models as models;
+/// Online serving over the Open Inference Protocol (the `serving` feature).
+#[cfg(feature = "serving")]
+pub use ember_serving as serving;
 pub use ember_sharding as sharding;
 pub use ember_sparse as sparse;
 
@@ -118,6 +121,8 @@ pub mod book {
     pub struct GuidesReliability;
     #[doc = include_str!("../docs/src/guides/sequences.md")]
     pub struct GuidesSequences;
+    #[doc = include_str!("../docs/src/guides/serving.md")]
+    pub struct GuidesServing;
     #[doc = include_str!("../docs/src/guides/sharding.md")]
     pub struct GuidesSharding;
     #[doc = include_str!("../docs/src/guides/tables-and-kjt.md")]

@@ -6,7 +6,7 @@ use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
     bench_dlrm, bench_embedding, bench_hstu, bench_loader, bench_stream, checkpoint, devices, docs,
-    eval, ingest_sequences, plan, quantize, train, train_sequence,
+    eval, ingest_sequences, plan, quantize, serve, train, train_sequence,
 };
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
@@ -31,6 +31,7 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Write a checkpoint's predictions for Parquet data to a Parquet file.
     Predict(eval::PredictArgs),
+    Serve(serve::ServeArgs),
     /// Convert a checkpoint's tables to another data type (int8, int4, fp8,
     /// mxfp4 for inference; fp16, bf16, fp32).
     Quantize(quantize::QuantizeArgs),
@@ -129,6 +130,7 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 ),
                 Command::Eval(args) => print(&eval::eval(&args)?, args.json, launch),
                 Command::Predict(args) => print(&eval::predict(&args)?, args.eval.json, launch),
+                Command::Serve(args) => print(&serve::run(&args)?, args.json, launch),
                 Command::Quantize(args) => print(&quantize::run(&args)?, args.json, launch),
                 Command::Checkpoint(checkpoint::CheckpointCommand::Compact(args)) => {
                     print(&checkpoint::run_compact(&args)?, args.json, launch)
@@ -164,6 +166,7 @@ impl Command {
             Command::Train(_) => "train",
             Command::Eval(_) => "eval",
             Command::Predict(_) => "predict",
+            Command::Serve(_) => "serve",
             Command::Quantize(_) => "quantize",
             Command::Checkpoint(_) => "checkpoint",
             Command::Plan(_) => "plan",

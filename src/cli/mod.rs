@@ -24,6 +24,7 @@ pub mod plan;
 mod progress;
 pub mod quantize;
 pub mod run_info;
+pub mod serve;
 pub mod tier;
 pub mod train;
 pub mod train_sequence;

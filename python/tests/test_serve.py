@@ -1,0 +1,187 @@
+"""`ember serve` spoken to by Triton's own client (tritonclient, HTTP): its
+health, metadata and inference endpoints, scores bitwise those of `ember
+predict` on the same rows, clear 400s for bad requests, and a clean stop on
+SIGTERM."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import require
+from ember.data import ParquetLoader
+from ember.train import DLRM, Trainer
+
+from test_train import NUM_CAT, tables, write_clicks
+
+pa = require("pyarrow")
+pq = require("pyarrow.parquet")
+httpclient = require("tritonclient.http")
+
+ROWS = 64
+
+
+def ember_bin():
+    path = os.environ.get("EMBER_BIN", "target/debug/ember")
+    if not os.path.exists(path):
+        why = f"no ember binary at {path} (cargo build --bin ember, or set EMBER_BIN)"
+        if os.environ.get("EMBER_REQUIRE_TORCHREC") == "1":
+            pytest.fail(why)  # scripts/test-python builds it: the suite runs whole
+        pytest.skip(why)
+    return path
+
+
+def raw_rows(path, seed):
+    """Criteo-schema rows with what serving must transform: negative and
+    large counts, raw ids far beyond the tables' rows, and missing values."""
+    rng = np.random.default_rng(seed)
+    columns = {"label": pa.array(rng.integers(0, 2, ROWS), pa.int8())}
+    for j in range(13):
+        values = rng.integers(-2, 5000, ROWS).tolist()
+        values[j] = None
+        columns[f"int_{j}"] = pa.array(values, pa.int32())
+    for j in range(NUM_CAT):
+        ids = rng.integers(-10**12, 10**12, ROWS).tolist()
+        ids[2 * j + 1] = None
+        columns[f"cat_{j}"] = pa.array(ids, pa.int64())
+    table = pa.table(columns)
+    path.mkdir()
+    pq.write_table(table, path / "part-0.parquet")
+    return table
+
+
+def arrays_of(table):
+    """The rows as the model's inputs: raw dense values (missing: 0, as the
+    loader reads them), and each feature's lengths and ids (missing: an
+    empty bag)."""
+    dense = np.stack([np.nan_to_num(table[f"int_{j}"].to_numpy(zero_copy_only=False)
+                                    .astype(np.float64)) for j in range(13)], axis=1)
+    arrays = {"dense": dense.astype(np.float32)}
+    for j in range(NUM_CAT):
+        ids = table[f"cat_{j}"].to_pylist()
+        arrays[f"cat_{j}.lengths"] = np.array([0 if i is None else 1 for i in ids], np.int64)
+        arrays[f"cat_{j}.values"] = np.array([i for i in ids if i is not None], np.int64)
+    return arrays
+
+
+def datatype(array):
+    return "FP32" if array.dtype == np.float32 else "INT64"
+
+
+def inputs_of(table, binary):
+    out = []
+    for name, array in arrays_of(table).items():
+        item = httpclient.InferInput(name, list(array.shape), datatype(array))
+        item.set_data_from_numpy(array, binary_data=binary)
+        out.append(item)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A trained checkpoint, `ember predict`'s scores of the raw rows, and
+    `ember serve` of the checkpoint on a free loopback port."""
+    tmp = tmp_path_factory.mktemp("serve")
+    model = DLRM(tables(), 13, [16, 8], [16, 1], seed=3)
+    train = ParquetLoader([write_clicks(tmp / "train", 2048, 1)], 256, tables=tables())
+    Trainer(epochs=1, checkpoint_dir=tmp / "ckpt").fit(model, train)
+    table = raw_rows(tmp / "rows", 7)
+    subprocess.run([ember_bin(), "predict", "--checkpoint", str(tmp / "ckpt"), "--data",
+                    str(tmp / "rows"), "--output", str(tmp / "scores.parquet"),
+                    "--mini-batch-size", str(ROWS)], check=True, capture_output=True)
+    scores = pq.read_table(tmp / "scores.parquet")
+    server = subprocess.Popen([ember_bin(), "serve", "--checkpoint", str(tmp / "ckpt"),
+                               "--http-port", "0", "--max-batch-size", str(ROWS)],
+                              stderr=subprocess.PIPE, text=True)
+    line = server.stderr.readline()
+    match = re.search(r"on http://([\d.]+:\d+)/v2", line)
+    assert match, line
+    yield match.group(1), table, scores, server
+    if server.poll() is None:
+        server.kill()
+        server.wait()
+
+
+def test_tritonclient_gets_ember_predicts_scores(served):
+    address, table, scores, _ = served
+    client = httpclient.InferenceServerClient(address)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("dlrm")
+    metadata = client.get_model_metadata("dlrm")
+    names = [i["name"] for i in metadata["inputs"]]
+    assert names[:3] == ["dense", "cat_0.lengths", "cat_0.values"]
+    assert [o["name"] for o in metadata["outputs"]] == ["logit", "probability"]
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    logit = scores["logit"].to_numpy()
+    probability = scores["probability"].to_numpy()
+    for binary in (True, False):
+        outputs = [httpclient.InferRequestedOutput(name, binary_data=binary)
+                   for name in ("logit", "probability")]
+        result = client.infer("dlrm", inputs_of(table, binary), outputs=outputs,
+                              request_id="r1")
+        # Bitwise: the same rows in the same batch, the same transforms.
+        assert result.as_numpy("logit").tobytes() == logit.tobytes()
+        assert result.as_numpy("probability").tobytes() == probability.tobytes()
+        assert result.get_response()["id"] == "r1"
+    # Without outputs named: both, as binary (tritonclient asks so).
+    result = client.infer("dlrm", inputs_of(table, True))
+    assert result.as_numpy("logit").tobytes() == logit.tobytes()
+
+
+def post(address, path, body, headers=None):
+    request = urllib.request.Request(f"http://{address}{path}", data=body,
+                                     headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_bad_requests_get_clear_errors_and_the_server_goes_on(served):
+    address, table, scores, _ = served
+    good = {"inputs": [{"name": name, "shape": list(a.shape), "datatype": datatype(a),
+                        "data": a.flatten().tolist()} for name, a in arrays_of(table).items()]}
+
+    def error(body, path="/v2/models/dlrm/infer", status=400, headers=None):
+        code, text = post(address, path, json.dumps(body).encode()
+                          if not isinstance(body, bytes) else body, headers)
+        assert code == status, (code, text)
+        return json.loads(text)["error"]
+
+    wrong_name = json.loads(json.dumps(good))
+    wrong_name["inputs"][1]["name"] = "cat_9.lengths"
+    assert "input 'cat_9.lengths' is not an input of model 'dlrm'" in error(wrong_name)
+    missing = {"inputs": good["inputs"][:-1]}
+    assert "input 'cat_3.values' is missing" in error(missing)
+    short = json.loads(json.dumps(good))
+    short["inputs"][2]["shape"] = [5]
+    assert "input 'cat_0.values'" in error(short)
+    wrong_type = json.loads(json.dumps(good))
+    wrong_type["inputs"][0]["datatype"] = "BYTES"
+    assert "input 'dense': datatype BYTES" in error(wrong_type)
+    big = json.loads(json.dumps(good))
+    big["inputs"][0]["shape"] = [ROWS * 2, 13]
+    assert re.search("more than|a batch of", error(big))
+    assert "not an inference request" in error(b"{not json")
+    assert "beyond the body" in error(b"{}", headers={"Inference-Header-Content-Length": "99"})
+    assert "is not served here" in error(good, "/v2/models/other/infer", 404)
+    assert "no version '7'" in error(good, "/v2/models/dlrm/versions/7/infer", 404)
+    # And the server still answers, with the same scores.
+    code, text = post(address, "/v2/models/dlrm/infer", json.dumps(good).encode())
+    assert code == 200
+    out = {o["name"]: o for o in json.loads(text)["outputs"]}
+    assert np.array(out["logit"]["data"], np.float32).tobytes() == \
+        scores["logit"].to_numpy().tobytes()
+
+
+def test_sigterm_stops_the_server_cleanly(served):
+    *_, server = served
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=30) == 0

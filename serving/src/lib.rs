@@ -1,0 +1,58 @@
+//! Online serving: a checkpoint's model behind the Open Inference Protocol
+//! (KServe v2, the protocol Triton speaks), so that Triton's and KServe's
+//! clients (`tritonclient`) ask it for scores unchanged.
+//!
+//! - [`protocol`]: the protocol's JSON objects and its binary tensor data
+//!   extension.
+//! - [`tensor`]: a request's input tensors decoded and checked.
+//! - [`model`]: [`ServedModel`], a checkpoint's DLRM reading raw features
+//!   with the transforms it was trained with (as `ember predict` does).
+//! - [`server`]: the HTTP endpoints (health, metadata, inference) on tokio
+//!   and axum, and [`serve`] to run them until a shutdown signal.
+//!
+//! ```no_run
+//! use ember_serving::{serve, Limits, ServeOptions, ServedModel};
+//!
+//! # async fn run() -> Result<(), ember_serving::ServeError> {
+//! let model = ServedModel::open("ckpt/".as_ref(), "dlrm", Limits::default())?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
+//! serve(listener, model, ServeOptions::default(), async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await
+//! # }
+//! ```
+
+pub mod model;
+pub mod protocol;
+pub mod server;
+pub mod tensor;
+
+pub use model::{Limits, ServedModel};
+pub use server::{router, serve, ServeOptions};
+
+/// Why serving failed, or why a request did.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The request is malformed (HTTP 400), naming the input and why.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such model or version (HTTP 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The model failed on a well-formed request (HTTP 500).
+    #[error("{0}")]
+    Internal(String),
+    /// The server's options do not work.
+    #[error("{0}")]
+    Config(String),
+    /// The checkpoint or the model.
+    #[error(transparent)]
+    Model(#[from] ember_models::ModelError),
+    /// The checkpoint's dataset spec.
+    #[error(transparent)]
+    Data(#[from] ember_dataloader::DataError),
+    /// The network.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}

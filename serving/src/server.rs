@@ -16,8 +16,8 @@ use tokio::net::TcpListener;
 
 use crate::model::{ServedModel, OUTPUTS};
 use crate::protocol::{
-    encode_response, flag, parse_request, ErrorBody, InferResponse, ResponseOutput, ServerMetadata,
-    HEADER_LENGTH,
+    encode_response, flag, parse_request, ErrorBody, InferResponse, ModelMetadata, ResponseOutput,
+    ServerMetadata, HEADER_LENGTH,
 };
 use crate::ServeError;
 
@@ -41,6 +41,8 @@ impl Default for ServeOptions {
 struct Shared {
     model: Mutex<ServedModel>,
     name: String,
+    /// The model's metadata, read without waiting for an inference.
+    metadata: ModelMetadata,
 }
 
 type Served = Arc<Shared>;
@@ -63,6 +65,7 @@ impl IntoResponse for ServeError {
 pub fn router(model: ServedModel, options: ServeOptions) -> Router {
     let shared = Arc::new(Shared {
         name: model.name().to_string(),
+        metadata: model.metadata().clone(),
         model: Mutex::new(model),
     });
     Router::new()
@@ -143,10 +146,7 @@ async fn model_version_metadata(
 
 fn metadata(s: &Shared, name: &str, version: Option<&str>) -> Response {
     match find(s, name, version) {
-        Ok(s) => {
-            let model = s.model.lock().unwrap_or_else(|p| p.into_inner());
-            Json(model.metadata().clone()).into_response()
-        }
+        Ok(s) => Json(&s.metadata).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -77,13 +77,13 @@ pub fn decode(
         )));
     }
     if let Some(bytes) = binary {
-        if bytes.len() != n * size {
+        // No overflow: the expected bytes are compared, not computed, past usize.
+        if Some(bytes.len()) != n.checked_mul(size) {
             return Err(bad(format!(
-                "{} bytes of binary data for shape {:?} of {} ({} expected)",
+                "{} bytes of binary data for shape {:?} of {} ({n} elements of {size} bytes)",
                 bytes.len(),
                 input.shape,
                 input.datatype,
-                n * size
             )));
         }
         let chunks = bytes.chunks_exact(size);

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ember_dataloader::{Batch, DatasetSpec};
+use ember_dataloader::{Batch, DatasetSpec, IdTransform};
 use ember_dense::{DenseOptimizerConfig, Tensor};
 use ember_models::{Backend, BatchShape, Checkpoint, Dlrm, Model};
 use ember_sparse::{KeyedJaggedTensor, TableOptimizer};
@@ -61,8 +61,12 @@ impl ServedModel {
             ));
         }
         let ckpt = Checkpoint::open(checkpoint)?;
-        let spec =
-            (ckpt.recorded_inputs()).unwrap_or_else(|| DatasetSpec::criteo(&ckpt.config().tables));
+        let mut spec = ckpt.input_spec();
+        // The model's key-value tables take raw ids, as `ember predict` reads them.
+        for s in &mut spec.tables {
+            let model = ckpt.config().tables.iter().find(|t| t.name == s.name);
+            s.kv = model.and_then(|t| t.kv.clone());
+        }
         spec.validate()?;
         let model = ckpt
             .builder()
@@ -166,7 +170,9 @@ impl ServedModel {
                     ls[at]
                 )));
             }
-            let total: i64 = ls.iter().sum();
+            let total = (ls.iter())
+                .try_fold(0i64, |sum, &l| sum.checked_add(l))
+                .ok_or_else(|| bad(format!("input '{lengths_name}': the lengths overflow")))?;
             let values_name = format!("{key}.values");
             let ids = one_d_ints(take(&values_name)?, &values_name)?;
             if ids.len() as i64 != total {
@@ -177,6 +183,15 @@ impl ServedModel {
             }
             let rows = (self.spec.rows_of(key)).expect("validated: every feature has a table");
             let transform = self.spec.id_transform_of(key);
+            let is_kv = (self.spec.tables.iter())
+                .any(|t| t.kv.is_some() && t.feature_names.iter().any(|f| f == key));
+            if let (IdTransform::Raw, false) = (transform, is_kv) {
+                if let Some(id) = ids.iter().find(|&&id| id < 0 || id as u64 >= rows) {
+                    return Err(bad(format!(
+                        "input '{values_name}': id {id} is outside the table's {rows} rows"
+                    )));
+                }
+            }
             values.extend(ids.into_iter().map(|id| transform.apply(id, rows)));
             lengths.extend_from_slice(&ls);
             if let Some(w) = weights.as_mut() {
@@ -185,6 +200,9 @@ impl ServedModel {
                     let (shape, Values::Floats(ws)) = take(&name)? else {
                         return Err(bad(format!("input '{name}': weights are FP32")));
                     };
+                    if let Some(x) = ws.iter().find(|x| !x.is_finite()) {
+                        return Err(bad(format!("input '{name}': weight {x} is not finite")));
+                    }
                     if shape.len() != 1 || ws.len() as i64 != total {
                         return Err(bad(format!(
                             "input '{name}': shape {shape:?} for {total} ids"

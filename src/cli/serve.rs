@@ -12,6 +12,8 @@ use serde::Serialize;
 
 use ember_serving::{serve, Limits, ServeOptions, ServedModel};
 
+/// Serve a checkpoint's model over the Open Inference Protocol (KServe v2,
+/// HTTP), as Triton's clients speak it, until SIGTERM or Ctrl-C.
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
     /// A checkpoint (a file, a set's index, or a run's --checkpoint-dir).
@@ -39,6 +41,7 @@ pub struct ServeArgs {
     /// lookups [default: every core].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Print the report at the stop as JSON.
     #[arg(long)]
     pub json: bool,
 }

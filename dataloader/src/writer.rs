@@ -552,7 +552,7 @@ impl PredictionWriter {
     /// Appends one row per logit, with its probability `1 / (1 + e^-logit)`.
     pub fn write(&mut self, logits: &[f32]) -> Result<(), DataError> {
         use arrow_array::Float32Array;
-        let p: Float32Array = logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
+        let p: Float32Array = logits.iter().map(|&z| probability(z)).collect();
         let columns: Vec<ArrayRef> =
             vec![Arc::new(Float32Array::from(logits.to_vec())), Arc::new(p)];
         let batch = RecordBatch::try_new(self.schema.clone(), columns)
@@ -582,4 +582,9 @@ pub(crate) fn finish_parquet(
 ) -> Result<std::fs::File, DataError> {
     writer.finish().map_err(DataError::parquet(temp))?;
     writer.inner().try_clone().map_err(DataError::io(temp))
+}
+/// A logit's probability, `1 / (1 + e^-logit)`, as prediction files and
+/// the server give it.
+pub fn probability(logit: f32) -> f32 {
+    1.0 / (1.0 + (-logit).exp())
 }

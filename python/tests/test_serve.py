@@ -1,7 +1,8 @@
 """`ember serve` spoken to by Triton's own client (tritonclient, HTTP): its
 health, metadata and inference endpoints, scores bitwise those of `ember
-predict` on the same rows, clear 400s for bad requests, and a clean stop on
-SIGTERM."""
+predict` on the same rows, concurrent requests joined into batches, the
+Prometheus metrics read by Prometheus' own parser, clear 400s for bad
+requests, and a clean stop on SIGTERM."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from test_train import NUM_CAT, tables, write_clicks
 pa = require("pyarrow")
 pq = require("pyarrow.parquet")
 httpclient = require("tritonclient.http")
+prometheus_parser = require("prometheus_client.parser")
 
 ROWS = 64
 
@@ -97,7 +100,8 @@ def served(tmp_path_factory):
                     "--mini-batch-size", str(ROWS)], check=True, capture_output=True)
     scores = pq.read_table(tmp / "scores.parquet")
     server = subprocess.Popen([ember_bin(), "serve", "--checkpoint", str(tmp / "ckpt"),
-                               "--http-port", "0", "--max-batch-size", str(ROWS)],
+                               "--http-port", "0", "--max-batch-size", str(ROWS),
+                               "--max-queue-delay-us", "2000"],
                               stderr=subprocess.PIPE, text=True)
     line = server.stderr.readline()
     match = re.search(r"on http://([\d.]+:\d+)/v2", line)
@@ -179,6 +183,56 @@ def test_bad_requests_get_clear_errors_and_the_server_goes_on(served):
     out = {o["name"]: o for o in json.loads(text)["outputs"]}
     assert np.array(out["logit"]["data"], np.float32).tobytes() == \
         scores["logit"].to_numpy().tobytes()
+
+
+def scraped(address):
+    """The server's /metrics, through prometheus_client's parser: every
+    sample by its name and labels (the parser names a counter's sample
+    `<name>_total`, as OpenMetrics does)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    samples = {}
+    for family in prometheus_parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "model"))
+            assert sample.labels["model"] == "dlrm", sample
+            samples[(sample.name, labels)] = sample.value
+    return samples
+
+
+def test_concurrent_requests_are_batched_and_counted(served):
+    address, table, scores, _ = served
+    before = scraped(address)
+    rows = [table.slice(i, 1) for i in range(ROWS)]
+
+    def one(row):
+        # One client per thread: tritonclient's HTTP client is not shared
+        # across threads.
+        client = httpclient.InferenceServerClient(address)
+        return client.infer("dlrm", inputs_of(row, True)).as_numpy("logit")
+
+    with ThreadPoolExecutor(16) as pool:
+        logits = np.concatenate(list(pool.map(one, rows)))
+    # Batched with other requests, a sample's score may differ from the one
+    # it got in predict's batch in the last bits (the dense layers' sums).
+    np.testing.assert_allclose(logits, scores["logit"].to_numpy(), rtol=1e-5, atol=1e-6)
+    after = scraped(address)
+
+    def grew(name, labels=()):
+        return after[(name, labels)] - before.get((name, labels), 0)
+
+    assert grew("nv_inference_request_success_total") == ROWS
+    assert grew("nv_inference_count_total") == ROWS
+    # 16 clients at once with a 2 ms queue delay: requests shared batches.
+    assert grew("nv_inference_exec_count_total") < ROWS
+    assert grew("ember_batch_size_count") == grew("nv_inference_exec_count_total")
+    assert grew("ember_batch_size_sum") == ROWS
+    assert grew("ember_request_duration_seconds_count") == ROWS
+    assert after[("nv_inference_pending_request_count", ())] == 0
+    assert after[("ember_model_version", ())] == 1
+    assert grew("nv_inference_queue_duration_us_total") > 0
+    assert grew("nv_inference_compute_infer_duration_us_total") > 0
 
 
 def test_sigterm_stops_the_server_cleanly(served):

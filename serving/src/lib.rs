@@ -5,16 +5,22 @@
 //! - [`protocol`]: the protocol's JSON objects and its binary tensor data
 //!   extension.
 //! - [`tensor`]: a request's input tensors decoded and checked.
-//! - [`model`]: [`ServedModel`], a checkpoint's DLRM reading raw features
-//!   with the transforms it was trained with (as `ember predict` does).
-//! - [`server`]: the HTTP endpoints (health, metadata, inference) on tokio
-//!   and axum, and [`serve`] to run them until a shutdown signal.
+//! - [`inputs`]: [`Inputs`], what a model's requests hold and how their raw
+//!   features become the model's (as `ember predict` reads them).
+//! - [`model`]: [`ServedModel`], a checkpoint's DLRM (or a [`Scorer`] of
+//!   one's own) with its inputs.
+//! - [`batcher`]: dynamic batching across requests, deadlines, load
+//!   shedding and the swap of a new model.
+//! - [`reload`]: a checkpoint watched and reloaded as it changes.
+//! - [`metrics`]: Prometheus's text format, under Triton's names.
+//! - [`server`]: the HTTP endpoints on tokio and axum, and [`serve`] to
+//!   run them until a shutdown signal.
 //!
 //! ```no_run
-//! use ember_serving::{serve, Limits, ServeOptions, ServedModel};
+//! use ember_serving::{serve, ModelOptions, ServeOptions, ServedModel};
 //!
 //! # async fn run() -> Result<(), ember_serving::ServeError> {
-//! let model = ServedModel::open("ckpt/".as_ref(), "dlrm", Limits::default())?;
+//! let model = ServedModel::open("ckpt/".as_ref(), "dlrm", &ModelOptions::default())?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
 //! serve(listener, model, ServeOptions::default(), async {
 //!     let _ = tokio::signal::ctrl_c().await;
@@ -23,12 +29,19 @@
 //! # }
 //! ```
 
+pub mod batcher;
+pub mod inputs;
+pub mod metrics;
 pub mod model;
 pub mod protocol;
+pub mod reload;
 pub mod server;
 pub mod tensor;
 
-pub use model::{Limits, ServedModel};
+pub use batcher::BatchOptions;
+pub use inputs::{Inputs, Limits};
+pub use model::{ModelOptions, Scorer, ServedModel};
+pub use reload::ReloadOptions;
 pub use server::{router, serve, ServeOptions};
 
 /// Why serving failed, or why a request did.
@@ -40,6 +53,10 @@ pub enum ServeError {
     /// No such model or version (HTTP 404).
     #[error("{0}")]
     NotFound(String),
+    /// The server holds as many requests as it takes, or the request's
+    /// deadline passed before its batch ran (HTTP 503).
+    #[error("{0}")]
+    Unavailable(String),
     /// The model failed on a well-formed request (HTTP 500).
     #[error("{0}")]
     Internal(String),

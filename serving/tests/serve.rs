@@ -1,0 +1,501 @@
+//! The server end to end, in process: requests through the router (axum's
+//! service, no socket) to the batching thread and a real checkpoint's
+//! model. Dynamic batching joins requests, a panicking model fails only the
+//! request at fault, a full server sheds, deadlines drop queued requests,
+//! hot reload swaps checkpoints and refuses a broken one, and every error
+//! is the protocol's JSON object.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use ember_dataloader::{Batch, DatasetSpec};
+use ember_models::{Dlrm, DlrmConfig, InteractionType};
+use ember_serving::reload::identity;
+use ember_serving::{
+    router, BatchOptions, Limits, ModelOptions, ReloadOptions, Scorer, ServeError, ServeOptions,
+    ServedModel,
+};
+
+const ROWS: [usize; 3] = [50, 70, 30];
+
+/// A small DLRM checkpoint with Criteo's recorded inputs, written (through
+/// a temporary file and a rename, as Ember writes them) to `path`.
+fn checkpoint(path: &Path, seed: u64) {
+    let config = DlrmConfig {
+        tables: DlrmConfig::criteo_tables(&ROWS, 4),
+        bottom_mlp: vec![13, 8, 4],
+        top_mlp: vec![6, 1],
+        interaction: InteractionType::Dot,
+    };
+    let mut model = Dlrm::builder(config.clone()).seed(seed).build().unwrap();
+    model.set_dataset_spec(Some(DatasetSpec::criteo(&config.tables)));
+    let temp = path.with_extension("tmp");
+    ember_models::checkpoint::save(&mut model, &temp, None).unwrap();
+    std::fs::rename(&temp, path).unwrap();
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ember-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn limits(max_batch_size: usize) -> ModelOptions {
+    ModelOptions {
+        limits: Limits {
+            max_batch_size,
+            max_ids_per_feature: 1000,
+        },
+        disk_tier: None,
+    }
+}
+
+/// A JSON inference request of samples `first..first + rows`, each
+/// sample's raw values drawn from its number (so requests of consecutive
+/// samples hold what one request of them all holds); `dense0` replaces
+/// the first dense value.
+fn request(first: i64, rows: usize, dense0: Option<f32>) -> Value {
+    let samples = first..first + rows as i64;
+    let mut dense: Vec<f32> = (samples.clone())
+        .flat_map(|s| (0..13).map(move |j| ((s * 7 + j) % 50) as f32))
+        .collect();
+    if let Some(x) = dense0 {
+        dense[0] = x;
+    }
+    let mut inputs =
+        vec![json!({"name": "dense", "shape": [rows, 13], "datatype": "FP32", "data": dense})];
+    for f in 0..ROWS.len() as i64 {
+        let lengths: Vec<i64> = samples.clone().map(|s| s % 3).collect();
+        let ids: Vec<i64> = (samples.clone())
+            .flat_map(|s| (0..s % 3).map(move |t| (s * 31 + t) * 1_000_003 * (f + 1)))
+            .collect();
+        inputs.push(json!({"name": format!("cat_{f}.lengths"), "shape": [rows], "datatype": "INT64", "data": lengths}));
+        inputs.push(json!({"name": format!("cat_{f}.values"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
+    }
+    json!({ "inputs": inputs })
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Value) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
+}
+
+async fn post(
+    app: &Router,
+    path: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let mut r = Request::post(path);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    send(app, r.body(Body::from(body)).unwrap()).await
+}
+
+async fn infer(app: &Router, body: Value) -> (StatusCode, Value) {
+    let bytes = serde_json::to_vec(&body).unwrap();
+    post(app, "/v2/models/dlrm/infer", bytes, &[]).await
+}
+
+async fn get(app: &Router, path: &str) -> (StatusCode, Value) {
+    send(app, Request::get(path).body(Body::empty()).unwrap()).await
+}
+
+async fn metrics(app: &Router) -> String {
+    match get(app, "/metrics").await {
+        (StatusCode::OK, Value::String(text)) => text,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The value of the metric line of `name` (its labels, if any, after it).
+fn metric(text: &str, name: &str) -> Option<f64> {
+    (text.lines())
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn logits(body: &Value) -> Vec<f32> {
+    let outputs = body["outputs"].as_array().unwrap();
+    let logit = outputs.iter().find(|o| o["name"] == "logit").unwrap();
+    (logit["data"].as_array().unwrap().iter())
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn decode(model: &ServedModel, body: &Value) -> ember_serving::inputs::Samples {
+    let bytes = serde_json::to_vec(body).unwrap();
+    let parsed = ember_serving::protocol::parse_request(&bytes, None).unwrap();
+    model.inputs.decode(&parsed).unwrap()
+}
+
+/// The logits `model` gives `body`'s samples, as one batch.
+fn direct(model: &mut ServedModel, body: &Value) -> Vec<f32> {
+    let samples = decode(model, body);
+    let batch = model.inputs.batch(&[&samples]).unwrap();
+    model.scorer.score(&batch).unwrap()
+}
+
+/// A long queue delay: a batch closes only when full, so which requests
+/// join one is certain.
+fn until_full(max_queue_size: usize) -> ServeOptions {
+    ServeOptions {
+        batching: BatchOptions {
+            max_queue_delay: Duration::from_secs(600),
+            max_queue_size,
+            default_timeout: None,
+            threads: Some(1),
+        },
+        ..ServeOptions::default()
+    }
+}
+
+#[test]
+fn requests_joined_make_the_batch_of_their_samples() {
+    let dir = temp_dir("join");
+    let path = dir.join("model.safetensors");
+    checkpoint(&path, 1);
+    let model = ServedModel::open(&path, "dlrm", &limits(64)).unwrap();
+    let (a, b) = (
+        decode(&model, &request(0, 5, None)),
+        decode(&model, &request(5, 7, None)),
+    );
+    let whole = decode(&model, &request(0, 12, None));
+    let joined: Batch = model.inputs.batch(&[&a, &b]).unwrap();
+    let alone: Batch = model.inputs.batch(&[&whole]).unwrap();
+    assert_eq!(joined.dense.data(), alone.dense.data());
+    assert_eq!(joined.sparse, alone.sparse);
+    assert_eq!(joined.labels.len(), 12);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_join_one_batch_and_score_as_it() {
+    let dir = temp_dir("batch");
+    let path = dir.join("model.safetensors");
+    checkpoint(&path, 2);
+    let mut reference = ServedModel::open(&path, "dlrm", &limits(12)).unwrap();
+    let want = direct(&mut reference, &request(0, 12, None));
+    let model = ServedModel::open(&path, "dlrm", &limits(12)).unwrap();
+    let app = router(model, &until_full(8)).unwrap();
+    // 5 + 7 samples fill a batch of 12: it runs once both are queued.
+    let (first, second) = tokio::join!(
+        infer(&app, request(0, 5, None)),
+        infer(&app, request(5, 7, None))
+    );
+    assert_eq!(first.0, StatusCode::OK, "{first:?}");
+    assert_eq!(second.0, StatusCode::OK, "{second:?}");
+    let got = [logits(&first.1), logits(&second.1)].concat();
+    assert_eq!(got, want, "the joined batch scores as the batch of 12");
+    let text = metrics(&app).await;
+    assert_eq!(
+        metric(&text, "nv_inference_exec_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "nv_inference_count"), Some(12.0));
+    assert_eq!(metric(&text, "nv_inference_request_success"), Some(2.0));
+    assert_eq!(metric(&text, "ember_batch_size_sum"), Some(12.0));
+    assert_eq!(metric(&text, "ember_model_version"), Some(1.0));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The model of a checkpoint, panicking on a batch whose first dense
+/// feature (transformed) is above 10: a bug that one request triggers.
+struct Fragile(Box<dyn Scorer>);
+
+impl Scorer for Fragile {
+    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError> {
+        let dense = batch.dense.data();
+        if dense.chunks(13).any(|row| row[0] > 10.0) {
+            panic!("injected: a bug this request triggers");
+        }
+        self.0.score(batch)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_fails_only_the_request_that_caused_it() {
+    let dir = temp_dir("panic");
+    let path = dir.join("model.safetensors");
+    checkpoint(&path, 3);
+    let mut reference = ServedModel::open(&path, "dlrm", &limits(6)).unwrap();
+    let good = request(0, 5, None);
+    let want = direct(&mut reference, &good);
+    let model = ServedModel::open(&path, "dlrm", &limits(6)).unwrap();
+    let model = ServedModel {
+        scorer: Box::new(Fragile(model.scorer)),
+        ..model
+    };
+    let app = router(model, &until_full(8)).unwrap();
+    // One batch of both: it panics, each runs alone, only the bad one fails.
+    let bad = request(5, 1, Some(1e9));
+    let (ok, failed) = tokio::join!(infer(&app, good.clone()), infer(&app, bad));
+    assert_eq!(ok.0, StatusCode::OK, "{ok:?}");
+    assert_eq!(logits(&ok.1), want);
+    assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        failed.1["error"].as_str().unwrap().contains("panicked"),
+        "{failed:?}"
+    );
+    // The server goes on.
+    let (again, one) = tokio::join!(infer(&app, good.clone()), infer(&app, request(9, 1, None)));
+    assert_eq!((again.0, one.0), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(logits(&again.1), want);
+    let text = metrics(&app).await;
+    assert_eq!(
+        metric(
+            &text,
+            "nv_inference_request_failure{model=\"dlrm\",reason=\"BACKEND\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A model that tells when it starts a batch and waits to be let go.
+struct Gated {
+    inner: Box<dyn Scorer>,
+    started: mpsc::Sender<()>,
+    go: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Scorer for Gated {
+    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError> {
+        let _ = self.started.send(());
+        let _ = self.go.lock().unwrap().recv();
+        self.inner.score(batch)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_sheds_and_a_late_request_is_dropped() {
+    let dir = temp_dir("shed");
+    let path = dir.join("model.safetensors");
+    checkpoint(&path, 4);
+    let model = ServedModel::open(&path, "dlrm", &limits(1)).unwrap();
+    let (started, running) = mpsc::channel();
+    let (go, gate) = mpsc::channel();
+    let model = ServedModel {
+        scorer: Box::new(Gated {
+            inner: model.scorer,
+            started,
+            go: Mutex::new(gate),
+        }),
+        ..model
+    };
+    let app = router(model, &until_full(2)).unwrap();
+    // The first request runs (a batch of 1 is full) and holds the model.
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { infer(&app, request(0, 1, None)).await }
+    });
+    tokio::task::spawn_blocking(move || running.recv().unwrap())
+        .await
+        .unwrap();
+    // The second queues behind it, with a deadline of 1 us.
+    let mut late = request(1, 1, None);
+    late["parameters"] = json!({"timeout": 1});
+    let second = tokio::spawn({
+        let app = app.clone();
+        async move { infer(&app, late).await }
+    });
+    // Two held (the first on the model, the second queued): a third is
+    // shed at once.
+    eventually(&app, "the second request's arrival", |m| {
+        metric(m, "nv_inference_pending_request_count") == Some(2.0)
+    })
+    .await;
+    let shed = infer(&app, request(2, 1, None)).await;
+    assert_eq!(shed.0, StatusCode::SERVICE_UNAVAILABLE, "{shed:?}");
+    assert!(shed.1["error"]
+        .as_str()
+        .unwrap()
+        .contains("--max-queue-size"));
+    go.send(()).unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.0, StatusCode::OK, "{first:?}");
+    let second = second.await.unwrap();
+    assert_eq!(second.0, StatusCode::SERVICE_UNAVAILABLE, "{second:?}");
+    assert!(second.1["error"].as_str().unwrap().contains("timeout"));
+    let text = metrics(&app).await;
+    let failures = |reason: &str| {
+        let name = format!("nv_inference_request_failure{{model=\"dlrm\",reason=\"{reason}\"}}");
+        metric(&text, &name)
+    };
+    assert_eq!(failures("REJECTED"), Some(1.0), "{text}");
+    assert_eq!(failures("TIMEOUT"), Some(1.0), "{text}");
+    drop(go);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Polls until `done` holds (a wait for the server's own thread, not a
+/// timing figure); fails after a minute.
+async fn eventually(app: &Router, what: &str, done: impl Fn(&str) -> bool) {
+    let give_up = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = metrics(app).await;
+        if done(&text) {
+            return;
+        }
+        assert!(Instant::now() < give_up, "{what} never happened:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_swaps_checkpoints_and_refuses_a_broken_one() {
+    let dir = temp_dir("reload");
+    let path = dir.join("model.safetensors");
+    checkpoint(&path, 5);
+    let body = request(0, 4, None);
+    let mut first = ServedModel::open(&path, "dlrm", &limits(8)).unwrap();
+    let want_first = direct(&mut first, &body);
+    let serving = identity(&dir).unwrap();
+    let model = ServedModel::open(&dir, "dlrm", &limits(8)).unwrap();
+    let options = ServeOptions {
+        reload: Some(ReloadOptions {
+            checkpoint: dir.clone(),
+            poll: Duration::from_millis(10),
+            model: limits(8),
+            serving,
+        }),
+        ..ServeOptions::default()
+    };
+    let app = router(model, &options).unwrap();
+    let (status, answer) = infer(&app, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (logits(&answer), &answer["model_version"]),
+        (want_first, &json!("1"))
+    );
+
+    // A new checkpoint in the directory: loaded and served as version 2.
+    std::thread::sleep(Duration::from_millis(20)); // a later modification time
+    checkpoint(&path, 6);
+    let want_second = direct(
+        &mut ServedModel::open(&path, "dlrm", &limits(8)).unwrap(),
+        &body,
+    );
+    assert_ne!(want_second, direct(&mut first, &body));
+    eventually(&app, "the reload", |m| {
+        metric(m, "ember_model_version") == Some(2.0)
+    })
+    .await;
+    let (status, answer) = infer(&app, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (logits(&answer), &answer["model_version"]),
+        (want_second.clone(), &json!("2"))
+    );
+    let (_, metadata) = get(&app, "/v2/models/dlrm").await;
+    assert_eq!(metadata["versions"], json!(["2"]));
+    let (status, _) = get(&app, "/v2/models/dlrm/versions/1").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // A broken one is refused; version 2 serves on.
+    std::thread::sleep(Duration::from_millis(20));
+    let temp = dir.join("broken.tmp");
+    std::fs::write(&temp, b"not a checkpoint").unwrap();
+    std::fs::rename(&temp, &path).unwrap();
+    eventually(&app, "the refusal", |m| {
+        metric(m, "ember_model_reload_failures_total") == Some(1.0)
+    })
+    .await;
+    let (status, answer) = infer(&app, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (logits(&answer), &answer["model_version"]),
+        (want_second, &json!("2"))
+    );
+    let text = metrics(&app).await;
+    assert_eq!(metric(&text, "ember_model_reloads_total"), Some(1.0));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_the_protocols_json_object() {
+    let dir = temp_dir("errors");
+    let path = dir.join("model.safetensors");
+    checkpoint(&path, 7);
+    let model = ServedModel::open(&path, "dlrm", &limits(8)).unwrap();
+    let options = ServeOptions {
+        max_request_bytes: 1024,
+        ..ServeOptions::default()
+    };
+    let app = router(model, &options).unwrap();
+    let json_error = |(status, body): (StatusCode, Value), want: StatusCode, says: &str| {
+        assert_eq!(status, want, "{body}");
+        let error = body["error"].as_str().unwrap_or_else(|| panic!("{body}"));
+        assert!(error.contains(says), "{error}");
+    };
+    json_error(get(&app, "/v3/nowhere").await, StatusCode::NOT_FOUND, "/v2");
+    json_error(
+        get(&app, "/v2/models/dlrm/infer").await,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method Not Allowed",
+    );
+    let big = serde_json::to_vec(&request(0, 8, None)).unwrap();
+    let small = serde_json::to_vec(&request(0, 1, None)).unwrap();
+    assert!(
+        small.len() < 1024 && big.len() > 1024,
+        "{} {}",
+        small.len(),
+        big.len()
+    );
+    json_error(
+        post(&app, "/v2/models/dlrm/infer", big, &[]).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "length limit",
+    );
+    let gzip = [("content-encoding", "gzip")];
+    json_error(
+        post(&app, "/v2/models/dlrm/infer", small.clone(), &gzip).await,
+        StatusCode::BAD_REQUEST,
+        "Content-Encoding",
+    );
+    let mut twice = request(0, 1, None);
+    twice["outputs"] = json!([{"name": "logit"}, {"name": "logit"}]);
+    json_error(
+        infer(&app, twice).await,
+        StatusCode::BAD_REQUEST,
+        "asked for twice",
+    );
+    let mut classes = request(0, 1, None);
+    classes["outputs"] = json!([{"name": "probability", "parameters": {"classification": 2}}]);
+    json_error(
+        infer(&app, classes).await,
+        StatusCode::BAD_REQUEST,
+        "classification",
+    );
+    let mut timeout = request(0, 1, None);
+    timeout["parameters"] = json!({"timeout": -3});
+    json_error(
+        infer(&app, timeout).await,
+        StatusCode::BAD_REQUEST,
+        "timeout",
+    );
+    let (status, _) = infer(&app, request(0, 1, None)).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = metrics(&app).await;
+    let bad = "nv_inference_request_failure{model=\"dlrm\",reason=\"BAD_REQUEST\"}";
+    assert_eq!(metric(&text, bad), Some(4.0), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

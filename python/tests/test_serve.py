@@ -1,5 +1,5 @@
-"""`ember serve` spoken to by Triton's own client (tritonclient, HTTP): its
-health, metadata and inference endpoints, scores bitwise those of `ember
+"""`ember serve` spoken to by Triton's own client (tritonclient, HTTP and
+gRPC): its health, metadata and inference endpoints, scores bitwise those of `ember
 predict` on the same rows, concurrent requests joined into batches, the
 Prometheus metrics read by Prometheus' own parser, clear 400s for bad
 requests, and a clean stop on SIGTERM."""
@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,8 @@ from test_train import NUM_CAT, tables, write_clicks
 pa = require("pyarrow")
 pq = require("pyarrow.parquet")
 httpclient = require("tritonclient.http")
+grpcclient = require("tritonclient.grpc")
+require("mlperf_loadgen")
 prometheus_parser = require("prometheus_client.parser")
 
 ROWS = 64
@@ -86,6 +89,15 @@ def inputs_of(table, binary):
     return out
 
 
+def grpc_inputs_of(table):
+    out = []
+    for name, array in arrays_of(table).items():
+        item = grpcclient.InferInput(name, list(array.shape), datatype(array))
+        item.set_data_from_numpy(array)
+        out.append(item)
+    return out
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A trained checkpoint, `ember predict`'s scores of the raw rows, and
@@ -100,20 +112,20 @@ def served(tmp_path_factory):
                     "--mini-batch-size", str(ROWS)], check=True, capture_output=True)
     scores = pq.read_table(tmp / "scores.parquet")
     server = subprocess.Popen([ember_bin(), "serve", "--checkpoint", str(tmp / "ckpt"),
-                               "--http-port", "0", "--max-batch-size", str(ROWS),
-                               "--max-queue-delay-us", "2000"],
+                               "--http-port", "0", "--grpc-port", "0",
+                               "--max-batch-size", str(ROWS), "--max-queue-delay-us", "2000"],
                               stderr=subprocess.PIPE, text=True)
     line = server.stderr.readline()
-    match = re.search(r"on http://([\d.]+:\d+)/v2", line)
+    match = re.search(r"on http://([\d.]+:\d+)/v2 and grpc://([\d.]+:\d+)", line)
     assert match, line
-    yield match.group(1), table, scores, server
+    yield match.group(1), table, scores, server, match.group(2)
     if server.poll() is None:
         server.kill()
         server.wait()
 
 
 def test_tritonclient_gets_ember_predicts_scores(served):
-    address, table, scores, _ = served
+    address, table, scores, *_ = served
     client = httpclient.InferenceServerClient(address)
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("dlrm")
@@ -149,7 +161,7 @@ def post(address, path, body, headers=None):
 
 
 def test_bad_requests_get_clear_errors_and_the_server_goes_on(served):
-    address, table, scores, _ = served
+    address, table, scores, *_ = served
     good = {"inputs": [{"name": name, "shape": list(a.shape), "datatype": datatype(a),
                         "data": a.flatten().tolist()} for name, a in arrays_of(table).items()]}
 
@@ -202,7 +214,7 @@ def scraped(address):
 
 
 def test_concurrent_requests_are_batched_and_counted(served):
-    address, table, scores, _ = served
+    address, table, scores, *_ = served
     before = scraped(address)
     rows = [table.slice(i, 1) for i in range(ROWS)]
 
@@ -235,7 +247,54 @@ def test_concurrent_requests_are_batched_and_counted(served):
     assert grew("nv_inference_compute_infer_duration_us_total") > 0
 
 
+def test_tritonclient_grpc_gets_the_same_scores(served):
+    address, table, scores, _, grpc_address = served
+    client = grpcclient.InferenceServerClient(grpc_address)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("dlrm") and not client.is_model_ready("other")
+    metadata = client.get_model_metadata("dlrm", as_json=True)
+    http = httpclient.InferenceServerClient(address).get_model_metadata("dlrm")
+    # protobuf's JSON writes int64 as strings.
+    assert metadata["inputs"] == [{**i, "shape": [str(d) for d in i["shape"]]}
+                                  for i in http["inputs"]]
+    outputs = [grpcclient.InferRequestedOutput(name) for name in ("logit", "probability")]
+    result = client.infer("dlrm", grpc_inputs_of(table), outputs=outputs, request_id="g1")
+    # Bitwise: the same rows in the same batch as `ember predict`'s.
+    assert result.as_numpy("logit").tobytes() == scores["logit"].to_numpy().tobytes()
+    assert result.as_numpy("probability").tobytes() == \
+        scores["probability"].to_numpy().tobytes()
+    assert result.get_response().id == "g1"
+    bad = grpc_inputs_of(table)
+    bad[1] = grpcclient.InferInput("cat_9.lengths", [ROWS], "INT64")
+    bad[1].set_data_from_numpy(np.zeros(ROWS, np.int64))
+    with pytest.raises(grpcclient.InferenceServerException) as error:
+        client.infer("dlrm", bad)
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "input 'cat_9.lengths' is not an input of model 'dlrm'" in error.value.message()
+    with pytest.raises(grpcclient.InferenceServerException) as error:
+        client.infer("other", grpc_inputs_of(table))
+    assert error.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_the_load_test_drives_the_server_with_mlperf_loadgen(served, tmp_path):
+    *_, grpc_address = served
+    table = served[1]
+    pq.write_table(table, tmp_path / "rows.parquet")
+    out = tmp_path / "latency.json"
+    run = subprocess.run([sys.executable, "scripts/serve_loadtest.py", "--grpc", grpc_address,
+                          "--data", str(tmp_path / "rows.parquet"), "--rows-per-query", "8",
+                          "--qps", "20,40", "--duration-s", "1", "--max-queries", "200",
+                          "--output", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert result["rows_per_query"] == 8 and result["target_latency_ms"] == 60
+    assert [r["target_qps"] for r in result["rates"]] == [20, 40]
+    for r in result["rates"]:
+        assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"], r
+        assert 0 < r["queries"] <= 200 and r["completed_samples_per_s"] > 0, r
+
+
 def test_sigterm_stops_the_server_cleanly(served):
-    *_, server = served
+    server = served[3]
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) == 0

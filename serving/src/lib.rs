@@ -13,8 +13,11 @@
 //!   shedding and the swap of a new model.
 //! - [`reload`]: a checkpoint watched and reloaded as it changes.
 //! - [`metrics`]: Prometheus's text format, under Triton's names.
-//! - [`server`]: the HTTP endpoints on tokio and axum, and [`serve`] to
-//!   run them until a shutdown signal.
+//! - [`server`]: [`Server`], what the front ends share (a request admitted,
+//!   read, queued, scored and counted), and [`serve`] to run them until a
+//!   shutdown signal.
+//! - [`http`]: the HTTP/REST endpoints and `/metrics`, on axum.
+//! - [`grpc`]: the gRPC service, on tonic.
 //!
 //! ```no_run
 //! use ember_serving::{serve, ModelOptions, ServeOptions, ServedModel};
@@ -22,7 +25,7 @@
 //! # async fn run() -> Result<(), ember_serving::ServeError> {
 //! let model = ServedModel::open("ckpt/".as_ref(), "dlrm", &ModelOptions::default())?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
-//! serve(listener, model, ServeOptions::default(), async {
+//! serve(listener, None, model, ServeOptions::default(), async {
 //!     let _ = tokio::signal::ctrl_c().await;
 //! })
 //! .await
@@ -30,6 +33,8 @@
 //! ```
 
 pub mod batcher;
+pub mod grpc;
+pub mod http;
 pub mod inputs;
 pub mod metrics;
 pub mod model;
@@ -39,10 +44,11 @@ pub mod server;
 pub mod tensor;
 
 pub use batcher::BatchOptions;
+pub use http::router;
 pub use inputs::{Inputs, Limits};
 pub use model::{ModelOptions, Scorer, ServedModel};
 pub use reload::ReloadOptions;
-pub use server::{router, serve, ServeOptions};
+pub use server::{serve, ServeOptions, Server};
 
 /// Why serving failed, or why a request did.
 #[derive(Debug, thiserror::Error)]

@@ -2,8 +2,8 @@
 //! service, no socket) to the batching thread and a real checkpoint's
 //! model. Dynamic batching joins requests, a panicking model fails only the
 //! request at fault, a full server sheds, deadlines drop queued requests,
-//! hot reload swaps checkpoints and refuses a broken one, and every error
-//! is the protocol's JSON object.
+//! hot reload swaps checkpoints and refuses a broken one, every error is
+//! the protocol's JSON object, and gRPC answers as HTTP does.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -18,10 +18,16 @@ use tower::ServiceExt;
 
 use ember_dataloader::{Batch, DatasetSpec};
 use ember_models::{Dlrm, DlrmConfig, InteractionType};
+use ember_serving::grpc::proto::grpc_inference_service_server::GrpcInferenceService;
+use ember_serving::grpc::proto::{
+    model_infer_request::InferInputTensor, InferTensorContents, ModelInferRequest,
+    ModelMetadataRequest, ModelReadyRequest,
+};
+use ember_serving::grpc::GrpcService;
 use ember_serving::reload::identity;
 use ember_serving::{
     router, BatchOptions, Limits, ModelOptions, ReloadOptions, Scorer, ServeError, ServeOptions,
-    ServedModel,
+    ServedModel, Server,
 };
 
 const ROWS: [usize; 3] = [50, 70, 30];
@@ -497,5 +503,149 @@ async fn every_error_is_the_protocols_json_object() {
     let text = metrics(&app).await;
     let bad = "nv_inference_request_failure{model=\"dlrm\",reason=\"BAD_REQUEST\"}";
     assert_eq!(metric(&text, bad), Some(4.0), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `body`'s inputs as a gRPC request: raw little-endian bytes (as
+/// tritonclient sends them), or typed contents.
+fn grpc_request(body: &Value, raw: bool) -> ModelInferRequest {
+    let mut request = ModelInferRequest {
+        model_name: "dlrm".into(),
+        ..Default::default()
+    };
+    for input in body["inputs"].as_array().unwrap() {
+        let data = input["data"].as_array().unwrap();
+        let mut contents = InferTensorContents::default();
+        let bytes: Vec<u8> = match input["datatype"].as_str().unwrap() {
+            "FP32" => {
+                contents.fp32_contents = data.iter().map(|v| v.as_f64().unwrap() as f32).collect();
+                contents
+                    .fp32_contents
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()
+            }
+            _ => {
+                contents.int64_contents = data.iter().map(|v| v.as_i64().unwrap()).collect();
+                contents
+                    .int64_contents
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()
+            }
+        };
+        request.inputs.push(InferInputTensor {
+            name: input["name"].as_str().unwrap().into(),
+            datatype: input["datatype"].as_str().unwrap().into(),
+            shape: serde_json::from_value(input["shape"].clone()).unwrap(),
+            contents: (!raw).then_some(contents),
+            ..Default::default()
+        });
+        if raw {
+            request.raw_input_contents.push(bytes);
+        }
+    }
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_answers_as_http_does_and_refuses_with_statuses() {
+    let dir = temp_dir("grpc");
+    let path = dir.join("model.safetensors");
+    checkpoint(&path, 8);
+    let model = ServedModel::open(&path, "dlrm", &limits(8)).unwrap();
+    let server = Server::start(model, &ServeOptions::default()).unwrap();
+    let (app, grpc) = (server.http(), GrpcService::new(&server));
+    let body = request(3, 5, None);
+    let (status, answer) = infer(&app, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let want: Vec<u8> = logits(&answer)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    for raw in [true, false] {
+        let mut request = grpc_request(&body, raw);
+        request.id = "r7".into();
+        let response = grpc
+            .model_infer(tonic::Request::new(request))
+            .await
+            .unwrap();
+        let response = response.into_inner();
+        assert_eq!(
+            (response.id.as_str(), response.model_version.as_str()),
+            ("r7", "1")
+        );
+        let names: Vec<&str> = response.outputs.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["logit", "probability"]);
+        assert_eq!(response.outputs[0].shape, [5]);
+        // Bitwise: the same samples in a batch of their own.
+        assert_eq!(response.raw_output_contents[0], want);
+    }
+    let ready = |name: &str, version: &str| ModelReadyRequest {
+        name: name.into(),
+        version: version.into(),
+    };
+    let is_ready = |r| async {
+        grpc.model_ready(tonic::Request::new(r))
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    };
+    assert!(is_ready(ready("dlrm", "")).await && is_ready(ready("dlrm", "1")).await);
+    assert!(!is_ready(ready("dlrm", "2")).await && !is_ready(ready("other", "")).await);
+    let metadata = grpc
+        .model_metadata(tonic::Request::new(ModelMetadataRequest {
+            name: "dlrm".into(),
+            version: String::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let (_, http_metadata) = get(&app, "/v2/models/dlrm").await;
+    let names: Vec<&str> = metadata.inputs.iter().map(|t| t.name.as_str()).collect();
+    let http_names: Vec<&str> = (http_metadata["inputs"].as_array().unwrap().iter())
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, http_names);
+
+    let refused = |request: ModelInferRequest| async {
+        match grpc.model_infer(tonic::Request::new(request)).await {
+            Ok(_) => panic!("answered a bad request"),
+            Err(status) => (status.code(), status.message().to_string()),
+        }
+    };
+    let mut misplaced = grpc_request(&body, false);
+    let lengths = misplaced.inputs[1].contents.as_mut().unwrap();
+    lengths.int_contents = lengths.int64_contents.iter().map(|&v| v as i32).collect();
+    lengths.int64_contents.clear();
+    let (code, message) = refused(misplaced).await;
+    assert_eq!(code, tonic::Code::InvalidArgument);
+    assert!(
+        message.contains("input 'cat_0.lengths': INT64 values go in int64_contents"),
+        "{message}"
+    );
+    let mut short = grpc_request(&body, true);
+    short.raw_input_contents.pop();
+    let (code, message) = refused(short).await;
+    assert_eq!(code, tonic::Code::InvalidArgument);
+    assert!(
+        message.contains("raw_input_contents holds 6 tensors for 7 inputs"),
+        "{message}"
+    );
+    let mut cut = grpc_request(&body, true);
+    cut.raw_input_contents[0].pop();
+    let (code, message) = refused(cut).await;
+    assert_eq!(code, tonic::Code::InvalidArgument);
+    assert!(message.contains("input 'dense'"), "{message}");
+    let mut other = grpc_request(&body, true);
+    other.model_name = "other".into();
+    assert_eq!(refused(other).await.0, tonic::Code::NotFound);
+    let text = metrics(&app).await;
+    assert_eq!(
+        metric(&text, "nv_inference_request_success{model=\"dlrm\"}"),
+        Some(3.0),
+        "{text}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -135,15 +135,20 @@ pub struct PredictArgs {
 pub struct PredictReport {
     pub rows: u64,
     pub output: PathBuf,
+    /// From the first batch read to the last prediction written: the
+    /// offline throughput serving is measured against.
+    pub seconds: f64,
+    pub samples_per_s: f64,
 }
 
 impl std::fmt::Display for PredictReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} predictions written to {}",
+            "{} predictions written to {} ({:.0} samples/s)",
             self.rows,
-            self.output.display()
+            self.output.display(),
+            self.samples_per_s
         )
     }
 }
@@ -160,6 +165,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
         let progress = Progress::new(loader.batches_per_epoch(0), "predict", args.eval.json);
         let mut out = PredictionWriter::create(&args.output)?;
         let mut outputs = OutputCheck::default();
+        let started = std::time::Instant::now();
         for batch in loader.epoch(0, 0) {
             let batch = batch?;
             let logits = model.predict(&be, &batch)?;
@@ -175,9 +181,13 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
                 args.eval.checkpoint.display()
             )
         })?;
+        let rows = out.finish()?;
+        let seconds = started.elapsed().as_secs_f64();
         Ok(PredictReport {
-            rows: out.finish()?,
+            rows,
             output: args.output.clone(),
+            seconds,
+            samples_per_s: rows as f64 / seconds.max(1e-9),
         })
     })?
 }

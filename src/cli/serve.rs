@@ -18,7 +18,7 @@ use ember_serving::{
 };
 
 /// Serve a checkpoint's model over the Open Inference Protocol (KServe v2,
-/// HTTP), as Triton's clients speak it, until SIGTERM or Ctrl-C.
+/// HTTP and gRPC), as Triton's clients speak it, until SIGTERM or Ctrl-C.
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
     /// A checkpoint (a file, a set's index, or a run's --checkpoint-dir,
@@ -34,6 +34,12 @@ pub struct ServeArgs {
     /// The HTTP port (Triton's flag and default; 0: any free port).
     #[arg(long, default_value_t = 8000)]
     pub http_port: u16,
+    /// The gRPC port (Triton's flag and default; 0: any free port).
+    #[arg(long, default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Serve gRPC too (Triton's flag).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_grpc: bool,
     /// Samples a request, and a batch of requests, may hold.
     #[arg(long, default_value_t = 4096)]
     pub max_batch_size: usize,
@@ -164,9 +170,26 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ServeReport> {
             .await
             .with_context(|| format!("--host {} --http-port {}", args.host, args.http_port))?;
         let address = listener.local_addr()?.to_string();
-        // Tests and scripts read the port from this line.
-        eprintln!("serving model '{}' on http://{address}/v2", args.model_name);
-        serve(listener, model, options, stop_signal()).await?;
+        let grpc = match args.allow_grpc {
+            false => None,
+            true => Some(
+                tokio::net::TcpListener::bind((args.host, args.grpc_port))
+                    .await
+                    .with_context(|| {
+                        format!("--host {} --grpc-port {}", args.host, args.grpc_port)
+                    })?,
+            ),
+        };
+        let grpc_address = match &grpc {
+            Some(grpc) => format!(" and grpc://{}", grpc.local_addr()?),
+            None => String::new(),
+        };
+        // Tests and scripts read the ports from this line.
+        eprintln!(
+            "serving model '{}' on http://{address}/v2{grpc_address}",
+            args.model_name
+        );
+        serve(listener, grpc, model, options, stop_signal()).await?;
         Ok(ServeReport {
             event: "summary",
             model: args.model_name.clone(),

@@ -15,10 +15,10 @@ use crate::inputs::{Inputs, Samples, OUTPUTS};
 use crate::metrics::CONTENT_TYPE;
 use crate::model::ServedModel;
 use crate::protocol::{
-    encode_response, parse_request, ErrorBody, InferResponse, ResponseOutput, ServerMetadata,
-    HEADER_LENGTH,
+    encode_response, parse_request, ErrorBody, InferResponse, ResponseOutput, HEADER_LENGTH,
 };
-use crate::server::{asked, output_columns, Asked, ServeOptions, Server, Shared};
+use crate::server::{asked, output_columns, server_metadata, Asked, ServeOptions, Server, Shared};
+use crate::tensor::le_bytes;
 use crate::ServeError;
 
 type Served = Arc<Shared>;
@@ -44,15 +44,6 @@ fn error_response(status: StatusCode, error: String) -> Response {
 /// dropped.
 pub fn router(model: ServedModel, options: &ServeOptions) -> Result<Router, ServeError> {
     Ok(Server::start(model, options)?.http())
-}
-
-/// The server's metadata, for both front ends.
-pub(crate) fn server_metadata() -> ServerMetadata {
-    ServerMetadata {
-        name: "ember".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        extensions: vec!["binary_tensor_data".into()],
-    }
 }
 
 impl Server {
@@ -210,7 +201,7 @@ fn respond(inputs: &Inputs, asked: Asked, logits: Vec<f32>, version: u64) -> Res
     let mut binary = Vec::new();
     for (at, as_binary) in asked.outputs {
         let values = &columns[at];
-        binary.push(as_binary.then(|| values.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        binary.push(as_binary.then(|| le_bytes(values, f32::to_le_bytes)));
         outputs.push(ResponseOutput {
             name: OUTPUTS[at].into(),
             shape: vec![values.len() as i64],

@@ -98,10 +98,10 @@ pub fn watch(
             inputs.name(),
             &for_version(&options.model, next),
         )
-        .and_then(|model| match same_inputs(&model.inputs, &inputs) {
+        .and_then(|model| match model.inputs.spec() == inputs.spec() {
             true => Ok(model),
             false => Err(ServeError::Config(
-                "its inputs (dataset spec or limits) differ from the served model's: restart the server to change them".into(),
+                "its inputs (dataset spec) differ from the served model's: restart the server to change them".into(),
             )),
         });
         match opened {
@@ -119,8 +119,4 @@ pub fn watch(
             }
         }
     }
-}
-
-fn same_inputs(a: &Inputs, b: &Inputs) -> bool {
-    a.spec() == b.spec() && a.metadata().inputs == b.metadata().inputs
 }

@@ -15,7 +15,7 @@ use crate::batcher::{BatchOptions, Batcher, Scored};
 use crate::inputs::{Inputs, Samples, OUTPUTS};
 use crate::metrics::{Failure, Metrics};
 use crate::model::ServedModel;
-use crate::protocol::{flag, InferRequest};
+use crate::protocol::{flag, InferRequest, ServerMetadata};
 use crate::reload::{watch, ReloadOptions};
 use crate::ServeError;
 
@@ -220,6 +220,15 @@ pub(crate) fn asked(inputs: &Inputs, request: &InferRequest) -> Result<Asked, Se
         outputs,
         timeout,
     })
+}
+
+/// The server's metadata, for both front ends.
+pub(crate) fn server_metadata() -> ServerMetadata {
+    ServerMetadata {
+        name: "ember".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        extensions: vec!["binary_tensor_data".into()],
+    }
 }
 
 /// The model's outputs from its logits, in [`OUTPUTS`]' order: the logit

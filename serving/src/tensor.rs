@@ -28,6 +28,12 @@ fn element(datatype: &str) -> Option<(usize, bool)> {
     }
 }
 
+/// `values` as the little-endian bytes `bytes` gives each (binary tensor
+/// data, gRPC's raw contents).
+pub(crate) fn le_bytes<T: Copy, const N: usize>(values: &[T], bytes: fn(T) -> [u8; N]) -> Vec<u8> {
+    values.iter().flat_map(|&v| bytes(v)).collect()
+}
+
 /// The elements `shape` holds; refused for a negative or overflowing shape.
 pub fn elements(input: &RequestInput) -> Result<usize, ServeError> {
     let bad = || {

@@ -48,6 +48,14 @@ fn checkpoint(path: &Path, seed: u64) {
     std::fs::rename(&temp, path).unwrap();
 }
 
+/// A fresh directory for test `name` holding a checkpoint of `seed`.
+fn checkpoint_in(name: &str, seed: u64) -> (PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let path = dir.join("model.safetensors");
+    checkpoint(&path, seed);
+    (dir, path)
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ember-serve-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -174,9 +182,7 @@ fn until_full(max_queue_size: usize) -> ServeOptions {
 
 #[test]
 fn requests_joined_make_the_batch_of_their_samples() {
-    let dir = temp_dir("join");
-    let path = dir.join("model.safetensors");
-    checkpoint(&path, 1);
+    let (dir, path) = checkpoint_in("join", 1);
     let model = ServedModel::open(&path, "dlrm", &limits(64)).unwrap();
     let (a, b) = (
         decode(&model, &request(0, 5, None)),
@@ -193,9 +199,7 @@ fn requests_joined_make_the_batch_of_their_samples() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_join_one_batch_and_score_as_it() {
-    let dir = temp_dir("batch");
-    let path = dir.join("model.safetensors");
-    checkpoint(&path, 2);
+    let (dir, path) = checkpoint_in("batch", 2);
     let mut reference = ServedModel::open(&path, "dlrm", &limits(12)).unwrap();
     let want = direct(&mut reference, &request(0, 12, None));
     let model = ServedModel::open(&path, "dlrm", &limits(12)).unwrap();
@@ -238,9 +242,7 @@ impl Scorer for Fragile {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_fails_only_the_request_that_caused_it() {
-    let dir = temp_dir("panic");
-    let path = dir.join("model.safetensors");
-    checkpoint(&path, 3);
+    let (dir, path) = checkpoint_in("panic", 3);
     let mut reference = ServedModel::open(&path, "dlrm", &limits(6)).unwrap();
     let good = request(0, 5, None);
     let want = direct(&mut reference, &good);
@@ -293,9 +295,7 @@ impl Scorer for Gated {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_server_sheds_and_a_late_request_is_dropped() {
-    let dir = temp_dir("shed");
-    let path = dir.join("model.safetensors");
-    checkpoint(&path, 4);
+    let (dir, path) = checkpoint_in("shed", 4);
     let model = ServedModel::open(&path, "dlrm", &limits(1)).unwrap();
     let (started, running) = mpsc::channel();
     let (go, gate) = mpsc::channel();
@@ -368,9 +368,7 @@ async fn eventually(app: &Router, what: &str, done: impl Fn(&str) -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_reload_swaps_checkpoints_and_refuses_a_broken_one() {
-    let dir = temp_dir("reload");
-    let path = dir.join("model.safetensors");
-    checkpoint(&path, 5);
+    let (dir, path) = checkpoint_in("reload", 5);
     let body = request(0, 4, None);
     let mut first = ServedModel::open(&path, "dlrm", &limits(8)).unwrap();
     let want_first = direct(&mut first, &body);
@@ -438,9 +436,7 @@ async fn hot_reload_swaps_checkpoints_and_refuses_a_broken_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_is_the_protocols_json_object() {
-    let dir = temp_dir("errors");
-    let path = dir.join("model.safetensors");
-    checkpoint(&path, 7);
+    let (dir, path) = checkpoint_in("errors", 7);
     let model = ServedModel::open(&path, "dlrm", &limits(8)).unwrap();
     let options = ServeOptions {
         max_request_bytes: 1024,
@@ -550,9 +546,7 @@ fn grpc_request(body: &Value, raw: bool) -> ModelInferRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_answers_as_http_does_and_refuses_with_statuses() {
-    let dir = temp_dir("grpc");
-    let path = dir.join("model.safetensors");
-    checkpoint(&path, 8);
+    let (dir, path) = checkpoint_in("grpc", 8);
     let model = ServedModel::open(&path, "dlrm", &limits(8)).unwrap();
     let server = Server::start(model, &ServeOptions::default()).unwrap();
     let (app, grpc) = (server.http(), GrpcService::new(&server));

@@ -6,7 +6,7 @@ use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
     bench_dlrm, bench_embedding, bench_hstu, bench_loader, bench_stream, checkpoint, devices, docs,
-    eval, ingest_sequences, plan, quantize, serve, train, train_sequence,
+    eval, ingest_sequences, plan, plot_latency, quantize, serve, train, train_sequence,
 };
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
@@ -32,6 +32,8 @@ enum Command {
     /// Write a checkpoint's predictions for Parquet data to a Parquet file.
     Predict(eval::PredictArgs),
     Serve(serve::ServeArgs),
+    /// Draw latency percentiles against offered load (PNG) from load tests' JSON.
+    PlotLatency(plot_latency::PlotLatencyArgs),
     /// Convert a checkpoint's tables to another data type (int8, int4, fp8,
     /// mxfp4 for inference; fp16, bf16, fp32).
     Quantize(quantize::QuantizeArgs),
@@ -131,6 +133,7 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 Command::Eval(args) => print(&eval::eval(&args)?, args.json, launch),
                 Command::Predict(args) => print(&eval::predict(&args)?, args.eval.json, launch),
                 Command::Serve(args) => print(&serve::run(&args)?, args.json, launch),
+                Command::PlotLatency(args) => print(&plot_latency::run(&args)?, args.json, launch),
                 Command::Quantize(args) => print(&quantize::run(&args)?, args.json, launch),
                 Command::Checkpoint(checkpoint::CheckpointCommand::Compact(args)) => {
                     print(&checkpoint::run_compact(&args)?, args.json, launch)
@@ -167,6 +170,7 @@ impl Command {
             Command::Eval(_) => "eval",
             Command::Predict(_) => "predict",
             Command::Serve(_) => "serve",
+            Command::PlotLatency(_) => "plot-latency",
             Command::Quantize(_) => "quantize",
             Command::Checkpoint(_) => "checkpoint",
             Command::Plan(_) => "plan",

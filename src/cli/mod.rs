@@ -21,6 +21,7 @@ pub mod ingest_sequences;
 pub mod kv;
 pub mod place;
 pub mod plan;
+pub mod plot_latency;
 mod progress;
 pub mod quantize;
 pub mod run_info;

@@ -1,0 +1,204 @@
+//! `ember plot-latency`: latency percentiles against offered load, from
+//! the JSON `scripts/serve_loadtest.py` writes (one file a series: fp32,
+//! int8, the empty model...), as a PNG. Drawn as SVG by plotters, then
+//! rasterised by resvg with the machine's fonts.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use ember_dataloader::atomic::AtomicFile;
+
+#[derive(Args, Clone, Debug)]
+pub struct PlotLatencyArgs {
+    /// Load tests' JSON (scripts/serve_loadtest.py --output), one series each.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The PNG written.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// The picture's title.
+    #[arg(long, default_value = "ember serve: latency against offered load")]
+    pub title: String,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One load test: what was served and each rate's figures.
+#[derive(Debug, Deserialize)]
+struct LoadTest {
+    label: String,
+    target_latency_ms: f64,
+    rates: Vec<Rate>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Rate {
+    target_samples_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    p999_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PlotReport {
+    pub event: &'static str,
+    pub output: PathBuf,
+    pub series: Vec<String>,
+}
+
+impl std::fmt::Display for PlotReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let series = self.series.join(", ");
+        write!(f, "{} written ({series})", self.output.display())
+    }
+}
+
+pub fn run(args: &PlotLatencyArgs) -> anyhow::Result<PlotReport> {
+    let mut tests = Vec::new();
+    for path in &args.inputs {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let test: LoadTest = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a load test's JSON", path.display()))?;
+        if test.rates.is_empty() {
+            bail!("{}: no rates in it", path.display());
+        }
+        let label = match test.label.is_empty() {
+            true => path
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            false => test.label.clone(),
+        };
+        tests.push((label, test));
+    }
+    let svg = chart(&args.title, &tests)?;
+    let png = rasterise(&svg)?;
+    let mut file = AtomicFile::create(&args.output)?;
+    (file.file().write_all(&png)).with_context(|| format!("writing {}", args.output.display()))?;
+    file.commit()?;
+    Ok(PlotReport {
+        event: "plot",
+        output: args.output.clone(),
+        series: tests.into_iter().map(|(label, _)| label).collect(),
+    })
+}
+
+/// p50, p99 and p99.9 of each test against its offered samples/s, on a
+/// logarithmic latency axis, with the p99 bound drawn across.
+fn chart(title: &str, tests: &[(String, LoadTest)]) -> anyhow::Result<String> {
+    use plotters::prelude::*;
+    let rates = || tests.iter().flat_map(|(_, t)| &t.rates);
+    let x_max = rates().fold(0f64, |a, r| a.max(r.target_samples_per_s)) * 1.05;
+    let bound = tests[0].1.target_latency_ms;
+    let y_max = rates().fold(bound, |a, r| a.max(r.p999_ms)) * 2.0;
+    let y_min = rates()
+        .fold(f64::INFINITY, |a, r| a.min(r.p50_ms))
+        .max(1e-3)
+        / 2.0;
+    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 560)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(50)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..x_max.max(1.0), (y_min..y_max).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("offered load (samples/s, Poisson arrivals)")
+            .y_desc("latency (ms, log scale)")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y}"))
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 17))
+            .draw()?;
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(0.0, bound), (x_max, bound)],
+                10,
+                6,
+                BLACK.stroke_width(2),
+            ))?
+            .label(format!("p99 bound, {bound} ms"))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], BLACK.stroke_width(2)));
+        for (i, (label, test)) in tests.iter().enumerate() {
+            let color = colors[i % colors.len()];
+            let percentiles: [(&str, fn(&Rate) -> f64, u32); 3] = [
+                ("p50", |r| r.p50_ms, 1),
+                ("p99", |r| r.p99_ms, 3),
+                ("p99.9", |r| r.p999_ms, 1),
+            ];
+            for (name, value, width) in percentiles {
+                let points: Vec<(f64, f64)> = (test.rates.iter())
+                    .map(|r| (r.target_samples_per_s, value(r)))
+                    .collect();
+                let style = color.stroke_width(width);
+                let series = match name {
+                    "p99.9" => {
+                        chart.draw_series(DashedLineSeries::new(points.clone(), 6, 4, style))?
+                    }
+                    _ => chart.draw_series(LineSeries::new(points.clone(), style))?,
+                };
+                series
+                    .label(format!("{label} {name}"))
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(width))
+                    });
+                chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", 14))
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.9))
+            .draw()?;
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+/// The SVG as PNG bytes, its text in the first of the usual sans-serif
+/// families the machine has.
+fn rasterise(svg: &str) -> anyhow::Result<Vec<u8>> {
+    use resvg::{tiny_skia, usvg};
+    let mut options = usvg::Options::default();
+    let fonts = options.fontdb_mut();
+    fonts.load_system_fonts();
+    let families = [
+        "DejaVu Sans",
+        "Liberation Sans",
+        "Arial",
+        "Helvetica",
+        "Noto Sans",
+    ];
+    let family = families.into_iter().find(|f| {
+        fonts
+            .faces()
+            .any(|face| face.families.iter().any(|(name, _)| name == f))
+    });
+    match family {
+        Some(f) => fonts.set_sans_serif_family(f),
+        None => bail!(
+            "no font for the plot's text (looked for {}): install one \
+             (Debian/Ubuntu: apt install fonts-dejavu-core)",
+            families.join(", ")
+        ),
+    }
+    let tree = usvg::Tree::from_str(svg, &options).context("the plot's SVG")?;
+    let size = tree.size().to_int_size();
+    let mut pixmap =
+        tiny_skia::Pixmap::new(size.width(), size.height()).context("a picture of no pixels")?;
+    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    pixmap.encode_png().context("encoding the PNG")
+}

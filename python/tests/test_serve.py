@@ -292,6 +292,7 @@ def test_the_load_test_drives_the_server_with_mlperf_loadgen(served, tmp_path):
     for r in result["rates"]:
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"], r
         assert 0 < r["queries"] <= 200 and r["completed_samples_per_s"] > 0, r
+        assert r["failed"] == 0, r
 
 
 def test_sigterm_stops_the_server_cleanly(served):

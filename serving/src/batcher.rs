@@ -1,12 +1,14 @@
 //! Dynamic batching, as Triton's dynamic batcher: requests queue, and the
 //! oldest waits up to a maximum queue delay for others to join it in one
-//! batch of at most the maximum batch size. One model instance runs the
-//! batches, one at a time, its lookups and layers on a pool of threads of
-//! its own. A request past its deadline, or whose client left, is dropped
-//! before its batch runs; a full server sheds new requests. A model that
-//! fails or panics on a batch of several requests runs each alone, so only
-//! the request at fault fails. A new model (hot reload) is swapped in
-//! between batches: the batch running finishes on the old one.
+//! batch of at most the maximum batch size. Each model instance (Triton's
+//! instance group) runs batches on a thread of its own, one at a time, its
+//! lookups and layers on its share of the threads; an idle instance takes
+//! the next batch. A request past its deadline, or whose client left, is
+//! dropped before its batch runs; a full server sheds new requests. A
+//! model that fails or panics on a batch of several requests runs each
+//! alone, so only the request at fault fails. A new model (hot reload) is
+//! swapped into each instance between its batches: a batch running
+//! finishes on the old one.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -35,7 +37,8 @@ pub struct BatchOptions {
     /// A request's deadline when it gives none (Triton's
     /// `default_timeout_microseconds`; `None`: no deadline).
     pub default_timeout: Option<Duration>,
-    /// Threads of the model's lookups and layers (`None`: every core).
+    /// Threads of the model's lookups and layers, shared out among its
+    /// instances (`None`: every core).
     pub threads: Option<usize>,
 }
 
@@ -68,11 +71,12 @@ struct Job {
     reply: oneshot::Sender<Result<Scored, ServeError>>,
 }
 
-/// The queue and what the batching thread is told.
+/// The queue and what the instances are told.
 struct Queue {
     jobs: VecDeque<Job>,
-    /// A model to swap in before the next batch, and its version.
-    next_model: Option<(Box<dyn Scorer>, u64)>,
+    /// For each instance, a model to swap in before its next batch, and
+    /// its version.
+    next_models: Vec<Option<(Box<dyn Scorer>, u64)>>,
     stop: bool,
 }
 
@@ -80,7 +84,8 @@ struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
     held: AtomicUsize,
-    version: AtomicU64,
+    /// Each instance's version.
+    versions: Vec<AtomicU64>,
     metrics: Arc<Metrics>,
     options: BatchOptions,
 }
@@ -89,12 +94,17 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn version(&self) -> u64 {
+        let versions = self.versions.iter().map(|v| v.load(Ordering::Acquire));
+        versions.min().unwrap_or(1)
+    }
 }
 
-/// The batching thread and its queue.
+/// The instances' threads and their queue.
 pub struct Batcher {
     shared: Arc<Shared>,
-    worker: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
 }
 
 /// A request held by the server; let go when dropped.
@@ -108,10 +118,10 @@ impl Drop for Permit {
 }
 
 impl Batcher {
-    /// Starts the batching thread over `scorer` (version 1) reading
+    /// Starts a thread for each of `instances` (version 1) reading
     /// `inputs`' requests.
     pub fn start(
-        scorer: Box<dyn Scorer>,
+        instances: Vec<Box<dyn Scorer>>,
         inputs: Arc<Inputs>,
         options: BatchOptions,
         metrics: Arc<Metrics>,
@@ -121,39 +131,56 @@ impl Batcher {
                 "the queue must hold at least 1 request".into(),
             ));
         }
-        let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("ember-infer-{i}"));
-        if let Some(n) = options.threads {
-            if n == 0 {
-                return Err(ServeError::Config("threads must be at least 1".into()));
-            }
-            pool = pool.num_threads(n);
+        if instances.is_empty() {
+            return Err(ServeError::Config(
+                "a model needs at least 1 instance".into(),
+            ));
         }
-        let pool = pool
-            .build()
-            .map_err(|e| ServeError::Config(format!("the inference threads: {e}")))?;
+        let threads = match options.threads {
+            Some(0) => return Err(ServeError::Config("threads must be at least 1".into())),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        // Each instance its share of the threads, at least one.
+        let per_instance = (threads / instances.len()).max(1);
+        let pools = (0..instances.len())
+            .map(|k| {
+                rayon::ThreadPoolBuilder::new()
+                    .thread_name(move |i| format!("ember-infer-{k}-{i}"))
+                    .num_threads(per_instance)
+                    .build()
+                    .map_err(|e| ServeError::Config(format!("the inference threads: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         metrics.version.set(1);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
-                next_model: None,
+                next_models: instances.iter().map(|_| None).collect(),
                 stop: false,
             }),
             wake: Condvar::new(),
             held: AtomicUsize::new(0),
-            version: AtomicU64::new(1),
+            versions: instances.iter().map(|_| AtomicU64::new(1)).collect(),
             metrics,
             options,
         });
-        let worker = {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("ember-batcher".into())
-                .spawn(move || run(&shared, scorer, &inputs, &pool))?
-        };
-        Ok(Self {
-            shared,
-            worker: Some(worker),
-        })
+        let mut workers = Vec::with_capacity(instances.len());
+        for (instance, (scorer, pool)) in instances.into_iter().zip(pools).enumerate() {
+            let (mine, inputs) = (Arc::clone(&shared), Arc::clone(&inputs));
+            let worker = std::thread::Builder::new()
+                .name(format!("ember-batcher-{instance}"))
+                .spawn(move || run(&mine, instance, scorer, &inputs, &pool));
+            match worker {
+                Ok(worker) => workers.push(worker),
+                Err(e) => {
+                    // Those started stop with the batcher dropped here.
+                    drop(Self { shared, workers });
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(Self { shared, workers })
     }
 
     /// Holds one more request, or refuses it (503) when the server holds
@@ -203,16 +230,29 @@ impl Batcher {
         answer
     }
 
-    /// Serves `scorer` as `version` from the next batch on; the batch
-    /// running finishes on the model before.
-    pub fn swap(&self, scorer: Box<dyn Scorer>, version: u64) {
-        self.shared.lock().next_model = Some((scorer, version));
-        self.shared.wake.notify_one();
+    /// Serves `instances` (one for each instance serving) as `version`,
+    /// each from its instance's next batch on; a batch running finishes on
+    /// the model before.
+    pub fn swap(&self, instances: Vec<Box<dyn Scorer>>, version: u64) -> Result<(), ServeError> {
+        let mut queue = self.shared.lock();
+        if instances.len() != queue.next_models.len() {
+            return Err(ServeError::Config(format!(
+                "{} instances to swap in for {} serving",
+                instances.len(),
+                queue.next_models.len()
+            )));
+        }
+        for (next, scorer) in queue.next_models.iter_mut().zip(instances) {
+            *next = Some((scorer, version));
+        }
+        drop(queue);
+        self.shared.wake.notify_all();
+        Ok(())
     }
 
-    /// The version serving.
+    /// The version serving: the oldest any instance runs.
     pub fn version(&self) -> u64 {
-        self.shared.version.load(Ordering::Acquire)
+        self.shared.version()
     }
 
     /// The metrics it keeps.
@@ -222,25 +262,35 @@ impl Batcher {
 }
 
 impl Drop for Batcher {
-    /// Answers the requests queued, then stops the thread.
+    /// Answers the requests queued, then stops the threads.
     fn drop(&mut self) {
         self.shared.lock().stop = true;
         self.shared.wake.notify_all();
-        if let Some(worker) = self.worker.take() {
+        for worker in self.workers.drain(..) {
             let _ = worker.join();
         }
     }
 }
 
-/// The batching thread: forms batches and runs them until stopped.
-fn run(shared: &Shared, mut scorer: Box<dyn Scorer>, inputs: &Inputs, pool: &rayon::ThreadPool) {
+/// An instance's thread: forms batches and runs them until stopped.
+fn run(
+    shared: &Shared,
+    instance: usize,
+    mut scorer: Box<dyn Scorer>,
+    inputs: &Inputs,
+    pool: &rayon::ThreadPool,
+) {
     let m = &shared.metrics;
+    let mut version = 1;
     loop {
         let (jobs, swapped) = {
             let mut queue = shared.lock();
             let mut swapped = None;
             loop {
-                if let Some(next) = queue.next_model.take() {
+                if let Some(next) = queue.next_models[instance].take() {
+                    // Under the lock: instances swapping at once report in turn.
+                    shared.versions[instance].store(next.1, Ordering::Release);
+                    m.version.set(shared.version() as i64);
                     swapped = Some(next);
                     break;
                 }
@@ -255,21 +305,18 @@ fn run(shared: &Shared, mut scorer: Box<dyn Scorer>, inputs: &Inputs, pool: &ray
             } else if queue.jobs.is_empty() {
                 return; // stopping, nothing left
             } else {
-                (
-                    take_batch(shared, queue, inputs.limits().max_batch_size),
-                    None,
-                )
+                let max = inputs.limits().max_batch_size;
+                (take_batch(shared, instance, queue, max), None)
             }
         };
-        if let Some((next, version)) = swapped {
+        if let Some((next, next_version)) = swapped {
             // The old model drops here, after its last batch.
             scorer = next;
-            shared.version.store(version, Ordering::Release);
-            m.version.set(version as i64);
+            version = next_version;
             continue;
         }
         if !jobs.is_empty() {
-            pool.install(|| execute(shared, scorer.as_mut(), inputs, jobs));
+            pool.install(|| execute(shared, version, scorer.as_mut(), inputs, jobs));
             if let Some((lookups, misses)) = scorer.cache() {
                 m.cache_lookups.set(lookups as i64);
                 m.cache_misses.set(misses as i64);
@@ -301,9 +348,14 @@ fn drop_stale(jobs: &mut VecDeque<Job>, m: &Metrics) {
     }
 }
 
-/// The next batch: the oldest request and those that join it within the
-/// queue delay, up to `max_samples`.
-fn take_batch(shared: &Shared, mut queue: MutexGuard<'_, Queue>, max_samples: usize) -> Vec<Job> {
+/// `instance`'s next batch: the oldest request and those that join it
+/// within the queue delay, up to `max_samples`.
+fn take_batch(
+    shared: &Shared,
+    instance: usize,
+    mut queue: MutexGuard<'_, Queue>,
+    max_samples: usize,
+) -> Vec<Job> {
     let close_at = queue.jobs[0].queued + shared.options.max_queue_delay;
     let mut jobs = Vec::new();
     let mut samples = 0;
@@ -317,7 +369,8 @@ fn take_batch(shared: &Shared, mut queue: MutexGuard<'_, Queue>, max_samples: us
             jobs.extend(queue.jobs.pop_front());
         }
         let now = Instant::now();
-        if samples >= max_samples || now >= close_at || queue.stop || queue.next_model.is_some() {
+        let swapping = queue.next_models[instance].is_some();
+        if samples >= max_samples || now >= close_at || queue.stop || swapping {
             return jobs;
         }
         queue = (shared.wake.wait_timeout(queue, close_at - now))
@@ -326,11 +379,16 @@ fn take_batch(shared: &Shared, mut queue: MutexGuard<'_, Queue>, max_samples: us
     }
 }
 
-/// Runs one batch and answers its requests; a failure or a panic on
-/// several requests runs each alone.
-fn execute(shared: &Shared, scorer: &mut dyn Scorer, inputs: &Inputs, jobs: Vec<Job>) {
+/// Runs one batch on `version` of the model and answers its requests; a
+/// failure or a panic on several requests runs each alone.
+fn execute(
+    shared: &Shared,
+    version: u64,
+    scorer: &mut dyn Scorer,
+    inputs: &Inputs,
+    jobs: Vec<Job>,
+) {
     let m = &shared.metrics;
-    let version = shared.version.load(Ordering::Acquire);
     let start = Instant::now();
     for job in &jobs {
         let waited = start - job.queued;

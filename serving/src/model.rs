@@ -1,7 +1,8 @@
 //! A served model: its [`Inputs`] (what requests hold and how their raw
-//! features are transformed) and a [`Scorer`] that turns a batch into
-//! logits: a checkpoint's DLRM or DCNv2 (any table dtype, tables in memory
-//! or on the disk tier), or one of a caller's own.
+//! features are transformed) and the [`Scorer`]s that turn a batch into
+//! logits, one an instance (Triton's instance group): a checkpoint's DLRM
+//! or DCNv2 (any table dtype, tables in memory or on the disk tier), or
+//! scorers of a caller's own.
 
 use std::path::Path;
 
@@ -27,28 +28,57 @@ pub trait Scorer: Send {
 }
 
 /// How a checkpoint's model is opened to serve.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ModelOptions {
     /// What a request may hold.
     pub limits: Limits,
     /// Tables on the disk tier (a model larger than memory), as `ember
     /// predict --disk-dir` puts them.
     pub disk_tier: Option<DiskTierOptions>,
+    /// Copies of the model that run batches side by side (Triton's
+    /// `instance_group` count), each on its share of the threads. On few
+    /// cores, whole batches in parallel beat one batch's layers split
+    /// across threads; each copy holds its own tables.
+    pub instances: usize,
 }
 
-/// A model ready to serve: its inputs and its scorer.
+impl Default for ModelOptions {
+    /// The default limits, tables in memory, one instance.
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            disk_tier: None,
+            instances: 1,
+        }
+    }
+}
+
+/// A model ready to serve: its inputs and its instances.
 pub struct ServedModel {
     /// What requests hold.
     pub inputs: Inputs,
-    /// What scores them.
-    pub scorer: Box<dyn Scorer>,
+    /// What scores them: one scorer an instance, each running batches on
+    /// a thread of its own (at least one).
+    pub instances: Vec<Box<dyn Scorer>>,
 }
 
 impl ServedModel {
     /// The model of `checkpoint` (a file, a set's index, or a run's
     /// directory), named `name`, reading its inputs as its recorded dataset
-    /// spec says (Criteo's columns for a file that records none).
+    /// spec says (Criteo's columns for a file that records none), as
+    /// `options.instances` copies.
     pub fn open(checkpoint: &Path, name: &str, options: &ModelOptions) -> Result<Self, ServeError> {
+        if options.instances == 0 {
+            return Err(ServeError::Config(
+                "a model needs at least 1 instance".into(),
+            ));
+        }
+        if options.instances > 1 && options.disk_tier.is_some() {
+            return Err(ServeError::Config(format!(
+                "the disk tier serves one instance ({} asked): its cache is the model's memory",
+                options.instances
+            )));
+        }
         let ckpt = Checkpoint::open(checkpoint)?;
         let mut spec = ckpt.input_spec();
         // The model's key-value tables take raw ids, as `ember predict` reads them.
@@ -57,31 +87,33 @@ impl ServedModel {
             s.kv = model.and_then(|t| t.kv.clone());
         }
         let inputs = Inputs::new(name, spec, options.limits)?;
-        let model = ckpt
-            .builder()
-            .optimizers(TableOptimizer::None, DenseOptimizerConfig::sgd(0.0))
-            .disk_tier(options.disk_tier.clone())
-            .batches(BatchShape {
-                batch_size: options.limits.max_batch_size,
-                ..Default::default()
-            })
-            .build()?;
-        Ok(Self {
-            inputs,
-            scorer: Box::new(DlrmScorer {
+        let mut instances: Vec<Box<dyn Scorer>> = Vec::with_capacity(options.instances);
+        for _ in 0..options.instances {
+            let model = ckpt
+                .builder()
+                .optimizers(TableOptimizer::None, DenseOptimizerConfig::sgd(0.0))
+                .disk_tier(options.disk_tier.clone())
+                .batches(BatchShape {
+                    batch_size: options.limits.max_batch_size,
+                    ..Default::default()
+                })
+                .build()?;
+            instances.push(Box::new(DlrmScorer {
                 model,
                 backend: Backend::native(),
-            }),
-        })
+            }));
+        }
+        Ok(Self { inputs, instances })
     }
 
-    /// `inputs` scored by a model that computes nothing (every logit 0):
-    /// what the server itself costs (protocol, batching, threads).
-    pub fn empty(inputs: Inputs) -> Self {
-        Self {
-            inputs,
-            scorer: Box::new(EmptyScorer),
-        }
+    /// `inputs` scored by `instances` copies of a model that computes
+    /// nothing (every logit 0): what the server itself costs (protocol,
+    /// batching, threads).
+    pub fn empty(inputs: Inputs, instances: usize) -> Self {
+        let instances = (0..instances.max(1))
+            .map(|_| Box::new(EmptyScorer) as Box<dyn Scorer>)
+            .collect();
+        Self { inputs, instances }
     }
 }
 

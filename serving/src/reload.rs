@@ -106,7 +106,11 @@ pub fn watch(
         });
         match opened {
             Ok(model) => {
-                batcher.swap(model.scorer, next);
+                if let Err(e) = batcher.swap(model.instances, next) {
+                    let why = format!("{}: {e}", now.0.display());
+                    refuse(&mut refused, Ok(now), why);
+                    continue;
+                }
                 version = next;
                 batcher.metrics().reloads.inc();
                 eprintln!("reload: serving {} as version {next}", now.0.display());

@@ -2,8 +2,9 @@
 //! service, no socket) to the batching thread and a real checkpoint's
 //! model. Dynamic batching joins requests, a panicking model fails only the
 //! request at fault, a full server sheds, deadlines drop queued requests,
-//! hot reload swaps checkpoints and refuses a broken one, every error is
-//! the protocol's JSON object, and gRPC answers as HTTP does.
+//! hot reload swaps checkpoints and refuses a broken one, instances run
+//! batches side by side and reload together, every error is the
+//! protocol's JSON object, and gRPC answers as HTTP does.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -69,7 +70,7 @@ fn limits(max_batch_size: usize) -> ModelOptions {
             max_batch_size,
             max_ids_per_feature: 1000,
         },
-        disk_tier: None,
+        ..Default::default()
     }
 }
 
@@ -163,7 +164,7 @@ fn decode(model: &ServedModel, body: &Value) -> ember_serving::inputs::Samples {
 fn direct(model: &mut ServedModel, body: &Value) -> Vec<f32> {
     let samples = decode(model, body);
     let batch = model.inputs.batch(&[&samples]).unwrap();
-    model.scorer.score(&batch).unwrap()
+    model.instances[0].score(&batch).unwrap()
 }
 
 /// A long queue delay: a batch closes only when full, so which requests
@@ -248,7 +249,9 @@ async fn a_panic_fails_only_the_request_that_caused_it() {
     let want = direct(&mut reference, &good);
     let model = ServedModel::open(&path, "dlrm", &limits(6)).unwrap();
     let model = ServedModel {
-        scorer: Box::new(Fragile(model.scorer)),
+        instances: (model.instances.into_iter())
+            .map(|m| Box::new(Fragile(m)) as Box<dyn Scorer>)
+            .collect(),
         ..model
     };
     let app = router(model, &until_full(8)).unwrap();
@@ -299,12 +302,13 @@ async fn a_full_server_sheds_and_a_late_request_is_dropped() {
     let model = ServedModel::open(&path, "dlrm", &limits(1)).unwrap();
     let (started, running) = mpsc::channel();
     let (go, gate) = mpsc::channel();
+    let inner = model.instances.into_iter().next().unwrap();
     let model = ServedModel {
-        scorer: Box::new(Gated {
-            inner: model.scorer,
+        instances: vec![Box::new(Gated {
+            inner,
             started,
             go: Mutex::new(gate),
-        }),
+        })],
         ..model
     };
     let app = router(model, &until_full(2)).unwrap();
@@ -349,6 +353,94 @@ async fn a_full_server_sheds_and_a_late_request_is_dropped() {
     assert_eq!(failures("REJECTED"), Some(1.0), "{text}");
     assert_eq!(failures("TIMEOUT"), Some(1.0), "{text}");
     drop(go);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A model whose batch finishes only once another batch runs beside it
+/// (or, after 20 s alone, fails): proof that instances run side by side.
+struct Together {
+    inner: Box<dyn Scorer>,
+    running: std::sync::Arc<(Mutex<usize>, std::sync::Condvar)>,
+}
+
+impl Scorer for Together {
+    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError> {
+        let (count, arrived) = &*self.running;
+        let mut count = count.lock().unwrap();
+        *count += 1;
+        arrived.notify_all();
+        let (count, waited) = arrived
+            .wait_timeout_while(count, Duration::from_secs(20), |n| *n < 2)
+            .unwrap();
+        drop(count);
+        match waited.timed_out() {
+            true => Err(ServeError::Internal("this batch ran alone".into())),
+            false => self.inner.score(batch),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_run_batches_side_by_side_and_reload_together() {
+    let (dir, path) = checkpoint_in("instances", 7);
+    let (first, second) = (request(0, 4, None), request(4, 4, None));
+    let mut reference = ServedModel::open(&path, "dlrm", &limits(4)).unwrap();
+    let want = [
+        direct(&mut reference, &first),
+        direct(&mut reference, &second),
+    ];
+    let options = ModelOptions {
+        instances: 2,
+        ..limits(4)
+    };
+    let model = ServedModel::open(&path, "dlrm", &options).unwrap();
+    assert_eq!(model.instances.len(), 2);
+    let running = std::sync::Arc::new((Mutex::new(0), std::sync::Condvar::new()));
+    let model = ServedModel {
+        instances: (model.instances.into_iter())
+            .map(|inner| {
+                let running = std::sync::Arc::clone(&running);
+                Box::new(Together { inner, running }) as Box<dyn Scorer>
+            })
+            .collect(),
+        ..model
+    };
+    let serve = ServeOptions {
+        reload: Some(ReloadOptions {
+            checkpoint: path.clone(),
+            poll: Duration::from_millis(10),
+            model: options.clone(),
+            serving: identity(&path).unwrap(),
+        }),
+        ..ServeOptions::default()
+    };
+    let app = router(model, &serve).unwrap();
+    // Each request fills a batch of 4: one instance each, at once.
+    let (a, b) = tokio::join!(infer(&app, first.clone()), infer(&app, second.clone()));
+    assert_eq!((a.0, b.0), (StatusCode::OK, StatusCode::OK), "{a:?} {b:?}");
+    assert_eq!([logits(&a.1), logits(&b.1)], want);
+
+    // A new checkpoint: both instances serve it once version 2 is reported.
+    std::thread::sleep(Duration::from_millis(20)); // a later modification time
+    checkpoint(&path, 8);
+    let mut reloaded = ServedModel::open(&path, "dlrm", &limits(4)).unwrap();
+    let want = [
+        direct(&mut reloaded, &first),
+        direct(&mut reloaded, &second),
+    ];
+    eventually(&app, "the reload", |m| {
+        metric(m, "ember_model_version") == Some(2.0)
+    })
+    .await;
+    for _ in 0..3 {
+        let (a, b) = tokio::join!(infer(&app, first.clone()), infer(&app, second.clone()));
+        assert_eq!((a.0, b.0), (StatusCode::OK, StatusCode::OK), "{a:?} {b:?}");
+        assert_eq!(
+            (&a.1["model_version"], &b.1["model_version"]),
+            (&json!("2"), &json!("2"))
+        );
+        assert_eq!([logits(&a.1), logits(&b.1)], want);
+    }
     std::fs::remove_dir_all(dir).unwrap();
 }
 

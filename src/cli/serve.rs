@@ -74,9 +74,15 @@ pub struct ServeArgs {
     /// from files, streamed in a piece at a time.
     #[command(flatten)]
     pub tier: super::tier::TierArgs,
-    /// Threads of the model's lookups and layers [default: every core].
+    /// Threads of the model's lookups and layers, shared out among its
+    /// instances [default: every core].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Copies of the model that run batches side by side, each on its
+    /// share of --threads (Triton's instance_group count). Each holds its
+    /// own tables; the disk tier serves one.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
     /// Print the report at the stop as JSON.
     #[arg(long)]
     pub json: bool,
@@ -129,6 +135,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ServeReport> {
     let model_options = ModelOptions {
         limits,
         disk_tier: args.tier.options()?,
+        instances: args.instances,
     };
     let poll = Duration::from_secs(args.repository_poll_secs);
     let (reload, model) = super::with_threads(args.threads, || -> anyhow::Result<_> {
@@ -140,7 +147,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ServeReport> {
         let first = ember_serving::reload::for_version(&model_options, 1);
         let model = ServedModel::open(&args.checkpoint, &args.model_name, &first).map_err(at)?;
         let model = match args.empty_model {
-            true => ServedModel::empty(model.inputs),
+            true => ServedModel::empty(model.inputs, args.instances),
             false => model,
         };
         let reload = (!poll.is_zero() && !args.empty_model).then(|| ReloadOptions {

@@ -36,11 +36,18 @@ import mlperf_loadgen as lg
 
 
 def cpu_name():
+    """lscpu's model name, with the family and model numbers (a cloud
+    machine's name is often just "Intel(R) Xeon(R) Processor")."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return re.search(r"Model name:\s*(.+)", out).group(1).strip()
+        name = re.search(r"Model name:\s*(.+)", out).group(1).strip()
     except (OSError, subprocess.CalledProcessError, AttributeError):
         return platform.processor() or "unknown"
+    family = re.search(r"CPU family:\s*(\d+)", out)
+    model = re.search(r"^Model:\s*(\d+)", out, re.MULTILINE)
+    if family and model:
+        name += f" (family {family.group(1)}, model {model.group(1)})"
+    return name
 
 
 def queries_of(metadata, table, rows_per_query, count):

@@ -132,6 +132,7 @@ fn results_pages(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
         pictures.push((format!("src/benchmarks/{svg}"), picture));
     }
     page.push_str(&super::docs_stream::section(dir)?);
+    page.push_str(&super::docs_serving::section(dir)?);
     pictures.insert(0, (RESULTS_PAGE.to_string(), page));
     Ok(pictures)
 }

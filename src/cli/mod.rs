@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod devices;
 pub mod docs;
+mod docs_serving;
 mod docs_stream;
 pub mod eval;
 pub mod ids;

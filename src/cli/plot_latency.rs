@@ -44,6 +44,9 @@ struct Rate {
     p999_ms: f64,
 }
 
+/// A percentile's name, its value in a rate's figures, its line width.
+type Percentile = (&'static str, fn(&Rate) -> f64, u32);
+
 #[derive(Debug, Serialize)]
 pub struct PlotReport {
     pub event: &'static str,
@@ -132,7 +135,7 @@ fn chart(title: &str, tests: &[(String, LoadTest)]) -> anyhow::Result<String> {
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], BLACK.stroke_width(2)));
         for (i, (label, test)) in tests.iter().enumerate() {
             let color = colors[i % colors.len()];
-            let percentiles: [(&str, fn(&Rate) -> f64, u32); 3] = [
+            let percentiles: [Percentile; 3] = [
                 ("p50", |r| r.p50_ms, 1),
                 ("p99", |r| r.p99_ms, 3),
                 ("p99.9", |r| r.p999_ms, 1),

@@ -130,6 +130,14 @@ pub struct EmbeddingReport {
     pub limit_ids_per_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fraction_of_limit: Option<f64>,
+    /// What the limit gathers: fp32 rows summed (fp32 in and out), else the
+    /// bytes a forward moves (its rows read, its pooled rows written).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
+    /// The order large tables' one-hot features pooled in, as the
+    /// collection's timing chose: "id" or "sample" (absent: not chosen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pooling_order: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -199,10 +207,6 @@ pub fn run(args: &EmbeddingArgs) -> anyhow::Result<EmbeddingReport> {
     anyhow::ensure!(
         !args.roofline || args.tier.disk_dir.is_none(),
         "--roofline gathers from tables in RAM: use it without --disk-dir"
-    );
-    anyhow::ensure!(
-        !args.roofline || args.table_dtype == DataType::Fp32,
-        "--roofline's plain gather reads fp32 rows: use it with --table-dtype fp32"
     );
     check_memory(args)?;
     let ids = args.ids.distribution()?.unwrap_or(IdDistribution::Uniform);
@@ -300,11 +304,19 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
     });
 
     let (limit_ids_per_s, fraction_of_limit) = if args.roofline {
-        let limit = gather_limit(&ebc, &inputs, args);
+        let limit = gather_limit(&ebc, &inputs, args)?;
         (Some(limit), Some(ids_per_s / limit))
     } else {
         (None, None)
     };
+    let limit = args.roofline.then(|| match sums_fp32(args) {
+        true => "fp32 rows summed".to_string(),
+        false => format!(
+            "bytes: {} B of row read and {:.1} B of pooled row written an id",
+            ebc.tables()[0].bytes_per_row(),
+            out_row_bytes(args) as f64 / args.pooling_factor as f64
+        ),
+    });
     let table_bytes = ebc.bytes() as u64;
     let peak = peak_rss_bytes();
     Ok(EmbeddingReport {
@@ -330,6 +342,8 @@ fn run_in_pool(args: &EmbeddingArgs, ids: IdDistribution) -> anyhow::Result<Embe
         disk_tier,
         limit_ids_per_s,
         fraction_of_limit,
+        limit,
+        pooling_order: (ebc.pools_in_id_order()).map(|id| if id { "id" } else { "sample" }),
     })
 }
 
@@ -367,30 +381,68 @@ fn timed<T: PooledValue>(
 }
 
 /// Ids per second of the plain gather over the same tables and ids.
+/// Whether the limit is the fp32 summed gather (fp32 rows and output), as
+/// it always was; other formats take the byte limit.
+fn sums_fp32(args: &EmbeddingArgs) -> bool {
+    args.table_dtype == DataType::Fp32 && args.output_dtype == DataType::Fp32
+}
+
+/// Bytes of one pooled output row.
+fn out_row_bytes(args: &EmbeddingArgs) -> usize {
+    (args.output_dtype.row_bytes(args.dim)).unwrap_or(args.dim * 4)
+}
+
+/// The plain gather's ids/s over the same tables and ids: fp32 rows summed,
+/// or for other formats the same bytes read and pooled rows written.
 fn gather_limit(
     ebc: &EmbeddingBagCollection,
     inputs: &[KeyedJaggedTensor],
     args: &EmbeddingArgs,
-) -> f64 {
+) -> anyhow::Result<f64> {
     let ids: Vec<Vec<u32>> = inputs
         .iter()
         .map(|k| k.values().iter().map(|&v| v as u32).collect())
         .collect();
     let per_table = args.batch * args.pooling_factor;
-    let tables: Vec<&[f32]> = ebc.tables().iter().map(|t| t.weights()).collect();
+    let out_row = out_row_bytes(args);
+    let mut out = match sums_fp32(args) {
+        true => Vec::new(),
+        // Written once before timing, as the forward's output is.
+        false => vec![1u8; args.tables * args.batch * out_row],
+    };
     let mut checksum = 0.0f32;
     let mut times = Vec::new();
     for i in 0..args.warmup + args.iters {
         let batch_ids: Vec<&[u32]> = ids[i % ids.len()].chunks(per_table).collect();
         let start = Instant::now();
-        checksum +=
-            ember_sparse::roofline::gather_sum(&tables, &batch_ids, args.dim, args.pooling_factor);
+        if sums_fp32(args) {
+            let tables: Vec<&[f32]> = ebc.tables().iter().map(|t| t.weights()).collect();
+            checksum += ember_sparse::roofline::gather_sum(
+                &tables,
+                &batch_ids,
+                args.dim,
+                args.pooling_factor,
+            );
+        } else {
+            let tables: Vec<&[u8]> = ebc.tables().iter().map(|t| t.row_bytes()).collect();
+            let row_bytes = ebc.tables()[0].bytes_per_row();
+            let mut outs: Vec<&mut [u8]> = out.chunks_mut(args.batch * out_row).collect();
+            let sum = ember_sparse::roofline::gather_bytes(
+                &tables,
+                row_bytes,
+                &batch_ids,
+                args.pooling_factor,
+                &mut outs,
+                out_row,
+            );
+            checksum += sum as f32;
+        }
         if i >= args.warmup {
             times.push(start.elapsed().as_secs_f64());
         }
     }
     std::hint::black_box(checksum);
-    (args.tables * per_table * times.len()) as f64 / times.iter().sum::<f64>()
+    Ok((args.tables * per_table * times.len()) as f64 / times.iter().sum::<f64>())
 }
 
 pub fn median(values: &mut [f64]) -> f64 {

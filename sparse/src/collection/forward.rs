@@ -8,6 +8,8 @@
 //! keeping many rows in flight, and a lean loop lets the core run further
 //! ahead.
 
+use std::time::Instant;
+
 use rayon::prelude::*;
 
 use super::{EmbeddingBagCollection, EmbeddingTable, FeatureSlot, SharedMut};
@@ -37,8 +39,9 @@ const OUT_PREFETCH_BAGS: usize = 8;
 /// Tasks per thread the features pooled in id order are cut into, at
 /// least (see [`one_hot_part`]).
 const ONE_HOT_TASKS_PER_THREAD: usize = 4;
-/// One-hot features of tables of at least this many bytes are pooled in id
-/// order ([`pool_one_hot`]). Measured on a Zen 3 (26 tables, dim 128, one
+/// One-hot features of tables of at least this many bytes may pool in id
+/// order ([`pool_one_hot`]), where the collection's timing finds it faster
+/// ([`OrderTuner`](super::order::OrderTuner)). Measured on a Zen 3 (26 tables, dim 128, one
 /// id per bag, batch 2048, 2 threads), id order against sample order:
 /// int8 rows, 1M a table (136 MB), 1.42x (fp16 output 1.43x); 100k (13.6
 /// MB), 0.81x; fp32 rows, 1M (512 MB), 1.02x; 100k (51 MB), 1.11x; the
@@ -71,17 +74,18 @@ impl EmbeddingBagCollection {
         kjt: &KeyedJaggedTensor,
         out: &mut KeyedTensor<T>,
     ) -> Result<(), SparseError> {
-        self.forward_ordered(kjt, out, ID_ORDER_MIN_BYTES)
+        self.forward_ordered(kjt, out, None)
     }
 
     /// [`forward_into`](Self::forward_into), pooling in id order every
     /// one-hot feature whose rows take at least `id_order_min_bytes` (a
-    /// parameter so tests can send every feature either way).
+    /// parameter so tests can send every feature either way; `None`: large
+    /// tables' features in the order the collection's timing chose).
     fn forward_ordered<T: PooledValue>(
         &self,
         kjt: &KeyedJaggedTensor,
         out: &mut KeyedTensor<T>,
-        id_order_min_bytes: usize,
+        id_order_min_bytes: Option<usize>,
     ) -> Result<(), SparseError> {
         let kjt = self.forward_input(kjt)?;
         let keys = self.resolve_keys(kjt)?;
@@ -99,7 +103,12 @@ impl EmbeddingBagCollection {
             *out = self.new_output_of(batch);
         }
         out.set_batch(batch);
-        self.pool(kjt, &keys, out.values_mut(), id_order_min_bytes)
+        match id_order_min_bytes {
+            Some(min_bytes) => self
+                .pool(kjt, &keys, out.values_mut(), min_bytes, false)
+                .map(drop),
+            None => self.pool_tuned(kjt, &keys, out.values_mut()),
+        }
     }
 
     /// The pooled lookup written straight into `out`, the `[B, width]`
@@ -133,21 +142,55 @@ impl EmbeddingBagCollection {
                 self.width
             )));
         }
-        self.pool(kjt, &keys, out, ID_ORDER_MIN_BYTES)
+        self.pool_tuned(kjt, &keys, out)
+    }
+
+    /// [`pool`](Self::pool), the large tables' one-hot features in the
+    /// order the collection's [`OrderTuner`](super::order::OrderTuner) gives, timed while it chooses.
+    fn pool_tuned<T: PooledValue>(
+        &self,
+        kjt: &KeyedJaggedTensor,
+        keys: &[usize],
+        out: &mut [T],
+    ) -> Result<(), SparseError> {
+        let trial = self.order.next();
+        let min_bytes = match trial.id_order {
+            true => ID_ORDER_MIN_BYTES,
+            false => usize::MAX,
+        };
+        let start = Instant::now();
+        let could = self.pool(kjt, keys, out, min_bytes, trial.timed)?;
+        // Only a forward that could pool in id order tells the orders apart.
+        if trial.timed && could && !kjt.values().is_empty() {
+            let per_id = start.elapsed().as_secs_f64() / kjt.values().len() as f64;
+            self.order.record(trial, per_id);
+        }
+        Ok(())
+    }
+
+    /// Whether the one-hot features of large tables pool in id order, as
+    /// this collection's timing of its first forwards chose (`None`: not
+    /// chosen yet). Either order gives the same sums; the faster depends
+    /// on the machine.
+    pub fn pools_in_id_order(&self) -> Option<bool> {
+        self.order.chosen()
     }
 
     /// Pools `kjt` (its slots' keys at `keys`) into `out`, `[B, width]`.
+    /// With `probe`, says whether any feature could pool in id order (at
+    /// [`ID_ORDER_MIN_BYTES`]), whether it did or not.
     fn pool<T: PooledValue>(
         &self,
         kjt: &KeyedJaggedTensor,
         keys: &[usize],
         out: &mut [T],
         id_order_min_bytes: usize,
-    ) -> Result<(), SparseError> {
+        probe: bool,
+    ) -> Result<bool, SparseError> {
         let batch = kjt.stride();
         let width = self.width;
         if width == 0 || batch == 0 {
-            return Ok(());
+            return Ok(false);
         }
         debug_assert_eq!(out.len(), batch * width);
         let mut job = ForwardJob {
@@ -172,6 +215,8 @@ impl EmbeddingBagCollection {
         job.in_id_order = (0..self.slots.len())
             .map(|i| job.pools_in_id_order(i, batch, id_order_min_bytes))
             .collect();
+        let could = probe
+            && (0..self.slots.len()).any(|i| job.pools_in_id_order(i, batch, ID_ORDER_MIN_BYTES));
         // Tasks: blocks of samples over the features pooled in sample order
         // (none when every feature is pooled in id order), then parts of
         // the features pooled in id order.
@@ -210,7 +255,8 @@ impl EmbeddingBagCollection {
                         pool_one_hot(&job, ordered[t / parts], samples, scratch)
                     }
                 })
-            })
+            })?;
+        Ok(could)
     }
 }
 
@@ -672,7 +718,7 @@ mod tests {
     {
         let mut out: KeyedTensor<T> = ebc.new_output_of(0);
         let min_bytes = if in_id_order { 0 } else { usize::MAX };
-        ebc.forward_ordered(kjt, &mut out, min_bytes)?;
+        ebc.forward_ordered(kjt, &mut out, Some(min_bytes))?;
         // Widened exactly, so equal bits mean equal values of T.
         Ok(out
             .values()

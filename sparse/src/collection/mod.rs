@@ -30,6 +30,7 @@ mod changed;
 mod forward;
 mod init;
 mod keyed;
+mod order;
 mod sequence;
 mod staging;
 mod store;
@@ -432,6 +433,9 @@ pub struct EmbeddingBagCollection {
     staged: Option<Box<staging::Staged>>,
     /// Whether staging admits new ids to key-value tables.
     training: bool,
+    /// Whether large tables' one-hot features pool in id order: timed on
+    /// the first forwards.
+    order: order::OrderTuner,
 }
 
 impl EmbeddingBagCollection {
@@ -579,6 +583,7 @@ impl EmbeddingBagCollection {
             rounding_seed: 0,
             staged: None,
             training: true,
+            order: order::OrderTuner::default(),
         })
     }
 

@@ -77,6 +77,10 @@ struct Queue {
     /// For each instance, a model to swap in before its next batch, and
     /// its version.
     next_models: Vec<Option<(Box<dyn Scorer>, u64)>>,
+    /// Whether an instance is forming a batch (waiting out the queue
+    /// delay): the others leave the queue to it meanwhile, so that
+    /// requests join its batch rather than start small ones.
+    forming: bool,
     stop: bool,
 }
 
@@ -139,15 +143,18 @@ impl Batcher {
         let threads = match options.threads {
             Some(0) => return Err(ServeError::Config("threads must be at least 1".into())),
             Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            // rayon's default: every core, or RAYON_NUM_THREADS.
+            None => rayon::current_num_threads(),
         };
-        // Each instance its share of the threads, at least one.
-        let per_instance = (threads / instances.len()).max(1);
-        let pools = (0..instances.len())
+        // Each instance its share of the threads (the first ones one more
+        // when they do not divide evenly), at least one.
+        let n = instances.len();
+        let pools = (0..n)
             .map(|k| {
+                let share = threads / n + usize::from(k < threads % n);
                 rayon::ThreadPoolBuilder::new()
                     .thread_name(move |i| format!("ember-infer-{k}-{i}"))
-                    .num_threads(per_instance)
+                    .num_threads(share.max(1))
                     .build()
                     .map_err(|e| ServeError::Config(format!("the inference threads: {e}")))
             })
@@ -157,6 +164,7 @@ impl Batcher {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 next_models: instances.iter().map(|_| None).collect(),
+                forming: false,
                 stop: false,
             }),
             wake: Condvar::new(),
@@ -224,8 +232,14 @@ impl Batcher {
             )));
         } else {
             queue.jobs.push_back(job);
+            let forming = queue.forming;
             drop(queue);
-            self.shared.wake.notify_one();
+            // The instance forming a batch must hear of it, whichever
+            // thread a single notification would reach.
+            match forming {
+                true => self.shared.wake.notify_all(),
+                false => self.shared.wake.notify_one(),
+            }
         }
         answer
     }
@@ -295,7 +309,7 @@ fn run(
                     break;
                 }
                 drop_stale(&mut queue.jobs, m);
-                if !queue.jobs.is_empty() || queue.stop {
+                if (!queue.jobs.is_empty() && !queue.forming) || queue.stop {
                     break;
                 }
                 queue = shared.wake.wait(queue).unwrap_or_else(|p| p.into_inner());
@@ -349,7 +363,8 @@ fn drop_stale(jobs: &mut VecDeque<Job>, m: &Metrics) {
 }
 
 /// `instance`'s next batch: the oldest request and those that join it
-/// within the queue delay, up to `max_samples`.
+/// within the queue delay, up to `max_samples`. Requests left queued wake
+/// an idle instance.
 fn take_batch(
     shared: &Shared,
     instance: usize,
@@ -359,11 +374,12 @@ fn take_batch(
     let close_at = queue.jobs[0].queued + shared.options.max_queue_delay;
     let mut jobs = Vec::new();
     let mut samples = 0;
-    loop {
+    queue.forming = true;
+    'forming: loop {
         drop_stale(&mut queue.jobs, &shared.metrics);
         while let Some(job) = queue.jobs.front() {
             if samples + job.samples.count() > max_samples && !jobs.is_empty() {
-                return jobs; // the next request does not fit: the batch is full
+                break 'forming; // the next request does not fit: the batch is full
             }
             samples += job.samples.count();
             jobs.extend(queue.jobs.pop_front());
@@ -371,12 +387,17 @@ fn take_batch(
         let now = Instant::now();
         let swapping = queue.next_models[instance].is_some();
         if samples >= max_samples || now >= close_at || queue.stop || swapping {
-            return jobs;
+            break;
         }
         queue = (shared.wake.wait_timeout(queue, close_at - now))
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }
+    queue.forming = false;
+    if !queue.jobs.is_empty() {
+        shared.wake.notify_one();
+    }
+    jobs
 }
 
 /// Runs one batch on `version` of the model and answers its requests; a

@@ -380,6 +380,55 @@ impl Scorer for Together {
     }
 }
 
+/// `model`'s instances, each batch of which runs only beside another.
+fn together(model: ServedModel) -> ServedModel {
+    let running = std::sync::Arc::new((Mutex::new(0), std::sync::Condvar::new()));
+    ServedModel {
+        instances: (model.instances.into_iter())
+            .map(|inner| {
+                let running = std::sync::Arc::clone(&running);
+                Box::new(Together { inner, running }) as Box<dyn Scorer>
+            })
+            .collect(),
+        ..model
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_left_out_of_a_batch_wakes_an_idle_instance() {
+    let (dir, path) = checkpoint_in("wake", 8);
+    let options = ModelOptions {
+        instances: 2,
+        ..limits(4)
+    };
+    let model = together(ServedModel::open(&path, "dlrm", &options).unwrap());
+    let mut serve = until_full(8);
+    serve.batching.threads = Some(2);
+    let app = router(model, &serve).unwrap();
+    // 2 samples first: an instance forms a batch of them and waits out the
+    // queue delay (600 s) for more.
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { infer(&app, request(0, 2, None)).await }
+    });
+    eventually(&app, "the first request queued", |m| {
+        metric(m, "nv_inference_pending_request_count") == Some(1.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await; // decoded and queued
+                                                          // 4 more cannot join it (a batch holds 4): that batch closes, and the
+                                                          // idle instance must take these at once (a full batch), not leave them
+                                                          // queued behind it; each batch here finishes only beside the other.
+    let second = infer(&app, request(2, 4, None)).await;
+    let first = first.await.unwrap();
+    assert_eq!(
+        (first.0, second.0),
+        (StatusCode::OK, StatusCode::OK),
+        "{first:?} {second:?}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_run_batches_side_by_side_and_reload_together() {
     let (dir, path) = checkpoint_in("instances", 7);
@@ -393,18 +442,8 @@ async fn instances_run_batches_side_by_side_and_reload_together() {
         instances: 2,
         ..limits(4)
     };
-    let model = ServedModel::open(&path, "dlrm", &options).unwrap();
+    let model = together(ServedModel::open(&path, "dlrm", &options).unwrap());
     assert_eq!(model.instances.len(), 2);
-    let running = std::sync::Arc::new((Mutex::new(0), std::sync::Condvar::new()));
-    let model = ServedModel {
-        instances: (model.instances.into_iter())
-            .map(|inner| {
-                let running = std::sync::Arc::clone(&running);
-                Box::new(Together { inner, running }) as Box<dyn Scorer>
-            })
-            .collect(),
-        ..model
-    };
     let serve = ServeOptions {
         reload: Some(ReloadOptions {
             checkpoint: path.clone(),

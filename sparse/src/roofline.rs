@@ -100,8 +100,9 @@ fn gather<const D: usize>(table: &[f32], ids: &[u32], dim: usize, pooling: usize
 /// rows written that a forward moves. Returns a checksum.
 ///
 /// # Panics
-/// When `out[t]` holds fewer than one output row a bag of `ids[t]`, or an
-/// id's row lies outside its table.
+/// When `pooling` or `out_row_bytes` is 0, the tables, ids and outputs are
+/// not as many, `out[t]` holds fewer than one output row a bag of
+/// `ids[t]`, or an id's row lies outside its table.
 pub fn gather_bytes(
     tables: &[&[u8]],
     row_bytes: usize,
@@ -110,13 +111,21 @@ pub fn gather_bytes(
     out: &mut [&mut [u8]],
     out_row_bytes: usize,
 ) -> u64 {
+    assert!(
+        pooling > 0 && out_row_bytes > 0,
+        "bags of ids, rows of bytes"
+    );
+    assert!(
+        tables.len() == ids.len() && ids.len() == out.len(),
+        "one table, ids and output each"
+    );
     let per_task = TASK_IDS.div_ceil(pooling) * pooling;
     let out_per_task = per_task / pooling * out_row_bytes;
     let mut tasks = Vec::new();
     for ((table, ids), out) in tables.iter().zip(ids).zip(out.iter_mut()) {
         let bags = ids.len().div_ceil(pooling);
         assert!(out.len() >= bags * out_row_bytes, "one output row a bag");
-        let outs = out[..bags * out_row_bytes].chunks_mut(out_per_task.max(1));
+        let outs = out[..bags * out_row_bytes].chunks_mut(out_per_task);
         tasks.extend(ids.chunks(per_task).zip(outs).map(|(i, o)| (*table, i, o)));
     }
     tasks

@@ -102,7 +102,7 @@ pub fn section(results: &Path) -> anyhow::Result<String> {
 
 fn machine(t: &LoadTest) -> String {
     format!(
-        "{}, {} CPUs, {}; {} a query; each figure the median of {} runs",
+        "{}, {} CPUs, {}; {} a query; each figure the median of {} runs (fewer at a rate that shed)",
         t.cpu,
         t.cpus,
         t.date,

@@ -144,7 +144,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ServeReport> {
         };
         // Read before the model: a checkpoint written meanwhile is reloaded.
         let serving = identity(&args.checkpoint).map_err(at)?;
-        let first = ember_serving::reload::for_version(&model_options, 1);
+        let mut first = ember_serving::reload::for_version(&model_options, 1);
+        if args.empty_model {
+            first.instances = 1; // its inputs are all the empty model needs
+        }
         let model = ServedModel::open(&args.checkpoint, &args.model_name, &first).map_err(at)?;
         let model = match args.empty_model {
             true => ServedModel::empty(model.inputs, args.instances),

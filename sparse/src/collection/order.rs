@@ -5,7 +5,7 @@
 //! translations are reused; it writes the pooled rows out of order. Which
 //! costs more depends on the machine: id order ran 1.42x sample order on a
 //! Zen 3 (int8 rows, 26 tables of 1M, dim 128, one id a bag, 2 threads),
-//! and 0.65-0.78x on a Xeon (family 6, model 207) whose tables sat on huge
+//! and 0.62-0.74x on a Xeon (family 6, model 207) whose tables sat on huge
 //! pages. Both give the same sums bit for bit, so the choice is free to be
 //! measured.
 
@@ -46,7 +46,8 @@ pub(crate) struct Trial {
 
 impl OrderTuner {
     /// The order of the next forward: the choice once made; before it,
-    /// [`WARMUP`] untimed forwards, then the two timed in [`PATTERN`].
+    /// [`WARMUP`] untimed forwards, then the two timed in [`PATTERN`]
+    /// (counting the forwards [`record`](Self::record)ed).
     pub fn next(&self) -> Trial {
         match self.choice.load(Ordering::Relaxed) {
             ID_ORDER => Trial {
@@ -58,7 +59,7 @@ impl OrderTuner {
                 timed: false,
             },
             _ => {
-                let n = self.calls.fetch_add(1, Ordering::Relaxed);
+                let n = self.calls.load(Ordering::Relaxed);
                 match n.checked_sub(WARMUP) {
                     None => Trial {
                         id_order: n.is_multiple_of(2),
@@ -73,10 +74,15 @@ impl OrderTuner {
         }
     }
 
-    /// A timed forward's seconds per id; chooses once each order has
-    /// [`TRIALS`]: the lower median.
+    /// A forward that could pool in id order, and its seconds per id
+    /// when timed; chooses once each order has [`TRIALS`]: the lower
+    /// median.
     pub fn record(&self, trial: Trial, seconds_per_id: f64) {
         let mut trials = self.trials.lock().unwrap_or_else(|p| p.into_inner());
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if !trial.timed {
+            return;
+        }
         trials[usize::from(!trial.id_order)].push(seconds_per_id);
         if self.choice.load(Ordering::Relaxed) == UNDECIDED
             && trials.iter().all(|t| t.len() >= TRIALS)
@@ -118,13 +124,14 @@ mod tests {
             let tuner = OrderTuner::default();
             for n in 0..WARMUP {
                 let trial = tuner.next();
-                assert_eq!(
-                    trial,
-                    Trial {
-                        id_order: n.is_multiple_of(2),
-                        timed: false
-                    }
-                );
+                let want_trial = Trial {
+                    id_order: n.is_multiple_of(2),
+                    timed: false,
+                };
+                assert_eq!(trial, want_trial);
+                // Forwards that could not pool in id order count for nothing.
+                assert_eq!(tuner.next(), trial);
+                tuner.record(trial, 1.0);
             }
             let mut seen = Vec::new();
             while tuner.chosen().is_none() {

@@ -7,8 +7,7 @@
 
 use std::path::Path;
 
-use anyhow::Context;
-use serde::Deserialize;
+use super::load_test::{read, LoadTest};
 
 /// The runs' directory, under the book's results.
 pub const SERVING_DIR: &str = "serving";
@@ -16,55 +15,6 @@ pub const SERVING_DIR: &str = "serving";
 const EMPTY: &str = "empty.json";
 /// The latency plot `scripts/serve-latency` draws, beside the page.
 const PICTURE: &str = "serving-latency.png";
-
-/// One load test: what `serve_loadtest.py` writes.
-#[derive(Deserialize)]
-struct LoadTest {
-    label: String,
-    offline_samples_per_s: Option<f64>,
-    rows_per_query: u64,
-    target_latency_ms: f64,
-    #[serde(default = "one")]
-    repeats: u64,
-    cpu: String,
-    cpus: u64,
-    date: String,
-    rates: Vec<Rate>,
-}
-
-fn one() -> u64 {
-    1
-}
-
-/// One offered rate's figures (each the median of the runs).
-#[derive(Deserialize)]
-struct Rate {
-    target_qps: f64,
-    target_samples_per_s: f64,
-    completed_samples_per_s: f64,
-    fraction_of_offline: Option<f64>,
-    p50_ms: f64,
-    p99_ms: f64,
-    p999_ms: f64,
-    #[serde(default)]
-    p99_ms_runs: Vec<f64>,
-    #[serde(default)]
-    failed: u64,
-}
-
-impl Rate {
-    /// Held: every query answered, the rate kept up, the p99 in bound.
-    fn held(&self, bound_ms: f64) -> bool {
-        self.failed == 0
-            && self.p99_ms <= bound_ms
-            && self.completed_samples_per_s >= 0.95 * self.target_samples_per_s
-    }
-}
-
-fn read(path: &Path) -> anyhow::Result<LoadTest> {
-    let text = std::fs::read_to_string(path)?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not a load test", path.display()))
-}
 
 /// The section, or nothing when the directory is absent.
 pub fn section(results: &Path) -> anyhow::Result<String> {

@@ -20,6 +20,7 @@ pub mod ids;
 pub mod ingest;
 pub mod ingest_sequences;
 pub mod kv;
+mod load_test;
 pub mod place;
 pub mod plan;
 pub mod plot_latency;

@@ -8,9 +8,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use ember_dataloader::atomic::AtomicFile;
+
+use super::load_test::{read, LoadTest, Rate};
 
 #[derive(Args, Clone, Debug)]
 pub struct PlotLatencyArgs {
@@ -26,22 +28,6 @@ pub struct PlotLatencyArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// One load test: what was served and each rate's figures.
-#[derive(Debug, Deserialize)]
-struct LoadTest {
-    label: String,
-    target_latency_ms: f64,
-    rates: Vec<Rate>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Rate {
-    target_samples_per_s: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    p999_ms: f64,
 }
 
 /// A percentile's name, its value in a rate's figures, its line width.
@@ -64,9 +50,7 @@ impl std::fmt::Display for PlotReport {
 pub fn run(args: &PlotLatencyArgs) -> anyhow::Result<PlotReport> {
     let mut tests = Vec::new();
     for path in &args.inputs {
-        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-        let test: LoadTest = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a load test's JSON", path.display()))?;
+        let test = read(path)?;
         if test.rates.is_empty() {
             bail!("{}: no rates in it", path.display());
         }

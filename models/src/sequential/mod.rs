@@ -12,10 +12,14 @@
 //!   retrieval with sampled softmax; a [`Model`](crate::Model).
 //! - [`sasrec`]: [`SasRec`], the transformer baseline, as the public
 //!   PyTorch SASRec trains it; a [`Model`](crate::Model).
+//! - [`inference`]: [`SequenceScorer`], a checkpoint's model scoring
+//!   histories (top items, or candidates' logits) for `predict` and
+//!   `serve`; checkpoints record their [`SequenceModelConfig`].
 //! - [`metrics`]: [`evaluate_retrieval`] (HR@k, NDCG@k, MRR over the whole
 //!   catalogue or sampled negatives) for any [`SequenceRetriever`].
 
 pub mod histories;
+pub mod inference;
 pub mod loader;
 mod loss;
 pub mod metrics;
@@ -31,6 +35,9 @@ pub use ember_dataloader::sequences::{
 pub use histories::{
     history_batches, LeaveOut, SyntheticHistories, UserHistory, Zipf, ACTIONS_FEATURE,
     HISTORY_FEATURE,
+};
+pub use inference::{
+    history_batch, SequenceModelConfig, SequenceScorer, SequenceScores, SEQUENCE_MODEL_KEY,
 };
 pub use loader::HistoryLoader;
 pub use metrics::{evaluate_retrieval, EvalNegatives, RetrievalMetrics, SequenceRetriever};

@@ -34,7 +34,7 @@ use ember_dense::{
 use ember_sparse::{
     EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings, KeyedJaggedTensor, TableOptimizer,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::histories::{history_batches, UserHistory, ACTIONS_FEATURE, HISTORY_FEATURE};
 use super::stack::{reference_adam, strict_only, HstuStack};
@@ -43,7 +43,7 @@ use crate::metrics::{Metrics, MetricsAccumulator};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
 
 /// An [`HstuRanking`]'s shape and training options.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HstuRankingConfig {
     /// Items (ids `0..num_items`).
     pub num_items: usize,
@@ -522,6 +522,8 @@ impl Model for HstuRanking {
 
     fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
         let mut state = StateDict::new();
+        let config = super::SequenceModelConfig::HstuRanking(self.config.clone());
+        state.metadata(super::SEQUENCE_MODEL_KEY, config.to_json());
         state.add_trained("", &self.optimizer, self.dense.params());
         state.add_embedding_collection("_embedding_collection.", &self.items);
         Ok(state)

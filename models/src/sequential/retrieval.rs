@@ -23,6 +23,7 @@ use ember_dense::{
 };
 use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
+use serde::{Deserialize, Serialize};
 
 use super::histories::{Tokens, HISTORY_FEATURE, TARGETS_FEATURE};
 use super::loss::{sampled_softmax, SoftmaxBuffers};
@@ -35,7 +36,8 @@ use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput};
 
 /// Where a sampled softmax draws its negatives (the reference's two
 /// samplers).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum NegativeSampling {
     /// Uniformly from every item (the reference's `local` sampler, its
     /// research configs' choice).
@@ -49,7 +51,7 @@ pub enum NegativeSampling {
 
 /// An [`HstuRetrieval`]'s shape and training options; names follow the
 /// reference's gin configs where they exist.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HstuRetrievalConfig {
     /// Items (ids `0..num_items`).
     pub num_items: usize,
@@ -359,6 +361,8 @@ impl Model for HstuRetrieval {
 
     fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
         let mut state = StateDict::new();
+        let config = super::SequenceModelConfig::HstuRetrieval(self.config.clone());
+        state.metadata(super::SEQUENCE_MODEL_KEY, config.to_json());
         state.add_trained("", &self.optimizer, self.dense.params());
         state.add_embedding_collection("_embedding_module.", &self.items);
         Ok(state)

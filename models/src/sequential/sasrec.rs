@@ -30,6 +30,7 @@ use ember_dense::{
 };
 use ember_sparse::rng::Rng;
 use ember_sparse::{EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor, TableOptimizer};
+use serde::{Deserialize, Serialize};
 
 use super::histories::{Tokens, HISTORY_FEATURE, TARGETS_FEATURE};
 use super::loss::{sampled_softmax, SoftmaxBuffers};
@@ -43,7 +44,7 @@ const LN_EPS: f64 = 1e-8;
 
 /// A [`SasRec`]'s shape and training options, under the PyTorch SASRec's
 /// flag names.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SasRecConfig {
     /// Items (ids `0..num_items`).
     pub num_items: usize,
@@ -68,7 +69,8 @@ pub struct SasRecConfig {
 }
 
 /// A [`SasRec`]'s training loss.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SasRecLoss {
     /// SASRec's own: binary cross-entropy of the next item and of one
     /// item the user never saw.
@@ -627,6 +629,8 @@ impl Model for SasRec {
 
     fn state_dict(&mut self) -> Result<StateDict<'_>, ModelError> {
         let mut state = StateDict::new();
+        let config = super::SequenceModelConfig::Sasrec(self.config.clone());
+        state.metadata(super::SEQUENCE_MODEL_KEY, config.to_json());
         let params = dense_params(
             (&mut self.positions, &mut self.positions_grad),
             &mut self.blocks,

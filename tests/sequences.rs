@@ -246,3 +246,67 @@ fn flags_of_another_model_are_refused_by_name() {
     let err = ember_fails(&["train", "--model", "hstu-ranking", "--data", s(&out)]);
     assert!(err.contains("row 0 has no actions"), "{err}");
 }
+
+#[test]
+fn predict_scores_a_sequence_checkpoint_and_refuses_what_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = histories(dir.path());
+    let (sasrec, ranking) = (dir.path().join("sasrec"), dir.path().join("ranking"));
+    train(
+        &data,
+        "sasrec",
+        &["--epochs", "1", "--checkpoint-dir", s(&sasrec)],
+    );
+    let extra = [
+        "--epochs",
+        "1",
+        "--num-candidates",
+        "3",
+        "--checkpoint-dir",
+        s(&ranking),
+    ];
+    train(&data, "hstu-ranking", &extra);
+    let out = dir.path().join("p.parquet");
+    fn predict<'a>(ckpt: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec!["predict", "--checkpoint", s(ckpt), "--output", s(out)];
+        args.extend_from_slice(extra);
+        args
+    }
+    let v = json(&predict(
+        &sasrec,
+        &out,
+        &["--data", &data, "--top-k", "3", "--json"],
+    ));
+    assert_eq!(v["rows"], 600, "{v}");
+    if have_pyarrow() {
+        let got = python(&format!(
+            "import pyarrow.parquet as pq; t = pq.read_table({:?}); \
+             print(t.num_rows, t.schema.field('items').type, t['scores'][0].as_py() == sorted(t['scores'][0].as_py(), reverse=True))",
+            s(&out)
+        ));
+        assert_eq!(got.trim(), "600 fixed_size_list<item: int64>[3] True");
+    }
+    // Ranking reads the candidates and one item before them: a history
+    // too short is named by file and row, and nothing is written.
+    std::fs::remove_file(&out).unwrap();
+    let err = ember_fails(&predict(&ranking, &out, &["--data", &data]));
+    assert!(
+        err.contains("syn.parquet: row 2: 3 items; hstu-ranking reads at least 4"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let err = ember_fails(&predict(
+        &ranking,
+        &out,
+        &["--data", &data, "--disk-dir", s(dir.path())],
+    ));
+    assert!(
+        err.contains("--disk-dir (sequence models predict from memory)"),
+        "{err}"
+    );
+    let err = ember_fails(&["eval", "--checkpoint", s(&ranking), "--data", &data]);
+    assert!(
+        err.contains("is a hstu-ranking checkpoint: eval reads DLRM checkpoints"),
+        "{err}"
+    );
+}

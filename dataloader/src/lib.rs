@@ -11,6 +11,7 @@
 //! - [`dataset`]: a validated set of Parquet files and row-group decoding.
 //! - [`loader`]: the pipelined, shuffled, rank-sharded batch iterator.
 //! - [`sequences`]: user histories: interactions grouped by user into Parquet list columns.
+//! - [`list_writer`]: a sequence model's predictions, fixed-size list columns a history.
 
 pub mod atomic;
 pub mod criteo;
@@ -18,6 +19,7 @@ pub mod dataset;
 mod decode;
 mod error;
 pub mod ingest;
+pub mod list_writer;
 pub mod loader;
 pub mod lock;
 pub mod schema;

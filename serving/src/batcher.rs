@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 use crate::inputs::{Inputs, Samples};
 use crate::metrics::{Failure, Metrics};
 use crate::model::Scorer;
+use crate::outputs::{check_columns, request_columns, Column};
 use crate::ServeError;
 
 /// How requests are batched and how many are held.
@@ -54,11 +55,11 @@ impl Default for BatchOptions {
     }
 }
 
-/// A request's scores, and the model version that gave them.
+/// A request's outputs, and the model version that gave them.
 #[derive(Debug)]
 pub struct Scored {
-    /// One logit a sample.
-    pub logits: Vec<f32>,
+    /// One column each of the model's outputs, in order.
+    pub columns: Vec<Column>,
     /// The version of the model that scored them.
     pub version: u64,
 }
@@ -418,17 +419,18 @@ fn execute(
     }
     let parts: Vec<&Samples> = jobs.iter().map(|j| &j.samples).collect();
     let scored = score(scorer, inputs, &parts, m);
+    let outputs = inputs.outputs();
     match scored {
-        Ok(logits) => {
+        Ok(columns) => {
             let split = Instant::now();
             let mut at = 0;
             for job in jobs {
                 let n = job.samples.count();
-                let mine = logits[at..at + n].to_vec();
+                let mine = request_columns(&columns, outputs, (at, at + n));
                 at += n;
                 let _ = job
                     .reply
-                    .send(check_finite(mine, inputs).map(|logits| Scored { logits, version }));
+                    .send(mine.map(|columns| Scored { columns, version }));
             }
             m.output_us.inc_by(split.elapsed().as_micros() as u64);
         }
@@ -438,22 +440,24 @@ fn execute(
         }
         Err(_) => {
             for job in jobs {
+                let n = job.samples.count();
                 let alone = score(scorer, inputs, &[&job.samples], m)
-                    .and_then(|logits| check_finite(logits, inputs))
-                    .map(|logits| Scored { logits, version });
+                    .and_then(|columns| request_columns(&columns, outputs, (0, n)))
+                    .map(|columns| Scored { columns, version });
                 let _ = job.reply.send(alone);
             }
         }
     }
 }
 
-/// The model's logits for `parts` joined, a panic caught as an error.
+/// The model's outputs for `parts` joined, checked; a panic caught as an
+/// error.
 fn score(
     scorer: &mut dyn Scorer,
     inputs: &Inputs,
     parts: &[&Samples],
     m: &Metrics,
-) -> Result<Vec<f32>, ServeError> {
+) -> Result<Vec<Column>, ServeError> {
     let start = Instant::now();
     let batch = inputs.batch(parts)?;
     let joined = Instant::now();
@@ -468,29 +472,14 @@ fn score(
     m.infer_us
         .inc_by((done - joined).as_micros() as u64 * requests);
     match result {
-        Ok(Ok(logits)) if logits.len() == count => {
+        Ok(Ok(columns)) => {
+            check_columns(&columns, inputs.outputs(), count)?;
             m.inferences.inc_by(count as u64);
-            Ok(logits)
+            Ok(columns)
         }
-        Ok(Ok(logits)) => Err(ServeError::Internal(format!(
-            "the model gave {} scores for {count} samples",
-            logits.len()
-        ))),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(ServeError::Internal(
             "the model panicked on this request; the server goes on".into(),
         )),
-    }
-}
-
-/// `logits`, or a 500 naming the first sample whose logit is not finite.
-fn check_finite(logits: Vec<f32>, inputs: &Inputs) -> Result<Vec<f32>, ServeError> {
-    match logits.iter().position(|z| !z.is_finite()) {
-        None => Ok(logits),
-        Some(at) => Err(ServeError::Internal(format!(
-            "model '{}' gave a non-finite logit ({}) for sample {at} of the request",
-            inputs.name(),
-            logits[at]
-        ))),
     }
 }

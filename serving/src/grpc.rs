@@ -12,9 +12,9 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use tonic::{Request, Response, Status};
 
-use crate::inputs::{Inputs, Samples, OUTPUTS};
+use crate::inputs::{Inputs, Samples};
 use crate::protocol::{InferRequest, ParsedRequest, RequestInput, RequestOutput};
-use crate::server::{asked, output_columns, server_metadata, Asked, Server, Shared};
+use crate::server::{asked, asked_columns, samples_of, server_metadata, Asked, Server, Shared};
 use crate::tensor::le_bytes;
 use crate::ServeError;
 
@@ -140,16 +140,15 @@ impl GrpcInferenceService for GrpcService {
             .infer(&name, version(&asked_version), read)
             .await
             .map_err(status)?;
-        let columns = output_columns(scored.logits);
         let (mut outputs, mut raw) = (Vec::new(), Vec::new());
-        for (at, _) in asked.outputs {
+        for (output, values, _) in asked_columns(&self.0.inputs, &asked, &scored.columns) {
             outputs.push(InferOutputTensor {
-                name: OUTPUTS[at].into(),
-                datatype: "FP32".into(),
-                shape: vec![columns[at].len() as i64],
+                name: output.name.into(),
+                datatype: output.datatype().into(),
+                shape: output.shape(samples_of(output, values)),
                 ..Default::default()
             });
-            raw.push(le_bytes(&columns[at], f32::to_le_bytes));
+            raw.push(values.le_bytes());
         }
         Ok(Response::new(ModelInferResponse {
             model_name: name,

@@ -11,14 +11,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use crate::inputs::{Inputs, Samples, OUTPUTS};
+use crate::inputs::{Inputs, Samples};
 use crate::metrics::CONTENT_TYPE;
 use crate::model::ServedModel;
+use crate::outputs::Column;
 use crate::protocol::{
     encode_response, parse_request, ErrorBody, InferResponse, ResponseOutput, HEADER_LENGTH,
 };
-use crate::server::{asked, output_columns, server_metadata, Asked, ServeOptions, Server, Shared};
-use crate::tensor::le_bytes;
+use crate::server::{
+    asked, asked_columns, samples_of, server_metadata, Asked, ServeOptions, Server, Shared,
+};
 use crate::ServeError;
 
 type Served = Arc<Shared>;
@@ -163,7 +165,7 @@ async fn infer_at(
 ) -> Response {
     let read = move |inputs: &Inputs| read(inputs, &headers, &body);
     match s.infer(&name, version.as_deref(), read).await {
-        Ok((asked, scored)) => respond(&s.inputs, asked, scored.logits, scored.version),
+        Ok((asked, scored)) => respond(&s.inputs, asked, scored.columns, scored.version),
         Err(e) => e.into_response(),
     }
 }
@@ -195,19 +197,17 @@ fn read(inputs: &Inputs, headers: &HeaderMap, body: &[u8]) -> Result<(Samples, A
 
 /// The response to a request: the outputs it asked for, each as JSON or
 /// binary data.
-fn respond(inputs: &Inputs, asked: Asked, logits: Vec<f32>, version: u64) -> Response {
-    let columns = output_columns(logits);
+fn respond(inputs: &Inputs, asked: Asked, columns: Vec<Column>, version: u64) -> Response {
     let mut outputs = Vec::new();
     let mut binary = Vec::new();
-    for (at, as_binary) in asked.outputs {
-        let values = &columns[at];
-        binary.push(as_binary.then(|| le_bytes(values, f32::to_le_bytes)));
+    for (output, values, as_binary) in asked_columns(inputs, &asked, &columns) {
+        binary.push(as_binary.then(|| values.le_bytes()));
         outputs.push(ResponseOutput {
-            name: OUTPUTS[at].into(),
-            shape: vec![values.len() as i64],
-            datatype: "FP32".into(),
+            name: output.name.into(),
+            shape: output.shape(samples_of(output, values)),
+            datatype: output.datatype().into(),
             parameters: None,
-            data: (!as_binary).then(|| values.clone()),
+            data: (!as_binary).then(|| values.data()),
         });
     }
     let response = InferResponse {

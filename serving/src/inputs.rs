@@ -1,14 +1,17 @@
 //! A model's inputs: what a request must hold (names, types, shapes, limits)
 //! and how its raw features become the model's, through the dataset spec the
-//! checkpoint recorded, as `ember predict`'s loader reads the same columns.
+//! checkpoint recorded, as `ember predict`'s loader reads the same columns;
+//! or, for a sequence model, users' histories ([`crate::histories`]).
 //! Requests are decoded apart ([`Samples`]) and joined into one batch.
 
 use std::collections::HashMap;
 
 use ember_dataloader::{Batch, DatasetSpec, IdTransform};
 use ember_dense::Tensor;
+use ember_models::sequential::{SequenceModelConfig, UserHistory};
 use ember_sparse::KeyedJaggedTensor;
 
+use crate::outputs::OutputSpec;
 use crate::protocol::{ModelMetadata, ParsedRequest, TensorMetadata};
 use crate::tensor::{decode, Values};
 use crate::ServeError;
@@ -35,7 +38,7 @@ impl Default for Limits {
 /// The dense features' input.
 pub const DENSE: &str = "dense";
 
-/// The outputs every model gives, as `ember predict` writes them.
+/// A DLRM's outputs, as `ember predict` writes them.
 pub const OUTPUTS: [&str; 2] = ["logit", "probability"];
 
 /// One sparse feature of a request, transformed: lengths a sample, the
@@ -51,10 +54,20 @@ struct FeatureIds {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Samples {
     count: usize,
-    /// `count` rows of the dense features, transformed.
-    dense: Vec<f32>,
-    /// Each sparse feature, in the spec's order.
-    features: Vec<FeatureIds>,
+    content: Content,
+}
+
+/// What a request's samples hold, by the model's layout.
+#[derive(Clone, Debug, PartialEq)]
+enum Content {
+    Features {
+        /// `count` rows of the dense features, transformed.
+        dense: Vec<f32>,
+        /// Each sparse feature, in the spec's order.
+        features: Vec<FeatureIds>,
+    },
+    /// One history a sample.
+    Histories(Vec<UserHistory>),
 }
 
 impl Samples {
@@ -68,12 +81,24 @@ impl Samples {
 #[derive(Clone, Debug)]
 pub struct Inputs {
     name: String,
-    spec: DatasetSpec,
+    layout: Layout,
     limits: Limits,
     metadata: ModelMetadata,
-    /// Each sparse feature's table size and whether it takes raw ids
-    /// (key-value tables do).
-    tables: Vec<(u64, bool)>,
+    outputs: Vec<OutputSpec>,
+}
+
+/// What a model's requests hold.
+#[derive(Clone, Debug, PartialEq)]
+enum Layout {
+    /// A DLRM's dense and sparse features, as its dataset spec reads them.
+    Features {
+        spec: DatasetSpec,
+        /// Each sparse feature's table size and whether it takes raw ids
+        /// (key-value tables do).
+        tables: Vec<(u64, bool)>,
+    },
+    /// A sequence model's histories.
+    Histories(SequenceModelConfig),
 }
 
 impl Inputs {
@@ -97,13 +122,49 @@ impl Inputs {
                 (rows, kv)
             })
             .collect();
+        let outputs: Vec<OutputSpec> = OUTPUTS.iter().map(|&o| OutputSpec::scalar(o)).collect();
         Ok(Self {
-            metadata: metadata_of(name, &spec),
+            metadata: metadata_of(name, &spec, &outputs),
             name: name.into(),
-            spec,
+            layout: Layout::Features { spec, tables },
             limits,
-            tables,
+            outputs,
         })
+    }
+
+    /// The inputs of a sequence model named `name`, whose retrieval
+    /// gives each history its `top_k` best items.
+    pub fn histories(
+        name: &str,
+        config: SequenceModelConfig,
+        limits: Limits,
+        top_k: usize,
+    ) -> Result<Self, ServeError> {
+        if limits.max_batch_size == 0 || limits.max_ids_per_feature == 0 || top_k == 0 {
+            return Err(ServeError::Config(
+                "the batch, id and top-k limits must be at least 1".into(),
+            ));
+        }
+        let outputs = crate::histories::outputs(&config, top_k);
+        Ok(Self {
+            metadata: crate::histories::metadata(name, &config, &outputs),
+            name: name.into(),
+            layout: Layout::Histories(config),
+            limits,
+            outputs,
+        })
+    }
+
+    /// Whether a model of `other` inputs may take over from this one (a
+    /// reload): the same requests, read the same way, the same outputs.
+    pub fn same_as(&self, other: &Inputs) -> bool {
+        let shape = |l: &Layout| match l {
+            Layout::Features { spec, .. } => Ok(spec.clone()),
+            Layout::Histories(c) => Err((c.num_items(), c.min_history(), c.candidates())),
+        };
+        self.metadata.inputs == other.metadata.inputs
+            && self.outputs == other.outputs
+            && shape(&self.layout) == shape(&other.layout)
     }
 
     /// The model's name.
@@ -116,9 +177,17 @@ impl Inputs {
         &self.metadata
     }
 
-    /// The dataset spec the inputs follow.
-    pub fn spec(&self) -> &DatasetSpec {
-        &self.spec
+    /// The dataset spec the inputs follow (`None`: histories).
+    pub fn spec(&self) -> Option<&DatasetSpec> {
+        match &self.layout {
+            Layout::Features { spec, .. } => Some(spec),
+            Layout::Histories(_) => None,
+        }
+    }
+
+    /// What the model gives, in order.
+    pub fn outputs(&self) -> &[OutputSpec] {
+        &self.outputs
     }
 
     /// The limits a request is held to.
@@ -127,10 +196,37 @@ impl Inputs {
     }
 
     /// A request's inputs, checked and transformed: the dense values and
-    /// the ids as the loader gives them from the same raw columns.
+    /// the ids as the loader gives them from the same raw columns, or the
+    /// histories.
     pub fn decode(&self, parsed: &ParsedRequest<'_>) -> Result<Samples, ServeError> {
+        let given = self.given(parsed)?;
+        let (count, content) = match &self.layout {
+            Layout::Features { spec, tables } => self.decode_features(spec, tables, given)?,
+            Layout::Histories(config) => {
+                let users = crate::histories::decode(config, given)?;
+                self.check_count(users.len())?;
+                (users.len(), Content::Histories(users))
+            }
+        };
+        Ok(Samples { count, content })
+    }
+
+    /// A 400 unless a request of `count` samples is within the limits.
+    fn check_count(&self, count: usize) -> Result<(), ServeError> {
+        match count == 0 || count > self.limits.max_batch_size {
+            true => Err(ServeError::BadRequest(format!(
+                "a batch of {count} samples: this server takes 1 to {}",
+                self.limits.max_batch_size
+            ))),
+            false => Ok(()),
+        }
+    }
+
+    /// A request's inputs by name, each an input of the model, given once
+    /// and within the limits.
+    fn given<'a>(&self, parsed: &'a ParsedRequest<'_>) -> Result<Given<'a>, ServeError> {
         let bad = |m: String| ServeError::BadRequest(m);
-        let nd = self.spec.num_dense();
+        let nd = self.spec().map_or(0, DatasetSpec::num_dense);
         let max_dense = self.limits.max_batch_size.saturating_mul(nd.max(1));
         let max_ids = (self.limits.max_ids_per_feature).max(self.limits.max_batch_size);
         let mut given: HashMap<&str, (&[i64], Values)> = HashMap::new();
@@ -157,9 +253,19 @@ impl Inputs {
                 return Err(bad(format!("input '{}' is given twice", input.name)));
             }
         }
-        let mut take = |name: &str| {
-            (given.remove(name)).ok_or_else(|| bad(format!("input '{name}' is missing")))
-        };
+        Ok(Given(given))
+    }
+
+    /// A DLRM's request: its samples' count and features.
+    fn decode_features(
+        &self,
+        spec: &DatasetSpec,
+        tables: &[(u64, bool)],
+        mut given: Given<'_>,
+    ) -> Result<(usize, Content), ServeError> {
+        let bad = |m: String| ServeError::BadRequest(m);
+        let nd = spec.num_dense();
+        let mut take = |name: &str| given.take(name);
         // The batch size: the dense rows, else the first feature's lengths.
         let mut batch = None;
         let mut dense = Vec::new();
@@ -178,8 +284,8 @@ impl Inputs {
                 Values::Ints(v) => v.into_iter().map(|x| x as f32).collect(),
             };
         }
-        let mut features = Vec::with_capacity(self.spec.sparse.len());
-        for (column, &(rows, is_kv)) in self.spec.sparse.iter().zip(&self.tables) {
+        let mut features = Vec::with_capacity(spec.sparse.len());
+        for (column, &(rows, is_kv)) in spec.sparse.iter().zip(tables) {
             let key = column.key();
             let lengths_name = format!("{key}.lengths");
             let lengths = one_d_ints(take(&lengths_name)?, &lengths_name)?;
@@ -207,7 +313,7 @@ impl Inputs {
                     ids.len()
                 )));
             }
-            let transform = self.spec.id_transform_of(key);
+            let transform = spec.id_transform_of(key);
             if let (IdTransform::Raw, false) = (transform, is_kv) {
                 if let Some(id) = ids.iter().find(|&&id| id < 0 || id as u64 >= rows) {
                     return Err(bad(format!(
@@ -218,7 +324,7 @@ impl Inputs {
             for id in &mut ids {
                 *id = transform.apply(*id, rows);
             }
-            let weights = match (self.spec.weighted(), column.weights.is_some()) {
+            let weights = match (spec.weighted(), column.weights.is_some()) {
                 (false, _) => None,
                 (true, false) => Some(vec![1.0; total as usize]),
                 (true, true) => {
@@ -244,77 +350,115 @@ impl Inputs {
             });
         }
         let count = batch.unwrap_or(0);
-        if count == 0 || count > self.limits.max_batch_size {
-            return Err(bad(format!(
-                "a batch of {count} samples: this server takes 1 to {}",
-                self.limits.max_batch_size
-            )));
-        }
-        let dense = self.transform_dense(dense, count)?;
-        Ok(Samples {
-            count,
-            dense,
-            features,
-        })
-    }
-
-    /// Raw dense values into the model's inputs, column by column.
-    fn transform_dense(&self, mut dense: Vec<f32>, batch: usize) -> Result<Vec<f32>, ServeError> {
-        let nd = self.spec.num_dense();
-        if dense.len() != batch * nd {
-            return Err(ServeError::BadRequest(format!(
-                "input 'dense': {} values for {batch} samples of {nd} features",
-                dense.len()
-            )));
-        }
-        for (i, x) in dense.iter_mut().enumerate() {
-            let j = i % nd;
-            let y = self.spec.transform_of(j).apply_f32(Some(*x));
-            if !x.is_finite() || !y.is_finite() {
-                return Err(ServeError::BadRequest(format!(
-                    "input 'dense': sample {} feature {j} ({}) is {x}: dense values must be finite",
-                    i / nd,
-                    self.spec.dense[j].column
-                )));
-            }
-            *x = y;
-        }
-        Ok(dense)
+        self.check_count(count)?;
+        let dense = transform_dense(spec, dense, count)?;
+        Ok((count, Content::Features { dense, features }))
     }
 
     /// Requests' samples joined into one batch, in order: the batch `ember
     /// predict` reads from the same rows in the same order.
     pub fn batch(&self, parts: &[&Samples]) -> Result<Batch, ServeError> {
-        let count: usize = parts.iter().map(|p| p.count).sum();
-        let nd = self.spec.num_dense();
-        let dense: Vec<f32> = parts.iter().flat_map(|p| &p.dense).copied().collect();
-        let dense =
-            Tensor::from_vec(count, nd, dense).map_err(|e| ServeError::Internal(e.to_string()))?;
-        let (mut keys, mut ids, mut lengths) = (Vec::new(), Vec::new(), Vec::new());
-        let mut weights = self.spec.weighted().then(Vec::new);
-        for (f, column) in self.spec.sparse.iter().enumerate() {
-            keys.push(column.key().to_string());
-            for part in parts {
-                let feature = &part.features[f];
-                ids.extend_from_slice(&feature.ids);
-                lengths.extend_from_slice(&feature.lengths);
-                if let (Some(w), Some(given)) = (weights.as_mut(), &feature.weights) {
-                    w.extend_from_slice(given);
-                }
+        match &self.layout {
+            Layout::Features { spec, .. } => features_batch(spec, parts),
+            Layout::Histories(config) => {
+                let users: Vec<UserHistory> = (parts.iter())
+                    .flat_map(|p| match &p.content {
+                        Content::Histories(users) => users.clone(),
+                        Content::Features { .. } => Vec::new(),
+                    })
+                    .collect();
+                ember_models::sequential::history_batch(config, &users)
+                    .map_err(|e| ServeError::Internal(e.to_string()))
             }
         }
-        let sparse = KeyedJaggedTensor::from_lengths(keys, ids, &lengths, weights)
-            .map_err(|e| ServeError::Internal(e.to_string()))?;
-        Ok(Batch {
-            dense,
-            sparse,
-            labels: vec![f32::NAN; count],
-        })
     }
 }
 
+/// A request's inputs by name: shape and values.
+pub(crate) struct Given<'a>(HashMap<&'a str, (&'a [i64], Values)>);
+
+impl<'a> Given<'a> {
+    /// The input `name`, or a 400 saying it is missing.
+    pub(crate) fn take(&mut self, name: &str) -> Result<(&'a [i64], Values), ServeError> {
+        (self.0.remove(name))
+            .ok_or_else(|| ServeError::BadRequest(format!("input '{name}' is missing")))
+    }
+
+    /// The input `name` when given.
+    pub(crate) fn take_optional(&mut self, name: &str) -> Option<(&'a [i64], Values)> {
+        self.0.remove(name)
+    }
+}
+
+/// Raw dense values into the model's inputs, column by column.
+fn transform_dense(
+    spec: &DatasetSpec,
+    mut dense: Vec<f32>,
+    batch: usize,
+) -> Result<Vec<f32>, ServeError> {
+    let nd = spec.num_dense();
+    if dense.len() != batch * nd {
+        return Err(ServeError::BadRequest(format!(
+            "input 'dense': {} values for {batch} samples of {nd} features",
+            dense.len()
+        )));
+    }
+    for (i, x) in dense.iter_mut().enumerate() {
+        let j = i % nd;
+        let y = spec.transform_of(j).apply_f32(Some(*x));
+        if !x.is_finite() || !y.is_finite() {
+            return Err(ServeError::BadRequest(format!(
+                "input 'dense': sample {} feature {j} ({}) is {x}: dense values must be finite",
+                i / nd,
+                spec.dense[j].column
+            )));
+        }
+        *x = y;
+    }
+    Ok(dense)
+}
+
+/// DLRM requests' samples joined into one batch.
+fn features_batch(spec: &DatasetSpec, parts: &[&Samples]) -> Result<Batch, ServeError> {
+    let count: usize = parts.iter().map(|p| p.count).sum();
+    let nd = spec.num_dense();
+    let mut dense: Vec<f32> = Vec::with_capacity(count * nd);
+    let mut all = Vec::with_capacity(parts.len());
+    for p in parts {
+        if let Content::Features { dense: d, features } = &p.content {
+            dense.extend_from_slice(d);
+            all.push(features);
+        }
+    }
+    let dense =
+        Tensor::from_vec(count, nd, dense).map_err(|e| ServeError::Internal(e.to_string()))?;
+    let (mut keys, mut ids, mut lengths) = (Vec::new(), Vec::new(), Vec::new());
+    let mut weights = spec.weighted().then(Vec::new);
+    for (f, column) in spec.sparse.iter().enumerate() {
+        keys.push(column.key().to_string());
+        for features in &all {
+            let feature = &features[f];
+            ids.extend_from_slice(&feature.ids);
+            lengths.extend_from_slice(&feature.lengths);
+            if let (Some(w), Some(given)) = (weights.as_mut(), &feature.weights) {
+                w.extend_from_slice(given);
+            }
+        }
+    }
+    let sparse = KeyedJaggedTensor::from_lengths(keys, ids, &lengths, weights)
+        .map_err(|e| ServeError::Internal(e.to_string()))?;
+    Ok(Batch {
+        dense,
+        sparse,
+        labels: vec![f32::NAN; count],
+    })
+}
+
 /// A one-dimensional integer input (ids, lengths), named for errors.
-fn one_d_ints((shape, values): (&[i64], Values), name: &str) -> Result<Vec<i64>, ServeError> {
+pub(crate) fn one_d_ints(
+    (shape, values): (&[i64], Values),
+    name: &str,
+) -> Result<Vec<i64>, ServeError> {
     match (shape, values) {
         ([_], Values::Ints(v)) => Ok(v),
         ([_], Values::Floats(_)) => Err(ServeError::BadRequest(format!(
@@ -328,7 +472,7 @@ fn one_d_ints((shape, values): (&[i64], Values), name: &str) -> Result<Vec<i64>,
 
 /// The model's inputs (`dense`, then each feature's lengths, values and
 /// weights) and outputs.
-fn metadata_of(name: &str, spec: &DatasetSpec) -> ModelMetadata {
+fn metadata_of(name: &str, spec: &DatasetSpec, outputs: &[OutputSpec]) -> ModelMetadata {
     let tensor = |name: String, datatype: &str, shape: Vec<i64>| TensorMetadata {
         name,
         datatype: datatype.into(),
@@ -350,10 +494,7 @@ fn metadata_of(name: &str, spec: &DatasetSpec) -> ModelMetadata {
             inputs.push(tensor(format!("{key}.weights"), "FP32", vec![-1]));
         }
     }
-    let outputs = OUTPUTS
-        .iter()
-        .map(|o| tensor(o.to_string(), "FP32", vec![-1]))
-        .collect();
+    let outputs = outputs.iter().map(OutputSpec::metadata).collect();
     ModelMetadata {
         name: name.into(),
         versions: vec!["1".into()],

@@ -7,8 +7,12 @@
 //! - [`tensor`]: a request's input tensors decoded and checked.
 //! - [`inputs`]: [`Inputs`], what a model's requests hold and how their raw
 //!   features become the model's (as `ember predict` reads them).
-//! - [`model`]: [`ServedModel`], a checkpoint's DLRM (or a [`Scorer`] of
-//!   one's own) with its inputs.
+//! - [`histories`]: a sequence model's requests (user histories) and its
+//!   outputs (top items, or candidates' logits).
+//! - [`outputs`]: [`OutputSpec`], a model's outputs, and the [`Column`]s
+//!   a [`Scorer`] gives, split back into requests.
+//! - [`model`]: [`ServedModel`], a checkpoint's DLRM, DCNv2, SASRec or
+//!   HSTU (or a [`Scorer`] of one's own) with its inputs.
 //! - [`batcher`]: dynamic batching across requests, deadlines, load
 //!   shedding and the swap of a new model.
 //! - [`reload`]: a checkpoint watched and reloaded as it changes.
@@ -34,10 +38,12 @@
 
 pub mod batcher;
 pub mod grpc;
+pub mod histories;
 pub mod http;
 pub mod inputs;
 pub mod metrics;
 pub mod model;
+pub mod outputs;
 pub mod protocol;
 pub mod reload;
 pub mod server;
@@ -47,6 +53,7 @@ pub use batcher::BatchOptions;
 pub use http::router;
 pub use inputs::{Inputs, Limits};
 pub use model::{ModelOptions, Scorer, ServedModel};
+pub use outputs::{Column, OutputSpec};
 pub use reload::ReloadOptions;
 pub use server::{serve, ServeOptions, Server};
 

@@ -1,24 +1,27 @@
 //! A served model: its [`Inputs`] (what requests hold and how their raw
 //! features are transformed) and the [`Scorer`]s that turn a batch into
-//! logits, one an instance (Triton's instance group): a checkpoint's DLRM
-//! or DCNv2 (any table dtype, tables in memory or on the disk tier), or
-//! scorers of a caller's own.
+//! its outputs, one an instance (Triton's instance group): a checkpoint's
+//! DLRM or DCNv2 (any table dtype, tables in memory or on the disk tier),
+//! SASRec or HSTU (in memory), or scorers of a caller's own.
 
 use std::path::Path;
 
 use ember_dataloader::Batch;
 use ember_dense::DenseOptimizerConfig;
+use ember_models::sequential::{SequenceModelConfig, SequenceScorer, SequenceScores};
 use ember_models::{Backend, BatchShape, Checkpoint, DiskTierOptions, Dlrm, Model};
 use ember_sparse::TableOptimizer;
 
 use crate::inputs::{Inputs, Limits};
+use crate::outputs::Column;
 use crate::ServeError;
 
-/// What turns a batch into one logit a sample. The server calls it from
+/// What turns a batch into the model's outputs. The server calls it from
 /// one thread at a time; a panic fails the requests of that call only.
 pub trait Scorer: Send {
-    /// The logits of `batch`'s samples, in order.
-    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError>;
+    /// `batch`'s outputs: one column each of the model's
+    /// [`Inputs::outputs`], in order, its samples' values in order.
+    fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError>;
 
     /// The disk tier's cache so far: lookups and misses (`None`: no table
     /// on the disk tier).
@@ -40,15 +43,20 @@ pub struct ModelOptions {
     /// cores, whole batches in parallel beat one batch's layers split
     /// across threads; each copy holds its own tables.
     pub instances: usize,
+    /// Items a retrieval model (SASRec, HSTU retrieval) answers a history
+    /// with, best first.
+    pub top_k: usize,
 }
 
 impl Default for ModelOptions {
-    /// The default limits, tables in memory, one instance.
+    /// The default limits, tables in memory, one instance, the top 10
+    /// items.
     fn default() -> Self {
         Self {
             limits: Limits::default(),
             disk_tier: None,
             instances: 1,
+            top_k: 10,
         }
     }
 }
@@ -64,14 +72,18 @@ pub struct ServedModel {
 
 impl ServedModel {
     /// The model of `checkpoint` (a file, a set's index, or a run's
-    /// directory), named `name`, reading its inputs as its recorded dataset
-    /// spec says (Criteo's columns for a file that records none), as
-    /// `options.instances` copies.
+    /// directory), named `name`, as `options.instances` copies: a DLRM
+    /// reading its inputs as its recorded dataset spec says (Criteo's
+    /// columns for a file that records none), or a sequence model reading
+    /// histories.
     pub fn open(checkpoint: &Path, name: &str, options: &ModelOptions) -> Result<Self, ServeError> {
         if options.instances == 0 {
             return Err(ServeError::Config(
                 "a model needs at least 1 instance".into(),
             ));
+        }
+        if let Some((config, _)) = SequenceModelConfig::of_checkpoint(checkpoint)? {
+            return Self::open_sequence(checkpoint, name, config, options);
         }
         if options.instances > 1 && options.disk_tier.is_some() {
             return Err(ServeError::Config(format!(
@@ -106,12 +118,41 @@ impl ServedModel {
         Ok(Self { inputs, instances })
     }
 
+    /// A sequence model's checkpoint, its tables in memory.
+    fn open_sequence(
+        checkpoint: &Path,
+        name: &str,
+        config: SequenceModelConfig,
+        options: &ModelOptions,
+    ) -> Result<Self, ServeError> {
+        if options.disk_tier.is_some() {
+            return Err(ServeError::Config(format!(
+                "{} serves its tables from memory, not the disk tier",
+                config.name()
+            )));
+        }
+        let inputs = Inputs::histories(name, config, options.limits, options.top_k)?;
+        let instances = (0..options.instances)
+            .map(|_| {
+                let model = SequenceScorer::open(checkpoint)?;
+                Ok(Box::new(HistoryScorer {
+                    model,
+                    top_k: options.top_k,
+                }) as Box<dyn Scorer>)
+            })
+            .collect::<Result<_, ServeError>>()?;
+        Ok(Self { inputs, instances })
+    }
+
     /// `inputs` scored by `instances` copies of a model that computes
     /// nothing (every logit 0): what the server itself costs (protocol,
     /// batching, threads).
     pub fn empty(inputs: Inputs, instances: usize) -> Self {
+        let outputs: Vec<(bool, usize)> = (inputs.outputs().iter())
+            .map(|o| (o.ints, o.width()))
+            .collect();
         let instances = (0..instances.max(1))
-            .map(|_| Box::new(EmptyScorer) as Box<dyn Scorer>)
+            .map(|_| Box::new(EmptyScorer(outputs.clone())) as Box<dyn Scorer>)
             .collect();
         Self { inputs, instances }
     }
@@ -124,8 +165,9 @@ struct DlrmScorer {
 }
 
 impl Scorer for DlrmScorer {
-    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError> {
-        Ok(self.model.predict(&self.backend, batch)?.to_vec())
+    fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError> {
+        let logits = self.model.predict(&self.backend, batch)?.to_vec();
+        Ok(logit_and_probability(logits))
     }
 
     fn cache(&self) -> Option<(u64, u64)> {
@@ -138,11 +180,42 @@ impl Scorer for DlrmScorer {
     }
 }
 
-/// Every logit 0, at no cost.
-struct EmptyScorer;
+/// Logits, and the probabilities `ember predict` writes beside them.
+fn logit_and_probability(logits: Vec<f32>) -> Vec<Column> {
+    let probabilities = (logits.iter())
+        .map(|&z| ember_dataloader::writer::probability(z))
+        .collect();
+    vec![Column::Floats(logits), Column::Floats(probabilities)]
+}
+
+/// A sequence model: each history's top items, or its candidates' logits.
+struct HistoryScorer {
+    model: SequenceScorer,
+    top_k: usize,
+}
+
+impl Scorer for HistoryScorer {
+    fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError> {
+        Ok(match self.model.score_batch(batch, self.top_k)? {
+            SequenceScores::TopItems { items, scores } => {
+                vec![Column::Ints(items), Column::Floats(scores)]
+            }
+            SequenceScores::Candidates { logits } => logit_and_probability(logits),
+        })
+    }
+}
+
+/// Every output 0, at no cost: (integers, width) of each.
+struct EmptyScorer(Vec<(bool, usize)>);
 
 impl Scorer for EmptyScorer {
-    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError> {
-        Ok(vec![0.0; batch.labels.len()])
+    fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError> {
+        let n = batch.labels.len();
+        Ok((self.0.iter())
+            .map(|&(ints, w)| match ints {
+                true => Column::Ints(vec![0; n * w]),
+                false => Column::Floats(vec![0.0; n * w]),
+            })
+            .collect())
     }
 }

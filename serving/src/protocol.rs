@@ -109,7 +109,17 @@ pub struct ResponseOutput {
     pub parameters: Option<Map<String, Value>>,
     /// The values, when not binary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<Vec<f32>>,
+    pub data: Option<OutputData>,
+}
+
+/// An output's values as JSON: integers or floats, by its datatype.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum OutputData {
+    /// `INT64` values.
+    Ints(Vec<i64>),
+    /// `FP32` values.
+    Floats(Vec<f32>),
 }
 
 /// The response to an inference request.
@@ -270,7 +280,7 @@ mod tests {
             shape: vec![1],
             datatype: "FP32".into(),
             parameters: None,
-            data: Some(vec![0.5]),
+            data: Some(OutputData::Floats(vec![0.5])),
         };
         let response = InferResponse {
             model_name: "m".into(),
@@ -282,7 +292,7 @@ mod tests {
         let len = len.unwrap();
         assert_eq!(&body[len..], &[9, 9, 9, 9]);
         let back: InferResponse = serde_json::from_slice(&body[..len]).unwrap();
-        assert_eq!(back.outputs[0].data, Some(vec![0.5]));
+        assert_eq!(back.outputs[0].data, Some(OutputData::Floats(vec![0.5])));
         assert_eq!(back.outputs[1].data, None);
     }
 

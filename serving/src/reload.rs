@@ -98,10 +98,10 @@ pub fn watch(
             inputs.name(),
             &for_version(&options.model, next),
         )
-        .and_then(|model| match model.inputs.spec() == inputs.spec() {
+        .and_then(|model| match model.inputs.same_as(&inputs) {
             true => Ok(model),
             false => Err(ServeError::Config(
-                "its inputs (dataset spec) differ from the served model's: restart the server to change them".into(),
+                "its inputs or outputs differ from the served model's: restart the server to change them".into(),
             )),
         });
         match opened {

@@ -14,9 +14,10 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
 use crate::batcher::{BatchOptions, Batcher, Scored};
-use crate::inputs::{Inputs, Samples, OUTPUTS};
+use crate::inputs::{Inputs, Samples};
 use crate::metrics::{Failure, Metrics};
 use crate::model::ServedModel;
+use crate::outputs::{Column, OutputSpec};
 use crate::protocol::{flag, InferRequest, ServerMetadata};
 use crate::reload::{watch, ReloadOptions};
 use crate::ServeError;
@@ -63,7 +64,7 @@ pub(crate) struct Shared {
 /// What a request asks for besides its inputs.
 pub(crate) struct Asked {
     pub(crate) id: Option<String>,
-    /// Each output asked for (an index into [`OUTPUTS`]), and whether as
+    /// Each output asked for (an index into [`Inputs::outputs`]), and whether as
     /// binary data (HTTP's binary tensor data extension).
     pub(crate) outputs: Vec<(usize, bool)>,
     pub(crate) timeout: Option<Duration>,
@@ -183,17 +184,18 @@ impl Shared {
 pub(crate) fn asked(inputs: &Inputs, request: &InferRequest) -> Result<Asked, ServeError> {
     let bad = |m: String| ServeError::BadRequest(m);
     let all_binary = flag(&request.parameters, "binary_data_output").unwrap_or(false);
+    let names: Vec<&str> = inputs.outputs().iter().map(|o| o.name).collect();
     let outputs: Vec<(usize, bool)> = match &request.outputs {
-        None => (0..OUTPUTS.len()).map(|o| (o, all_binary)).collect(),
+        None => (0..names.len()).map(|o| (o, all_binary)).collect(),
         Some(outputs) => outputs
             .iter()
             .map(|o| {
-                let at = OUTPUTS.iter().position(|n| *n == o.name).ok_or_else(|| {
+                let at = names.iter().position(|n| *n == o.name).ok_or_else(|| {
                     bad(format!(
                         "output '{}' is not an output of model '{}' (its outputs: {})",
                         o.name,
                         inputs.name(),
-                        OUTPUTS.join(", ")
+                        names.join(", ")
                     ))
                 })?;
                 if (o.parameters.as_ref()).is_some_and(|p| p.contains_key("classification")) {
@@ -208,7 +210,7 @@ pub(crate) fn asked(inputs: &Inputs, request: &InferRequest) -> Result<Asked, Se
     };
     for (i, (at, _)) in outputs.iter().enumerate() {
         if outputs[..i].iter().any(|(other, _)| other == at) {
-            return Err(bad(format!("output '{}' is asked for twice", OUTPUTS[*at])));
+            return Err(bad(format!("output '{}' is asked for twice", names[*at])));
         }
     }
     let timeout = match request.parameters.as_ref().and_then(|p| p.get("timeout")) {
@@ -233,13 +235,19 @@ pub(crate) fn server_metadata() -> ServerMetadata {
     }
 }
 
-/// The model's outputs from its logits, in [`OUTPUTS`]' order: the logit
-/// and the probability `ember predict` writes.
-pub(crate) fn output_columns(logits: Vec<f32>) -> [Vec<f32>; 2] {
-    let probabilities = (logits.iter())
-        .map(|&z| ember_dataloader::writer::probability(z))
-        .collect();
-    [logits, probabilities]
+/// The outputs `asked` for, from a request's columns: each one's spec and
+/// values.
+pub(crate) fn asked_columns<'a>(
+    inputs: &'a Inputs,
+    asked: &'a Asked,
+    columns: &'a [Column],
+) -> impl Iterator<Item = (&'a OutputSpec, &'a Column, bool)> {
+    (asked.outputs.iter()).map(|&(at, binary)| (&inputs.outputs()[at], &columns[at], binary))
+}
+
+/// How many samples a column of `output` holds.
+pub(crate) fn samples_of(output: &OutputSpec, column: &Column) -> usize {
+    column.len() / output.width().max(1)
 }
 
 /// Serves `model` over HTTP on `http` and, given a listener, over gRPC on

@@ -27,8 +27,8 @@ use ember_serving::grpc::proto::{
 use ember_serving::grpc::GrpcService;
 use ember_serving::reload::identity;
 use ember_serving::{
-    router, BatchOptions, Limits, ModelOptions, ReloadOptions, Scorer, ServeError, ServeOptions,
-    ServedModel, Server,
+    router, BatchOptions, Column, Limits, ModelOptions, ReloadOptions, Scorer, ServeError,
+    ServeOptions, ServedModel, Server,
 };
 
 const ROWS: [usize; 3] = [50, 70, 30];
@@ -164,7 +164,10 @@ fn decode(model: &ServedModel, body: &Value) -> ember_serving::inputs::Samples {
 fn direct(model: &mut ServedModel, body: &Value) -> Vec<f32> {
     let samples = decode(model, body);
     let batch = model.inputs.batch(&[&samples]).unwrap();
-    model.instances[0].score(&batch).unwrap()
+    match model.instances[0].score(&batch).unwrap().swap_remove(0) {
+        Column::Floats(logits) => logits,
+        Column::Ints(_) => panic!("a DLRM's logits are floats"),
+    }
 }
 
 /// A long queue delay: a batch closes only when full, so which requests
@@ -232,7 +235,7 @@ async fn concurrent_requests_join_one_batch_and_score_as_it() {
 struct Fragile(Box<dyn Scorer>);
 
 impl Scorer for Fragile {
-    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError> {
+    fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError> {
         let dense = batch.dense.data();
         if dense.chunks(13).any(|row| row[0] > 10.0) {
             panic!("injected: a bug this request triggers");
@@ -289,7 +292,7 @@ struct Gated {
 }
 
 impl Scorer for Gated {
-    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError> {
+    fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError> {
         let _ = self.started.send(());
         let _ = self.go.lock().unwrap().recv();
         self.inner.score(batch)
@@ -364,7 +367,7 @@ struct Together {
 }
 
 impl Scorer for Together {
-    fn score(&mut self, batch: &Batch) -> Result<Vec<f32>, ServeError> {
+    fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError> {
         let (count, arrived) = &*self.running;
         let mut count = count.lock().unwrap();
         *count += 1;

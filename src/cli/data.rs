@@ -46,6 +46,22 @@ pub struct LoaderArgs {
 }
 
 impl LoaderArgs {
+    /// The flags given that shape how Parquet columns are read (for the
+    /// commands that read no such columns to refuse by name).
+    pub fn given_column_flags(&self) -> Vec<&'static str> {
+        [
+            ("--dataset-spec", self.dataset_spec.is_some()),
+            ("--label-column", self.label_column.is_some()),
+            ("--dense-columns", !self.dense_columns.is_empty()),
+            ("--sparse-columns", !self.sparse_columns.is_empty()),
+            ("--dense-transform", self.dense_transform.is_some()),
+            ("--id-transform", self.id_transform.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
     /// The dataset spec the flags name, if any (`shape` gives the simple
     /// case's table dim and rows). `None`: Criteo's columns.
     pub fn spec(

@@ -10,6 +10,7 @@ use anyhow::Context;
 use ember_dataloader::atomic::same_file;
 use ember_dataloader::lock::DirLock;
 use ember_dataloader::writer::PredictionWriter;
+use ember_models::sequential::SequenceModelConfig;
 use ember_models::{Checkpoint, Dlrm, Model, OutputCheck};
 
 use super::backend::{BackendArgs, ExecMode};
@@ -108,6 +109,15 @@ impl std::fmt::Display for EvalReport {
 }
 
 pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalReport> {
+    if let Some((config, _)) = SequenceModelConfig::of_checkpoint(&args.checkpoint)? {
+        anyhow::bail!(
+            "{} is a {} checkpoint: eval reads DLRM checkpoints; `train --model {}` evaluates \
+             sequence models, and `predict` scores their histories",
+            args.checkpoint.display(),
+            config.name(),
+            config.name()
+        );
+    }
     super::with_threads(args.threads, || {
         let opened = args.open(true)?;
         let (mut model, loader) = (opened.model, opened.loader);
@@ -126,9 +136,13 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalReport> {
 pub struct PredictArgs {
     #[command(flatten)]
     pub eval: EvalArgs,
-    /// Parquet file to write: columns `logit` and `probability`, one row per input row.
+    /// Parquet file to write: columns `logit` and `probability`, one row per input row
+    /// (a sequence model's: one row per history, see the serving guide).
     #[arg(long)]
     pub output: PathBuf,
+    /// Items a retrieval model (SASRec, HSTU retrieval) gives each history, best first.
+    #[arg(long, default_value_t = 10)]
+    pub top_k: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -139,6 +153,19 @@ pub struct PredictReport {
     /// offline throughput serving is measured against.
     pub seconds: f64,
     pub samples_per_s: f64,
+}
+
+impl PredictReport {
+    /// `rows` written to `output` since `started`.
+    pub fn since(started: std::time::Instant, rows: u64, output: &Path) -> Self {
+        let seconds = started.elapsed().as_secs_f64();
+        Self {
+            rows,
+            output: output.to_path_buf(),
+            seconds,
+            samples_per_s: rows as f64 / seconds.max(1e-9),
+        }
+    }
 }
 
 impl std::fmt::Display for PredictReport {
@@ -154,6 +181,9 @@ impl std::fmt::Display for PredictReport {
 }
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
+    if let Some((config, _)) = SequenceModelConfig::of_checkpoint(&args.eval.checkpoint)? {
+        return super::predict_sequence::predict(args, &config);
+    }
     super::with_threads(args.eval.threads, || {
         let opened = args.eval.open(false)?;
         let (mut model, loader) = (opened.model, opened.loader);
@@ -181,14 +211,7 @@ pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
                 args.eval.checkpoint.display()
             )
         })?;
-        let rows = out.finish()?;
-        let seconds = started.elapsed().as_secs_f64();
-        Ok(PredictReport {
-            rows,
-            output: args.output.clone(),
-            seconds,
-            samples_per_s: rows as f64 / seconds.max(1e-9),
-        })
+        Ok(PredictReport::since(started, out.finish()?, &args.output))
     })?
 }
 

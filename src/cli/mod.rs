@@ -24,6 +24,7 @@ mod load_test;
 pub mod place;
 pub mod plan;
 pub mod plot_latency;
+mod predict_sequence;
 mod progress;
 pub mod quantize;
 pub mod run_info;

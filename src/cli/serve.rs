@@ -1,8 +1,9 @@
-//! `ember serve`: a checkpoint's model over the Open Inference Protocol
-//! (KServe v2, HTTP/REST with JSON and binary tensors), so that Triton's
-//! clients ask it for scores; requests batched dynamically, the checkpoint
-//! reloaded as it changes, metrics for Prometheus; until SIGTERM or Ctrl-C,
-//! which let the requests in flight finish.
+//! `ember serve`: a checkpoint's model (DLRM, DCNv2, SASRec or HSTU) over
+//! the Open Inference Protocol (KServe v2, HTTP/REST with JSON and binary
+//! tensors, and gRPC), so that Triton's clients ask it for scores;
+//! requests batched dynamically, the checkpoint reloaded as it changes,
+//! metrics for Prometheus; until SIGTERM or Ctrl-C, which let the
+//! requests in flight finish.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -83,6 +84,10 @@ pub struct ServeArgs {
     /// own tables; the disk tier serves one.
     #[arg(long, default_value_t = 1)]
     pub instances: usize,
+    /// Items a retrieval model (SASRec, HSTU retrieval) answers each
+    /// history with, best first (as `predict --top-k`).
+    #[arg(long, default_value_t = 10)]
+    pub top_k: usize,
     /// Print the report at the stop as JSON.
     #[arg(long)]
     pub json: bool,
@@ -136,6 +141,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ServeReport> {
         limits,
         disk_tier: args.tier.options()?,
         instances: args.instances,
+        top_k: args.top_k,
     };
     let poll = Duration::from_secs(args.repository_poll_secs);
     let (reload, model) = super::with_threads(args.threads, || -> anyhow::Result<_> {

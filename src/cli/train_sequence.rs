@@ -402,6 +402,7 @@ fn build(args: &TrainArgs, kind: SequenceModel, items: usize) -> anyhow::Result<
 fn dlrm_only_flags(args: &TrainArgs) -> Vec<&'static str> {
     let (l, sh, t) = (&args.loader, &args.sharding, &args.tier);
     let mut given = args.arch.given_architecture_flags();
+    given.extend(l.given_column_flags());
     given.extend(
         [
             ("--optimizer", args.optim.optimizer.is_some()),
@@ -410,12 +411,6 @@ fn dlrm_only_flags(args: &TrainArgs) -> Vec<&'static str> {
                 !args.eval_data.is_empty(),
             ),
             ("--drop-last", args.drop_last),
-            ("--dataset-spec", l.dataset_spec.is_some()),
-            ("--label-column", l.label_column.is_some()),
-            ("--dense-columns", !l.dense_columns.is_empty()),
-            ("--sparse-columns", !l.sparse_columns.is_empty()),
-            ("--dense-transform", l.dense_transform.is_some()),
-            ("--id-transform", l.id_transform.is_some()),
             ("--loader-threads", l.loader_threads != 1),
             ("--prefetch", l.prefetch != 2),
             ("--devices", sh.devices.is_some()),

@@ -1088,3 +1088,71 @@ fn drifting_raw_ids_are_ingested_a_window_a_file_and_train_as_a_stream() {
     assert_eq!(windows.len(), 2, "{windows:?}");
     assert!(windows.iter().all(|w| w["rows"] == 1000), "{windows:?}");
 }
+
+/// `quantize --preset`: a new model written straight in int8 (no fp32
+/// checkpoint first), the same rows whether its tables were drawn in RAM
+/// or on the disk tier; served from the disk tier (rows read in place)
+/// it predicts as in RAM.
+#[test]
+fn a_new_model_is_written_straight_in_int8_and_predicts_alike_from_the_disk_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synthetic(dir.path(), "data", "2000", "0");
+    let new = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let mut args = vec!["quantize", "--preset", "kaggle", "--max-ind-range", "5000"];
+        args.extend_from_slice(&[
+            "--dtype",
+            "int8",
+            "--seed",
+            "4",
+            "--output",
+            s(&out),
+            "--json",
+        ]);
+        args.extend_from_slice(extra);
+        (json(&args), out)
+    };
+    let tier = dir.path().join("tier");
+    std::fs::create_dir(&tier).unwrap();
+    let (q, in_ram) = new("ram.safetensors", &[]);
+    assert!(q["checkpoint"].is_null(), "{q}");
+    // 26 tables of 5000 rows of dim 16: 16 codes and a 4-byte scale and bias.
+    assert_eq!(q["table_bytes_after"], 26 * 5000 * 20);
+    let (_, on_disk) = new(
+        "disk.safetensors",
+        &["--disk-dir", s(&tier), "--cache-memory", "50%"],
+    );
+    // The same rows drawn either way (the files order their tensors
+    // apart): predictions of each, one from the disk tier, agree bitwise.
+    let predict = |ckpt: &Path, out: &str, extra: &[&str]| {
+        let out = dir.path().join(out);
+        let mut args = vec!["predict", "--checkpoint", s(ckpt), "--data", &data];
+        args.extend_from_slice(&["--output", s(&out), "--mini-batch-size", "100"]);
+        args.extend_from_slice(extra);
+        ember(&args);
+        std::fs::read(out).unwrap()
+    };
+    let tier_flags = ["--disk-dir", s(&tier), "--cache-memory", "50%"];
+    let disk = predict(&on_disk, "disk.parquet", &tier_flags);
+    assert!(
+        predict(&in_ram, "ram.parquet", &[]) == disk,
+        "predictions differ"
+    );
+
+    let file = in_ram.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec!["quantize", "--checkpoint", file, "--preset", "kaggle"],
+            "cannot be used with",
+        ),
+        (
+            vec!["quantize", "--checkpoint", file, "--disk-dir", s(&tier)],
+            "--disk-dir apply to a new model",
+        ),
+    ] {
+        let mut args = args;
+        args.extend_from_slice(&["--dtype", "int8", "--output", "x.safetensors"]);
+        let err = ember_fails(&args);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -401,3 +401,60 @@ fn a_disk_tier_model_resharded_again_and_again_trains_as_in_ram() {
         assert_eq!(stored(r), stored(d), "{}", r.name());
     }
 }
+
+/// An inference checkpoint (int8 tables) on the disk tier reads its rows
+/// where they lie in the checkpoint, checked first: it predicts as in
+/// RAM, its tables' files take no disk, and a corrupt row is found.
+#[test]
+fn an_inference_checkpoint_serves_its_rows_in_place() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let be = Backend::Native(NativeBackend::new(2));
+    let mut trained = model(TableOptimizer::rowwise_adagrad(0.05), Vec::new());
+    trained
+        .train_step(&be, &data().batch(0, 64), ExecMode::Strict)
+        .unwrap();
+    let fp32 = trained.save_checkpoint(dir.path(), None).unwrap();
+    let int8 = dir.path().join("int8.safetensors");
+    ember_models::checkpoint::quantize(&fp32, DataType::Int8, &int8).unwrap();
+
+    let ckpt = Checkpoint::open(&int8).unwrap();
+    let mut ram = ckpt.inference_model().unwrap();
+    let mut disk = ckpt
+        .builder()
+        .optimizers(TableOptimizer::None, DenseOptimizerConfig::sgd(0.0))
+        .disk_tiers(tiers(dir.path()))
+        .build()
+        .unwrap();
+    for b in 1..4 {
+        let batch = data().batch(b, 64);
+        let a = ram.predict(&be, &batch).unwrap().to_vec();
+        assert_eq!(a, disk.predict(&be, &batch).unwrap(), "batch {b}");
+    }
+    let tables = disk.sparse_arch().local().unwrap().tables();
+    for t in tables.iter().filter(|t| t.is_on_disk()) {
+        let file = std::fs::metadata(t.disk_path().unwrap()).unwrap();
+        assert_eq!(file.blocks(), 0, "{}: nothing copied", t.name());
+    }
+    drop(disk);
+
+    // A corrupt row is found by its checksum before anything serves.
+    let mut bytes = std::fs::read(&int8).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let json: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
+    let name = "sparse_arch.embedding_bag_collection.embedding_bags.t_cat_1.weight";
+    let at = 8 + header + json[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[at + 50] ^= 1;
+    let bad = dir.path().join("bad.safetensors");
+    std::fs::write(&bad, bytes).unwrap();
+    let err = Checkpoint::open(&bad)
+        .unwrap()
+        .builder()
+        .optimizers(TableOptimizer::None, DenseOptimizerConfig::sgd(0.0))
+        .disk_tiers(tiers(dir.path()))
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains(name) && err.contains("corrupt"), "{err}");
+}

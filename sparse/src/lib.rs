@@ -39,6 +39,6 @@ pub use kv::{
 };
 pub use optimizer::TableOptimizer;
 pub use tier::{
-    disk_tier_file_bytes, reclaim_row_files, CachePolicy, DiskTierConfig, ReadAhead, TierStats,
-    CACHE_WAYS,
+    disk_tier_file_bytes, reclaim_row_files, CachePolicy, DiskTierConfig, MakeRow, ReadAhead,
+    TierStats, CACHE_WAYS,
 };

@@ -650,3 +650,59 @@ fn an_optimizer_with_state_is_refused_on_the_disk_tier() {
     ebc.set_optimizer(TableOptimizer::sgd(0.5)).unwrap();
     assert_eq!(ebc.optimizer(), &TableOptimizer::sgd(0.5));
 }
+
+/// An inference table's rows read in place (from bytes of another's, as a
+/// checkpoint mapped) pool as the same rows in RAM, and its file holds no
+/// block: nothing was copied, nothing reserved.
+#[test]
+fn rows_read_in_place_pool_as_in_ram_and_take_no_disk() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (rows, dim) = (5000, 16);
+    let config = EmbeddingBagConfig {
+        data_type: DataType::Int8,
+        ..EmbeddingBagConfig::new("big", rows, dim, &["f"])
+    };
+    let ram = EmbeddingBagCollection::new(vec![config.clone()], TableOptimizer::None, 3).unwrap();
+    let bytes: std::sync::Arc<Vec<u8>> = ram.tables()[0].row_bytes().to_vec().into();
+    let stride = bytes.len() / rows;
+    let tier = DiskTierConfig {
+        dir: dir.path().to_path_buf(),
+        cache_rows: 2048,
+        policy: CachePolicy::Lru,
+    };
+    let mut disk = EmbeddingBagCollection::zeroed_with_disk_tiers(
+        vec![config],
+        TableOptimizer::None,
+        vec![Some(tier)],
+    )
+    .unwrap();
+    let source = std::sync::Arc::clone(&bytes);
+    let read = move |row: u64, out: &mut [u8]| {
+        out.copy_from_slice(&source[row as usize * stride..][..stride])
+    };
+    disk.tables_mut()[0]
+        .read_rows_in_place(std::sync::Arc::new(read))
+        .unwrap();
+    for seed in 0..4 {
+        let ids: Vec<i64> = (0..100)
+            .map(|i| (i * 7919 + seed * 131) % rows as i64)
+            .collect();
+        let kjt = bags(&ids);
+        disk.prefetch(&kjt).unwrap();
+        let (want, got) = (ram.forward(&kjt).unwrap(), disk.forward(&kjt).unwrap());
+        assert_eq!(want.values(), got.values());
+    }
+    let file = disk.tables()[0].disk_path().unwrap();
+    assert_eq!(
+        std::fs::metadata(file).unwrap().blocks(),
+        0,
+        "no block of the file"
+    );
+    // A second source, or a table that trains, is refused by name.
+    let again = disk.tables_mut()[0].read_rows_in_place(std::sync::Arc::new(|_, _| ()));
+    assert!(again.unwrap_err().to_string().contains("big"));
+    let mut trains = disk_collection(dir.path(), 100, 64);
+    let err = trains.tables_mut()[0].read_rows_in_place(std::sync::Arc::new(|_, _| ()));
+    assert!(err.unwrap_err().to_string().contains("trains"));
+}

@@ -45,7 +45,7 @@ pub(crate) use chain::ChainHead;
 pub(crate) use delta::write_delta;
 pub use delta::{compact, save_delta, CompactSummary};
 pub use names::{dense_shapes, natural_key, table_weight_name, weight_layout};
-pub use quantize::{quantize, QuantizeSummary};
+pub use quantize::{quantize, quantize_new, QuantizeSummary};
 pub use read::{resume, Checkpoint};
 pub use set::{remove_set, save_set, INDEX_FILE};
 pub use state::{StateDict, StateFile};

@@ -9,7 +9,7 @@ use ember_sparse::DataType;
 use serde::Serialize;
 
 use super::{save, Checkpoint};
-use crate::ModelError;
+use crate::{DiskTierOptions, Dlrm, DlrmConfig, ModelError};
 
 /// What [`quantize`] did.
 #[derive(Clone, Debug, Serialize)]
@@ -105,5 +105,52 @@ pub fn quantize(
         converted,
         table_bytes_before,
         table_bytes_after,
+    })
+}
+
+/// Writes a new model of `config`'s shape, its tables drawn from `seed`
+/// and stored in `dtype`, to `output` (atomically), as [`quantize`]
+/// writes a trained one: a checkpoint of a model too large to hold twice
+/// on this disk, for sizing and serving benchmarks (its rows are not
+/// trained), without the full-precision checkpoint first. With
+/// `disk_tier`, no table sits in memory: each row is drawn and encoded as
+/// the file is written, a piece at a time. The checkpoint records
+/// Criteo's columns as its inputs.
+pub fn quantize_new(
+    config: &DlrmConfig,
+    seed: u64,
+    dtype: DataType,
+    disk_tier: Option<DiskTierOptions>,
+    output: &Path,
+) -> Result<QuantizeSummary, ModelError> {
+    if output.is_dir() {
+        return Err(super::fail_at(
+            output,
+            "is a directory: name the file to write the checkpoint to".into(),
+        ));
+    }
+    let mut config = config.clone();
+    let bytes =
+        |c: &DlrmConfig| -> u64 { c.tables.iter().map(|t| t.bytes().unwrap_or(0) as u64).sum() };
+    let table_bytes_before = bytes(&config);
+    let converted = (config.tables.iter_mut())
+        .filter(|t| t.data_type != dtype)
+        .map(|t| (t.name.clone(), std::mem::replace(&mut t.data_type, dtype)))
+        .collect();
+    let mut model = Dlrm::builder(config.clone())
+        .optimizers(
+            ember_sparse::TableOptimizer::None,
+            ember_dense::DenseOptimizerConfig::sgd(0.0),
+        )
+        .seed(seed)
+        .disk_tier(disk_tier)
+        .build()?;
+    model.set_dataset_spec(Some(ember_dataloader::DatasetSpec::criteo(&config.tables)));
+    save(&mut model, output, None)?;
+    Ok(QuantizeSummary {
+        data_type: dtype,
+        converted,
+        table_bytes_before,
+        table_bytes_after: bytes(&config),
     })
 }

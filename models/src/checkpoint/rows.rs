@@ -108,6 +108,11 @@ impl Checkpoint {
         let config = &self.config.tables[t];
         let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
         if local.is_on_disk() {
+            let whole = split == RowSplit::All && cols == (0..dim) && prefix.is_empty();
+            let inference = matches!(optimizer, TableOptimizer::None) && local.data_type() == saved;
+            if whole && inference && self.read_in_place(store, t, local)? {
+                return Ok(());
+            }
             let from = (store, prefix);
             let pick = |g: usize| split.local(g);
             return self.stream_table(from, t, (&pick, cols), (optimizer, restore), local);
@@ -178,6 +183,50 @@ impl Checkpoint {
 }
 
 impl Checkpoint {
+    /// An inference table on the disk tier reading its rows where they lie
+    /// in the checkpoint's mapped file, rather than copied to its own file
+    /// (a model larger than memory would otherwise take twice its size on
+    /// disk). Its rows are checked (values and checksum) in one streamed
+    /// pass first. `false`: the store maps no one file; copy instead.
+    fn read_in_place(
+        &self,
+        store: &dyn TensorStore,
+        t: usize,
+        local: &mut EmbeddingTable,
+    ) -> Result<bool, ModelError> {
+        let config = &self.config.tables[t];
+        let (rows, dim, saved) = (config.num_embeddings, config.embedding_dim, self.stored[t]);
+        let name = table_weight_name(&config.name);
+        let (dtype, shape) = weight_layout(saved, rows, dim);
+        let Some((map, range)) = store.in_place(&name, dtype, &shape)? else {
+            return Ok(false);
+        };
+        let stride = saved.row_bytes(dim).unwrap_or(1).max(1);
+        let fail_on = |message: String| ModelError::Checkpoint {
+            path: store.path().to_path_buf(),
+            tensor: Some(name.clone()),
+            message,
+        };
+        let piece_rows = ((8 << 20) / stride).max(1);
+        store.stream_rows(
+            &[(&name, dtype, &shape)],
+            piece_rows,
+            &mut |first, pieces| {
+                let n = pieces[0].len() / stride;
+                let split = RowSplit::Block {
+                    start: first,
+                    end: first + n,
+                };
+                check_rows(saved, pieces[0], dim, (split, 0)).map_err(fail_on)
+            },
+        )?;
+        let read = move |row: u64, out: &mut [u8]| {
+            out.copy_from_slice(&map[range.start + row as usize * stride..][..stride])
+        };
+        (local.read_rows_in_place(Arc::new(read))).map_err(|e| fail_on(e.to_string()))?;
+        Ok(true)
+    }
+
     /// [`read_table`](Self::read_table) for a disk-tier table (or shard):
     /// the whole tensors streamed a piece of rows at a time, the shard's
     /// rows and columns of each piece written to its file, so the table

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ember_sharding::RowSplit;
 use memmap2::Mmap;
@@ -142,6 +143,18 @@ pub(crate) trait TensorStore: Send + Sync {
         self.view(name, dtype, shape, &mut |_| ())
     }
 
+    /// The named tensor where it lies in the store's one mapped file (its
+    /// presence, dtype and shape checked, not its bytes), to be read in
+    /// place; `None` for a store of another kind (bytes in memory, a set).
+    fn in_place(
+        &self,
+        _name: &str,
+        _dtype: Dtype,
+        _shape: &[usize],
+    ) -> Result<Option<InPlace>, ModelError> {
+        Ok(None)
+    }
+
     /// The bytes of rows `rows` and columns `cols` of the named tensor of
     /// `dtype` and `shape` (`[rows, cols]`, or `[rows]` read as one
     /// column), in local row order.
@@ -202,7 +215,30 @@ pub(crate) struct OneFile<B> {
 }
 
 /// One safetensors file, memory-mapped.
-pub(crate) type MappedFile = OneFile<Mmap>;
+pub(crate) type MappedFile = OneFile<SharedMap>;
+
+/// A file's mapping, which tables that read their rows in place share.
+pub(crate) struct SharedMap(Arc<Mmap>);
+
+impl AsRef<[u8]> for SharedMap {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Release for SharedMap {
+    fn release(&self, range: Range<usize>) {
+        self.0.release(range)
+    }
+
+    fn mapping(&self) -> Option<&Arc<Mmap>> {
+        Some(&self.0)
+    }
+}
+
+/// A tensor's bytes where they lie in a mapped file: the mapping, and the
+/// range of the tensor in it.
+pub(crate) type InPlace = (Arc<Mmap>, Range<usize>);
 
 /// A safetensors file's bytes in memory, named by `path` in errors.
 pub(crate) type InMemory = OneFile<Vec<u8>>;
@@ -210,7 +246,7 @@ pub(crate) type InMemory = OneFile<Vec<u8>>;
 impl MappedFile {
     /// Maps `path` and reads its header.
     pub(crate) fn open(path: &Path) -> Result<Self, ModelError> {
-        OneFile::new(map(path)?, path)
+        OneFile::new(SharedMap(Arc::new(map(path)?)), path)
     }
 }
 
@@ -265,6 +301,24 @@ impl<B: AsRef<[u8]> + Release + Send + Sync> TensorStore for OneFile<B> {
             .map_err(|message| fail_on(&self.path, name, message))
     }
 
+    fn in_place(
+        &self,
+        name: &str,
+        dtype: Dtype,
+        shape: &[usize],
+    ) -> Result<Option<InPlace>, ModelError> {
+        let Some(map) = self.bytes.mapping() else {
+            return Ok(None);
+        };
+        let base = map.as_ptr() as usize;
+        let (range, _) = file_view(map, name, dtype, Some(shape), None, |data| {
+            let at = data.as_ptr() as usize - base;
+            at..at + data.len()
+        })
+        .map_err(|message| fail_on(&self.path, name, message))?;
+        Ok(Some((Arc::clone(map), range)))
+    }
+
     /// Pieces of the file's bytes, each let go of once read (a mapped
     /// file's pages then leave the process), the checksums summed on the way.
     fn stream_rows(
@@ -307,6 +361,11 @@ impl<B: AsRef<[u8]> + Release + Send + Sync> TensorStore for OneFile<B> {
 pub(crate) trait Release {
     /// `range` of the bytes will not be read again soon.
     fn release(&self, range: Range<usize>);
+
+    /// The file mapping they are, to share (`None`: bytes in memory).
+    fn mapping(&self) -> Option<&Arc<Mmap>> {
+        None
+    }
 }
 
 impl Release for Mmap {

@@ -290,6 +290,7 @@ fn new_disk_table(
         config.num_embeddings,
         (stride, state_bytes),
         make,
+        !matches!(optimizer, TableOptimizer::None),
     )?;
     let alloc_error = |bytes| SparseError::Allocation {
         table: config.name.clone(),

@@ -292,6 +292,36 @@ impl EmbeddingTable {
             tier.set_maker(make);
         }
     }
+    /// Reads a disk-tier table's rows with `read(row, bytes)` (the row's
+    /// bytes in the table's type) where its file holds none, instead of
+    /// copying them to its file first: a table built empty for inference
+    /// (no optimizer; no row stored or looked up yet) whose rows lie in
+    /// another file, a checkpoint's tensor mapped in place. Rows written
+    /// later (a delta's) go to its file as ever, and are read from there.
+    pub fn read_rows_in_place(
+        &mut self,
+        read: std::sync::Arc<crate::MakeRow>,
+    ) -> Result<(), SparseError> {
+        let name = self.config.name.clone();
+        let refuse = |reason: &str| {
+            Err(SparseError::InvalidConfig {
+                table: name.clone(),
+                reason: format!("rows read in place: {reason}"),
+            })
+        };
+        let (_, _, tier) = self.store.parts_mut();
+        match tier {
+            None => refuse("the table is not on the disk tier"),
+            Some(t) if t.trains() => refuse("the table trains (its rows change)"),
+            Some(t) if !t.untouched() || t.maker().is_some() => {
+                refuse("the table's rows are made or looked up already")
+            }
+            Some(t) => {
+                t.set_maker(read);
+                Ok(())
+            }
+        }
+    }
     /// Rows the kernels address: the table's, or its cache's slots.
     pub(crate) fn resident_rows(&self) -> usize {
         self.rows().bytes().len() / self.rows().stride()

@@ -88,12 +88,13 @@ struct Space {
 
 impl RowLog {
     /// An empty log for `rows` rows of `payload` bytes (row and state), its
-    /// file's space reserved in `dir`.
+    /// file in `dir`, its space reserved when `reserve`.
     pub(crate) fn create(
         dir: &Path,
         table: &str,
         rows: usize,
         payload: usize,
+        reserve: bool,
     ) -> Result<Self, SparseError> {
         let record = payload + HEADER;
         let (segment, segments) = layout(rows, record);
@@ -103,7 +104,7 @@ impl RowLog {
                 reason: format!("{rows} rows: the disk tier holds tables of up to 2^32 - 1 rows"),
             });
         }
-        let file = RowFile::create(dir, table, (segment * segments * record) as u64)?;
+        let file = RowFile::create(dir, table, (segment * segments * record) as u64, reserve)?;
         Ok(Self {
             file,
             record,
@@ -412,7 +413,7 @@ struct RowFile {
 }
 
 impl RowFile {
-    fn create(dir: &Path, table: &str, bytes: u64) -> Result<Self, SparseError> {
+    fn create(dir: &Path, table: &str, bytes: u64, reserve: bool) -> Result<Self, SparseError> {
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let n = SERIAL.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("{table}.{}.{n}.rows", std::process::id()));
@@ -424,14 +425,18 @@ impl RowFile {
             .open(&path)
             .map_err(fail)?;
         let this = Self { file, path };
-        // Sized, and its blocks reserved, up front: rows are written long
-        // after (when they first leave the cache), and a disk too small
-        // fails while the table is built.
+        // Sized, and (for rows that change) its blocks reserved, up front:
+        // rows are written long after (when they first leave the cache),
+        // and a disk too small fails while the table is built. Rows that
+        // never change (no optimizer) are written while the table is
+        // built, if at all: a disk too small fails then too.
         this.file
             .set_len(bytes)
             .map_err(|e| disk_error(table, &this.path, "cannot size the file", e))?;
-        this.reserve(bytes)
-            .map_err(|e| disk_error(table, &this.path, "cannot reserve the file's space", e))?;
+        if reserve {
+            this.reserve(bytes)
+                .map_err(|e| disk_error(table, &this.path, "cannot reserve the file's space", e))?;
+        }
         advise_random(&this.file);
         Ok(this)
     }
@@ -585,7 +590,7 @@ mod tests {
             batches in proptest::collection::vec(proptest::collection::vec(0u64..1000, 0..150), 1..40),
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let log = RowLog::create(dir.path(), "t", rows, 8).unwrap();
+            let log = RowLog::create(dir.path(), "t", rows, 8, true).unwrap();
             let mut newest: HashMap<u64, [u8; 8]> = HashMap::new();
             for (b, ids) in batches.iter().enumerate() {
                 let mut seen = std::collections::HashSet::new();
@@ -624,7 +629,7 @@ mod tests {
     #[test]
     fn a_table_past_the_positions_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let err = RowLog::create(dir.path(), "huge", u32::MAX as usize + 1, 8).unwrap_err();
+        let err = RowLog::create(dir.path(), "huge", u32::MAX as usize + 1, 8, true).unwrap_err();
         assert!(err.to_string().contains("huge"), "{err}");
     }
 }

@@ -176,8 +176,9 @@ struct Counts {
     slots: HugeArray<u32>,
 }
 
-/// Makes a row's initial bytes (in the table's type): `(row, bytes)`.
-pub(crate) type MakeRow = dyn Fn(u64, &mut [u8]) + Send + Sync;
+/// Makes a row's bytes (in the table's type) where a disk-tier table's
+/// file holds none: `(row, bytes)` (drawn from the seed, or read in place).
+pub type MakeRow = dyn Fn(u64, &mut [u8]) + Send + Sync;
 
 /// A bit per row of a table.
 #[derive(Debug)]
@@ -228,6 +229,8 @@ pub(crate) struct DiskTier {
     /// Makes the rows whose record is not in the file (none for a table
     /// its caller fills: every record is then stored).
     make: Option<Maker>,
+    /// Whether its rows change (an optimizer updates them).
+    trains: bool,
     /// Bytes of a row in the file's records (the state follows).
     row_bytes: usize,
     /// Bytes of a row and its state.
@@ -328,7 +331,9 @@ impl Hasher for IdHasher {
 
 impl DiskTier {
     /// A tier for `rows` rows, its file in `config.dir` (records of
-    /// `row_bytes + state_bytes`), its disk space reserved. A row's record
+    /// `row_bytes + state_bytes`), its disk space reserved when it
+    /// `trains` (rows that change are written long after the table is
+    /// built; the others only while it is built, if at all). A row's record
     /// is written when the row first leaves the cache changed (or is
     /// flushed), and until then the row is made by `make` (its state zero)
     /// when looked up: a new table costs no writes. Without `make`, such a
@@ -341,6 +346,7 @@ impl DiskTier {
         rows: usize,
         (row_bytes, state_bytes): (usize, usize),
         make: Option<Box<MakeRow>>,
+        trains: bool,
     ) -> Result<(Self, usize), SparseError> {
         let (set_slots, bypass) = cache_layout(config.policy, config.cache_rows);
         if set_slots == 0 {
@@ -353,7 +359,7 @@ impl DiskTier {
             });
         }
         let (sets, slots) = (set_slots / CACHE_WAYS, set_slots + bypass);
-        let log = RowLog::create(&config.dir, table, rows, row_bytes + state_bytes)?;
+        let log = RowLog::create(&config.dir, table, rows, row_bytes + state_bytes, trains)?;
         let shared = Arc::new(Shared {
             log,
             sets,
@@ -369,6 +375,7 @@ impl DiskTier {
             bypass: Bypass::new(set_slots, bypass),
             cached_once: RowBits::new(rows),
             make: make.map(|m| Maker(m.into())),
+            trains,
             row_bytes,
             record: row_bytes + state_bytes,
             cache_rows: config.cache_rows,
@@ -383,6 +390,16 @@ impl DiskTier {
     pub(crate) fn set_maker(&mut self, make: Arc<MakeRow>) {
         debug_assert!(self.stats.lookups == 0 && self.stats.misses == 0);
         self.make = Some(Maker(make));
+    }
+
+    /// Whether its rows change.
+    pub(crate) fn trains(&self) -> bool {
+        self.trains
+    }
+
+    /// Whether no row was looked up yet.
+    pub(crate) fn untouched(&self) -> bool {
+        self.stats.lookups == 0 && self.stats.misses == 0
     }
 
     /// The maker of the rows not stored, if the tier has one.
@@ -766,7 +783,7 @@ mod tests {
             cache_rows: CACHE_WAYS,
             policy: CachePolicy::Lru,
         };
-        let (mut tier, _) = DiskTier::create(&config, "t", 64, (4, 0), None).unwrap();
+        let (mut tier, _) = DiskTier::create(&config, "t", 64, (4, 0), None, true).unwrap();
         tier.epoch = DIRTY - 4;
         let mut changed = std::collections::HashSet::new();
         for batch in 0..12u64 {

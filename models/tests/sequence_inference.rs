@@ -106,6 +106,11 @@ fn a_checkpoint_without_a_sequence_model_is_refused() {
     let path = dir.path().join("none.safetensors");
     let err = SequenceScorer::open(&path).err().unwrap();
     assert!(err.to_string().contains("none.safetensors"), "{err}");
+    // Not a sequence model's: left to the DLRM reader (a set's index here).
+    let index = dir.path().join("model.safetensors.index.json");
+    std::fs::write(&index, "{}").unwrap();
+    let found = ember_models::sequential::SequenceModelConfig::of_checkpoint(&index).unwrap();
+    assert!(found.is_none());
     // A checkpoint of another kind: a DLRM's.
     let config = ember_models::DlrmConfig {
         tables: ember_models::DlrmConfig::criteo_tables(&[5, 6], 4),

@@ -220,6 +220,9 @@ impl Checkpoint {
                 check_rows(saved, pieces[0], dim, (split, 0)).map_err(fail_on)
             },
         )?;
+        // Rows are then read one at a time, at random: a fault must not
+        // read ahead (it would read many pages for one row).
+        let _ = map.advise_range(memmap2::Advice::Random, range.start, range.len());
         let read = move |row: u64, out: &mut [u8]| {
             out.copy_from_slice(&map[range.start + row as usize * stride..][..stride])
         };

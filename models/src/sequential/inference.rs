@@ -78,10 +78,11 @@ impl SequenceModelConfig {
     /// sequence model.
     pub fn of_checkpoint(path: &Path) -> Result<Option<(Self, PathBuf)>, ModelError> {
         let file = checkpoint_file(path);
-        if !file.is_file() {
+        // Not one safetensors file (a set's index, a missing file): not a
+        // sequence model's; the DLRM reader names what is wrong with it.
+        let Ok(opened) = StateFile::open(&file) else {
             return Ok(None);
-        }
-        let opened = StateFile::open(&file)?;
+        };
         let Some(json) = opened.metadata(SEQUENCE_MODEL_KEY) else {
             return Ok(None);
         };

@@ -317,7 +317,7 @@ impl EmbeddingTable {
                 refuse("the table's rows are made or looked up already")
             }
             Some(t) => {
-                t.set_maker(read);
+                t.set_reader(read);
                 Ok(())
             }
         }

@@ -231,6 +231,9 @@ pub(crate) struct DiskTier {
     make: Option<Maker>,
     /// Whether its rows change (an optimizer updates them).
     trains: bool,
+    /// Whether the maker reads the rows from elsewhere (in place), and so
+    /// may wait for the disk: such rows are made on the I/O threads.
+    make_waits: bool,
     /// Bytes of a row in the file's records (the state follows).
     row_bytes: usize,
     /// Bytes of a row and its state.
@@ -376,6 +379,7 @@ impl DiskTier {
             cached_once: RowBits::new(rows),
             make: make.map(|m| Maker(m.into())),
             trains,
+            make_waits: false,
             row_bytes,
             record: row_bytes + state_bytes,
             cache_rows: config.cache_rows,
@@ -390,6 +394,19 @@ impl DiskTier {
     pub(crate) fn set_maker(&mut self, make: Arc<MakeRow>) {
         debug_assert!(self.stats.lookups == 0 && self.stats.misses == 0);
         self.make = Some(Maker(make));
+    }
+
+    /// Makes the rows not stored by reading them with `read` from
+    /// elsewhere (a file mapped in place), which may wait for the disk: on
+    /// the I/O threads, many in flight, as reads of the tier's own file.
+    pub(crate) fn set_reader(&mut self, read: Arc<MakeRow>) {
+        self.set_maker(read);
+        self.make_waits = true;
+    }
+
+    /// Whether making a row may wait for the disk.
+    pub(crate) fn make_waits(&self) -> bool {
+        self.make_waits
     }
 
     /// Whether its rows change.

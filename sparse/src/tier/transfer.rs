@@ -129,6 +129,10 @@ fn read_row(
     // time handles a miss.
     let (row, state) = unsafe { x.slots.slot(miss.slot) };
     if !tier.shared.log.stored(miss.id) {
+        // A row read in place may fault on the disk: not on these threads.
+        if tier.make_waits() && read == Read::Cached {
+            return Ok(false);
+        }
         tier.make(miss.id, row, state);
         return Ok(true);
     }

@@ -1140,6 +1140,7 @@ fn a_new_model_is_written_straight_in_int8_and_predicts_alike_from_the_disk_tier
     );
 
     let file = in_ram.to_str().unwrap();
+    let out = dir.path().join("x.safetensors");
     for (args, says) in [
         (
             vec!["quantize", "--checkpoint", file, "--preset", "kaggle"],
@@ -1151,7 +1152,7 @@ fn a_new_model_is_written_straight_in_int8_and_predicts_alike_from_the_disk_tier
         ),
     ] {
         let mut args = args;
-        args.extend_from_slice(&["--dtype", "int8", "--output", "x.safetensors"]);
+        args.extend_from_slice(&["--dtype", "int8", "--output", s(&out)]);
         let err = ember_fails(&args);
         assert!(err.contains(says), "{args:?}: {err}");
     }

@@ -3,8 +3,8 @@
 
 use ember_dense::NativeBackend;
 use ember_models::sequential::{
-    history_batch, HstuRanking, HstuRankingConfig, SasRec, SasRecConfig, SequenceRetriever,
-    SequenceScorer, SequenceScores, SyntheticHistories, UserHistory,
+    history_batch, history_batches, HstuRanking, HstuRankingConfig, SasRec, SasRecConfig,
+    SequenceRetriever, SequenceScorer, SequenceScores, SyntheticHistories, UserHistory,
 };
 use ember_models::Model;
 
@@ -47,11 +47,19 @@ fn a_sasrec_checkpoint_gives_each_history_its_best_items() {
         (items.len(), scores.len()),
         (users.len() * 5, users.len() * 5)
     );
-    // The queries of the saved model, against every item, in f64.
+    // The queries of the saved model, against every item, in f64: each
+    // user's whole history read (any item after it, held out as the next).
     let be = NativeBackend::new(1);
-    let queries = model
-        .user_queries(&be, &history_batch(scorer.config(), &users).unwrap())
-        .unwrap();
+    let followed: Vec<UserHistory> = (users.iter())
+        .map(|u| {
+            let mut u = u.clone();
+            u.items.push(7);
+            u.timestamps.push(*u.timestamps.last().unwrap());
+            u
+        })
+        .collect();
+    let batch = &history_batches(&followed, users.len(), 8 + 1).unwrap()[0];
+    let queries = model.user_queries(&be, batch).unwrap();
     let rows = model.item_embeddings();
     for u in 0..users.len() {
         let score = |id: usize| -> f64 {

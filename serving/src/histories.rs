@@ -107,9 +107,18 @@ pub(crate) fn decode(
         )));
     }
     let n = config.num_items();
+    // The sample holding value `at` of the flat inputs.
+    let sample_of = |at: usize| {
+        let mut end = 0usize;
+        lengths.iter().position(|&l| {
+            end += l as usize;
+            at < end
+        })
+    };
     if let Some(at) = items.iter().position(|&id| id < 0 || id as u64 >= n as u64) {
         return Err(bad(format!(
-            "input '{ITEMS}': item {} (value {at}) is outside the catalogue's {n} items",
+            "input '{ITEMS}': sample {}: item {} is outside the catalogue's {n} items",
+            sample_of(at).unwrap_or(0),
             items[at]
         )));
     }
@@ -138,13 +147,23 @@ pub(crate) fn decode(
     }
     let mut users = Vec::with_capacity(lengths.len());
     let mut at = 0;
-    for &l in &lengths {
+    for (s, &l) in lengths.iter().enumerate() {
         let span = at..at + l as usize;
-        users.push(UserHistory {
+        let user = UserHistory {
             items: items[span.clone()].to_vec(),
             timestamps: times[span.clone()].to_vec(),
             actions: actions.get(span).map_or(Vec::new(), <[i64]>::to_vec),
-        });
+        };
+        // As `predict` reads a histories file: in time order.
+        if let Some((column, why)) = user.fault() {
+            let input = match column {
+                "items" => ITEMS,
+                "actions" => ACTIONS,
+                _ => TIMESTAMPS,
+            };
+            return Err(bad(format!("input '{input}': sample {s}: {why}")));
+        }
+        users.push(user);
         at += l as usize;
     }
     Ok(users)

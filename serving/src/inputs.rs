@@ -158,9 +158,11 @@ impl Inputs {
     /// Whether a model of `other` inputs may take over from this one (a
     /// reload): the same requests, read the same way, the same outputs.
     pub fn same_as(&self, other: &Inputs) -> bool {
+        // A sequence model's batch is cut to its length as the first
+        // model's config says: the kind and every shape must agree.
         let shape = |l: &Layout| match l {
             Layout::Features { spec, .. } => Ok(spec.clone()),
-            Layout::Histories(c) => Err((c.num_items(), c.min_history(), c.candidates())),
+            Layout::Histories(c) => Err((c.name(), c.num_items(), c.max_len(), c.candidates())),
         };
         self.metadata.inputs == other.metadata.inputs
             && self.outputs == other.outputs
@@ -361,12 +363,17 @@ impl Inputs {
         match &self.layout {
             Layout::Features { spec, .. } => features_batch(spec, parts),
             Layout::Histories(config) => {
-                let users: Vec<UserHistory> = (parts.iter())
-                    .flat_map(|p| match &p.content {
-                        Content::Histories(users) => users.clone(),
-                        Content::Features { .. } => Vec::new(),
-                    })
-                    .collect();
+                let mut users: Vec<UserHistory> = Vec::new();
+                for p in parts {
+                    match &p.content {
+                        Content::Histories(u) => users.extend_from_slice(u),
+                        Content::Features { .. } => {
+                            return Err(ServeError::Internal(
+                                "features for a sequence model".into(),
+                            ))
+                        }
+                    }
+                }
                 ember_models::sequential::history_batch(config, &users)
                     .map_err(|e| ServeError::Internal(e.to_string()))
             }

@@ -20,7 +20,8 @@ use crate::ServeError;
 /// one thread at a time; a panic fails the requests of that call only.
 pub trait Scorer: Send {
     /// `batch`'s outputs: one column each of the model's
-    /// [`Inputs::outputs`], in order, its samples' values in order.
+    /// [`Inputs::outputs`], in order, its samples' values in order (a
+    /// DLRM's: [`logit_and_probability`] of its logits).
     fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError>;
 
     /// The disk tier's cache so far: lookups and misses (`None`: no table
@@ -131,16 +132,21 @@ impl ServedModel {
                 config.name()
             )));
         }
+        let mut instances: Vec<Box<dyn Scorer>> = Vec::with_capacity(options.instances);
+        for _ in 0..options.instances {
+            let model = SequenceScorer::open(checkpoint)?;
+            // The file read again: it must still hold the model the
+            // inputs describe (a checkpoint written meanwhile may not).
+            if model.config() != &config {
+                return Err(ServeError::Config(format!(
+                    "{}: the checkpoint changed while it was opened; try again",
+                    checkpoint.display()
+                )));
+            }
+            let top_k = options.top_k;
+            instances.push(Box::new(HistoryScorer { model, top_k }));
+        }
         let inputs = Inputs::histories(name, config, options.limits, options.top_k)?;
-        let instances = (0..options.instances)
-            .map(|_| {
-                let model = SequenceScorer::open(checkpoint)?;
-                Ok(Box::new(HistoryScorer {
-                    model,
-                    top_k: options.top_k,
-                }) as Box<dyn Scorer>)
-            })
-            .collect::<Result<_, ServeError>>()?;
         Ok(Self { inputs, instances })
     }
 
@@ -151,8 +157,10 @@ impl ServedModel {
         let outputs: Vec<(bool, usize)> = (inputs.outputs().iter())
             .map(|o| (o.ints, o.width()))
             .collect();
+        // A DLRM's probability is its logit's, as ever (0.5 for 0).
+        let dlrm = inputs.spec().is_some();
         let instances = (0..instances.max(1))
-            .map(|_| Box::new(EmptyScorer(outputs.clone())) as Box<dyn Scorer>)
+            .map(|_| Box::new(EmptyScorer(outputs.clone(), dlrm)) as Box<dyn Scorer>)
             .collect();
         Self { inputs, instances }
     }
@@ -180,8 +188,9 @@ impl Scorer for DlrmScorer {
     }
 }
 
-/// Logits, and the probabilities `ember predict` writes beside them.
-fn logit_and_probability(logits: Vec<f32>) -> Vec<Column> {
+/// A DLRM's outputs from its logits: the logits, and the probabilities
+/// `ember predict` writes beside them (for a [`Scorer`] of one's own).
+pub fn logit_and_probability(logits: Vec<f32>) -> Vec<Column> {
     let probabilities = (logits.iter())
         .map(|&z| ember_dataloader::writer::probability(z))
         .collect();
@@ -205,12 +214,16 @@ impl Scorer for HistoryScorer {
     }
 }
 
-/// Every output 0, at no cost: (integers, width) of each.
-struct EmptyScorer(Vec<(bool, usize)>);
+/// Every output 0 (a DLRM's probability 0.5), at no cost: (integers,
+/// width) of each output, and whether they are a DLRM's.
+struct EmptyScorer(Vec<(bool, usize)>, bool);
 
 impl Scorer for EmptyScorer {
     fn score(&mut self, batch: &Batch) -> Result<Vec<Column>, ServeError> {
         let n = batch.labels.len();
+        if self.1 {
+            return Ok(logit_and_probability(vec![0.0; n]));
+        }
         Ok((self.0.iter())
             .map(|&(ints, w)| match ints {
                 true => Column::Ints(vec![0; n * w]),

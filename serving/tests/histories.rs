@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use ember_models::sequential::{
-    HstuRanking, HstuRankingConfig, SasRec, SasRecConfig, SequenceScorer, SequenceScores,
-    UserHistory,
+    HstuRanking, HstuRankingConfig, HstuRetrieval, HstuRetrievalConfig, SasRec, SasRecConfig,
+    SequenceScorer, SequenceScores, UserHistory,
 };
 use ember_models::Model;
 use ember_serving::{router, ModelOptions, ServeOptions, ServedModel};
@@ -137,9 +137,15 @@ async fn sasrec_answers_each_history_its_top_items() {
     outside[1].items[2] = ITEMS as i64;
     let mut empty = users.clone();
     (empty[3].items, empty[3].timestamps) = (Vec::new(), Vec::new());
+    let mut unordered = users.clone();
+    unordered[2].timestamps.swap(0, 1);
     let cases = [
-        (request(&outside, false), "item 40"),
+        (request(&outside, false), "sample 1: item 40 is outside"),
         (request(&empty, false), "sample 3 has 0 items"),
+        (
+            request(&unordered, false),
+            "'history.timestamps': sample 2: not in time order",
+        ),
         (request(&users, true), "'history.actions' is not an input"),
     ];
     for (body, says) in cases {
@@ -181,7 +187,19 @@ async fn hstu_ranking_answers_each_candidates_logits() {
     };
     assert_eq!(floats(logit), logits, "bitwise");
     let p = floats(output(&body, "probability"));
-    assert!((p[0] - 1.0 / (1.0 + (-logits[0]).exp())).abs() < 1e-6);
+    for (p, z) in p.iter().zip(&logits) {
+        assert!((p - 1.0 / (1.0 + (-z).exp())).abs() < 1e-6);
+    }
+    // The candidates' actions are not read; the item before them is.
+    let mut acted = users.clone();
+    let n = acted[0].actions.len();
+    acted[0].actions[n - 1] ^= 3;
+    let (_, same) = infer(&app, "ranking", &request(&acted, true)).await;
+    assert_eq!(floats(output(&same, "logit")), logits);
+    let mut moved = users.clone();
+    moved[0].items[n - 4] = (moved[0].items[n - 4] + 1) % ITEMS as i64;
+    let (_, other) = infer(&app, "ranking", &request(&moved, true)).await;
+    assert_ne!(floats(output(&other, "logit"))[..6], logits[..6]);
 
     let mut short = users.clone();
     short[0].items.truncate(3);
@@ -200,4 +218,34 @@ async fn hstu_ranking_answers_each_candidates_logits() {
         let error = answer["error"].as_str().unwrap();
         assert!(error.contains(says), "{error}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hstu_retrieval_answers_each_history_its_top_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HstuRetrievalConfig {
+        embedding_dim: 16,
+        attention_dim: 8,
+        linear_dim: 8,
+        num_heads: 2,
+        seed: 6,
+        ..HstuRetrievalConfig::new(ITEMS, 6)
+    };
+    HstuRetrieval::new(config)
+        .unwrap()
+        .save_checkpoint(dir.path(), None)
+        .unwrap();
+    let app = app(dir.path(), "hstu", 3);
+    let users = users();
+    let (status, body) = infer(&app, "hstu", &request(&users, false)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(output(&body, "items")["shape"], json!([5, 3]));
+    let SequenceScores::TopItems { scores, .. } = SequenceScorer::open(dir.path())
+        .unwrap()
+        .score(&users, 3)
+        .unwrap()
+    else {
+        panic!("HSTU retrieval retrieves items");
+    };
+    assert_eq!(floats(output(&body, "scores")), scores, "bitwise");
 }

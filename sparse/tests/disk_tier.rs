@@ -701,8 +701,31 @@ fn rows_read_in_place_pool_as_in_ram_and_take_no_disk() {
     );
     // A second source, or a table that trains, is refused by name.
     let again = disk.tables_mut()[0].read_rows_in_place(std::sync::Arc::new(|_, _| ()));
-    assert!(again.unwrap_err().to_string().contains("big"));
+    let again = again.unwrap_err().to_string();
+    assert!(
+        again.contains("big") && again.contains("made or looked up already"),
+        "{again}"
+    );
     let mut trains = disk_collection(dir.path(), 100, 64);
     let err = trains.tables_mut()[0].read_rows_in_place(std::sync::Arc::new(|_, _| ()));
     assert!(err.unwrap_err().to_string().contains("trains"));
+}
+
+/// A disk-tier table built for inference (its file's space not reserved)
+/// is not given an optimizer later.
+#[test]
+fn an_inference_disk_tier_table_takes_no_optimizer_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = DiskTierConfig {
+        dir: dir.path().to_path_buf(),
+        cache_rows: 256,
+        policy: CachePolicy::Lru,
+    };
+    let configs = vec![EmbeddingBagConfig::new("big", 1000, 4, &["f"])];
+    let mut ebc =
+        EmbeddingBagCollection::with_disk_tiers(configs, TableOptimizer::None, 1, vec![Some(tier)])
+            .unwrap();
+    let err = ebc.set_optimizer(TableOptimizer::sgd(0.1)).unwrap_err();
+    assert!(err.to_string().contains("built for inference"), "{err}");
+    ebc.set_optimizer(TableOptimizer::None).unwrap();
 }

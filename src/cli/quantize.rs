@@ -55,25 +55,27 @@ pub struct QuantizeReport {
 
 pub fn run(args: &QuantizeArgs) -> anyhow::Result<QuantizeReport> {
     let start = Instant::now();
+    let new_only: Vec<&str> = (args.arch.given_architecture_flags().into_iter())
+        .chain(args.arch.table_dtype.is_some().then_some("--table-dtype"))
+        .chain(args.tier.disk_dir.is_some().then_some("--disk-dir"))
+        .collect();
+    if args.checkpoint.is_some() {
+        anyhow::ensure!(
+            new_only.is_empty(),
+            "--checkpoint takes its architecture from the file: {} apply to a new model (--preset)",
+            new_only.join(", ")
+        );
+    } else {
+        anyhow::ensure!(
+            args.arch.table_dtype.is_none(),
+            "--table-dtype: a new model's tables are written in --dtype"
+        );
+    }
     // One writer of the output's directory (a training run's, say).
     let _lock = DirLock::for_file(&args.output, "ember quantize").context("--output")?;
     let summary = match &args.checkpoint {
-        Some(checkpoint) => {
-            let new_only = (args.arch.given_architecture_flags().into_iter())
-                .chain(args.tier.disk_dir.is_some().then_some("--disk-dir"));
-            let new_only: Vec<&str> = new_only.collect();
-            anyhow::ensure!(
-                new_only.is_empty(),
-                "--checkpoint takes its architecture from the file: {} apply to a new model (--preset)",
-                new_only.join(", ")
-            );
-            quantize(checkpoint, args.dtype, &args.output)?
-        }
+        Some(checkpoint) => quantize(checkpoint, args.dtype, &args.output)?,
         None => {
-            anyhow::ensure!(
-                args.arch.table_dtype.is_none(),
-                "--table-dtype: a new model's tables are written in --dtype"
-            );
             let (config, _, _) = args.arch.resolve()?;
             let tier = args.tier.options()?;
             quantize_new(&config, args.seed, args.dtype, tier, &args.output)

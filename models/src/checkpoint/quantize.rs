@@ -113,8 +113,8 @@ pub fn quantize(
 /// writes a trained one: a checkpoint of a model too large to hold twice
 /// on this disk, for sizing and serving benchmarks (its rows are not
 /// trained), without the full-precision checkpoint first. With
-/// `disk_tier`, no table sits in memory: each row is drawn and encoded as
-/// the file is written, a piece at a time. The checkpoint records
+/// `disk_tier`, the tables it puts there never sit in memory: each row is
+/// drawn and encoded as the file is written, a piece at a time. The checkpoint records
 /// Criteo's columns as its inputs.
 pub fn quantize_new(
     config: &DlrmConfig,

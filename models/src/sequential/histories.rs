@@ -269,7 +269,11 @@ pub fn history_batches(
                 let from = u.items.len().saturating_sub(max_len);
                 ids.extend_from_slice(&u.items[from..]);
                 let first = u.timestamps[from];
-                weights.extend(u.timestamps[from..].iter().map(|&t| (t - first) as f32));
+                weights.extend(
+                    u.timestamps[from..]
+                        .iter()
+                        .map(|&t| t.saturating_sub(first) as f32),
+                );
                 lengths.push((u.items.len() - from) as i64);
                 if with_actions {
                     actions.extend_from_slice(&u.actions[from..]);

@@ -58,6 +58,15 @@ impl SequenceModelConfig {
         }
     }
 
+    /// The most items of a history read (older ones are dropped).
+    pub fn max_len(&self) -> usize {
+        match self {
+            Self::Sasrec(c) => c.maxlen,
+            Self::HstuRetrieval(c) => c.max_sequence_len,
+            Self::HstuRanking(c) => c.max_sequence_len,
+        }
+    }
+
     /// The candidates each history ends with and the tasks each is scored
     /// for (ranking), or `None` (retrieval).
     pub fn candidates(&self) -> Option<(usize, usize)> {
@@ -335,7 +344,7 @@ mod tests {
 
     #[test]
     fn a_history_too_short_is_refused_naming_the_user() {
-        let config = SequenceModelConfig::HstuRanking(HstuRankingConfig::new(7, 5));
+        let config = SequenceModelConfig::HstuRanking(HstuRankingConfig::new(20, 12));
         let user = |n: i64| UserHistory {
             items: (0..n).collect(),
             timestamps: (0..n).collect(),

@@ -47,7 +47,10 @@ pub fn initial_rows(
     let dim = config.embedding_dim;
     let lc = cols.len();
     if out.is_on_disk() {
-        out.set_row_maker(seeded_maker(config, [seed, index], global, cols).into());
+        out.set_row_maker(
+            false,
+            seeded_maker(config, [seed, index], global, cols).into(),
+        );
         return out.attach_kv(seed);
     }
     let locals = out.num_embeddings();
@@ -90,8 +93,10 @@ impl EmbeddingTable {
     /// build others alike with [`make_rows_as`](Self::make_rows_as)
     /// (`None`: in RAM, or built to be filled, such rows reading as zeros).
     pub fn row_maker(&self) -> Option<RowMaker> {
+        let tier = self.store.tier()?;
         Some(RowMaker {
-            make: self.store.tier()?.maker()?,
+            make: tier.maker()?,
+            waits: tier.make_waits(),
             data_type: self.data_type(),
             dim: self.dim(),
             row_bytes: self.bytes_per_row(),
@@ -120,19 +125,22 @@ impl EmbeddingTable {
             return false;
         }
         let (make, whole) = (Arc::clone(&source.make), source.row_bytes);
-        self.set_row_maker(Arc::new(move |l, out| {
-            let mut made = |row: &mut Vec<u8>| {
-                row.resize(whole, 0);
-                make(global(l as usize) as u64, row);
-                out.copy_from_slice(&row[bytes.clone()]);
-            };
-            // `make` may be a shard's maker too, holding the buffer: then
-            // this one takes a row of its own.
-            WHOLE_ROW.with(|row| match row.try_borrow_mut() {
-                Ok(mut row) => made(&mut row),
-                Err(_) => made(&mut Vec::new()),
-            })
-        }));
+        self.set_row_maker(
+            source.waits,
+            Arc::new(move |l, out| {
+                let mut made = |row: &mut Vec<u8>| {
+                    row.resize(whole, 0);
+                    make(global(l as usize) as u64, row);
+                    out.copy_from_slice(&row[bytes.clone()]);
+                };
+                // `make` may be a shard's maker too, holding the buffer: then
+                // this one takes a row of its own.
+                WHOLE_ROW.with(|row| match row.try_borrow_mut() {
+                    Ok(mut row) => made(&mut row),
+                    Err(_) => made(&mut Vec::new()),
+                })
+            }),
+        );
         true
     }
 
@@ -145,7 +153,7 @@ impl EmbeddingTable {
             && (self.data_type(), self.dim(), self.bytes_per_row())
                 == (source.data_type, source.dim, source.row_bytes);
         if alike {
-            self.set_row_maker(Arc::clone(&source.make));
+            self.set_row_maker(source.waits, Arc::clone(&source.make));
         }
         alike
     }
@@ -157,6 +165,8 @@ impl EmbeddingTable {
 #[derive(Clone)]
 pub struct RowMaker {
     make: Arc<MakeRow>,
+    /// Whether making a row may wait for the disk (rows read in place).
+    waits: bool,
     data_type: crate::DataType,
     dim: usize,
     /// Bytes of a whole row of the table it makes.
@@ -290,7 +300,8 @@ fn new_disk_table(
         config.num_embeddings,
         (stride, state_bytes),
         make,
-        !matches!(optimizer, TableOptimizer::None),
+        // Key-value tables write rows (new ids, the fallback) as they run.
+        !matches!(optimizer, TableOptimizer::None) || config.kv.is_some(),
     )?;
     let alloc_error = |bytes| SparseError::Allocation {
         table: config.name.clone(),

@@ -287,9 +287,17 @@ impl EmbeddingTable {
     /// Makes a disk-tier table's rows not stored in its file with `make`
     /// (as a new table's are from its seed), for a table built empty and
     /// not looked up yet (nothing for a table in RAM).
-    pub(crate) fn set_row_maker(&mut self, make: std::sync::Arc<crate::tier::MakeRow>) {
+    /// `waits`: making a row may wait for the disk (rows read in place).
+    pub(crate) fn set_row_maker(
+        &mut self,
+        waits: bool,
+        make: std::sync::Arc<crate::tier::MakeRow>,
+    ) {
         if let (_, _, Some(tier)) = self.store.parts_mut() {
-            tier.set_maker(make);
+            match waits {
+                true => tier.set_reader(make),
+                false => tier.set_maker(make),
+            }
         }
     }
     /// Reads a disk-tier table's rows with `read(row, bytes)` (the row's
@@ -297,7 +305,9 @@ impl EmbeddingTable {
     /// copying them to its file first: a table built empty for inference
     /// (no optimizer; no row stored or looked up yet) whose rows lie in
     /// another file, a checkpoint's tensor mapped in place. Rows written
-    /// later (a delta's) go to its file as ever, and are read from there.
+    /// later (a delta's, a key-value table's fallback) go to its file as
+    /// ever, and are read from there. The other file must not change
+    /// while the table reads it (a mapped file cut short is a SIGBUS).
     pub fn read_rows_in_place(
         &mut self,
         read: std::sync::Arc<crate::MakeRow>,
@@ -667,6 +677,14 @@ impl EmbeddingBagCollection {
                 });
             }
             let per_row = optimizer.state_floats_per_row(dim);
+            let unreserved = table.store.tier().is_some_and(|t| !t.trains());
+            if unreserved && !matches!(optimizer, TableOptimizer::None) {
+                return Err(SparseError::InvalidConfig {
+                    table: name,
+                    reason: "on the disk tier, it was built for inference (its file's space                              is not reserved, its rows may be read in place): build the                              collection with the optimizer it will train with"
+                        .into(),
+                });
+            }
             if table.is_on_disk() && per_row + self.optimizer.state_floats_per_row(dim) > 0 {
                 return Err(SparseError::InvalidConfig {
                     table: name,

@@ -427,9 +427,9 @@ impl RowFile {
         let this = Self { file, path };
         // Sized, and (for rows that change) its blocks reserved, up front:
         // rows are written long after (when they first leave the cache),
-        // and a disk too small fails while the table is built. Rows that
-        // never change (no optimizer) are written while the table is
-        // built, if at all: a disk too small fails then too.
+        // and a disk too small fails while the table is built. An
+        // inference table's rows are written while it is built, if at all
+        // (a delta's later: a full disk is then that write's error).
         this.file
             .set_len(bytes)
             .map_err(|e| disk_error(table, &this.path, "cannot size the file", e))?;

@@ -1,4 +1,6 @@
-//! Evaluation metrics on logits and 0/1 labels.
+//! Evaluation metrics on logits and 0/1 labels, under TorchRec's
+//! definitions where it has them (`torchrec.metrics`: `ne`, `calibration`,
+//! `ctr`).
 
 use serde::Serialize;
 
@@ -11,6 +13,17 @@ pub struct Metrics {
     pub logloss: f64,
     /// Share of predictions on the right side of probability 0.5.
     pub accuracy: f64,
+    /// Normalized entropy (TorchRec's `NE`): the cross-entropy summed over
+    /// the samples, over that of always predicting the observed CTR (the
+    /// entropy of the labels); below 1 is better than the base rate. NaN
+    /// with one class.
+    pub ne: f64,
+    /// Predicted over observed CTR (TorchRec's `calibration`: the sum of
+    /// the probabilities over the sum of the labels); 1 is calibrated. NaN
+    /// with no positive.
+    pub calibration: f64,
+    /// Observed CTR: the share of positive labels (TorchRec's `ctr`).
+    pub ctr: f64,
     /// Number of predictions (`rows` in JSON, as the command line names
     /// them).
     #[serde(rename = "rows")]
@@ -23,6 +36,8 @@ pub struct MetricsAccumulator {
     scores: Vec<(f32, bool)>,
     logloss_sum: f64,
     correct: usize,
+    positives: usize,
+    probability_sum: f64,
 }
 
 impl MetricsAccumulator {
@@ -37,6 +52,8 @@ impl MetricsAccumulator {
             if (z > 0.0) == positive {
                 self.correct += 1;
             }
+            self.positives += usize::from(positive);
+            self.probability_sum += 1.0 / (1.0 + (-z).exp());
             self.scores.push((z as f32, positive));
         }
     }
@@ -45,10 +62,20 @@ impl MetricsAccumulator {
     /// it is); NaN where undefined.
     pub fn finish(&self) -> Metrics {
         let n = self.scores.len() as f64;
+        let (pos, ctr) = (self.positives as f64, self.positives as f64 / n);
+        // The labels' entropy, summed (TorchRec's `ce_norm`; natural logs
+        // here and in the cross-entropy, so the ratio is TorchRec's base 2).
+        let norm = -pos * ctr.ln() - (n - pos) * (1.0 - ctr).ln();
         Metrics {
             auc: roc_auc(&self.scores),
             logloss: self.logloss_sum / n,
             accuracy: self.correct as f64 / n,
+            ne: match pos > 0.0 && pos < n {
+                true => self.logloss_sum / norm,
+                false => f64::NAN,
+            },
+            calibration: self.probability_sum / pos,
+            ctr,
             count: self.scores.len(),
         }
     }
@@ -130,5 +157,26 @@ mod tests {
         // z=0 counts as predicting 0: wrong for label 1; z=2 wrong; z=-1 right.
         assert!((m.accuracy - 1.0 / 3.0).abs() < 1e-12);
         assert_eq!(m.count, 3);
+        // One positive in three: the labels' entropy is
+        // -ln(1/3) - 2 ln(2/3), summed; NE the summed cross-entropy over it.
+        let norm = -(1f64 / 3.0).ln() - 2.0 * (2f64 / 3.0).ln();
+        assert!((m.ne - 3.0 * expected / norm).abs() < 1e-12);
+        let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
+        let predicted = sigmoid(0.0) + sigmoid(2.0) + sigmoid(-1.0);
+        assert!((m.calibration - predicted / 1.0).abs() < 1e-12);
+        assert!((m.ctr - 1.0 / 3.0).abs() < 1e-12);
+        // Predicting the base rate everywhere: NE 1, calibrated.
+        let base = (1f64 / 3.0 / (2.0 / 3.0)).ln() as f32;
+        let mut acc = MetricsAccumulator::default();
+        acc.push(&[base; 3], &[1.0, 0.0, 0.0]);
+        let m = acc.finish();
+        assert!(
+            (m.ne - 1.0).abs() < 1e-6 && (m.calibration - 1.0).abs() < 1e-6,
+            "{m:?}"
+        );
+        // One class: NE undefined.
+        let mut acc = MetricsAccumulator::default();
+        acc.push(&[0.5], &[1.0]);
+        assert!(acc.finish().ne.is_nan());
     }
 }

@@ -308,6 +308,9 @@ fn metrics_dict<'py>(py: Python<'py>, metrics: &Metrics) -> PyResult<Bound<'py, 
     let out = PyDict::new(py);
     out.set_item("auc", metrics.auc)?;
     out.set_item("logloss", metrics.logloss)?;
+    out.set_item("ne", metrics.ne)?;
+    out.set_item("calibration", metrics.calibration)?;
+    out.set_item("ctr", metrics.ctr)?;
     out.set_item("accuracy", metrics.accuracy)?;
     out.set_item("rows", metrics.count)?;
     Ok(out)

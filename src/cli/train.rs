@@ -150,6 +150,12 @@ pub struct MetricsReport {
     pub auc: f64,
     pub logloss: f64,
     pub accuracy: f64,
+    /// Normalized entropy (TorchRec's NE).
+    pub ne: f64,
+    /// Predicted over observed CTR.
+    pub calibration: f64,
+    /// Observed CTR.
+    pub ctr: f64,
     pub rows: usize,
 }
 
@@ -159,6 +165,9 @@ impl From<Metrics> for MetricsReport {
             auc: m.auc,
             logloss: m.logloss,
             accuracy: m.accuracy,
+            ne: m.ne,
+            calibration: m.calibration,
+            ctr: m.ctr,
             rows: m.count,
         }
     }
@@ -168,10 +177,12 @@ impl std::fmt::Display for MetricsReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "auc {:.4}, logloss {:.6}, accuracy {:.3} % ({} rows)",
+            "auc {:.4}, logloss {:.6}, accuracy {:.3} %, ne {:.4}, calibration {:.4} ({} rows)",
             self.auc,
             self.logloss,
             self.accuracy * 100.0,
+            self.ne,
+            self.calibration,
             self.rows
         )
     }

@@ -5,15 +5,11 @@
 
 use std::sync::Arc;
 
+use crate::writer::AtomicParquet;
+use crate::DataError;
 use arrow_array::types::{Float32Type, Int64Type};
 use arrow_array::{ArrayRef, FixedSizeListArray, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
-use parquet::file::properties::WriterProperties;
-
-use crate::atomic::AtomicFile;
-use crate::writer::finish_parquet;
-use crate::DataError;
 
 /// One output's values for some rows, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,12 +22,10 @@ pub enum ListValues<'a> {
 
 /// Streams rows of fixed-size list columns into a Parquet file.
 pub struct ListPredictionWriter {
-    writer: ArrowWriter<std::fs::File>,
-    out: AtomicFile,
+    file: AtomicParquet,
     schema: SchemaRef,
     /// Each column's width.
     widths: Vec<usize>,
-    rows: u64,
 }
 
 impl ListPredictionWriter {
@@ -54,25 +48,17 @@ impl ListPredictionWriter {
             })
             .collect();
         let schema = Arc::new(Schema::new(fields));
-        let mut out = AtomicFile::create(path)?;
-        let props = WriterProperties::builder()
-            .set_compression(crate::writer::Codec::Zstd.compression())
-            .build();
-        let writer = ArrowWriter::try_new(out.take_file(), schema.clone(), Some(props))
-            .map_err(DataError::parquet(out.temp()))?;
         Ok(Self {
-            writer,
-            out,
+            file: AtomicParquet::create(path, schema.clone())?,
             schema,
             widths: columns.iter().map(|c| c.2).collect(),
-            rows: 0,
         })
     }
 
     /// Appends `rows` rows: each column's values, `rows` times its width,
     /// of its type.
     pub fn write(&mut self, rows: usize, columns: &[ListValues<'_>]) -> Result<(), DataError> {
-        let temp = self.out.temp().to_path_buf();
+        let temp = self.file.temp().to_path_buf();
         let wrong = |column: &str, message: String| DataError::Column {
             path: temp.clone(),
             column: column.into(),
@@ -106,18 +92,12 @@ impl ListPredictionWriter {
         }
         let batch = RecordBatch::try_new(self.schema.clone(), arrays)
             .map_err(|e| wrong("*", e.to_string()))?;
-        self.writer
-            .write(&batch)
-            .map_err(DataError::parquet(self.out.temp()))?;
-        self.rows += rows as u64;
-        Ok(())
+        self.file.write(&batch)
     }
 
     /// Closes, fsyncs and renames the file; returns the rows written.
     pub fn finish(self) -> Result<u64, DataError> {
-        let file = finish_parquet(self.writer, self.out.temp())?;
-        self.out.commit_file(file)?;
-        Ok(self.rows)
+        self.file.finish()
     }
 }
 

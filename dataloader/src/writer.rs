@@ -517,13 +517,57 @@ impl ParquetSink {
     }
 }
 
+/// A Parquet file of one schema (zstd), written to its temporary file and
+/// committed whole: what prediction files share.
+pub(crate) struct AtomicParquet {
+    writer: ArrowWriter<File>,
+    out: AtomicFile,
+    rows: u64,
+}
+
+impl AtomicParquet {
+    /// Opens `path`'s temporary file (`.<name>.tmp` beside it) for `schema`.
+    pub(crate) fn create(path: &Path, schema: SchemaRef) -> Result<Self, DataError> {
+        let mut out = AtomicFile::create(path)?;
+        let props = WriterProperties::builder()
+            .set_compression(Codec::Zstd.compression())
+            .build();
+        let writer = ArrowWriter::try_new(out.take_file(), schema, Some(props))
+            .map_err(DataError::parquet(out.temp()))?;
+        Ok(Self {
+            writer,
+            out,
+            rows: 0,
+        })
+    }
+
+    /// The temporary file, for errors.
+    pub(crate) fn temp(&self) -> &Path {
+        self.out.temp()
+    }
+
+    /// Appends `batch`'s rows.
+    pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<(), DataError> {
+        self.writer
+            .write(batch)
+            .map_err(DataError::parquet(self.out.temp()))?;
+        self.rows += batch.num_rows() as u64;
+        Ok(())
+    }
+
+    /// Closes, fsyncs and renames the file; returns the rows written.
+    pub(crate) fn finish(self) -> Result<u64, DataError> {
+        let file = finish_parquet(self.writer, self.out.temp())?;
+        self.out.commit_file(file)?;
+        Ok(self.rows)
+    }
+}
+
 /// Streams model outputs into a Parquet file with columns `logit` and
 /// `probability` (float32), one row per input row, committed atomically.
 pub struct PredictionWriter {
-    writer: ArrowWriter<File>,
-    out: AtomicFile,
+    file: AtomicParquet,
     schema: SchemaRef,
-    rows: u64,
 }
 
 impl PredictionWriter {
@@ -535,18 +579,8 @@ impl PredictionWriter {
             Field::new("logit", DataType::Float32, false),
             Field::new("probability", DataType::Float32, false),
         ]));
-        let mut out = AtomicFile::create(path)?;
-        let props = WriterProperties::builder()
-            .set_compression(Codec::Zstd.compression())
-            .build();
-        let writer = ArrowWriter::try_new(out.take_file(), schema.clone(), Some(props))
-            .map_err(DataError::parquet(out.temp()))?;
-        Ok(Self {
-            writer,
-            out,
-            schema,
-            rows: 0,
-        })
+        let file = AtomicParquet::create(path, schema.clone())?;
+        Ok(Self { file, schema })
     }
 
     /// Appends one row per logit, with its probability `1 / (1 + e^-logit)`.
@@ -557,18 +591,12 @@ impl PredictionWriter {
             vec![Arc::new(Float32Array::from(logits.to_vec())), Arc::new(p)];
         let batch = RecordBatch::try_new(self.schema.clone(), columns)
             .expect("two float columns of one length");
-        self.writer
-            .write(&batch)
-            .map_err(DataError::parquet(self.out.temp()))?;
-        self.rows += logits.len() as u64;
-        Ok(())
+        self.file.write(&batch)
     }
 
     /// Closes, fsyncs and renames the file; returns the rows written.
     pub fn finish(self) -> Result<u64, DataError> {
-        let file = finish_parquet(self.writer, self.out.temp())?;
-        self.out.commit_file(file)?;
-        Ok(self.rows)
+        self.file.finish()
     }
 }
 

@@ -173,14 +173,8 @@ fn a_checkpoint_loads_onto_the_disk_tier_cast_and_checked() {
     drop(half_disk);
 
     // A corrupt row is found by its checksum, the tensor named.
-    let mut bytes = std::fs::read(&path).unwrap();
-    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let json: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
     let name = "sparse_arch.embedding_bag_collection.embedding_bags.t_cat_0.weight";
-    let at = 8 + header + json[name]["data_offsets"][0].as_u64().unwrap() as usize;
-    bytes[at + 100] ^= 1;
-    let bad = dir.path().join("bad.safetensors");
-    std::fs::write(&bad, bytes).unwrap();
+    let bad = corrupt_copy(&path, name, 100);
     let err = Checkpoint::open(&bad)
         .unwrap()
         .builder()
@@ -195,6 +189,19 @@ fn a_checkpoint_loads_onto_the_disk_tier_cast_and_checked() {
         .filter(|e| e.as_ref().unwrap().path().extension() == Some("rows".as_ref()))
         .count();
     assert_eq!(rows_files, 0, "the failed load's table files are removed");
+}
+
+/// A copy of checkpoint `path` (as `bad.safetensors` beside it) with one
+/// bit flipped at byte `at` of tensor `name`'s data.
+fn corrupt_copy(path: &std::path::Path, name: &str, at: usize) -> std::path::PathBuf {
+    let mut bytes = std::fs::read(path).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let json: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
+    let start = 8 + header + json[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[start + at] ^= 1;
+    let bad = path.with_file_name("bad.safetensors");
+    std::fs::write(&bad, bytes).unwrap();
+    bad
 }
 
 /// A table's rows (as stored) and optimizer state, whole.
@@ -439,14 +446,8 @@ fn an_inference_checkpoint_serves_its_rows_in_place() {
     drop(disk);
 
     // A corrupt row is found by its checksum before anything serves.
-    let mut bytes = std::fs::read(&int8).unwrap();
-    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let json: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
     let name = "sparse_arch.embedding_bag_collection.embedding_bags.t_cat_1.weight";
-    let at = 8 + header + json[name]["data_offsets"][0].as_u64().unwrap() as usize;
-    bytes[at + 50] ^= 1;
-    let bad = dir.path().join("bad.safetensors");
-    std::fs::write(&bad, bytes).unwrap();
+    let bad = corrupt_copy(&int8, name, 50);
     let err = Checkpoint::open(&bad)
         .unwrap()
         .builder()

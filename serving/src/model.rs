@@ -83,7 +83,7 @@ impl ServedModel {
                 "a model needs at least 1 instance".into(),
             ));
         }
-        if let Some((config, _)) = SequenceModelConfig::of_checkpoint(checkpoint)? {
+        if let Some(config) = SequenceModelConfig::of_checkpoint(checkpoint)? {
             return Self::open_sequence(checkpoint, name, config, options);
         }
         if options.instances > 1 && options.disk_tier.is_some() {

@@ -109,7 +109,7 @@ impl std::fmt::Display for EvalReport {
 }
 
 pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalReport> {
-    if let Some((config, _)) = SequenceModelConfig::of_checkpoint(&args.checkpoint)? {
+    if let Some(config) = SequenceModelConfig::of_checkpoint(&args.checkpoint)? {
         anyhow::bail!(
             "{} is a {} checkpoint: eval reads DLRM checkpoints; `train --model {}` evaluates \
              sequence models, and `predict` scores their histories",
@@ -181,7 +181,7 @@ impl std::fmt::Display for PredictReport {
 }
 
 pub fn predict(args: &PredictArgs) -> anyhow::Result<PredictReport> {
-    if let Some((config, _)) = SequenceModelConfig::of_checkpoint(&args.eval.checkpoint)? {
+    if let Some(config) = SequenceModelConfig::of_checkpoint(&args.eval.checkpoint)? {
         return super::predict_sequence::predict(args, &config);
     }
     super::with_threads(args.eval.threads, || {

@@ -60,12 +60,7 @@ pub fn quantize(
     dtype: DataType,
     output: &Path,
 ) -> Result<QuantizeSummary, ModelError> {
-    if output.is_dir() {
-        return Err(super::fail_at(
-            output,
-            "is a directory: name the file to write the quantized checkpoint to".into(),
-        ));
-    }
+    refuse_directory(output)?;
     let mut checkpoint = Checkpoint::open(input)?;
     // The files themselves, through a directory's checkpoint and links.
     if let Some(f) = (checkpoint.files().iter()).find(|f| same_file(f, output)) {
@@ -89,14 +84,9 @@ pub fn quantize(
             ),
         ));
     }
-    let bytes = |c: &Checkpoint| -> u64 {
-        (c.config().tables.iter())
-            .map(|t| t.bytes().unwrap_or(0) as u64)
-            .sum()
-    };
-    let table_bytes_before = bytes(&checkpoint);
+    let table_bytes_before = table_bytes(checkpoint.config());
     let converted = checkpoint.cast_tables(dtype);
-    let table_bytes_after = bytes(&checkpoint);
+    let table_bytes_after = table_bytes(checkpoint.config());
     let mut model = checkpoint.inference_model()?;
     drop(checkpoint);
     save(&mut model, output, None)?;
@@ -123,16 +113,9 @@ pub fn quantize_new(
     disk_tier: Option<DiskTierOptions>,
     output: &Path,
 ) -> Result<QuantizeSummary, ModelError> {
-    if output.is_dir() {
-        return Err(super::fail_at(
-            output,
-            "is a directory: name the file to write the checkpoint to".into(),
-        ));
-    }
+    refuse_directory(output)?;
     let mut config = config.clone();
-    let bytes =
-        |c: &DlrmConfig| -> u64 { c.tables.iter().map(|t| t.bytes().unwrap_or(0) as u64).sum() };
-    let table_bytes_before = bytes(&config);
+    let table_bytes_before = table_bytes(&config);
     let converted = (config.tables.iter_mut())
         .filter(|t| t.data_type != dtype)
         .map(|t| (t.name.clone(), std::mem::replace(&mut t.data_type, dtype)))
@@ -151,6 +134,24 @@ pub fn quantize_new(
         data_type: dtype,
         converted,
         table_bytes_before,
-        table_bytes_after: bytes(&config),
+        table_bytes_after: table_bytes(&config),
     })
+}
+
+/// The bytes of a model's rows, every table in its type.
+fn table_bytes(config: &DlrmConfig) -> u64 {
+    (config.tables.iter())
+        .map(|t| t.bytes().unwrap_or(0) as u64)
+        .sum()
+}
+
+/// A directory is no file to write a checkpoint to.
+fn refuse_directory(output: &Path) -> Result<(), ModelError> {
+    match output.is_dir() {
+        true => Err(super::fail_at(
+            output,
+            "is a directory: name the file to write the checkpoint to".into(),
+        )),
+        false => Ok(()),
+    }
 }

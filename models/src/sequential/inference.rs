@@ -85,22 +85,26 @@ impl SequenceModelConfig {
     /// The recorded configuration of the checkpoint at `path` (a file, or
     /// a training run's `--checkpoint-dir`): `None` when it holds no
     /// sequence model.
-    pub fn of_checkpoint(path: &Path) -> Result<Option<(Self, PathBuf)>, ModelError> {
-        let file = checkpoint_file(path);
+    pub fn of_checkpoint(path: &Path) -> Result<Option<Self>, ModelError> {
         // Not one safetensors file (a set's index, a missing file): not a
         // sequence model's; the DLRM reader names what is wrong with it.
-        let Ok(opened) = StateFile::open(&file) else {
-            return Ok(None);
-        };
-        let Some(json) = opened.metadata(SEQUENCE_MODEL_KEY) else {
+        match StateFile::open(&checkpoint_file(path)) {
+            Ok(file) => Self::recorded(&file),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The configuration `file` records, if any.
+    fn recorded(file: &StateFile) -> Result<Option<Self>, ModelError> {
+        let Some(json) = file.metadata(SEQUENCE_MODEL_KEY) else {
             return Ok(None);
         };
         let config = serde_json::from_str(json).map_err(|e| ModelError::Checkpoint {
-            path: file.clone(),
+            path: file.path().to_path_buf(),
             tensor: None,
             message: format!("metadata '{SEQUENCE_MODEL_KEY}': {e}"),
         })?;
-        Ok(Some((config, file)))
+        Ok(Some(config))
     }
 
     /// The JSON the checkpoint's metadata holds.
@@ -217,7 +221,7 @@ impl SequenceScorer {
     pub fn open(path: &Path) -> Result<Self, ModelError> {
         let file = checkpoint_file(path);
         let state = StateFile::open(&file)?;
-        let Some((config, _)) = SequenceModelConfig::of_checkpoint(&file)? else {
+        let Some(config) = SequenceModelConfig::recorded(&state)? else {
             return Err(ModelError::Checkpoint {
                 path: file,
                 tensor: None,

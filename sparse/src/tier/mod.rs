@@ -392,7 +392,7 @@ impl DiskTier {
     /// Makes the rows not stored with `make` from now on: for a tier
     /// whose cache holds no row yet (one made earlier would disagree).
     pub(crate) fn set_maker(&mut self, make: Arc<MakeRow>) {
-        debug_assert!(self.stats.lookups == 0 && self.stats.misses == 0);
+        debug_assert!(self.untouched());
         self.make = Some(Maker(make));
     }
 

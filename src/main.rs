@@ -54,7 +54,7 @@ enum Command {
 #[derive(Subcommand)]
 enum Bench {
     /// Train a DLRM on synthetic data; flags follow dlrm_s_pytorch.py.
-    Dlrm(bench_dlrm::DlrmArgs),
+    Dlrm(Box<bench_dlrm::DlrmArgs>),
     /// The embedding kernels alone, like FBGEMM's TBE benchmark.
     Embedding(bench_embedding::EmbeddingArgs),
     /// Decoded-batch throughput of the Parquet loader.

@@ -37,7 +37,7 @@ pub use layers::mlp::Mlp;
 pub use layers::module::{Module, ParamView, Sequential};
 pub use layers::norm::LayerNorm;
 pub use native::NativeBackend;
-pub use optim::{DenseOptimizer, DenseOptimizerConfig};
+pub use optim::{clip_grad_norm, DenseOptimizer, DenseOptimizerConfig, WeightDecay};
 pub use param::{HasParams, Param};
 pub use real::Real;
 pub use tensor::Tensor;

@@ -62,6 +62,25 @@ impl DenseOptimizerConfig {
         }
     }
 
+    /// The learning rate.
+    pub fn learning_rate(&self) -> f32 {
+        match *self {
+            DenseOptimizerConfig::Sgd { lr }
+            | DenseOptimizerConfig::Adagrad { lr, .. }
+            | DenseOptimizerConfig::Adam { lr, .. } => lr,
+        }
+    }
+
+    /// The same rule at learning rate `lr`.
+    pub fn with_learning_rate(mut self, lr: f32) -> Self {
+        match &mut self {
+            DenseOptimizerConfig::Sgd { lr: at }
+            | DenseOptimizerConfig::Adagrad { lr: at, .. }
+            | DenseOptimizerConfig::Adam { lr: at, .. } => *at = lr,
+        }
+        self
+    }
+
     /// State tensors per parameter: Adam's two moments, Adagrad's sum of
     /// squares, none for SGD.
     pub fn state_tensors(&self) -> usize {
@@ -89,6 +108,62 @@ impl DenseOptimizerConfig {
     }
 }
 
+/// Weight decay of the dense parameters, in torch's two forms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", content = "rate", rename_all = "snake_case")]
+pub enum WeightDecay {
+    /// None.
+    #[default]
+    None,
+    /// L2 (torch's `weight_decay` of SGD, Adagrad and Adam): the gradient
+    /// gains `rate * w` before the rule reads it.
+    L2(f32),
+    /// Decoupled (torch's `AdamW`): `w *= 1 - lr * rate` before the rule
+    /// runs on the plain gradient; for SGD and Adagrad the same shrink.
+    Decoupled(f32),
+}
+
+impl WeightDecay {
+    /// The decay rate (0 for none).
+    pub fn rate(&self) -> f32 {
+        match *self {
+            WeightDecay::None => 0.0,
+            WeightDecay::L2(r) | WeightDecay::Decoupled(r) => r,
+        }
+    }
+
+    /// Refuses a rate that is not a finite number `>= 0`.
+    pub fn validate(&self) -> Result<(), String> {
+        let r = self.rate();
+        if r.is_finite() && r >= 0.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "dense weight decay {r}: must be a finite number >= 0"
+            ))
+        }
+    }
+}
+
+/// torch's `clip_grad_norm_` (L2): when the gradients' global norm, over
+/// every parameter, exceeds `max_norm`, scales them all by
+/// `max_norm / (norm + 1e-6)`. Returns the norm before clipping, summed in
+/// f64 (torch sums in the gradients' type).
+pub fn clip_grad_norm<T: Real>(params: &mut [Param<'_, T>], max_norm: f64) -> f64 {
+    let squares: f64 = (params.iter())
+        .map(|p| p.grad.iter().map(|g| g.to_f64().powi(2)).sum::<f64>())
+        .sum();
+    let norm = squares.sqrt();
+    let coefficient = max_norm / (norm + 1e-6);
+    if coefficient < 1.0 {
+        let c = T::from_f64(coefficient);
+        for p in params.iter_mut() {
+            p.grad.iter_mut().for_each(|g| *g *= c);
+        }
+    }
+    norm
+}
+
 /// State of one parameter: Adagrad keeps its sum of squares in `v`; Adam uses both moments.
 #[derive(Clone, Debug)]
 struct Slot<T> {
@@ -106,6 +181,9 @@ struct Slot<T> {
 #[derive(Clone, Debug)]
 pub struct DenseOptimizer<T> {
     config: DenseOptimizerConfig,
+    /// A schedule's rate for the next steps (`None`: the config's).
+    learning_rate: Option<f32>,
+    weight_decay: WeightDecay,
     steps: u64,
     slots: Vec<Slot<T>>,
 }
@@ -115,6 +193,8 @@ impl<T: Real> DenseOptimizer<T> {
     pub fn new(config: DenseOptimizerConfig) -> Self {
         DenseOptimizer {
             config,
+            learning_rate: None,
+            weight_decay: WeightDecay::None,
             steps: 0,
             slots: Vec::new(),
         }
@@ -123,6 +203,27 @@ impl<T: Real> DenseOptimizer<T> {
     /// The update rule and its hyperparameters.
     pub fn config(&self) -> DenseOptimizerConfig {
         self.config
+    }
+
+    /// The learning rate of the next step: a schedule's, or the config's.
+    pub fn learning_rate(&self) -> f32 {
+        (self.learning_rate).unwrap_or_else(|| self.config.learning_rate())
+    }
+
+    /// Sets the learning rate of the next steps (a schedule's; `None`: the
+    /// config's again). The config and the state stay as they are.
+    pub fn set_learning_rate(&mut self, lr: Option<f32>) {
+        self.learning_rate = lr;
+    }
+
+    /// The weight decay of every step (none unless set).
+    pub fn weight_decay(&self) -> WeightDecay {
+        self.weight_decay
+    }
+
+    /// Sets the weight decay of the next steps.
+    pub fn set_weight_decay(&mut self, decay: WeightDecay) {
+        self.weight_decay = decay;
     }
 
     /// Steps taken so far (Adam's `t`).
@@ -148,16 +249,31 @@ impl<T: Real> DenseOptimizer<T> {
             .collect();
     }
 
-    /// Updates every parameter from its gradient.
+    /// Updates every parameter from its gradient, at the current learning
+    /// rate and with the weight decay set. L2 decay leaves the decayed
+    /// gradient in the parameters' gradient buffers.
     ///
     /// # Panics
     /// When the parameters differ from those of the first step (a programming error).
     pub fn step(&mut self, mut params: Vec<Param<'_, T>>) {
         self.ensure_state(&params);
         self.steps += 1;
-        let bias_correction = self.config.adam_bias_correction(self.steps);
+        let config = self.config.with_learning_rate(self.learning_rate());
+        let bias_correction = config.adam_bias_correction(self.steps);
         for (p, slot) in params.iter_mut().zip(&mut self.slots) {
-            match self.config {
+            match self.weight_decay {
+                WeightDecay::None => {}
+                WeightDecay::L2(rate) => {
+                    let rate = T::from_f64(rate as f64);
+                    let f = |(g, &w): (&mut T, &T)| *g += rate * w;
+                    p.grad.iter_mut().zip(&*p.value).for_each(f);
+                }
+                WeightDecay::Decoupled(rate) => {
+                    let keep = T::from_f64(1.0 - config.learning_rate() as f64 * rate as f64);
+                    p.value.iter_mut().for_each(|w| *w *= keep);
+                }
+            }
+            match config {
                 DenseOptimizerConfig::Sgd { lr } => sgd(p, T::from_f64(lr as f64)),
                 DenseOptimizerConfig::Adagrad { lr, eps } => adagrad(
                     p,

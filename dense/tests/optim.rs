@@ -1,6 +1,6 @@
 //! Optimizers against values worked out by hand (torch's update formulas, three steps).
 
-use ember_dense::{DenseOptimizer, DenseOptimizerConfig, Param};
+use ember_dense::{clip_grad_norm, DenseOptimizer, DenseOptimizerConfig, Param, WeightDecay};
 
 const P0: [f64; 3] = [1.0, -2.0, 0.5];
 const GRADS: [[f64; 3]; 3] = [[0.1, -0.2, 0.3], [0.4, 0.0, -0.1], [-0.2, 0.5, 0.05]];
@@ -124,4 +124,133 @@ fn state_is_checked_against_the_parameters() {
     let (mut a, mut g) = ([1.0; 2], [0.5; 2]);
     opt.step(vec![Param::new("w", &mut a, &mut g)]);
     opt.step(vec![Param::new("v", &mut a, &mut g)]);
+}
+
+/// Three steps with `decay` and a learning rate set before each (a
+/// schedule's), returning the values after each.
+fn run_decayed(config: DenseOptimizerConfig, decay: WeightDecay, rates: [f32; 3]) -> Vec<[f64; 3]> {
+    let mut opt = DenseOptimizer::<f64>::new(config);
+    opt.set_weight_decay(decay);
+    let mut p = P0;
+    let mut out = Vec::new();
+    for (mut g, lr) in GRADS.into_iter().zip(rates) {
+        opt.set_learning_rate(Some(lr));
+        opt.step(vec![Param::new("w", &mut p, &mut g)]);
+        out.push(p);
+    }
+    assert_eq!(opt.config(), config, "the config keeps its own rate");
+    out
+}
+
+/// One step of a rule by hand: the value, its gradient, the rate, the step
+/// (from 1) and two state vectors.
+type Rule<'a> = dyn Fn(&mut [f64; 3], &[f64; 3], f64, u64, &mut [[f64; 3]; 2]) + 'a;
+
+/// torch's rules by hand in f64, at rates changing every step: L2 decay
+/// adds `decay * w` to the gradient (SGD, Adagrad, Adam's `weight_decay`);
+/// decoupled decay (AdamW) shrinks `w` by `lr * decay` first.
+#[test]
+fn weight_decay_and_scheduled_rates_match_torch_rules() {
+    let rates = [0.5, 0.25, 0.125];
+    let decay = 0.0625;
+    let reference = |rule: &Rule<'_>| {
+        let (mut p, mut state, mut out) = (P0, [[0.0; 3]; 2], Vec::new());
+        for (t, (g, lr)) in GRADS.iter().zip(rates).enumerate() {
+            rule(&mut p, g, lr as f64, t as u64 + 1, &mut state);
+            out.push(p);
+        }
+        out
+    };
+    let sgd_l2 = reference(&|p, g, lr, _, _| {
+        for i in 0..3 {
+            p[i] -= lr * (g[i] + decay * p[i]);
+        }
+    });
+    let adagrad_l2 = reference(&|p, g, lr, _, s| {
+        for i in 0..3 {
+            let g = g[i] + decay * p[i];
+            s[0][i] += g * g;
+            p[i] -= lr * g / (s[0][i].sqrt() + 1e-10);
+        }
+    });
+    let adam = |decoupled: bool| {
+        move |p: &mut [f64; 3], g: &[f64; 3], lr: f64, t: u64, s: &mut [[f64; 3]; 2]| {
+            let (b1, b2, eps) = (0.875f64, 1.0 - 1.0 / 1024.0, 1e-8);
+            for i in 0..3 {
+                let g = if decoupled {
+                    p[i] *= 1.0 - lr * decay;
+                    g[i]
+                } else {
+                    g[i] + decay * p[i]
+                };
+                s[0][i] = b1 * s[0][i] + (1.0 - b1) * g;
+                s[1][i] = b2 * s[1][i] + (1.0 - b2) * g * g;
+                let m = s[0][i] / (1.0 - b1.powi(t as i32));
+                let v = s[1][i] / (1.0 - b2.powi(t as i32));
+                p[i] -= lr * m / (v.sqrt() + eps);
+            }
+        }
+    };
+    let adam_config = DenseOptimizerConfig::Adam {
+        lr: 1.0,
+        beta1: 0.875,
+        beta2: 1.0 - 1.0 / 1024.0,
+        eps: 1e-8,
+    };
+    let cases = [
+        (
+            DenseOptimizerConfig::sgd(1.0),
+            WeightDecay::L2(decay as f32),
+            sgd_l2,
+        ),
+        (
+            DenseOptimizerConfig::adagrad(1.0),
+            WeightDecay::L2(decay as f32),
+            adagrad_l2,
+        ),
+        (
+            adam_config,
+            WeightDecay::L2(decay as f32),
+            reference(&adam(false)),
+        ),
+        (
+            adam_config,
+            WeightDecay::Decoupled(decay as f32),
+            reference(&adam(true)),
+        ),
+    ];
+    for (config, wd, want) in cases {
+        let got = run_decayed(config, wd, rates);
+        for (step, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_close(g, w, &format!("{config:?} {wd:?} step {}", step + 1));
+        }
+    }
+}
+
+/// torch's `clip_grad_norm_`: the global L2 norm over every parameter;
+/// above the maximum, every gradient scaled by `max / (norm + 1e-6)`;
+/// below it, left alone.
+#[test]
+fn clip_grad_norm_scales_by_the_global_norm() {
+    let (mut a, mut b) = ([0.0f64; 2], [0.0f64; 1]);
+    let (mut ga, mut gb) = ([3.0f64, 0.0], [4.0f64]);
+    let mut params = vec![
+        Param::new("a", &mut a, &mut ga),
+        Param::new("b", &mut b, &mut gb),
+    ];
+    let norm = clip_grad_norm(&mut params, 1.0);
+    assert_eq!(norm, 5.0);
+    let c = 1.0 / (5.0 + 1e-6);
+    assert_eq!((ga, gb), ([3.0 * c, 0.0], [4.0 * c]));
+    let (mut ga, mut gb) = ([0.3f64, 0.0], [0.4f64]);
+    let mut params = vec![
+        Param::new("a", &mut a, &mut ga),
+        Param::new("b", &mut b, &mut gb),
+    ];
+    assert!((clip_grad_norm(&mut params, 1.0) - 0.5).abs() < 1e-15);
+    assert_eq!(
+        (ga, gb),
+        ([0.3, 0.0], [0.4]),
+        "below the maximum: unchanged"
+    );
 }

@@ -109,6 +109,12 @@ impl CompiledDenseStep {
         Ok(())
     }
 
+    /// Sets the learning rate of the next steps (a schedule's): an
+    /// argument of the step, so nothing is compiled again.
+    pub fn set_learning_rate(&mut self, lr: f32) {
+        self.optimizer = self.optimizer.with_learning_rate(lr);
+    }
+
     /// The batch size it was compiled for; [`run`](Self::run) takes no other.
     pub fn batch_size(&self) -> usize {
         self.batch
@@ -189,11 +195,23 @@ impl CompiledDenseStep {
     }
 }
 
-/// The per-step scalars of the update: Adam's `step_size` and
-/// `1 / sqrt(1 - b2^t)`, as the native optimizer computes them.
+/// The per-step scalars of the update, as the native optimizer computes
+/// them: Adam's `step_size` and `1 / sqrt(1 - b2^t)`; for SGD and Adagrad
+/// the learning rate (a schedule changes it between steps) and nothing.
 fn step_scalars(o: &DenseOptimizerConfig, t: u64) -> (f32, f32) {
-    let (s1, s2) = o.adam_bias_correction(t).unwrap_or((0.0, 0.0));
-    (s1 as f32, s2 as f32)
+    match o.adam_bias_correction(t) {
+        Some((s1, s2)) => (s1 as f32, s2 as f32),
+        None => (o.learning_rate(), 0.0),
+    }
+}
+
+/// A scalar argument spread over `shape`.
+fn broadcast(f: &mut Func, scalar: &str, shape: &[usize]) -> String {
+    f.op(format!(
+        "stablehlo.broadcast_in_dim {scalar}, dims = [] : ({}) -> {}",
+        ty(&[]),
+        ty(shape)
+    ))
 }
 
 /// The StableHLO of one training step. Arguments: dense `[B, nd]`, pooled
@@ -344,18 +362,18 @@ fn optimizer_update(
 ) -> (String, Vec<(String, Vec<usize>)>) {
     let mut new_state = Vec::new();
     let new_w = match *o {
-        DenseOptimizerConfig::Sgd { lr } => {
-            let lr = f.splat(lr, shape);
+        DenseOptimizerConfig::Sgd { .. } => {
+            let lr = broadcast(f, s1, shape);
             let step = f.binary("multiply", &lr, gr, shape);
             f.binary("subtract", w, &step, shape)
         }
-        DenseOptimizerConfig::Adagrad { lr, eps } => {
+        DenseOptimizerConfig::Adagrad { eps, .. } => {
             let g2 = f.binary("multiply", gr, gr, shape);
             let s = f.binary("add", &st[0], &g2, shape);
             let root = f.op(format!("stablehlo.sqrt {s} : {}", ty(shape)));
             let e = f.splat(eps, shape);
             let den = f.binary("add", &root, &e, shape);
-            let lr = f.splat(lr, shape);
+            let lr = broadcast(f, s1, shape);
             let num = f.binary("multiply", &lr, gr, shape);
             let step = f.binary("divide", &num, &den, shape);
             new_state.push((s, shape.to_vec()));
@@ -373,16 +391,8 @@ fn optimizer_update(
             let g2 = f.binary("multiply", gr, gr, shape);
             let v2 = f.binary("multiply", &ob2, &g2, shape);
             let v = f.binary("add", &v1, &v2, shape);
-            let step_size = f.op(format!(
-                "stablehlo.broadcast_in_dim {s1}, dims = [] : ({}) -> {}",
-                ty(&[]),
-                ty(shape)
-            ));
-            let inv_bc2 = f.op(format!(
-                "stablehlo.broadcast_in_dim {s2}, dims = [] : ({}) -> {}",
-                ty(&[]),
-                ty(shape)
-            ));
+            let step_size = broadcast(f, s1, shape);
+            let inv_bc2 = broadcast(f, s2, shape);
             let root = f.op(format!("stablehlo.sqrt {v} : {}", ty(shape)));
             let scaled = f.binary("multiply", &root, &inv_bc2, shape);
             let e = f.splat(eps, shape);

@@ -89,6 +89,10 @@ pub enum ModelError {
     /// The PJRT plugin failed (loading it, compiling or running a program).
     #[error(transparent)]
     Pjrt(Box<ember_dense::pjrt::PjrtError>),
+    /// A learning-rate schedule, weight decay or clipping norm no run can
+    /// use (which: the message).
+    #[error("{0}")]
+    InvalidOptimization(String),
 }
 
 /// How a batch does not fit the model ([`ModelError::Batch`]).
@@ -147,6 +151,16 @@ pub enum Unsupported {
         /// The mode asked for.
         mode: crate::ExecMode,
     },
+    /// Learning-rate schedules, weight decay or clipping on a model that
+    /// does not take them.
+    #[error("{model} takes no learning-rate schedule, weight decay or gradient clipping")]
+    Optimization {
+        /// The model's type.
+        model: &'static str,
+    },
+    /// Weight decay or gradient clipping in the compiled step.
+    #[error("the compiled step takes learning-rate schedules, not weight decay or gradient clipping: use strict, debug or defer-fuse")]
+    CompiledOptimization,
     /// The compiled step on a rank of a world.
     #[error("the compiled step runs in one process; on ranks use strict, debug or defer-fuse")]
     CompiledOnRanks,

@@ -41,6 +41,7 @@ mod evaluate;
 pub mod memory;
 mod metrics;
 mod model;
+mod schedule;
 pub mod sequential;
 pub mod sparse_arch;
 mod trainer;
@@ -60,6 +61,7 @@ pub use evaluate::{evaluate, evaluate_data, Evaluation, OutputCheck};
 pub use memory::{available_memory, MemoryEstimate, OutOfMemory, RunShape};
 pub use metrics::{roc_auc, Metrics, MetricsAccumulator};
 pub use model::{DataParallel, InputDist, Model, Routed};
+pub use schedule::{LrSchedule, Optimization};
 pub use sparse_arch::SparseArch;
 pub use trainer::{
     FitOptions, InMemory, SyntheticBatches, TrainData, TrainError, TrainEvent, TrainSummary,

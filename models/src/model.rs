@@ -10,7 +10,9 @@ use ember_dense::Param;
 use ember_sharding::Collective;
 
 use crate::checkpoint::{StateDict, StateFile};
-use crate::{Backend, Batch, ExecMode, ModelError, StepOutput, TrainState, Unsupported};
+use crate::{
+    Backend, Batch, ExecMode, ModelError, Optimization, StepOutput, TrainState, Unsupported,
+};
 
 /// A model the [`Trainer`](crate::Trainer) can train, evaluate and
 /// checkpoint. Every method is called by one thread at a time; on the ranks
@@ -74,6 +76,27 @@ pub trait Model {
     ) -> Result<StepOutput, ModelError> {
         let _ = routed;
         self.train_step(backend, batch, mode)
+    }
+
+    /// Sets the optimizers for the step taken after `step` steps: the
+    /// schedules' learning rates at that step, weight decay and gradient
+    /// clipping ([`Optimization`]). The [`Trainer`](crate::Trainer) calls it
+    /// before every step. The default takes only the plain one (nothing
+    /// changed) and refuses the rest as unsupported by this model.
+    fn set_optimization(
+        &mut self,
+        optimization: &Optimization,
+        step: u64,
+    ) -> Result<(), ModelError> {
+        let _ = step;
+        if optimization.is_plain() {
+            Ok(())
+        } else {
+            Err(Unsupported::Optimization {
+                model: std::any::type_name::<Self>(),
+            }
+            .into())
+        }
     }
 
     /// The logits of `batch`, one per sample (no update), on `backend`'s

@@ -125,6 +125,18 @@ impl SparseArch {
         }
     }
 
+    /// Sets the learning rate and weight decay of the next backward
+    /// updates ([`ember_sparse::TableStepSettings`]).
+    pub fn set_step_settings(
+        &mut self,
+        settings: ember_sparse::TableStepSettings,
+    ) -> Result<(), ModelError> {
+        match self {
+            SparseArch::Local(e) => Ok(e.set_step_settings(settings)?),
+            SparseArch::Sharded(s) => Ok(s.set_step_settings(settings)?),
+        }
+    }
+
     /// Backward updates applied so far (Adam's bias-correction step).
     pub fn step(&self) -> u64 {
         match self {

@@ -127,8 +127,17 @@ fn the_compiled_step_trains_like_the_native_backend() {
             };
             let (mut a, mut b) = (make(), make());
             let mut step = ember_models::CompiledDenseStep::new(pjrt.clone(), &mut a, 24).unwrap();
+            // A warmup's rate changes every step: an argument of the compiled step.
+            let warmup = ember_models::LrSchedule::LinearWarmup { steps: 3 };
+            let scheduled = ember_models::Optimization {
+                sparse_schedule: warmup,
+                dense_schedule: warmup,
+                ..Default::default()
+            };
             for i in 0..3 {
                 let batch = data.batch(i, 24);
+                a.set_optimization(&scheduled, i).unwrap();
+                b.set_optimization(&scheduled, i).unwrap();
                 let la = a.train_step_compiled(&mut step, &batch).unwrap().loss;
                 let lb = b
                     .train_step(&native, &batch, ExecMode::Strict)

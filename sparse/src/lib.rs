@@ -37,7 +37,7 @@ pub use kv::{
     KvShard, KvSlice, KvState, KvStats, KvView, DEFAULT_BUCKETS, DEFAULT_EVICTION_WINDOW,
     DEFAULT_SCAN_PER_BATCH, MAX_SKETCH_WIDTH,
 };
-pub use optimizer::TableOptimizer;
+pub use optimizer::{TableOptimizer, TableStepSettings};
 pub use tier::{
     disk_tier_file_bytes, reclaim_row_files, CachePolicy, DiskTierConfig, MakeRow, ReadAhead,
     TierStats, CACHE_WAYS,

@@ -97,6 +97,17 @@ impl TableOptimizer {
         }
     }
 
+    /// The learning rate (0 for [`TableOptimizer::None`]).
+    pub fn learning_rate(&self) -> f32 {
+        match *self {
+            Self::None => 0.0,
+            Self::Sgd { lr }
+            | Self::Adagrad { lr, .. }
+            | Self::RowWiseAdagrad { lr, .. }
+            | Self::Adam { lr, .. } => lr,
+        }
+    }
+
     /// State floats kept per row of a table with `dim` columns.
     pub fn state_floats_per_row(&self, dim: usize) -> usize {
         match self {
@@ -147,24 +158,73 @@ impl OptimizerState {
     }
 }
 
-/// Bias-correction factors of Adam at step `t` (1-based), computed once per step.
+/// What a training loop sets between steps beside the optimizer's
+/// configuration: the learning rate a schedule gives this step, and
+/// FBGEMM's L2 weight decay (`WeightDecayMode.L2`). The default changes
+/// nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TableStepSettings {
+    /// The learning rate of the next steps (`None`: the optimizer's own).
+    pub learning_rate: Option<f32>,
+    /// FBGEMM's L2 decay: each seen row's summed gradient gains
+    /// `weight_decay * w` before the update (0: none). Rows no batch
+    /// touches do not decay, as in FBGEMM.
+    pub weight_decay: f32,
+}
+
+impl TableStepSettings {
+    /// Refuses a rate or decay that is not a finite number `>= 0`, and a
+    /// decay for an optimizer FBGEMM's L2 mode does not serve here (SGD,
+    /// Adagrad and row-wise Adagrad take one).
+    pub fn validate(&self, optimizer: &TableOptimizer) -> Result<(), String> {
+        let ok = |v: f32| v.is_finite() && v >= 0.0;
+        if let Some(lr) = self.learning_rate.filter(|&lr| !ok(lr)) {
+            return Err(format!("learning rate {lr}: must be a finite number >= 0"));
+        }
+        if !ok(self.weight_decay) {
+            return Err(format!(
+                "table weight decay {}: must be a finite number >= 0",
+                self.weight_decay
+            ));
+        }
+        let decays = matches!(
+            optimizer,
+            TableOptimizer::Sgd { .. }
+                | TableOptimizer::Adagrad { .. }
+                | TableOptimizer::RowWiseAdagrad { .. }
+        );
+        if self.weight_decay > 0.0 && !decays {
+            return Err(format!(
+                "table weight decay is for SGD, Adagrad and row-wise Adagrad, not {optimizer:?}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The scalars of one step, computed once for all rows: the learning
+/// rate, the weight decay and Adam's bias corrections at step `t` (1-based).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StepFactors {
+    pub lr: f32,
+    pub weight_decay: f32,
     pub correction1: f32,
     pub correction2: f32,
 }
 
 impl StepFactors {
-    pub fn at(opt: &TableOptimizer, step: u64) -> Self {
-        match opt {
-            TableOptimizer::Adam { beta1, beta2, .. } => Self {
-                correction1: 1.0 - beta1.powf(step as f32),
-                correction2: 1.0 - beta2.powf(step as f32),
-            },
-            _ => Self {
-                correction1: 1.0,
-                correction2: 1.0,
-            },
+    pub fn at(opt: &TableOptimizer, step: u64, settings: TableStepSettings) -> Self {
+        let (correction1, correction2) = match opt {
+            TableOptimizer::Adam { beta1, beta2, .. } => {
+                (1.0 - beta1.powf(step as f32), 1.0 - beta2.powf(step as f32))
+            }
+            _ => (1.0, 1.0),
+        };
+        Self {
+            lr: (settings.learning_rate).unwrap_or_else(|| opt.learning_rate()),
+            weight_decay: settings.weight_decay,
+            correction1,
+            correction2,
         }
     }
 }
@@ -200,30 +260,39 @@ fn sum_of_squares(g: &[f32]) -> f32 {
     acc[0]
 }
 
-/// Applies one optimizer step to one row, given the row's summed gradient.
-/// `state` is that row's state (`state_floats_per_row` floats).
+/// Applies one optimizer step to one row, given the row's summed gradient
+/// (which L2 weight decay changes in place). `state` is that row's state
+/// (`state_floats_per_row` floats).
 #[inline(always)]
 pub(crate) fn update_row(
     opt: &TableOptimizer,
     factors: StepFactors,
     row: &mut [f32],
-    grad: &[f32],
+    grad: &mut [f32],
     state: &mut [f32],
 ) {
+    if factors.weight_decay != 0.0 {
+        // FBGEMM's L2 mode: g += decay * w, before the optimizer reads g.
+        for (g, w) in grad.iter_mut().zip(&*row) {
+            *g += factors.weight_decay * w;
+        }
+    }
+    let grad = &*grad;
+    let lr = factors.lr;
     match *opt {
         TableOptimizer::None => {}
-        TableOptimizer::Sgd { lr } => {
+        TableOptimizer::Sgd { .. } => {
             for (w, g) in row.iter_mut().zip(grad) {
                 *w -= lr * g;
             }
         }
-        TableOptimizer::Adagrad { lr, eps } => {
+        TableOptimizer::Adagrad { eps, .. } => {
             for ((w, g), s) in row.iter_mut().zip(grad).zip(state.iter_mut()) {
                 *s += g * g;
                 *w -= lr * g / (s.sqrt() + eps);
             }
         }
-        TableOptimizer::RowWiseAdagrad { lr, eps } => {
+        TableOptimizer::RowWiseAdagrad { eps, .. } => {
             let mean_sq = sum_of_squares(grad) / grad.len() as f32;
             state[0] += mean_sq;
             let step = lr / (state[0].sqrt() + eps);
@@ -232,10 +301,7 @@ pub(crate) fn update_row(
             }
         }
         TableOptimizer::Adam {
-            lr,
-            beta1,
-            beta2,
-            eps,
+            beta1, beta2, eps, ..
         } => {
             let (m, v) = state.split_at_mut(row.len());
             for (((w, g), m), v) in row.iter_mut().zip(grad).zip(m).zip(v) {

@@ -2,7 +2,7 @@
 
 use ember_sparse::{
     EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType, SparseError,
-    TableOptimizer,
+    TableOptimizer, TableStepSettings,
 };
 use proptest::prelude::*;
 
@@ -383,6 +383,80 @@ fn duplicate_ids_update_with_summed_gradient_by_hand() {
         }
         assert_eq!(ebc.tables()[0].row(0), &[1.0, 1.0], "untouched row moved");
     }
+}
+
+/// A schedule's rate and FBGEMM's L2 table decay (`g += decay * w`
+/// before the optimizer reads `g`), over three steps with a new rate each,
+/// against the f64 reference; rows no batch reads do not decay.
+#[test]
+fn step_settings_rate_and_l2_decay_match_the_reference() {
+    let kjt = KeyedJaggedTensor::from_lengths(vec!["f".into()], vec![1, 1], &[1, 1], None).unwrap();
+    let grad = [1.0, 2.0, 3.0, -1.0];
+    let decay = 0.25f32;
+    let rates = [0.5f32, 0.25, 0.125];
+    for opt in [
+        TableOptimizer::sgd(9.0),
+        TableOptimizer::Adagrad { lr: 9.0, eps: 0.0 },
+        TableOptimizer::RowWiseAdagrad { lr: 9.0, eps: 0.0 },
+    ] {
+        let mut ebc = one_table(opt);
+        let (mut row, mut state) = (vec![1.0f64; 2], vec![0.0f64; opt.state_floats_per_row(2)]);
+        for (step, lr) in rates.into_iter().enumerate() {
+            let settings = TableStepSettings {
+                learning_rate: Some(lr),
+                weight_decay: decay,
+            };
+            ebc.set_step_settings(settings).unwrap();
+            ebc.backward_update(&kjt, &grad).unwrap();
+            // The summed gradient (4, 1), decayed by the row before the step.
+            let g: Vec<f64> = [4.0, 1.0]
+                .iter()
+                .zip(&row)
+                .map(|(g, w)| g + decay as f64 * w)
+                .collect();
+            let with_rate = match opt {
+                TableOptimizer::Sgd { .. } => TableOptimizer::sgd(lr),
+                TableOptimizer::Adagrad { .. } => TableOptimizer::Adagrad { lr, eps: 0.0 },
+                _ => TableOptimizer::RowWiseAdagrad { lr, eps: 0.0 },
+            };
+            reference_update(&with_rate, step as u64 + 1, &mut row, &g, &mut state);
+            let got = ebc.tables()[0].row(1);
+            for (a, e) in got.iter().zip(&row) {
+                assert!(
+                    close(*a as f64, *e, 1e-6),
+                    "{opt:?} step {step}: {got:?} vs {row:?}"
+                );
+            }
+        }
+        assert_eq!(ebc.tables()[0].row(0), &[1.0, 1.0], "an unread row decayed");
+        // The optimizer's own configuration is untouched.
+        assert_eq!(ebc.optimizer().learning_rate(), 9.0);
+    }
+    // Decay for Adam, a negative rate or a NaN decay: refused, nothing set.
+    let mut adam = one_table(TableOptimizer::adam(0.1));
+    let decayed = TableStepSettings {
+        learning_rate: None,
+        weight_decay: 0.1,
+    };
+    assert!(adam
+        .set_step_settings(decayed)
+        .unwrap_err()
+        .to_string()
+        .contains("not Adam"));
+    let mut sgd = one_table(TableOptimizer::sgd(0.1));
+    for bad in [
+        TableStepSettings {
+            learning_rate: Some(-1.0),
+            weight_decay: 0.0,
+        },
+        TableStepSettings {
+            learning_rate: None,
+            weight_decay: f32::NAN,
+        },
+    ] {
+        assert!(sgd.set_step_settings(bad).is_err(), "{bad:?}");
+    }
+    assert_eq!(sgd.step_settings(), TableStepSettings::default());
 }
 
 /// An optimizer set after building trains as one built in (fresh state,

@@ -37,6 +37,8 @@ pub enum DataKind {
 pub struct DlrmArgs {
     #[command(flatten)]
     pub arch: ArchArgs,
+    #[command(flatten)]
+    pub optimization: super::optimization::OptimizationArgs,
     /// Ids per bag (the maximum, unless fixed) [default: 10].
     #[arg(long)]
     pub num_indices_per_lookup: Option<usize>,
@@ -325,6 +327,7 @@ fn run_in_pool(
             log_every: u64::MAX,
             setup_timeout: setup_timeout()?,
             pipeline: !args.mode.no_pipeline,
+            optimization: args.optimization.optimization()?,
             ..TrainerConfig::default()
         },
         args.backend.build(args.mode.mode)?,

@@ -21,6 +21,7 @@ pub mod ingest;
 pub mod ingest_sequences;
 pub mod kv;
 mod load_test;
+pub mod optimization;
 pub mod place;
 pub mod plan;
 pub mod plot_latency;

@@ -39,6 +39,8 @@ pub struct TrainArgs {
     pub arch: ArchArgs,
     #[command(flatten)]
     pub optim: OptimArgs,
+    #[command(flatten)]
+    pub optimization: super::optimization::OptimizationArgs,
     /// A sequence model instead of a DLRM (see `--model`).
     #[command(flatten)]
     pub sequence: super::train_sequence::SequenceArgs,
@@ -64,6 +66,14 @@ pub struct TrainArgs {
     /// Evaluate every this many training batches (0: at the end of each epoch).
     #[arg(long, default_value_t = 0)]
     pub eval_every: u64,
+    /// Also evaluate each time this percentage of an epoch's batches has
+    /// run, on a fixed grid (DLRMv4: 0.1; MLPerf DLRMv2's reference: 5).
+    #[arg(long)]
+    pub eval_every_data_pct: Option<f64>,
+    /// Stop at the first evaluation whose AUC reaches this, checkpointing
+    /// there (dlrm_s_pytorch's and MLPerf's target: 0.80275 for DLRMv2).
+    #[arg(long)]
+    pub mlperf_auc_threshold: Option<f64>,
     /// Write `model.safetensors` here at the end of each epoch.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
@@ -129,6 +139,9 @@ pub struct TrainReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<PathBuf>,
     pub resumed_at_step: u64,
+    /// The step an evaluation reached --mlperf-auc-threshold at, stopping the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_reached_at_step: Option<u64>,
     /// With --disk-dir: the caches' hit rate over this run and the file
     /// bytes moved per step.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -308,6 +321,12 @@ impl TrainArgs {
         if self.eval_every > 0 && self.eval_data.is_empty() {
             idle.push("--eval-every does nothing without --eval-data");
         }
+        if self.eval_every_data_pct.is_some() && self.eval_data.is_empty() {
+            idle.push("--eval-every-data-pct does nothing without --eval-data");
+        }
+        if self.mlperf_auc_threshold.is_some() && self.eval_data.is_empty() {
+            idle.push("--mlperf-auc-threshold does nothing without --eval-data");
+        }
         idle
     }
 
@@ -325,6 +344,9 @@ impl TrainArgs {
             log_every: self.print_freq,
             setup_timeout: setup_timeout()?,
             pipeline: !self.mode.no_pipeline,
+            optimization: self.optimization.optimization()?,
+            eval_every_fraction: self.eval_every_data_pct.map(|p| p / 100.0),
+            stop_at_auc: self.mlperf_auc_threshold,
         })
     }
 
@@ -636,6 +658,9 @@ fn report_event(
         TrainEvent::Checkpoint { path, steps } => {
             log(format!("checkpoint {} at step {steps}", path.display()))
         }
+        TrainEvent::TargetReached { steps, auc, target } => log(format!(
+            "AUC {auc:.6} at step {steps} reached the target {target}: training stops"
+        )),
     }
 }
 
@@ -655,6 +680,7 @@ impl TrainReport {
             eval: s.eval.map(MetricsReport::from),
             checkpoint: s.checkpoint,
             resumed_at_step: s.resumed_at_step,
+            target_reached_at_step: s.target_reached_at,
             disk_tier: None,
             key_value_tables: None,
             world_size,

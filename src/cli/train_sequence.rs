@@ -411,6 +411,17 @@ fn dlrm_only_flags(args: &TrainArgs) -> Vec<&'static str> {
                 !args.eval_data.is_empty(),
             ),
             ("--drop-last", args.drop_last),
+            ("--eval-every-data-pct", args.eval_every_data_pct.is_some()),
+            (
+                "--mlperf-auc-threshold",
+                args.mlperf_auc_threshold.is_some(),
+            ),
+            (
+                "--lr-* schedules, --weight-decay, --table-weight-decay and --clip-grad-norm",
+                args.optimization
+                    .optimization()
+                    .map_or(true, |o| !o.is_default()),
+            ),
             ("--loader-threads", l.loader_threads != 1),
             ("--prefetch", l.prefetch != 2),
             ("--devices", sh.devices.is_some()),

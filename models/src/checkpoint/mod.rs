@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ModelError;
+use crate::{ModelError, Optimization};
 
 mod chain;
 mod delta;
@@ -173,6 +173,12 @@ pub struct TrainState {
     /// natural name order) this position is in; `None`: not a stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<u64>,
+    /// The run's learning-rate schedules, weight decay and clipping
+    /// ([`TrainerConfig::optimization`](crate::TrainerConfig::optimization)):
+    /// the rates are a function of `steps`, so a resumed run that gives
+    /// the same goes on bit for bit.
+    #[serde(default, skip_serializing_if = "Optimization::is_default")]
+    pub optimization: Optimization,
 }
 
 fn one_process() -> u64 {
@@ -194,6 +200,7 @@ impl Default for TrainState {
             data_fingerprint: 0,
             world_size: 1,
             window: None,
+            optimization: Optimization::default(),
         }
     }
 }

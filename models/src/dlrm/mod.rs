@@ -11,20 +11,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ember_dense::{
-    BceWithLogits, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, Tensor,
+    clip_grad_norm, BceWithLogits, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams,
+    Tensor, WeightDecay,
 };
 use ember_sharding::{
     Collective, InitialRows, InputRouter, RoutedInput, ShardSource, ShardedEmbeddingBagCollection,
     ShardingPlan,
 };
-use ember_sparse::{DiskTierConfig, EmbeddingBagCollection, KeyedTensor, TableOptimizer};
+use ember_sparse::{
+    DiskTierConfig, EmbeddingBagCollection, KeyedTensor, TableOptimizer, TableStepSettings,
+};
 use serde::Serialize;
 
 use crate::model::DataParallel;
 use crate::sparse_arch::SparseArch;
 use crate::{
-    Backend, Batch, BatchError, CompiledDenseStep, ExecMode, InputDist, Model, ModelError, Routed,
-    TrainState, Unsupported,
+    Backend, Batch, BatchError, CompiledDenseStep, ExecMode, InputDist, Model, ModelError,
+    Optimization, Routed, TrainState, Unsupported,
 };
 
 pub use builder::{
@@ -105,6 +108,9 @@ pub struct Dlrm {
     read_ahead: bool,
     /// How the model reads its inputs (see [`Dlrm::dataset_spec`]).
     dataset_spec: Option<ember_dataloader::DatasetSpec>,
+    /// Clip the dense gradients at this global norm (set by
+    /// [`Model::set_optimization`]).
+    max_grad_norm: Option<f32>,
     /// The disk tier's directory, held while the model's tables use it
     /// (taken by [`DlrmBuilder::disk_tier`]).
     disk_dir: Option<ember_dataloader::lock::DirLock>,
@@ -252,6 +258,7 @@ impl Dlrm {
             read_ahead: false,
             dataset_spec: None,
             disk_dir: None,
+            max_grad_norm: None,
             chain_head: None,
         })
     }
@@ -382,6 +389,11 @@ impl Dlrm {
         if self.world.is_some() {
             return Err(Unsupported::CompiledOnRanks.into());
         }
+        if self.max_grad_norm.is_some() || self.dense_optimizer.weight_decay() != WeightDecay::None
+        {
+            return Err(Unsupported::CompiledOptimization.into());
+        }
+        step.set_learning_rate(self.dense_optimizer.learning_rate());
         let mut times = self.checked_lookup(batch)?;
         let t = Instant::now();
         let (loss, d_pooled) =
@@ -490,6 +502,10 @@ impl Dlrm {
         times.sparse_backward_update = t.elapsed();
 
         let t = Instant::now();
+        if let Some(max_norm) = self.max_grad_norm {
+            // Every rank holds the averaged gradients: the same norm, the same clip.
+            clip_grad_norm(&mut self.dense_arch.params(), max_norm as f64);
+        }
         self.dense_optimizer.step(self.dense_arch.params());
         times.dense_update = t.elapsed();
         Ok(StepOutput { loss, times })
@@ -637,6 +653,25 @@ impl Model for Dlrm {
         // Never left for another batch, whether the step ran or failed.
         self.routed = None;
         out
+    }
+
+    /// The tables' rate and decay go to every shard's fused update; the
+    /// dense rate, decay and clipping to the dense step (clipping the
+    /// averaged gradients, before the update).
+    fn set_optimization(&mut self, o: &Optimization, step: u64) -> Result<(), ModelError> {
+        o.validate().map_err(ModelError::InvalidOptimization)?;
+        let table = self.sparse_arch.optimizer();
+        let scheduled =
+            |s: &crate::LrSchedule, base: f32| (!s.is_constant()).then(|| s.rate(base, step));
+        self.sparse_arch.set_step_settings(TableStepSettings {
+            learning_rate: scheduled(&o.sparse_schedule, table.learning_rate()),
+            weight_decay: o.table_weight_decay,
+        })?;
+        let dense = self.dense_optimizer.config().learning_rate();
+        (self.dense_optimizer).set_learning_rate(scheduled(&o.dense_schedule, dense));
+        self.dense_optimizer.set_weight_decay(o.dense_weight_decay);
+        self.max_grad_norm = o.max_grad_norm;
+        Ok(())
     }
 
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {

@@ -96,6 +96,17 @@ pub enum TrainEvent {
         #[serde(flatten)]
         metrics: Metrics,
     },
+    /// An evaluation's AUC reached the run's target
+    /// ([`TrainerConfig::stop_at_auc`](crate::TrainerConfig::stop_at_auc)):
+    /// training stops here.
+    TargetReached {
+        /// Steps done.
+        steps: u64,
+        /// The evaluation's AUC and the target.
+        auc: f64,
+        /// See `auc`.
+        target: f64,
+    },
     /// A checkpoint was written.
     Checkpoint {
         /// The file (or a set's index).
@@ -129,6 +140,9 @@ pub struct TrainSummary {
     pub eval: Option<Metrics>,
     /// The last checkpoint written.
     pub checkpoint: Option<PathBuf>,
+    /// The step at which an evaluation reached the AUC target, stopping
+    /// the run (`None`: no target, or not reached).
+    pub target_reached_at: Option<u64>,
     /// The step the run started from.
     pub resumed_at_step: u64,
     /// Where training stands now (what the last checkpoint holds).
@@ -179,6 +193,15 @@ pub enum TrainError {
         /// The checkpoint's value.
         saved: String,
         /// The data's value.
+        given: String,
+    },
+    /// Resuming with other learning-rate schedules, weight decay or
+    /// clipping than the run that wrote the checkpoint.
+    #[error("resume: the checkpoint's run trained with {saved}, this run with {given}; resume with the same schedules, weight decay and clipping")]
+    OtherOptimization {
+        /// The checkpoint's, as JSON.
+        saved: String,
+        /// This run's, as JSON.
         given: String,
     },
     /// A training position no run can have reached (a damaged or

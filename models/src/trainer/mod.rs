@@ -19,8 +19,8 @@ pub use data::{InMemory, SyntheticBatches, TrainData};
 pub use events::{TrainError, TrainEvent, TrainSummary};
 
 use crate::{
-    evaluate_data, Backend, Batch, ExecMode, InputDist, Metrics, Model, ModelError, Routed,
-    TrainState,
+    evaluate_data, Backend, Batch, ExecMode, InputDist, Metrics, Model, ModelError, Optimization,
+    Routed, TrainState,
 };
 
 /// What a [`Trainer`] does.
@@ -49,6 +49,18 @@ pub struct TrainerConfig {
     pub log_every: u64,
     /// How long ranks wait for each other in checkpoints.
     pub setup_timeout: Duration,
+    /// Learning-rate schedules, weight decay and clipping, set on the model
+    /// before every step ([`Model::set_optimization`]) and recorded in the
+    /// checkpoints' position: a resumed run must give the same.
+    pub optimization: Optimization,
+    /// Also evaluate each time this fraction of an epoch's batches has
+    /// run, on a fixed grid (batch `b` of an epoch of `n` evaluates when
+    /// `floor(b / (f n))` grows; DLRMv4 evaluates every 0.1% of its
+    /// samples, DLRMv2's reference every 5% of an epoch). `None`: not.
+    pub eval_every_fraction: Option<f64>,
+    /// Stop at the first evaluation whose AUC reaches this
+    /// (`--mlperf-auc-threshold`), checkpointing there.
+    pub stop_at_auc: Option<f64>,
     /// Take batches, and run the model's [`input_dist`](Model::input_dist),
     /// on a pipeline thread one batch ahead of the step (TorchRec's
     /// TrainPipelineSparseDist). `false`: everything in turn on the calling
@@ -70,6 +82,9 @@ impl Default for TrainerConfig {
             log_every: 100,
             setup_timeout: SETUP_TIMEOUT,
             pipeline: true,
+            optimization: Optimization::default(),
+            eval_every_fraction: None,
+            stop_at_auc: None,
         }
     }
 }
@@ -194,6 +209,8 @@ struct Run {
     checkpoint: Option<PathBuf>,
     /// The position the last checkpoint holds.
     saved: Option<TrainState>,
+    /// The step an evaluation reached the AUC target at: the run stops.
+    target_reached_at: Option<u64>,
 }
 
 impl Trainer {
@@ -255,6 +272,7 @@ impl Trainer {
         };
         let c = &self.config;
         self.backend.check_mode(c.mode)?;
+        c.check().map_err(ModelError::InvalidOptimization)?;
         let world = model.world().cloned();
         // One run per checkpoint directory, held to the end.
         let _lock = self.lock_checkpoint_dir(world.as_ref())?;
@@ -281,6 +299,7 @@ impl Trainer {
             evaluated_at: None,
             checkpoint: None,
             saved: None,
+            target_reached_at: None,
         };
         let started = Instant::now();
         let max_steps = c.max_steps.unwrap_or(u64::MAX);
@@ -301,6 +320,9 @@ impl Trainer {
                 on_event: &mut *on_event,
             };
             self.run_epoch_from(&mut ctx, &per_epoch, train, (epoch, skip, steps))?;
+            if run.target_reached_at.is_some() {
+                break;
+            }
             if run.state.steps >= max_steps
                 && run.state.batches_in_epoch < per_epoch[epoch as usize]
             {
@@ -313,11 +335,15 @@ impl Trainer {
                 self.evaluate(model, eval, (&mut run, epoch), on_event)?;
             }
             self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
+            if run.target_reached_at.is_some() {
+                break;
+            }
         }
         // Stopped by max_steps, or skipped past the last epoch: the new
         // position is kept.
         let untrained_skip = skipped && run.state.steps == resumed_at_step;
-        if (run.state.steps >= max_steps && run.state.epoch < c.epochs) || untrained_skip {
+        let stopped = run.state.steps >= max_steps || run.target_reached_at.is_some();
+        if (stopped && run.state.epoch < c.epochs) || untrained_skip {
             self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
         }
         let train_seconds = started.elapsed().saturating_sub(run.excluded).as_secs_f64();
@@ -332,6 +358,7 @@ impl Trainer {
             loss_last: run.loss.1,
             eval: run.eval,
             checkpoint: run.checkpoint,
+            target_reached_at: run.target_reached_at,
             resumed_at_step,
             state: run.state,
         })
@@ -404,6 +431,16 @@ impl Trainer {
             state.batches_in_epoch = 0;
         }
         state.world_size = world_size as u64;
+        let given = self.config.optimization;
+        if !resumed {
+            state.optimization = given;
+        } else if state.optimization != given {
+            let json = |o: &Optimization| serde_json::to_string(o).unwrap_or_default();
+            return Err(TrainError::OtherOptimization {
+                saved: json(&state.optimization),
+                given: json(&given),
+            });
+        }
         let per_epoch = self.lockstep_epochs(train, world, &state, on_event)?;
         if resumed {
             check_position(&state, &per_epoch, written_by == world_size as u64)?;
@@ -488,12 +525,18 @@ impl Trainer {
             let epoch = ctx.run.state.epoch;
             self.step(ctx, ready, data_wait, t)?;
             let steps = ctx.run.state.steps;
-            if c.eval_every > 0 && steps.is_multiple_of(c.eval_every) {
-                let epoch = ctx.run.state.epoch;
+            let (batch, of) = (ctx.run.state.batches_in_epoch, per_epoch[epoch as usize]);
+            let on_grid = c
+                .eval_every_fraction
+                .is_some_and(|f| crosses_grid(f, batch, of));
+            if (c.eval_every > 0 && steps.is_multiple_of(c.eval_every)) || on_grid {
                 self.evaluate(ctx.model, ctx.eval, (ctx.run, epoch), ctx.on_event)?;
+                if ctx.run.target_reached_at.is_some() {
+                    break;
+                }
             }
             // At an epoch's last batch the epoch's own checkpoint follows.
-            let ends_epoch = ctx.run.state.batches_in_epoch == per_epoch[epoch as usize];
+            let ends_epoch = batch == of;
             if c.checkpoint_every > 0 && steps.is_multiple_of(c.checkpoint_every) && !ends_epoch {
                 self.checkpoint(ctx.model, ctx.world, ctx.run, ctx.on_event)?;
             }
@@ -514,6 +557,7 @@ impl Trainer {
         run.input_dist += ready.input_dist;
         on_event(&TrainEvent::BeforeStep { steps: state.steps });
         let t = Instant::now();
+        (ctx.model).set_optimization(&self.config.optimization, state.steps)?;
         let (batch, mode) = (&ready.batch, self.config.mode);
         let out = match ready.routed {
             Some(routed) => ctx
@@ -588,6 +632,14 @@ impl Trainer {
             steps: run.state.steps,
             metrics,
         });
+        if let Some(target) = self.config.stop_at_auc.filter(|&t| metrics.auc >= t) {
+            run.target_reached_at = Some(run.state.steps);
+            on_event(&TrainEvent::TargetReached {
+                steps: run.state.steps,
+                auc: metrics.auc,
+                target,
+            });
+        }
         Ok(())
     }
 
@@ -627,6 +679,33 @@ impl Trainer {
         run.checkpoint = Some(path);
         Ok(())
     }
+}
+
+impl TrainerConfig {
+    /// Refuses optimizations, evaluation fractions and AUC targets no run
+    /// can use.
+    fn check(&self) -> Result<(), String> {
+        self.optimization.validate()?;
+        if let Some(f) = self
+            .eval_every_fraction
+            .filter(|f| !(*f > 0.0 && *f <= 1.0))
+        {
+            return Err(format!(
+                "evaluation every {f} of an epoch: the fraction must be in (0, 1]"
+            ));
+        }
+        if let Some(t) = self.stop_at_auc.filter(|t| !(*t > 0.0 && *t <= 1.0)) {
+            return Err(format!("AUC target {t}: must be in (0, 1]"));
+        }
+        Ok(())
+    }
+}
+
+/// Whether batch `batch` (1-based) of an epoch of `of` crosses a point of
+/// the grid every `fraction` of the epoch.
+fn crosses_grid(fraction: f64, batch: u64, of: u64) -> bool {
+    let width = fraction * of as f64;
+    batch > 0 && (batch as f64 / width).floor() > ((batch - 1) as f64 / width).floor()
 }
 
 /// The evaluation batches every rank runs: the fewest any rank has (0:

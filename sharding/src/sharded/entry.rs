@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ember_sparse::{
     EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, SparseError,
-    TableOptimizer,
+    TableOptimizer, TableStepSettings,
 };
 
 use super::layout::local_name;
@@ -153,6 +153,18 @@ impl ShardedEmbeddingBagCollection {
     /// The optimizer fused into the backward on every shard.
     pub fn optimizer(&self) -> &TableOptimizer {
         &self.optimizer
+    }
+    /// Sets the learning rate and weight decay of the next backward updates
+    /// on every local shard, as [`EmbeddingBagCollection::set_step_settings`]
+    /// does (checked once, so no shard takes what another refused).
+    pub fn set_step_settings(&mut self, settings: TableStepSettings) -> Result<(), SparseError> {
+        settings
+            .validate(&self.optimizer)
+            .map_err(SparseError::InvalidOptimizer)?;
+        for ebc in self.devices.iter_mut().filter_map(|d| d.ebc.as_mut()) {
+            ebc.set_step_settings(settings)?;
+        }
+        Ok(())
     }
     /// The optimizer's step count: the source collection's at creation, plus
     /// one per [`backward_update`](Self::backward_update) that updated.

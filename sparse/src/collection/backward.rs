@@ -106,7 +106,7 @@ impl EmbeddingBagCollection {
             .try_for_each(|(t, table)| collect(t, table))?;
         self.step += 1;
         let optimizer = self.optimizer;
-        let factors = StepFactors::at(&optimizer, self.step);
+        let factors = StepFactors::at(&optimizer, self.step, self.step_settings);
         let rounding = RoundingStep {
             seed: self.rounding_seed,
             step: self.step,

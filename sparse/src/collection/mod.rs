@@ -3,7 +3,7 @@
 //! types, their construction and accessors, and the helpers the kernels share.
 
 use crate::kv::KvIndex;
-use crate::optimizer::OptimizerState;
+use crate::optimizer::{OptimizerState, TableStepSettings};
 use crate::rows::TableRows;
 use crate::{
     DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PooledValue,
@@ -466,6 +466,8 @@ pub struct EmbeddingBagCollection {
     /// Sum of the features' dims: the width of an output row.
     width: usize,
     optimizer: TableOptimizer,
+    /// A schedule's learning rate and the weight decay of the next steps.
+    step_settings: TableStepSettings,
     step: u64,
     /// Seeds the stochastic rounding of fp16/bf16 rows.
     rounding_seed: u64,
@@ -619,6 +621,7 @@ impl EmbeddingBagCollection {
             slots,
             width: column,
             optimizer,
+            step_settings: TableStepSettings::default(),
             step: 0,
             rounding_seed: 0,
             staged: None,
@@ -708,7 +711,26 @@ impl EmbeddingBagCollection {
             *table.store.parts_mut().1 = state;
         }
         self.optimizer = optimizer;
+        self.step_settings = TableStepSettings::default();
         self.step = 0;
+        Ok(())
+    }
+    /// The learning rate and weight decay of the next backward updates
+    /// (the default: the optimizer's own rate, no decay).
+    pub fn step_settings(&self) -> TableStepSettings {
+        self.step_settings
+    }
+    /// Sets the learning rate a schedule gives the next backward updates
+    /// and FBGEMM's L2 table weight decay; the optimizer's configuration
+    /// and state stay as they are. Fails on a rate or decay that is not a
+    /// finite number `>= 0`, or a decay the optimizer does not take
+    /// ([`TableStepSettings::validate`]). [`set_optimizer`](Self::set_optimizer)
+    /// puts the default back.
+    pub fn set_step_settings(&mut self, settings: TableStepSettings) -> Result<(), SparseError> {
+        settings
+            .validate(&self.optimizer)
+            .map_err(SparseError::InvalidOptimizer)?;
+        self.step_settings = settings;
         Ok(())
     }
     /// Number of backward updates applied so far (Adam's bias-correction step).

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use ember_models::{
     Backend, BatchShape, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InMemory, Metrics,
-    PhaseTimes, SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainEvent,
-    TrainSummary, Trainer, TrainerConfig,
+    Optimization, PhaseTimes, SyntheticBatches, SyntheticConfig, SyntheticData, TrainData,
+    TrainEvent, TrainSummary, Trainer, TrainerConfig,
 };
 
 use super::arch::{ArchArgs, OptimArgs};
@@ -147,6 +147,9 @@ pub struct DlrmReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_value_tables: Option<Vec<super::kv::KvTableReport>>,
     pub optimizer: BenchOptimizer,
+    /// Schedules, weight decay and clipping, when any is given.
+    #[serde(skip_serializing_if = "Optimization::is_default")]
+    pub optimization: Optimization,
     /// The tables' data type (the first table's, when they differ).
     pub table_dtype: ember_sparse::DataType,
     pub backend: &'static str,
@@ -185,6 +188,11 @@ pub struct DlrmReport {
     pub logloss: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
+    /// Normalized entropy (TorchRec's NE) and calibration of the last evaluation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ne: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<f64>,
     pub table_bytes: u64,
     pub peak_rss_bytes: u64,
     pub setup_s: f64,
@@ -572,6 +580,8 @@ impl DlrmReport {
             // Set by the caller: on ranks, gathered from all.
             key_value_tables: None,
             optimizer: args.optim.kind(),
+            // Checked when the trainer was made.
+            optimization: args.optimization.optimization().unwrap_or_default(),
             table_dtype: (architecture.config.tables.first())
                 .map_or_else(Default::default, |t| t.data_type),
             backend: backend.name(),
@@ -601,6 +611,8 @@ impl DlrmReport {
             auc: t.metrics.map(|m| m.auc),
             logloss: t.metrics.map(|m| m.logloss),
             accuracy: t.metrics.map(|m| m.accuracy),
+            ne: t.metrics.map(|m| m.ne),
+            calibration: t.metrics.map(|m| m.calibration),
             // Of every rank's devices.
             table_bytes,
             peak_rss_bytes: peak_rss_bytes(),
@@ -698,8 +710,10 @@ impl std::fmt::Display for DlrmReport {
         if let (Some(auc), Some(ll), Some(acc)) = (self.auc, self.logloss, self.accuracy) {
             writeln!(
                 f,
-                "test: auc {auc:.4}, logloss {ll:.6}, accuracy {:.3} %",
-                acc * 100.0
+                "test: auc {auc:.4}, logloss {ll:.6}, accuracy {:.3} %, ne {:.4}, calibration {:.4}",
+                acc * 100.0,
+                self.ne.unwrap_or(f64::NAN),
+                self.calibration.unwrap_or(f64::NAN)
             )?;
         }
         if let Some(d) = &self.disk_tier {

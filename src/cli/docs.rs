@@ -133,6 +133,7 @@ fn results_pages(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
     }
     page.push_str(&super::docs_stream::section(dir)?);
     page.push_str(&super::docs_serving::section(dir)?);
+    page.push_str(&super::docs_training::section(dir)?);
     pictures.insert(0, (RESULTS_PAGE.to_string(), page));
     Ok(pictures)
 }

@@ -15,6 +15,7 @@ pub mod devices;
 pub mod docs;
 mod docs_serving;
 mod docs_stream;
+mod docs_training;
 pub mod eval;
 pub mod ids;
 pub mod ingest;

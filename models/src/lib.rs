@@ -40,6 +40,7 @@ mod error;
 mod evaluate;
 pub mod memory;
 mod metrics;
+pub mod mllog;
 mod model;
 mod schedule;
 pub mod sequential;

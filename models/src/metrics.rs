@@ -24,6 +24,19 @@ pub struct Metrics {
     pub calibration: f64,
     /// Observed CTR: the share of positive labels (TorchRec's `ctr`).
     pub ctr: f64,
+    /// Of the samples predicted positive (probability above 0.5, as
+    /// dlrm_s_pytorch rounds), the share that are (scikit-learn's
+    /// `precision_score`; 0 when none is predicted positive).
+    pub precision: f64,
+    /// Of the positives, the share predicted positive (`recall_score`; 0
+    /// with no positive).
+    pub recall: f64,
+    /// `2 precision recall / (precision + recall)` (`f1_score`; 0 when both are).
+    pub f1: f64,
+    /// Average precision (`average_precision_score`): over the scores from
+    /// the highest, each distinct score's precision weighted by the recall
+    /// it adds; NaN with no positive.
+    pub average_precision: f64,
     /// Number of predictions (`rows` in JSON, as the command line names
     /// them).
     #[serde(rename = "rows")]
@@ -37,6 +50,10 @@ pub struct MetricsAccumulator {
     logloss_sum: f64,
     correct: usize,
     positives: usize,
+    /// Positives predicted positive (z > 0).
+    true_positives: usize,
+    /// Samples predicted positive.
+    predicted_positives: usize,
     probability_sum: f64,
 }
 
@@ -53,6 +70,8 @@ impl MetricsAccumulator {
                 self.correct += 1;
             }
             self.positives += usize::from(positive);
+            self.predicted_positives += usize::from(z > 0.0);
+            self.true_positives += usize::from(z > 0.0 && positive);
             self.probability_sum += 1.0 / (1.0 + (-z).exp());
             self.scores.push((z as f32, positive));
         }
@@ -66,6 +85,12 @@ impl MetricsAccumulator {
         // The labels' entropy, summed (TorchRec's `ce_norm`; natural logs
         // here and in the cross-entropy, so the ratio is TorchRec's base 2).
         let norm = -pos * ctr.ln() - (n - pos) * (1.0 - ctr).ln();
+        let share = |part: usize, of: usize| match of {
+            0 => 0.0,
+            of => part as f64 / of as f64,
+        };
+        let precision = share(self.true_positives, self.predicted_positives);
+        let recall = share(self.true_positives, self.positives);
         Metrics {
             auc: roc_auc(&self.scores),
             logloss: self.logloss_sum / n,
@@ -76,6 +101,13 @@ impl MetricsAccumulator {
             },
             calibration: self.probability_sum / pos,
             ctr,
+            precision,
+            recall,
+            f1: match precision + recall {
+                0.0 => 0.0,
+                sum => 2.0 * precision * recall / sum,
+            },
+            average_precision: average_precision(&self.scores),
             count: self.scores.len(),
         }
     }
@@ -107,6 +139,27 @@ pub fn roc_auc(scores: &[(f32, bool)]) -> f64 {
         i = j;
     }
     (rank_sum - positives * (positives + 1.0) / 2.0) / (positives * negatives)
+}
+
+/// scikit-learn's `average_precision_score`: `sum_n (R_n - R_{n-1}) P_n`
+/// over the distinct scores from the highest (tied samples cross the
+/// threshold together); NaN with no positive or a NaN score.
+pub fn average_precision(scores: &[(f32, bool)]) -> f64 {
+    let positives = scores.iter().filter(|s| s.1).count();
+    if positives == 0 || scores.iter().any(|s| s.0.is_nan()) {
+        return f64::NAN;
+    }
+    let mut sorted: Vec<(f32, bool)> = scores.to_vec();
+    sorted.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+    let (mut tp, mut seen, mut recall, mut ap) = (0usize, 0usize, 0.0, 0.0);
+    for group in sorted.chunk_by(|a, b| a.0 == b.0) {
+        tp += group.iter().filter(|s| s.1).count();
+        seen += group.len();
+        let now = tp as f64 / positives as f64;
+        ap += (now - recall) * (tp as f64 / seen as f64);
+        recall = now;
+    }
+    ap
 }
 
 #[cfg(test)]
@@ -145,6 +198,28 @@ mod tests {
         }
         assert!(roc_auc(&[(1.0, true), (2.0, true)]).is_nan());
         assert!(roc_auc(&[(f32::NAN, true), (2.0, false)]).is_nan());
+    }
+
+    /// Precision, recall, F1 and average precision by hand: logits
+    /// (3, 1, 1, -1, -2) with labels (1, 0, 1, 1, 0).
+    #[test]
+    fn precision_recall_and_average_precision_by_hand() {
+        let mut acc = MetricsAccumulator::default();
+        acc.push(&[3.0, 1.0, 1.0, -1.0, -2.0], &[1.0, 0.0, 1.0, 1.0, 0.0]);
+        let m = acc.finish();
+        // Predicted positive: the first three, two of them right.
+        assert_eq!((m.precision, m.recall), (2.0 / 3.0, 2.0 / 3.0));
+        assert!((m.f1 - 2.0 / 3.0).abs() < 1e-15);
+        // Thresholds 3 (P 1, R 1/3), 1 (the tie: P 2/3, R 2/3), -1 (P 3/4,
+        // R 1), -2 (adds no recall).
+        let want = 1.0 / 3.0 + (1.0 / 3.0) * (2.0 / 3.0) + (1.0 / 3.0) * 0.75;
+        assert!((m.average_precision - want).abs() < 1e-15);
+        // Nothing predicted positive, no positive: 0 and NaN as scikit-learn.
+        let mut acc = MetricsAccumulator::default();
+        acc.push(&[-1.0, -2.0], &[0.0, 0.0]);
+        let m = acc.finish();
+        assert_eq!((m.precision, m.recall, m.f1), (0.0, 0.0, 0.0));
+        assert!(m.average_precision.is_nan());
     }
 
     #[test]

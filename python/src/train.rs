@@ -312,6 +312,10 @@ fn metrics_dict<'py>(py: Python<'py>, metrics: &Metrics) -> PyResult<Bound<'py, 
     out.set_item("calibration", metrics.calibration)?;
     out.set_item("ctr", metrics.ctr)?;
     out.set_item("accuracy", metrics.accuracy)?;
+    out.set_item("precision", metrics.precision)?;
+    out.set_item("recall", metrics.recall)?;
+    out.set_item("f1", metrics.f1)?;
+    out.set_item("average_precision", metrics.average_precision)?;
     out.set_item("rows", metrics.count)?;
     Ok(out)
 }

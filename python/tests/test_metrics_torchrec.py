@@ -50,3 +50,16 @@ def test_ne_and_calibration_are_torchrecs(tmp_path):
     assert abs(report["calibration"] - want_calibration) < 1e-5
     assert abs(report["ctr"] - labels.mean().item()) < 1e-12
     assert 0.5 < report["ne"] < 1.5
+    # dlrm_s_pytorch's scikit-learn metrics (a probability above 0.5
+    # predicts a click), against torchmetrics' binary ones.
+    tm = require("torchmetrics.functional.classification")
+    y = labels.to(torch.int64)
+    want = {
+        "precision": tm.binary_precision(p, y).item(),
+        "recall": tm.binary_recall(p, y).item(),
+        "f1": tm.binary_f1_score(p, y).item(),
+        "average_precision": tm.binary_average_precision(p, y, thresholds=None).item(),
+    }
+    for key, value in want.items():
+        # Ember ranks by the f64 logit, torchmetrics by the fp32 probability.
+        assert abs(report[key] - value) < 1e-4, (key, report[key], value)

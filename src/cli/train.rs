@@ -1,7 +1,7 @@
 //! `ember train`: DLRM training from Parquet, with evaluation, checkpoints
 //! and exact resumption.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde::Serialize;
@@ -23,6 +23,7 @@ use super::Progress;
 use ember_sparse::TableOptimizer;
 
 use ember_models::checkpoint::CHECKPOINT_FILE;
+use ember_models::mllog::{MlperfLog, RunFacts, Submission};
 
 /// The table and dense optimizers.
 type Optimizers = (TableOptimizer, DenseOptimizerConfig);
@@ -74,6 +75,16 @@ pub struct TrainArgs {
     /// there (dlrm_s_pytorch's and MLPerf's target: 0.80275 for DLRMv2).
     #[arg(long)]
     pub mlperf_auc_threshold: Option<f64>,
+    /// Write the MLPerf log (`:::MLLOG` lines; DLRMv2's keys, ruleset
+    /// training 6.0.0) to this file, renamed into place when the run ends.
+    #[arg(long, conflicts_with = "stream_window")]
+    pub mlperf_logging: Option<PathBuf>,
+    /// The MLPerf log's submission_org.
+    #[arg(long, default_value = "Ember", requires = "mlperf_logging")]
+    pub mlperf_submission_org: String,
+    /// The MLPerf log's submission_division (closed or open).
+    #[arg(long, default_value = "closed", value_parser = ["closed", "open"], requires = "mlperf_logging")]
+    pub mlperf_submission_division: String,
     /// Write `model.safetensors` here at the end of each epoch.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
@@ -169,6 +180,11 @@ pub struct MetricsReport {
     pub calibration: f64,
     /// Observed CTR.
     pub ctr: f64,
+    /// dlrm_s_pytorch's scikit-learn metrics (probabilities above 0.5 predict a click).
+    pub precision: f64,
+    pub recall: f64,
+    pub f1: f64,
+    pub average_precision: f64,
     pub rows: usize,
 }
 
@@ -181,6 +197,10 @@ impl From<Metrics> for MetricsReport {
             ne: m.ne,
             calibration: m.calibration,
             ctr: m.ctr,
+            precision: m.precision,
+            recall: m.recall,
+            f1: m.f1,
+            average_precision: m.average_precision,
             rows: m.count,
         }
     }
@@ -459,6 +479,15 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     // The model holds the weights now: let go of the old file's mapping
     // before saves replace it.
     drop(resume);
+    let mut mlperf = match (&args.mlperf_logging, launch.is_root()) {
+        (Some(path), true) => Some(mlperf_log(
+            path,
+            (args, launch),
+            &dataset,
+            (optimizers, &state),
+        )?),
+        _ => None,
+    };
     let (train, eval) = args.loaders(launch, &spec, dataset, &state)?;
     let trainer = Trainer::new(args.trainer_config()?, args.backend.build(args.mode.mode)?);
     progress.line(&format!(
@@ -475,7 +504,13 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     ));
     let fault = Fault::from_env(launch)?;
     let eval = eval.as_ref().map(|l| l as &dyn TrainData);
-    let mut on_event = |e: &TrainEvent| report_event(args, launch, &progress, &fault, e);
+    let mut log_error = None;
+    let mut on_event = |e: &TrainEvent| {
+        report_event(args, launch, &progress, &fault, e);
+        if let (Some(log), None) = (mlperf.as_mut(), &log_error) {
+            log_error = log.on_event(e).err();
+        }
+    };
     let summary = match args.stream_window {
         true => {
             let files = super::train_stream::windows(&args.data, train.dataset());
@@ -491,18 +526,30 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
                 &mut model,
                 &mut on_event,
                 &mut on_window,
-            )?
+            )
         }
-        false => trainer.fit(
-            &mut model,
-            &train,
-            FitOptions {
-                eval,
-                from: state,
-                on_event: Some(&mut on_event),
-            },
-        )?,
+        false => trainer
+            .fit(
+                &mut model,
+                &train,
+                FitOptions {
+                    eval,
+                    from: state,
+                    on_event: Some(&mut on_event),
+                },
+            )
+            .map_err(anyhow::Error::from),
     };
+    // The log ends either way: `aborted` unless the target was reached.
+    if let Some(log) = mlperf {
+        let written = log.finish();
+        if let Some(e) = log_error {
+            return Err(e.into());
+        }
+        let path = written?;
+        progress.line(&format!("MLPerf log: {}", path.display()));
+    }
+    let summary = summary?;
     progress.finish();
     let per_rank_bytes_sent = match launch.ranks() {
         None => None,
@@ -515,6 +562,37 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
         key_value_tables: super::kv::kv_report(&model)?,
         ..TrainReport::new(summary, launch.world_size(), per_rank_bytes_sent)
     })
+}
+
+/// The MLPerf log, started: the submission and the run's hyperparameters.
+fn mlperf_log(
+    path: &Path,
+    (args, launch): (&TrainArgs, &Launch),
+    dataset: &Dataset,
+    (optimizers, state): (Optimizers, &TrainState),
+) -> anyhow::Result<MlperfLog> {
+    let eval_samples = match args.eval_data.is_empty() {
+        true => 0,
+        false => Dataset::open(&args.eval_data)?.num_rows(),
+    };
+    let submission = Submission {
+        benchmark: "dlrm_dcnv2".into(),
+        org: args.mlperf_submission_org.clone(),
+        division: args.mlperf_submission_division.clone(),
+        status: "research".into(),
+        platform: super::run_info::RunInfo::now().cpu,
+    };
+    let facts = RunFacts {
+        global_batch_size: args.batch_size(state) as u64,
+        train_samples: dataset.num_rows(),
+        eval_samples,
+        ranks: launch.world_size() as u64,
+        seed: args.seed(),
+        table_optimizer: optimizers.0,
+        dense_optimizer: optimizers.1,
+        optimization: args.optimization.optimization()?,
+    };
+    Ok(MlperfLog::create(path, &submission, facts)?)
 }
 
 /// What the run trains and from where: the checkpoint's architecture,
@@ -658,6 +736,7 @@ fn report_event(
         TrainEvent::Checkpoint { path, steps } => {
             log(format!("checkpoint {} at step {steps}", path.display()))
         }
+        TrainEvent::EvalStart { .. } => {}
         TrainEvent::TargetReached { steps, auc, target } => log(format!(
             "AUC {auc:.6} at step {steps} reached the target {target}: training stops"
         )),

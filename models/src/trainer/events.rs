@@ -84,6 +84,13 @@ pub enum TrainEvent {
         /// Mean wall time per step since the last log (data waits included).
         ms_per_step: f64,
     },
+    /// An evaluation is about to run.
+    EvalStart {
+        /// The epoch it evaluates in, as [`Eval`](TrainEvent::Eval)'s.
+        epoch: u64,
+        /// Steps done.
+        steps: u64,
+    },
     /// An evaluation finished.
     Eval {
         /// The epoch it evaluates in, or at an epoch's end the epoch that

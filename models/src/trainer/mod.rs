@@ -621,6 +621,10 @@ impl Trainer {
         let Some((data, batches)) = eval else {
             return Ok(());
         };
+        on_event(&TrainEvent::EvalStart {
+            epoch,
+            steps: run.state.steps,
+        });
         let t = Instant::now();
         model.sync_to_host()?;
         let metrics = evaluate_data(model, &self.backend, data, batches)?;

@@ -6,7 +6,7 @@ use ember::cli::ingest::{self, IngestCommand, IngestReport};
 use ember::cli::world::Launch;
 use ember::cli::{
     bench_dlrm, bench_embedding, bench_hstu, bench_loader, bench_stream, checkpoint, devices, docs,
-    eval, ingest_sequences, plan, plot_latency, quantize, serve, train, train_sequence,
+    eval, ingest_sequences, plan, plot, plot_latency, quantize, serve, train, train_sequence,
 };
 
 /// Ember: train and benchmark recommendation models (DLRM and kin).
@@ -32,6 +32,9 @@ enum Command {
     /// Write a checkpoint's predictions for Parquet data to a Parquet file.
     Predict(eval::PredictArgs),
     Serve(serve::ServeArgs),
+    /// Draw training runs' loss, AUC and NE against the step (PNG) from
+    /// their JSON-lines logs (`ember train --json`), overlaid.
+    Plot(plot::PlotArgs),
     /// Draw latency percentiles against offered load (PNG) from load tests' JSON.
     PlotLatency(plot_latency::PlotLatencyArgs),
     /// Convert a checkpoint's tables to another data type (int8, int4, fp8,
@@ -133,6 +136,7 @@ fn run(cli: Cli, launch: &Launch) -> anyhow::Result<()> {
                 Command::Eval(args) => print(&eval::eval(&args)?, args.json, launch),
                 Command::Predict(args) => print(&eval::predict(&args)?, args.eval.json, launch),
                 Command::Serve(args) => print(&serve::run(&args)?, args.json, launch),
+                Command::Plot(args) => print(&plot::run(&args)?, args.json, launch),
                 Command::PlotLatency(args) => print(&plot_latency::run(&args)?, args.json, launch),
                 Command::Quantize(args) => print(&quantize::run(&args)?, args.json, launch),
                 Command::Checkpoint(checkpoint::CheckpointCommand::Compact(args)) => {
@@ -170,6 +174,7 @@ impl Command {
             Command::Eval(_) => "eval",
             Command::Predict(_) => "predict",
             Command::Serve(_) => "serve",
+            Command::Plot(_) => "plot",
             Command::PlotLatency(_) => "plot-latency",
             Command::Quantize(_) => "quantize",
             Command::Checkpoint(_) => "checkpoint",

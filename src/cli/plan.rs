@@ -210,6 +210,9 @@ pub struct PlanArgs {
     /// Where to write the plan (JSON).
     #[arg(long)]
     pub output: PathBuf,
+    /// Also draw each device's memory and estimated time per step (PNG).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -271,6 +274,15 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanReport> {
     let (p, stats) = sharding.plan(&config, &options)?.expect("devices given");
     let _lock = ember_dataloader::lock::DirLock::for_file(&args.output, "ember plan")?;
     ember_dataloader::atomic::write_atomic(&args.output, p.to_json().as_bytes())?;
+    if let Some(png) = &args.plot {
+        let title = format!(
+            "ember plan: {} tables on {} devices, batch {}",
+            config.tables.len(),
+            p.num_devices,
+            args.mini_batch_size
+        );
+        super::plan_plot::write(&stats, &title, png)?;
+    }
     Ok(PlanReport {
         output: args.output.clone(),
         num_devices: p.num_devices,

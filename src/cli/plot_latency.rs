@@ -3,14 +3,11 @@
 //! int8, the empty model...), as a PNG. Drawn as SVG by plotters, then
 //! rasterised by resvg with the machine's fonts.
 
-use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 use serde::Serialize;
-
-use ember_dataloader::atomic::AtomicFile;
 
 use super::load_test::{read, LoadTest, Rate};
 
@@ -64,11 +61,7 @@ pub fn run(args: &PlotLatencyArgs) -> anyhow::Result<PlotReport> {
         };
         tests.push((label, test));
     }
-    let svg = chart(&args.title, &tests)?;
-    let png = rasterise(&svg)?;
-    let mut file = AtomicFile::create(&args.output)?;
-    (file.file().write_all(&png)).with_context(|| format!("writing {}", args.output.display()))?;
-    file.commit()?;
+    super::picture::write_png(&chart(&args.title, &tests)?, &args.output)?;
     Ok(PlotReport {
         event: "plot",
         output: args.output.clone(),
@@ -153,39 +146,4 @@ fn chart(title: &str, tests: &[(String, LoadTest)]) -> anyhow::Result<String> {
         root.present()?;
     }
     Ok(svg)
-}
-
-/// The SVG as PNG bytes, its text in the first of the usual sans-serif
-/// families the machine has.
-fn rasterise(svg: &str) -> anyhow::Result<Vec<u8>> {
-    use resvg::{tiny_skia, usvg};
-    let mut options = usvg::Options::default();
-    let fonts = options.fontdb_mut();
-    fonts.load_system_fonts();
-    let families = [
-        "DejaVu Sans",
-        "Liberation Sans",
-        "Arial",
-        "Helvetica",
-        "Noto Sans",
-    ];
-    let family = families.into_iter().find(|f| {
-        fonts
-            .faces()
-            .any(|face| face.families.iter().any(|(name, _)| name == f))
-    });
-    match family {
-        Some(f) => fonts.set_sans_serif_family(f),
-        None => bail!(
-            "no font for the plot's text (looked for {}): install one \
-             (Debian/Ubuntu: apt install fonts-dejavu-core)",
-            families.join(", ")
-        ),
-    }
-    let tree = usvg::Tree::from_str(svg, &options).context("the plot's SVG")?;
-    let size = tree.size().to_int_size();
-    let mut pixmap =
-        tiny_skia::Pixmap::new(size.width(), size.height()).context("a picture of no pixels")?;
-    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
-    pixmap.encode_png().context("encoding the PNG")
 }

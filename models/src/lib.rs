@@ -45,6 +45,7 @@ mod model;
 mod schedule;
 pub mod sequential;
 pub mod sparse_arch;
+pub mod tensorboard;
 mod trainer;
 
 pub use backend::{Backend, ExecMode};

@@ -63,8 +63,10 @@ pub struct MlperfLog {
     open_epoch: Option<u64>,
     /// Samples of the epoch in progress, for evaluations' fractional epoch.
     samples_in_epoch: u64,
-    /// Samples trained on in this run.
+    /// Samples trained on (a resumed run's, from its start).
     samples: u64,
+    /// A resumed run's epoch and the samples of it done before.
+    resumed: Option<(u64, u64)>,
     reached: bool,
 }
 
@@ -83,6 +85,7 @@ impl MlperfLog {
             open_epoch: None,
             samples_in_epoch: 0,
             samples: 0,
+            resumed: None,
             reached: false,
         };
         log.interval("init_start", Value::Null, json!({}))?;
@@ -123,6 +126,8 @@ impl MlperfLog {
             } => (warmup_steps, decay_start_step, decay_steps),
             LrSchedule::LinearWarmup { steps } => (steps, 0, 0),
         };
+        let o = &f.optimization;
+        let weight_decay = o.dense_weight_decay.rate().max(o.table_weight_decay);
         vec![
             ("global_batch_size", json!(f.global_batch_size)),
             ("gradient_accumulation_steps", json!(1)),
@@ -134,8 +139,9 @@ impl MlperfLog {
             ),
             ("opt_adagrad_learning_rate_decay", json!(0)),
             (
+                // One key for both: the larger of the dense and the tables' decay.
                 "opt_weight_decay",
-                json!(decimal(f.optimization.dense_weight_decay.rate())),
+                json!(decimal(weight_decay)),
             ),
             ("opt_adagrad_initial_accumulator_value", json!(0)),
             ("opt_adagrad_epsilon", json!(eps)),
@@ -157,7 +163,11 @@ impl MlperfLog {
     /// in its metadata) and the target.
     pub fn on_event(&mut self, event: &TrainEvent) -> Result<(), ModelError> {
         match event {
-            TrainEvent::Start { .. } => {
+            TrainEvent::Start { from, .. } => {
+                // A resumed run counts the samples before it (whole batches).
+                let batch = self.facts.global_batch_size;
+                self.samples = from.steps * batch;
+                self.resumed = Some((from.epoch, from.batches_in_epoch * batch));
                 self.interval("init_stop", Value::Null, json!({}))?;
                 self.interval("run_start", Value::Null, json!({}))?;
             }
@@ -166,7 +176,10 @@ impl MlperfLog {
                     self.close_epoch()?;
                     self.interval("epoch_start", Value::Null, json!({ "epoch_num": epoch }))?;
                     self.open_epoch = Some(epoch);
-                    self.samples_in_epoch = 0;
+                    self.samples_in_epoch = match self.resumed.take() {
+                        Some((resumed, samples)) if resumed == epoch => samples,
+                        _ => 0,
+                    };
                 }
                 self.samples_in_epoch += samples as u64 * self.facts.ranks;
                 self.samples += samples as u64 * self.facts.ranks;

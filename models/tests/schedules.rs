@@ -163,6 +163,15 @@ fn a_scheduled_run_resumed_is_bitwise_the_run_that_never_stopped() {
             weights(&mut straight),
             "{devices} devices"
         );
+        // And the knobs took: a plain run ends elsewhere.
+        let mut plain = model(optimizers, devices);
+        let t = trainer(None, None, Optimization::default());
+        t.fit(&mut plain, &train, FitOptions::default()).unwrap();
+        assert_ne!(
+            weights(&mut plain),
+            weights(&mut straight),
+            "{devices} devices"
+        );
         for dir in [whole, parts] {
             std::fs::remove_dir_all(dir).unwrap();
         }
@@ -322,6 +331,33 @@ fn evaluations_on_a_grid_and_the_auc_target() {
     let (events, summary) = run(Some(0.01), Some(dir.clone()));
     assert_eq!(events, ["eval 2", "target 2", "checkpoint 2"]);
     assert_eq!((summary.steps, summary.target_reached_at), (2, Some(2)));
+    std::fs::remove_dir_all(dir).unwrap();
+
+    // A target reached at an epoch's last batch: the position is the next
+    // epoch's start, checkpointed there, and no second evaluation.
+    let dir = temp_dir("target-at-end");
+    let mut m = model(optimizers, 1);
+    let t = Trainer::new(
+        TrainerConfig {
+            epochs: 2,
+            eval_every_fraction: Some(1.0),
+            stop_at_auc: Some(0.01),
+            checkpoint_dir: Some(dir.clone()),
+            ..TrainerConfig::default()
+        },
+        Backend::native(),
+    );
+    let mut evals = 0;
+    let options = FitOptions {
+        eval: Some(&test),
+        from: TrainState::default(),
+        on_event: Some(&mut |e: &TrainEvent| evals += matches!(e, TrainEvent::Eval { .. }) as u32),
+    };
+    let summary = t.fit(&mut m, &train, options).unwrap();
+    assert_eq!(evals, 1);
+    let s = &summary.state;
+    assert_eq!((s.steps, s.epoch, s.batches_in_epoch), (8, 1, 0));
+    assert!(summary.checkpoint.is_some());
     std::fs::remove_dir_all(dir).unwrap();
 
     // Fractions and targets outside (0, 1] are refused before any step.

@@ -241,15 +241,6 @@ impl ShardedEmbeddingCollection {
         &self.local
     }
 
-    /// Sets the learning rate and weight decay of this rank's shard's next
-    /// backward updates ([`EmbeddingCollection::set_step_settings`]).
-    pub fn set_step_settings(
-        &mut self,
-        settings: ember_sparse::TableStepSettings,
-    ) -> Result<(), ember_sparse::SparseError> {
-        self.local.set_step_settings(settings)
-    }
-
     /// Training (the default) or inference: key-value shards admit new
     /// ids only in training.
     pub fn set_training(&mut self, training: bool) {

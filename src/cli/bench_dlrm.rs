@@ -19,6 +19,7 @@ use super::backend::{BackendArgs, ModeArgs};
 use super::bench_embedding::{median, BenchOptimizer};
 use super::place::place;
 use super::plan::{mean_ids_per_bag, planner_options, ShardingArgs};
+use super::run_logs::RunLogs;
 use super::world::{setup_timeout, Fault, Launch};
 use super::{peak_rss_bytes, Progress};
 use ember_sharding::PlannerOptions;
@@ -39,6 +40,8 @@ pub struct DlrmArgs {
     pub arch: ArchArgs,
     #[command(flatten)]
     pub optimization: super::optimization::OptimizationArgs,
+    #[command(flatten)]
+    pub tensorboard: super::run_logs::TensorBoardArgs,
     /// Ids per bag (the maximum, unless fixed) [default: 10].
     #[arg(long)]
     pub num_indices_per_lookup: Option<usize>,
@@ -332,10 +335,15 @@ fn run_in_pool(
             eval_every: args.test_freq,
             eval_at_epoch_end: args.test_freq > 0,
             checkpoint_dir: args.save.clone(),
-            log_every: u64::MAX,
+            // The Trainer's logs feed TensorBoard; the progress lines are this file's.
+            log_every: args.print_freq.max(1),
             setup_timeout: setup_timeout()?,
             pipeline: !args.mode.no_pipeline,
-            optimization: args.optimization.optimization()?,
+            optimization: {
+                let o = args.optimization.optimization()?;
+                super::optimization::check_for(&o, &args.optim.table_optimizer(), args.mode.mode)?;
+                o
+            },
             ..TrainerConfig::default()
         },
         args.backend.build(args.mode.mode)?,
@@ -353,23 +361,37 @@ fn run_in_pool(
         config.interaction, args.mini_batch_size, rayon::current_num_threads()));
     let mut t = Timings::default();
     let test = (args.test_freq > 0).then_some(&test as &dyn TrainData);
-    let mut on_event = |e: &TrainEvent| match e {
-        TrainEvent::BeforeStep { steps } => fault.at_step(*steps),
-        TrainEvent::Eval {
-            steps, metrics: m, ..
-        } => {
-            progress.line(&format!(
-                "Testing at - {steps}/{} of epoch 0, loss {:.6}, auc {:.4}, accuracy {:.3} %",
-                args.num_batches,
-                m.logloss,
-                m.auc,
-                m.accuracy * 100.0
-            ));
-            t.metrics = Some(*m);
-        }
-        e => t.step(args, &progress, e),
+    let rates = (
+        (
+            args.optim.table_optimizer().learning_rate(),
+            args.optim.dense_optimizer().learning_rate(),
+        ),
+        args.optimization.optimization()?,
+    );
+    let mut logs = match launch.is_root() {
+        true => RunLogs::start(None, &args.tensorboard, rates)?,
+        false => RunLogs::default(),
     };
-    t.summary = trainer.fit(
+    let mut on_event = |e: &TrainEvent| {
+        logs.on_event(e);
+        match e {
+            TrainEvent::BeforeStep { steps } => fault.at_step(*steps),
+            TrainEvent::Eval {
+                steps, metrics: m, ..
+            } => {
+                progress.line(&format!(
+                    "Testing at - {steps}/{} of epoch 0, loss {:.6}, auc {:.4}, accuracy {:.3} %",
+                    args.num_batches,
+                    m.logloss,
+                    m.auc,
+                    m.accuracy * 100.0
+                ));
+                t.metrics = Some(*m);
+            }
+            e => t.step(args, &progress, e),
+        }
+    };
+    let summary = trainer.fit(
         &mut model,
         train.as_ref(),
         FitOptions {
@@ -377,7 +399,10 @@ fn run_in_pool(
             on_event: Some(&mut on_event),
             ..FitOptions::default()
         },
-    )?;
+    );
+    let finished = logs.finish(&progress);
+    t.summary = summary?;
+    finished?;
     progress.finish();
     let sharding = sharding_report(launch, &model, &mut t, shards, estimated_ms)?;
     let report = DlrmReport::new(

@@ -33,6 +33,7 @@ mod predict_sequence;
 mod progress;
 pub mod quantize;
 pub mod run_info;
+pub mod run_logs;
 pub mod serve;
 pub mod tier;
 pub mod train;

@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ember_dense::WeightDecay;
 use ember_models::{LrSchedule, Optimization};
+use ember_sparse::TableOptimizer;
 
 /// How the optimizers change over the run.
 #[derive(Args, Clone, Debug, Default)]
@@ -64,10 +65,11 @@ impl OptimizationArgs {
     pub fn optimization(&self) -> Result<Optimization> {
         let both = match self.lr_linear_warmup_steps {
             Some(steps) => LrSchedule::LinearWarmup { steps },
-            None if self.lr_num_warmup_steps
-                + self.lr_decay_start_step
-                + self.lr_num_decay_steps
-                == 0 =>
+            None if [
+                self.lr_num_warmup_steps,
+                self.lr_decay_start_step,
+                self.lr_num_decay_steps,
+            ] == [0; 3] =>
             {
                 LrSchedule::Constant
             }
@@ -94,6 +96,35 @@ impl OptimizationArgs {
         }
         Ok(o)
     }
+}
+
+/// Refuses, by flag, what these optimizers or this mode cannot take,
+/// before anything is built: FBGEMM's L2 decay on tables that are not
+/// SGD or Adagrad, and weight decay or clipping in the compiled mode.
+pub fn check_for(
+    o: &Optimization,
+    table: &TableOptimizer,
+    mode: ember_models::ExecMode,
+) -> Result<()> {
+    let decays = matches!(
+        table,
+        TableOptimizer::Sgd { .. }
+            | TableOptimizer::Adagrad { .. }
+            | TableOptimizer::RowWiseAdagrad { .. }
+    );
+    if o.table_weight_decay > 0.0 && !decays {
+        bail!(
+            "--table-weight-decay: FBGEMM's L2 decay is for sgd, adagrad and rowwise-adagrad tables, not {table:?}"
+        );
+    }
+    let decay_or_clip = o.dense_weight_decay != WeightDecay::None || o.max_grad_norm.is_some();
+    if mode == ember_models::ExecMode::Compiled && decay_or_clip {
+        bail!(
+            "--weight-decay and --clip-grad-norm: the compiled mode takes learning-rate schedules \
+             only; use --mode strict, debug or defer-fuse"
+        );
+    }
+    Ok(())
 }
 
 /// `constant`, `policy:W,D,N` or `linear-warmup:N`.

@@ -1,7 +1,7 @@
 //! `ember train`: DLRM training from Parquet, with evaluation, checkpoints
 //! and exact resumption.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use serde::Serialize;
@@ -18,12 +18,13 @@ use super::backend::{BackendArgs, ModeArgs};
 use super::data::LoaderArgs;
 use super::place::place;
 use super::plan::{planner_options, ShardingArgs};
+use super::run_logs::RunLogs;
 use super::world::{setup_timeout, Fault, Launch};
 use super::Progress;
 use ember_sparse::TableOptimizer;
 
 use ember_models::checkpoint::CHECKPOINT_FILE;
-use ember_models::mllog::{MlperfLog, RunFacts, Submission};
+use ember_models::mllog::RunFacts;
 
 /// The table and dense optimizers.
 type Optimizers = (TableOptimizer, DenseOptimizerConfig);
@@ -75,16 +76,10 @@ pub struct TrainArgs {
     /// there (dlrm_s_pytorch's and MLPerf's target: 0.80275 for DLRMv2).
     #[arg(long)]
     pub mlperf_auc_threshold: Option<f64>,
-    /// Write the MLPerf log (`:::MLLOG` lines; DLRMv2's keys, ruleset
-    /// training 6.0.0) to this file, renamed into place when the run ends.
-    #[arg(long, conflicts_with = "stream_window")]
-    pub mlperf_logging: Option<PathBuf>,
-    /// The MLPerf log's submission_org.
-    #[arg(long, default_value = "Ember", requires = "mlperf_logging")]
-    pub mlperf_submission_org: String,
-    /// The MLPerf log's submission_division (closed or open).
-    #[arg(long, default_value = "closed", value_parser = ["closed", "open"], requires = "mlperf_logging")]
-    pub mlperf_submission_division: String,
+    #[command(flatten)]
+    pub mlperf: super::run_logs::MlperfArgs,
+    #[command(flatten)]
+    pub tensorboard: super::run_logs::TensorBoardArgs,
     /// Write `model.safetensors` here at the end of each epoch.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
@@ -352,6 +347,18 @@ impl TrainArgs {
 
     /// What the library's trainer is to do.
     fn trainer_config(&self) -> anyhow::Result<TrainerConfig> {
+        if let Some(p) = self
+            .eval_every_data_pct
+            .filter(|p| !(*p > 0.0 && *p <= 100.0))
+        {
+            anyhow::bail!("--eval-every-data-pct {p}: a percentage of the epoch in (0, 100]");
+        }
+        if let Some(t) = self
+            .mlperf_auc_threshold
+            .filter(|t| !(*t > 0.0 && *t <= 1.0))
+        {
+            anyhow::bail!("--mlperf-auc-threshold {t}: an AUC in (0, 1]");
+        }
         Ok(TrainerConfig {
             epochs: self.epochs,
             max_steps: self.max_steps,
@@ -474,22 +481,20 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     }
     let dataset = Dataset::open(&args.data)?;
     let (config, spec, optimizers, state) = resolve(args, &mut resume, &dataset, &progress)?;
+    let trainer_config = args.trainer_config()?;
+    let optimization = &trainer_config.optimization;
+    super::optimization::check_for(optimization, &optimizers.0, args.mode.mode)?;
     let placed = (&config, optimizers, &state);
     let mut model = build_model(args, launch, &progress, placed, resume.as_ref())?;
     // The model holds the weights now: let go of the old file's mapping
     // before saves replace it.
     drop(resume);
-    let mut mlperf = match (&args.mlperf_logging, launch.is_root()) {
-        (Some(path), true) => Some(mlperf_log(
-            path,
-            (args, launch),
-            &dataset,
-            (optimizers, &state),
-        )?),
-        _ => None,
+    let mut logs = match launch.is_root() {
+        true => run_logs((args, launch), &dataset, (optimizers, &state))?,
+        false => RunLogs::default(),
     };
     let (train, eval) = args.loaders(launch, &spec, dataset, &state)?;
-    let trainer = Trainer::new(args.trainer_config()?, args.backend.build(args.mode.mode)?);
+    let trainer = Trainer::new(trainer_config, args.backend.build(args.mode.mode)?);
     progress.line(&format!(
         "ember train: {} rows in {} files, {} tables (dim {}), bottom {:?}, top {:?}, {:?}, batch {}, {} threads",
         train.dataset().num_rows(),
@@ -504,12 +509,9 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     ));
     let fault = Fault::from_env(launch)?;
     let eval = eval.as_ref().map(|l| l as &dyn TrainData);
-    let mut log_error = None;
     let mut on_event = |e: &TrainEvent| {
         report_event(args, launch, &progress, &fault, e);
-        if let (Some(log), None) = (mlperf.as_mut(), &log_error) {
-            log_error = log.on_event(e).err();
-        }
+        logs.on_event(e);
     };
     let summary = match args.stream_window {
         true => {
@@ -540,16 +542,11 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
             )
             .map_err(anyhow::Error::from),
     };
-    // The log ends either way: `aborted` unless the target was reached.
-    if let Some(log) = mlperf {
-        let written = log.finish();
-        if let Some(e) = log_error {
-            return Err(e.into());
-        }
-        let path = written?;
-        progress.line(&format!("MLPerf log: {}", path.display()));
-    }
+    // The logs end either way (the MLPerf log's status says how); the
+    // run's own error first.
+    let finished = logs.finish(&progress);
     let summary = summary?;
+    finished?;
     progress.finish();
     let per_rank_bytes_sent = match launch.ranks() {
         None => None,
@@ -564,23 +561,32 @@ fn run_in_pool(args: &TrainArgs, launch: &Launch) -> anyhow::Result<TrainReport>
     })
 }
 
-/// The MLPerf log, started: the submission and the run's hyperparameters.
-fn mlperf_log(
-    path: &Path,
+/// The logs asked for, started: the MLPerf log (the submission and the
+/// run's hyperparameters) and TensorBoard's.
+fn run_logs(
     (args, launch): (&TrainArgs, &Launch),
     dataset: &Dataset,
     (optimizers, state): (Optimizers, &TrainState),
-) -> anyhow::Result<MlperfLog> {
+) -> anyhow::Result<RunLogs> {
+    let optimization = args.optimization.optimization()?;
+    if args.mlperf.mlperf_logging.is_some()
+        && optimization.sparse_schedule != optimization.dense_schedule
+    {
+        anyhow::bail!(
+            "--mlperf-logging: the log names one learning-rate schedule; give the tables and \
+             the dense layers the same (--sparse-lr-schedule and --dense-lr-schedule differ)"
+        );
+    }
+    let rates = (
+        (optimizers.0.learning_rate(), optimizers.1.learning_rate()),
+        optimization,
+    );
+    let Some(path) = &args.mlperf.mlperf_logging else {
+        return RunLogs::start(None, &args.tensorboard, rates);
+    };
     let eval_samples = match args.eval_data.is_empty() {
         true => 0,
         false => Dataset::open(&args.eval_data)?.num_rows(),
-    };
-    let submission = Submission {
-        benchmark: "dlrm_dcnv2".into(),
-        org: args.mlperf_submission_org.clone(),
-        division: args.mlperf_submission_division.clone(),
-        status: "research".into(),
-        platform: super::run_info::RunInfo::now().cpu,
     };
     let facts = RunFacts {
         global_batch_size: args.batch_size(state) as u64,
@@ -590,9 +596,10 @@ fn mlperf_log(
         seed: args.seed(),
         table_optimizer: optimizers.0,
         dense_optimizer: optimizers.1,
-        optimization: args.optimization.optimization()?,
+        optimization,
     };
-    Ok(MlperfLog::create(path, &submission, facts)?)
+    let mlperf = (path.as_path(), args.mlperf.submission(), facts);
+    RunLogs::start(Some(mlperf), &args.tensorboard, rates)
 }
 
 /// What the run trains and from where: the checkpoint's architecture,

@@ -254,7 +254,25 @@ impl Trainer {
 
     /// Trains `model` on `train` as configured, with what `options` add:
     /// evaluation data, a position to resume from, a listener.
+    ///
+    /// The model's optimizers are set for each step as
+    /// [`TrainerConfig::optimization`] says, and back to their own when
+    /// the run ends, however it ends.
     pub fn fit<M: Model + ?Sized>(
+        &self,
+        model: &mut M,
+        train: &dyn TrainData,
+        options: FitOptions<'_>,
+    ) -> Result<TrainSummary, TrainError> {
+        let result = self.fit_from(model, train, options);
+        // The plain optimization: every model takes it.
+        let reset = model.set_optimization(&Optimization::default(), 0);
+        let summary = result?;
+        reset?;
+        Ok(summary)
+    }
+
+    fn fit_from<M: Model + ?Sized>(
         &self,
         model: &mut M,
         train: &dyn TrainData,
@@ -280,6 +298,8 @@ impl Trainer {
         let (state, per_epoch, skipped) =
             self.start_position(model, train, from, world.as_ref(), on_event)?;
         let eval_batches = eval_batches(eval, world.as_ref())?;
+        // What the model cannot take is refused before the first step.
+        model.set_optimization(&c.optimization, state.steps)?;
         let total: u64 = per_epoch.iter().skip(state.epoch as usize).sum();
         on_event(&TrainEvent::Start {
             steps: total.saturating_sub(state.batches_in_epoch),
@@ -321,6 +341,11 @@ impl Trainer {
             };
             self.run_epoch_from(&mut ctx, &per_epoch, train, (epoch, skip, steps))?;
             if run.target_reached_at.is_some() {
+                // Stopped at the epoch's last batch: the position is the next epoch's start.
+                if run.state.batches_in_epoch == per_epoch[epoch as usize] {
+                    run.state.epoch += 1;
+                    run.state.batches_in_epoch = 0;
+                }
                 break;
             }
             if run.state.steps >= max_steps
@@ -342,8 +367,8 @@ impl Trainer {
         // Stopped by max_steps, or skipped past the last epoch: the new
         // position is kept.
         let untrained_skip = skipped && run.state.steps == resumed_at_step;
-        let stopped = run.state.steps >= max_steps || run.target_reached_at.is_some();
-        if (stopped && run.state.epoch < c.epochs) || untrained_skip {
+        let stopped = run.state.steps >= max_steps && run.state.epoch < c.epochs;
+        if stopped || run.target_reached_at.is_some() || untrained_skip {
             self.checkpoint(model, world.as_ref(), &mut run, on_event)?;
         }
         let train_seconds = started.elapsed().saturating_sub(run.excluded).as_secs_f64();
@@ -706,10 +731,13 @@ impl TrainerConfig {
 }
 
 /// Whether batch `batch` (1-based) of an epoch of `of` crosses a point of
-/// the grid every `fraction` of the epoch.
+/// the grid every `fraction` of the epoch: in whole millionths, so a point
+/// such as 7% of 100 batches falls on batch 7, not past it by rounding.
 fn crosses_grid(fraction: f64, batch: u64, of: u64) -> bool {
-    let width = fraction * of as f64;
-    batch > 0 && (batch as f64 / width).floor() > ((batch - 1) as f64 / width).floor()
+    let millionths = ((fraction * 1e6).round() as u128).max(1);
+    let width = millionths * of as u128;
+    let point = |b: u64| b as u128 * 1_000_000 / width;
+    batch > 0 && point(batch) > point(batch - 1)
 }
 
 /// The evaluation batches every rank runs: the fewest any rank has (0:

@@ -26,12 +26,29 @@ pub const MLPERF_TABLE_ROWS: [usize; 26] = [
 /// preset's tables near 4 GB, so it runs on a 24 GiB machine.
 pub const MLPERF_DEFAULT_MAX_IND_RANGE: usize = 1_000_000;
 
+/// MLPerf DLRMv2's multi-hot sizes per feature (the reference's
+/// `--multi_hot_sizes`: 214 ids a sample).
+pub const MLPERF_MULTI_HOT_SIZES: [usize; 26] = [
+    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+];
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Preset {
     /// Criteo Kaggle shape: dim 16, bottom 13-512-256-64-16, top 512-256-1, 26 x 100k rows, dot.
     Kaggle,
     /// MLPerf DLRM-DCNv2: dim 128, bottom 13-512-256-128, DCN 3 layers rank 512, top 1024-1024-512-256-1.
     Mlperf,
+    /// MLPerf DLRMv2 as benchmarked: the mlperf model, each feature's bags
+    /// of exactly MLPerf's multi-hot size (3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,
+    /// 1,1,1,12,100,27,10,3,1,1: 214 ids a sample).
+    MlperfMultihot,
+}
+
+impl Preset {
+    /// Each feature's ids per bag, for the multi-hot preset.
+    pub fn multi_hot_sizes(self) -> Option<Vec<usize>> {
+        (self == Preset::MlperfMultihot).then(|| MLPERF_MULTI_HOT_SIZES.to_vec())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -114,6 +131,11 @@ impl ArchArgs {
         .collect()
     }
 
+    /// The preset's ids per bag for each feature, when it has them.
+    pub fn multi_hot_sizes(&self) -> Option<Vec<usize>> {
+        self.preset.and_then(Preset::multi_hot_sizes)
+    }
+
     /// The architecture, and the preset's default ids per bag (and whether fixed).
     pub fn resolve(&self) -> anyhow::Result<(DlrmConfig, usize, bool)> {
         self.resolve_for(None)
@@ -160,7 +182,7 @@ impl ArchArgs {
                 true,
                 None,
             ),
-            Some(Preset::Mlperf) => (
+            Some(Preset::Mlperf | Preset::MlperfMultihot) => (
                 128,
                 MLPERF_TABLE_ROWS.to_vec(),
                 "13-512-256-128",

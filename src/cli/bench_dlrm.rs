@@ -104,6 +104,10 @@ pub struct ResolvedDlrm {
     pub config: DlrmConfig,
     pub indices_per_lookup: usize,
     pub fixed_indices: bool,
+    /// Each feature's ids per bag (`--preset mlperf-multihot`; empty: the
+    /// same for every feature).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub indices_per_feature: Vec<usize>,
 }
 
 impl DlrmArgs {
@@ -114,11 +118,14 @@ impl DlrmArgs {
             indices_per_lookup >= 1,
             "--num-indices-per-lookup must be at least 1"
         );
+        // The preset's sizes, unless --num-indices-per-lookup says otherwise.
+        let sizes = (self.arch.multi_hot_sizes()).filter(|_| self.num_indices_per_lookup.is_none());
         Ok(ResolvedDlrm {
             config,
             indices_per_lookup,
             fixed_indices: self.num_indices_per_lookup_fixed
                 || (self.num_indices_per_lookup.is_none() && fixed),
+            indices_per_feature: sizes.unwrap_or_default(),
         })
     }
 }
@@ -428,7 +435,10 @@ fn planned_shape(
     resolved: &ResolvedDlrm,
     launch: &Launch,
 ) -> anyhow::Result<(PlannerOptions, (BatchShape, f64))> {
-    let pooling = mean_ids_per_bag(resolved.indices_per_lookup, resolved.fixed_indices);
+    let pooling = match resolved.indices_per_feature.as_slice() {
+        [] => mean_ids_per_bag(resolved.indices_per_lookup, resolved.fixed_indices),
+        sizes => sizes.iter().sum::<usize>() as f64 / sizes.len() as f64,
+    };
     // The planner's hit rates: the ids' skew (the generators' own is about
     // Zipf 1: log-uniform for learnable; random is uniform).
     let alpha = match args.ids.distribution()? {
@@ -476,6 +486,7 @@ fn synthetic_data(
 ) -> anyhow::Result<(Box<dyn TrainData>, InMemory)> {
     let mut config = SyntheticConfig {
         fixed_indices: resolved.fixed_indices,
+        indices_per_feature: resolved.indices_per_feature.clone(),
         ids: args.ids.distribution()?,
         ..SyntheticConfig::for_model(
             &resolved.config,

@@ -19,10 +19,23 @@ struct Comparison {
     about: String,
     /// The command every run shares.
     command: String,
+    /// `metrics` (the default: each run's final AUC, log loss, NE) or
+    /// `throughput` (runs in alternating pairs of two flag sets: samples/s
+    /// and phase ms, medians, and the pairs' ratio).
+    #[serde(default)]
+    kind: Kind,
     /// The CPU (`lscpu`'s model name) and the date.
     cpu: String,
     date: String,
     runs: Vec<Run>,
+}
+
+#[derive(Default, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+enum Kind {
+    #[default]
+    Metrics,
+    Throughput,
 }
 
 #[derive(Deserialize)]
@@ -55,6 +68,9 @@ pub fn section(results: &Path) -> anyhow::Result<String> {
 }
 
 fn render(c: &Comparison) -> anyhow::Result<String> {
+    if c.kind == Kind::Throughput {
+        return throughput(c);
+    }
     let mut out = format!(
         "\n## {}\n\n{}\n\n`{}` ({}, {})\n\n| flags | batches | AUC | log loss | NE |\n|---|---|---|---|---|\n",
         c.title, c.about, c.command, c.cpu, c.date
@@ -79,5 +95,87 @@ fn render(c: &Comparison) -> anyhow::Result<String> {
             number("ne")?,
         ));
     }
+    Ok(out)
+}
+
+/// The runs' two flag sets (in alternating pairs): each one's median
+/// samples/s, phase ms and cache hit rate, and the median of the pairs'
+/// ratios (second over first) with their range.
+fn throughput(c: &Comparison) -> anyhow::Result<String> {
+    let mut sets: Vec<&str> = Vec::new();
+    for run in &c.runs {
+        if !sets.contains(&run.flags.as_str()) {
+            sets.push(&run.flags);
+        }
+    }
+    anyhow::ensure!(
+        sets.len() == 2,
+        "a throughput comparison is of two flag sets, not {}",
+        sets.len()
+    );
+    fn of<'a>(c: &'a Comparison, set: &'a str) -> impl Iterator<Item = &'a Run> {
+        c.runs.iter().filter(move |r| r.flags == set)
+    }
+    let value = |r: &Run, path: &[&str]| {
+        let mut v = &r.report;
+        for key in path {
+            v = &v[*key];
+        }
+        v.as_f64()
+            .with_context(|| format!("run `{}` has no {}", r.flags, path.join(".")))
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let columns: [(&str, &[&str]); 6] = [
+        ("samples/s", &["samples_per_s"]),
+        ("sparse forward ms", &["phase_ms", "sparse_forward"]),
+        ("dense forward ms", &["phase_ms", "dense_forward"]),
+        ("dense backward ms", &["phase_ms", "dense_backward"]),
+        (
+            "sparse backward + update ms",
+            &["phase_ms", "sparse_backward_update"],
+        ),
+        ("cache hit rate", &["disk_tier", "hit_rate"]),
+    ];
+    let mut out = format!(
+        "\n## {}\n\n{}\n\n`{}` ({}, {})\n\n| flags | runs |",
+        c.title, c.about, c.command, c.cpu, c.date
+    );
+    for (name, _) in &columns {
+        out.push_str(&format!(" {name} |"));
+    }
+    out.push_str(&format!("\n|---|---|{}\n", "---|".repeat(columns.len())));
+    for set in &sets {
+        out.push_str(&format!("| `{set}` | {} |", of(c, set).count()));
+        for (name, path) in &columns {
+            let values = of(c, set)
+                .map(|r| value(r, path))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let m = median(values);
+            out.push_str(&match *name {
+                "samples/s" => format!(" {m:.0} |"),
+                "cache hit rate" => format!(" {:.1} % |", m * 100.0),
+                _ => format!(" {m:.1} |"),
+            });
+        }
+        out.push('\n');
+    }
+    let (a, b): (Vec<_>, Vec<_>) = (of(c, sets[0]).collect(), of(c, sets[1]).collect());
+    anyhow::ensure!(a.len() == b.len(), "the runs come in pairs");
+    let ratios = (a.iter().zip(&b))
+        .map(|(a, b)| Ok(value(b, &["samples_per_s"])? / value(a, &["samples_per_s"])?))
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
+    out.push_str(&format!(
+        "\n`{}` over `{}`: {:.2}x samples/s (median of {} pairs, range {lo:.2} to {hi:.2}).\n",
+        sets[1],
+        sets[0],
+        median(ratios.clone()),
+        ratios.len()
+    ));
     Ok(out)
 }

@@ -169,7 +169,8 @@ pub struct SyntheticArgs {
     pub output: PathBuf,
     /// Ids per bag: one size for every feature or 26 dash-separated; a
     /// feature above 1 is written as a `list<int64>` column of 1..=size ids
-    /// [default: 1, all scalar].
+    /// [default: 1, all scalar; --preset mlperf-multihot: exactly MLPerf's
+    /// sizes].
     #[arg(long)]
     pub multi_hot: Option<String>,
     /// Seeds the hidden model and the rows.
@@ -245,8 +246,13 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
             None
         }
     };
+    let preset = args
+        .tables
+        .preset
+        .multi_hot_sizes()
+        .filter(|_| args.multi_hot.is_none());
     let sizes = match &args.multi_hot {
-        None => vec![1; NUM_CAT],
+        None => preset.clone().unwrap_or(vec![1; NUM_CAT]),
         Some(s) => {
             let sizes = super::parse_sizes("--multi-hot", s)?;
             match sizes.len() {
@@ -263,7 +269,8 @@ pub fn synthetic(args: &SyntheticArgs) -> anyhow::Result<SyntheticReport> {
         features,
         indices_per_lookup: 1,
         indices_per_feature: sizes.clone(),
-        fixed_indices: false,
+        // MLPerf's multi-hot bags hold exactly their size.
+        fixed_indices: preset.is_some(),
         ids: args.ids.distribution()?,
         seed: args.seed,
     })?;
@@ -332,8 +339,11 @@ fn drifting(
         .ok_or_else(|| anyhow::anyhow!("--drift needs --window-rows (rows per window)"))?;
     anyhow::ensure!(window > 0, "--window-rows must be at least 1");
     anyhow::ensure!(
-        args.multi_hot.is_none() && args.ids.id_distribution.is_none() && args.ids.zipf_alpha.is_none(),
-        "--drift draws one id per bag with its own popularity: drop --multi-hot and the id distribution flags"
+        args.multi_hot.is_none()
+            && args.tables.preset.multi_hot_sizes().is_none()
+            && args.ids.id_distribution.is_none()
+            && args.ids.zipf_alpha.is_none(),
+        "--drift draws one id per bag with its own popularity: drop --multi-hot (and --preset mlperf-multihot) and the id distribution flags"
     );
     anyhow::ensure!(
         args.rows.is_multiple_of(window),

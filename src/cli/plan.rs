@@ -258,7 +258,11 @@ pub fn mean_ids_per_bag(n: usize, fixed: bool) -> f64 {
 pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanReport> {
     args.optim.validate()?;
     let (config, lookups, fixed) = args.arch.resolve()?;
-    let pooling = (args.num_indices_per_lookup).unwrap_or(mean_ids_per_bag(lookups, fixed));
+    let preset_mean = (args.arch.multi_hot_sizes())
+        .map(|sizes| sizes.iter().sum::<usize>() as f64 / sizes.len() as f64);
+    let pooling = (args.num_indices_per_lookup)
+        .or(preset_mean)
+        .unwrap_or(mean_ids_per_bag(lookups, fixed));
     let optimizer = args.optim.table_optimizer();
     // Ids as skewed as Criteo's (Zipf 1) for the caches' hit rates.
     let batch_ids = (args.mini_batch_size as f64 * pooling) as usize;

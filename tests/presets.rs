@@ -1,6 +1,7 @@
-//! `--preset mlperf-multihot`: MLPerf DLRMv2's multi-hot bags, exactly
-//! their sizes, in the Parquet `ingest synthetic` writes and in `bench
-//! dlrm`'s batches.
+//! MLPerf DLRMv2's multi-hot shape: `--preset mlperf-multihot`'s bags,
+//! exactly their sizes, in the Parquet `ingest synthetic` writes and in
+//! `bench dlrm`'s batches; and `ingest criteo --multi-hot`, value for value
+//! the MLPerf reference's own expansion of real Criteo rows.
 
 mod common;
 
@@ -83,4 +84,88 @@ fn multi_hot_bags_hold_mlperfs_sizes() {
     let per_sample =
         report["ids_per_s"].as_f64().unwrap() / report["samples_per_s"].as_f64().unwrap();
     assert!((per_sample - 214.0).abs() < 1e-6, "{per_sample}");
+}
+
+/// `tests/data/criteo_multi_hot.json` is what the MLPerf reference's code
+/// makes of the 200 real rows (scripts/mlperf_multi_hot_fixture.py says
+/// how): `ingest criteo --multi-hot` writes the same ids, list for list.
+#[test]
+fn criteo_rows_expand_as_mlperfs_reference() {
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/criteo_multi_hot.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let join = |key: &str| {
+        (fixture[key].as_array().unwrap().iter())
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (sizes, rows) = (join("sizes"), join("rows"));
+    let csv = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/criteo_sample.csv"
+    ))
+    .unwrap();
+    let tsv: String = (csv.lines().skip(1))
+        .map(|l| {
+            let fields: Vec<&str> = l
+                .split(',')
+                .map(|f| f.strip_suffix(".0").unwrap_or(f))
+                .collect();
+            fields.join("\t") + "\n"
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("day_0");
+    std::fs::write(&input, tsv).unwrap();
+    let out = dir.path().join("mh");
+    ember(&[
+        "ingest",
+        "criteo",
+        s(&input),
+        "--output",
+        s(&out),
+        "--multi-hot",
+        &sizes,
+        "--multi-hot-rows",
+        &rows,
+    ]);
+    let path = (std::fs::read_dir(&out).unwrap())
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+    for (f, want) in fixture["features"].as_array().unwrap().iter().enumerate() {
+        let want = want.as_array().unwrap();
+        let mut got: Vec<serde_json::Value> = Vec::new();
+        for batch in &batches {
+            let column = batch.column_by_name(&format!("cat_{f}")).unwrap();
+            for r in 0..column.len() {
+                got.push(match column.is_null(r) {
+                    true => serde_json::Value::Null,
+                    false => match column.as_list_opt::<i32>() {
+                        Some(lists) => {
+                            let ids = lists.value(r);
+                            let ids = ids.as_primitive::<arrow_array::types::Int64Type>();
+                            serde_json::json!(ids.values().to_vec())
+                        }
+                        None => {
+                            let ids = column.as_primitive::<arrow_array::types::Int64Type>();
+                            serde_json::json!([ids.value(r)])
+                        }
+                    },
+                });
+            }
+        }
+        assert_eq!(&got, want, "cat_{f}");
+    }
 }

@@ -17,6 +17,9 @@ pub enum DataError {
         /// The underlying I/O error.
         source: std::io::Error,
     },
+    /// MLPerf's multi-hot expansion cannot be made (which way: the message).
+    #[error("multi-hot expansion: {0}")]
+    MultiHot(String),
     /// A write failed because the disk (or the user's quota) is full.
     #[error("{}: the disk is full (no space left on device)", path.display())]
     DiskFull {

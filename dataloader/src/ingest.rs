@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 use crate::atomic::write_atomic;
 use crate::criteo::{parse_line, CriteoRecord, Reject};
 use crate::lock::DirLock;
+use crate::multi_hot::MultiHot;
 use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
-use crate::writer::{CriteoBatchBuilder, ParquetSink, SinkOptions};
+use crate::writer::{Bag, CriteoBatchBuilder, ParquetSink, SinkOptions};
 use crate::DataError;
 
 /// Longer lines are rejected without being read whole (a Criteo line is
@@ -33,8 +34,13 @@ pub const MAX_LINE_BYTES: usize = 1 << 16;
 pub const REPORTED_REJECTS: usize = 10;
 
 /// Options of [`ingest_criteo`].
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct IngestOptions {
+    /// Expand each categorical id into MLPerf DLRMv2's multi-hot bag
+    /// ([`MultiHot`]: the reference's `multi_hot.py`); features of more
+    /// than one id become `list<int64>` columns, and every id is reduced
+    /// below its table's rows. `None`: the ids as they are.
+    pub multi_hot: Option<std::sync::Arc<MultiHot>>,
     /// File and row-group layout and compression of the output.
     pub sink: SinkOptions,
     /// Stop at the first malformed line instead of skipping it.
@@ -367,7 +373,12 @@ fn ingest_one(
     progress: &mut dyn FnMut(u64),
 ) -> Result<InputSummary, DataError> {
     let (mut lines, bytes_read) = open_lines(input)?;
-    let mut builder = CriteoBatchBuilder::new(&[false; NUM_CAT]);
+    let multi: [bool; NUM_CAT] = match &options.multi_hot {
+        Some(m) => std::array::from_fn(|i| m.sizes()[i] > 1),
+        None => [false; NUM_CAT],
+    };
+    let mut builder = CriteoBatchBuilder::new(&multi);
+    let mut bags: Vec<Vec<i64>> = vec![Vec::new(); NUM_CAT];
     let mut sink = ParquetSink::new(output, prefix, builder.schema().clone(), options.sink);
     let mut s = InputSummary {
         input: input.to_path_buf(),
@@ -401,7 +412,21 @@ fn ingest_one(
         match parsed {
             Ok(()) => {
                 count_nulls(&record, &mut int_nulls, &mut cat_nulls);
-                builder.push_record(&record);
+                match &options.multi_hot {
+                    None => builder.push_record(&record),
+                    Some(m) => {
+                        for (f, bag) in bags.iter_mut().enumerate() {
+                            match record.cats[f] {
+                                Some(id) => m.expand(f, id, bag),
+                                None => bag.clear(),
+                            }
+                        }
+                        builder.push_row(record.label, &record.ints, |f| match record.cats[f] {
+                            Some(_) => Bag::Many(&bags[f]),
+                            None => Bag::Missing,
+                        });
+                    }
+                }
                 if builder.len() == options.sink.row_group_size {
                     sink.write(&builder.finish())?;
                     progress(bytes_read.get());

@@ -22,6 +22,7 @@ pub mod ingest;
 pub mod list_writer;
 pub mod loader;
 pub mod lock;
+pub mod multi_hot;
 pub mod schema;
 pub mod sequences;
 pub mod spec;

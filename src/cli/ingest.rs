@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use ember_dataloader::ingest::{ingest_criteo, IngestOptions, IngestSummary};
 use ember_dataloader::lock::DirLock;
+use ember_dataloader::multi_hot::MultiHot;
 use ember_dataloader::schema::NUM_CAT;
 use ember_dataloader::writer::{Codec, CriteoBatchBuilder, ParquetSink, SinkOptions, StagedSet};
 use ember_models::{DataGeneration, DriftingConfig, DriftingData, SyntheticConfig, SyntheticData};
@@ -78,8 +79,46 @@ pub struct CriteoArgs {
     /// input over it (or empty) is an error. 1 accepts anything.
     #[arg(long, default_value_t = ember_dataloader::ingest::DEFAULT_MAX_REJECT_FRACTION)]
     pub max_reject_fraction: f64,
+    /// Expand each one-hot id into MLPerf DLRMv2's multi-hot bag, as the
+    /// reference's multi_hot.py does: 26 sizes, dash- or comma-separated
+    /// (MLPerf's: 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1).
+    #[arg(long)]
+    pub multi_hot: Option<String>,
+    /// The tables' rows the expansion draws below (the reference's
+    /// --num_embeddings_per_feature) [default: MLPerf DLRMv2's 26 table sizes].
+    #[arg(long, requires = "multi_hot")]
+    pub multi_hot_rows: Option<String>,
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--multi-hot` and `--multi-hot-rows`: MLPerf's expansion tables.
+fn multi_hot(args: &CriteoArgs) -> anyhow::Result<Option<std::sync::Arc<MultiHot>>> {
+    let Some(sizes) = &args.multi_hot else {
+        return Ok(None);
+    };
+    let list = |flag: &str, text: &str| {
+        let sizes = super::parse_sizes(flag, &text.replace(',', "-"))?;
+        anyhow::ensure!(
+            sizes.len() == NUM_CAT,
+            "{flag}: {} values; give {NUM_CAT}",
+            sizes.len()
+        );
+        Ok(sizes)
+    };
+    let sizes = list("--multi-hot", sizes)?;
+    let rows: Vec<u64> = match &args.multi_hot_rows {
+        Some(rows) => list("--multi-hot-rows", rows)?
+            .into_iter()
+            .map(|r| r as u64)
+            .collect(),
+        None => super::arch::MLPERF_TABLE_ROWS
+            .iter()
+            .map(|&r| r as u64)
+            .collect(),
+    };
+    let tables = MultiHot::mlperf(&sizes, &rows).context("--multi-hot")?;
+    Ok(Some(std::sync::Arc::new(tables)))
 }
 
 pub fn criteo(args: &CriteoArgs) -> anyhow::Result<IngestSummary> {
@@ -93,6 +132,7 @@ pub fn criteo(args: &CriteoArgs) -> anyhow::Result<IngestSummary> {
         strict: args.strict,
         resume: args.resume,
         max_reject_fraction: Some(args.max_reject_fraction),
+        multi_hot: multi_hot(args)?,
     };
     let total: u64 = (args.inputs.iter())
         .map(|p| {

@@ -7,7 +7,7 @@ use ember_models::sequential::{
     history_batches, HistoryLoader, HstuRanking, HstuRankingConfig, SyntheticHistories,
     UserHistory, ACTIONS_FEATURE,
 };
-use ember_models::{Backend, ExecMode, FitOptions, TrainData, Trainer, TrainerConfig};
+use ember_models::{Backend, ExecMode, FitOptions, Model, TrainData, Trainer, TrainerConfig};
 
 const CANDIDATES: usize = 4;
 
@@ -119,4 +119,61 @@ fn the_loader_reads_every_user_once_an_epoch_and_buckets_by_length() {
         padded_bucketed * 10 < padded_plain * 7,
         "{padded_bucketed} vs {padded_plain}"
     );
+}
+
+/// DLRMv4's knobs on its model: the first step of a linear warmup over 4
+/// steps from 0.02 is a step at 0.005, the item table's and the dense
+/// layers' alike, bit for bit; clipping and decay take (another result).
+#[test]
+fn a_warmup_step_is_a_step_at_that_rate() {
+    use ember_models::{LrSchedule, Optimization};
+    let users: Vec<UserHistory> = data().into_iter().take(64).collect();
+    let loader = HistoryLoader::new(users, 64, 40);
+    let config = |lr: f32| HstuRankingConfig {
+        embedding_dim: 16,
+        attention_dim: 8,
+        linear_dim: 8,
+        num_candidates: CANDIDATES,
+        head_hidden: 16,
+        seed: 2,
+        learning_rate: lr,
+        table_optimizer: ember_sparse::TableOptimizer::rowwise_adagrad(lr),
+        ..HstuRankingConfig::new(300, 40)
+    };
+    let run = |lr: f32, optimization: Optimization| {
+        let mut model = HstuRanking::new(config(lr)).unwrap();
+        let trainer = Trainer::new(
+            TrainerConfig {
+                optimization,
+                ..TrainerConfig::default()
+            },
+            Backend::native(),
+        );
+        trainer
+            .fit(&mut model, &loader, FitOptions::default())
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = model.save_checkpoint(dir.path(), None).unwrap();
+        // Every tensor, by name: the metadata records the configured rates.
+        let bytes = std::fs::read(path).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<(String, Vec<u8>)> = (file.tensors().into_iter())
+            .map(|(name, view)| (name, view.data().to_vec()))
+            .collect();
+        tensors.sort();
+        tensors
+    };
+    let warmup = LrSchedule::LinearWarmup { steps: 4 };
+    let scheduled = Optimization {
+        sparse_schedule: warmup,
+        dense_schedule: warmup,
+        ..Optimization::default()
+    };
+    assert!(run(0.02, scheduled) == run(0.005, Optimization::default()));
+    let clipped = Optimization {
+        max_grad_norm: Some(1e-3),
+        table_weight_decay: 0.1,
+        ..scheduled
+    };
+    assert!(run(0.02, clipped) != run(0.02, scheduled));
 }

@@ -416,12 +416,6 @@ fn dlrm_only_flags(args: &TrainArgs) -> Vec<&'static str> {
                 "--mlperf-auc-threshold",
                 args.mlperf_auc_threshold.is_some(),
             ),
-            (
-                "--lr-* schedules, --weight-decay, --table-weight-decay and --clip-grad-norm",
-                args.optimization
-                    .optimization()
-                    .map_or(true, |o| !o.is_default()),
-            ),
             ("--loader-threads", l.loader_threads != 1),
             ("--prefetch", l.prefetch != 2),
             ("--devices", sh.devices.is_some()),
@@ -541,6 +535,7 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
     } else {
         per_epoch.max(1)
     };
+    let optimization = args.optimization.optimization()?;
     let progress = Progress::new(total, "train", args.json);
     let mut evals = Vec::new();
     let (mut samples, mut seconds, mut loss_first, mut loss_last) = (0, 0.0, f64::NAN, f64::NAN);
@@ -557,6 +552,7 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
                 checkpoint_every: args.checkpoint_every,
                 log_every: args.print_freq.max(1),
                 pipeline: !args.mode.no_pipeline,
+                optimization,
                 ..TrainerConfig::default()
             },
             Backend::native(),

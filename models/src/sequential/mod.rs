@@ -76,3 +76,41 @@ pub(crate) fn undrop(g: &mut [f32], mask: &[f32]) {
         g.iter_mut().zip(mask).for_each(|(v, m)| *v *= m);
     }
 }
+
+/// Sets a sequence model's optimizers for the step taken after `step`
+/// steps, as [`Model::set_optimization`](crate::Model::set_optimization)
+/// says: the item table's rate and decay, the dense rate and decay; returns
+/// the clipping norm for [`dense_step`].
+pub(crate) fn set_optimization(
+    o: &crate::Optimization,
+    step: u64,
+    items: &mut ember_sparse::EmbeddingCollection,
+    dense: &mut ember_dense::DenseOptimizer<f32>,
+) -> Result<Option<f32>, crate::ModelError> {
+    o.validate()
+        .map_err(crate::ModelError::InvalidOptimization)?;
+    let scheduled =
+        |s: &crate::LrSchedule, base: f32| (!s.is_constant()).then(|| s.rate(base, step));
+    let table = items.optimizer().learning_rate();
+    items.set_step_settings(ember_sparse::TableStepSettings {
+        learning_rate: scheduled(&o.sparse_schedule, table),
+        weight_decay: o.table_weight_decay,
+    })?;
+    let base = dense.config().learning_rate();
+    dense.set_learning_rate(scheduled(&o.dense_schedule, base));
+    dense.set_weight_decay(o.dense_weight_decay);
+    Ok(o.max_grad_norm)
+}
+
+/// The dense update: the gradients clipped at `max_grad_norm` (their
+/// global norm), then the optimizer's step.
+pub(crate) fn dense_step(
+    optimizer: &mut ember_dense::DenseOptimizer<f32>,
+    mut params: Vec<ember_dense::Param<'_, f32>>,
+    max_grad_norm: Option<f32>,
+) {
+    if let Some(max) = max_grad_norm {
+        ember_dense::clip_grad_norm(&mut params, max as f64);
+    }
+    optimizer.step(params);
+}

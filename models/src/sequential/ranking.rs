@@ -119,6 +119,8 @@ pub struct HstuRanking {
     items: EmbeddingCollection,
     dense: DenseParts,
     optimizer: DenseOptimizer<f32>,
+    /// Clip the dense gradients at this global norm (set by the Trainer).
+    max_grad_norm: Option<f32>,
     /// Each candidate's logits, task by task.
     logits: Vec<f32>,
     /// The last forward's item rows, kept from step to step.
@@ -287,6 +289,7 @@ impl HstuRanking {
                 head: Mlp::new(&head_sizes, Activation::None, config.seed ^ 0x4ead),
             },
             optimizer: DenseOptimizer::new(reference_adam(config.learning_rate)),
+            max_grad_norm: None,
             logits: Vec::new(),
             looked: JaggedEmbeddings::default(),
             items,
@@ -501,7 +504,7 @@ impl Model for HstuRanking {
         )?;
         let (loss, kjt, de) = self.loss_backward(backend.dense(), &t)?;
         self.items.backward_update(&kjt, &de)?;
-        self.optimizer.step(self.dense.params());
+        super::dense_step(&mut self.optimizer, self.dense.params(), self.max_grad_norm);
         Ok(StepOutput {
             loss: loss as f32,
             times: Default::default(),
@@ -511,6 +514,16 @@ impl Model for HstuRanking {
     /// Refused: the model scores each candidate for each task, not one
     /// logit per sample; [`HstuRanking::candidate_logits`] gives the scores
     /// and [`HstuRanking::evaluate`] the metrics.
+    fn set_optimization(
+        &mut self,
+        optimization: &crate::Optimization,
+        step: u64,
+    ) -> Result<(), ModelError> {
+        self.max_grad_norm =
+            super::set_optimization(optimization, step, &mut self.items, &mut self.optimizer)?;
+        Ok(())
+    }
+
     fn predict(&mut self, _: &Backend, _: &Batch) -> Result<&[f32], ModelError> {
         Err(Unsupported::NotPerSample {
             model: "HSTU ranking",

@@ -109,6 +109,8 @@ pub struct HstuRetrieval {
     items: EmbeddingCollection,
     dense: DenseParts,
     optimizer: DenseOptimizer<f32>,
+    /// Clip the dense gradients at this global norm (set by the Trainer).
+    max_grad_norm: Option<f32>,
     negatives: Rng,
     /// Draws the input dropout's masks.
     input_dropout: Initializer,
@@ -203,6 +205,7 @@ impl HstuRetrieval {
                 layers,
             },
             optimizer: DenseOptimizer::new(reference_adam(config.learning_rate)),
+            max_grad_norm: None,
             negatives: Rng::new(config.seed ^ 0x6e65),
             input_dropout: Initializer::new(config.seed ^ 0xd20),
             scores: Vec::new(),
@@ -341,7 +344,7 @@ impl Model for HstuRetrieval {
         }
         grad.extend_from_slice(&softmax.de);
         self.items.backward_update(&kjt, grad)?;
-        self.optimizer.step(self.dense.params());
+        super::dense_step(&mut self.optimizer, self.dense.params(), self.max_grad_norm);
         Ok(StepOutput {
             loss: loss as f32,
             times: Default::default(),
@@ -350,6 +353,16 @@ impl Model for HstuRetrieval {
 
     /// Each user's score of its last item (its history's others before
     /// it): the cosine of query and item over the temperature.
+    fn set_optimization(
+        &mut self,
+        optimization: &crate::Optimization,
+        step: u64,
+    ) -> Result<(), ModelError> {
+        self.max_grad_norm =
+            super::set_optimization(optimization, step, &mut self.items, &mut self.optimizer)?;
+        Ok(())
+    }
+
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
         let q = self.user_queries(backend.dense(), batch)?;
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);

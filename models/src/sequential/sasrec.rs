@@ -131,6 +131,8 @@ pub struct SasRec {
     blocks: Vec<Block>,
     last_norm: LayerNorm<f32>,
     optimizer: DenseOptimizer<f32>,
+    /// Clip the dense gradients at this global norm (set by the Trainer).
+    max_grad_norm: Option<f32>,
     rng: Rng,
     dropout: Initializer,
     training: bool,
@@ -227,6 +229,7 @@ impl SasRec {
             blocks,
             last_norm: LayerNorm::new(d, LN_EPS, true),
             optimizer: DenseOptimizer::new(adam),
+            max_grad_norm: None,
             rng: Rng::new(config.seed ^ 0x6e6567),
             dropout: Initializer::new(config.seed ^ 0xd20),
             training: true,
@@ -610,7 +613,7 @@ impl Model for SasRec {
             &mut self.blocks,
             &mut self.last_norm,
         );
-        self.optimizer.step(params);
+        super::dense_step(&mut self.optimizer, params, self.max_grad_norm);
         Ok(StepOutput {
             loss: loss as f32,
             times: Default::default(),
@@ -618,6 +621,16 @@ impl Model for SasRec {
     }
 
     /// Each user's logit of its last item after the others.
+    fn set_optimization(
+        &mut self,
+        optimization: &crate::Optimization,
+        step: u64,
+    ) -> Result<(), ModelError> {
+        self.max_grad_norm =
+            super::set_optimization(optimization, step, &mut self.items, &mut self.optimizer)?;
+        Ok(())
+    }
+
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
         let q = self.user_queries(backend.dense(), batch)?;
         let t = Tokens::of(batch)?.cut(self.config.maxlen);

@@ -12,7 +12,7 @@ use super::backward::Entry;
 use super::{EmbeddingBagCollection, EmbeddingTable};
 use crate::{
     DataType, DiskTierConfig, EmbeddingBagConfig, KeyedJaggedTensor, KvConfig, SparseError,
-    TableOptimizer,
+    TableOptimizer, TableStepSettings,
 };
 
 /// One table of an [`EmbeddingCollection`] and the features that read it
@@ -310,6 +310,12 @@ impl EmbeddingCollection {
     /// step count at 0), failing as it does.
     pub fn set_optimizer(&mut self, optimizer: TableOptimizer) -> Result<(), SparseError> {
         self.bags.set_optimizer(optimizer)
+    }
+
+    /// The learning rate and weight decay of the next backward updates, as
+    /// [`EmbeddingBagCollection::set_step_settings`] sets them.
+    pub fn set_step_settings(&mut self, settings: TableStepSettings) -> Result<(), SparseError> {
+        self.bags.set_step_settings(settings)
     }
 
     /// Training (the default) or inference, for key-value tables' staging

@@ -7,7 +7,7 @@ mod common;
 
 use arrow_array::cast::AsArray;
 use arrow_array::Array;
-use common::{ember, json, s};
+use common::{ember, ember_fails, json, s};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 const SIZES: [usize; 26] = [
@@ -144,6 +144,17 @@ fn criteo_rows_expand_as_mlperfs_reference() {
         .build()
         .unwrap();
     let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+    // A resume with other options than those that wrote the directory is
+    // refused, naming them: one directory never mixes expansions.
+    let err = ember_fails(&[
+        "ingest",
+        "criteo",
+        s(&input),
+        "--output",
+        s(&out),
+        "--resume",
+    ]);
+    assert!(err.contains("resume with the same --multi-hot"), "{err}");
     for (f, want) in fixture["features"].as_array().unwrap().iter().enumerate() {
         let want = want.as_array().unwrap();
         let mut got: Vec<serde_json::Value> = Vec::new();

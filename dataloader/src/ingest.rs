@@ -101,6 +101,10 @@ pub struct InputSummary {
     pub bytes_in: u64,
     /// Bytes of the Parquet files written.
     pub bytes_out: u64,
+    /// The multi-hot expansion the output was made with
+    /// ([`MultiHot::describe`]; `None`: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multi_hot: Option<String>,
 }
 
 /// What identifies an input file's content without reading it.
@@ -235,7 +239,7 @@ pub fn ingest_criteo(
         let marker = ParquetSink::marker_path(output, &prefix);
         let stamp = InputStamp::of(input)?;
         let done = match options.resume {
-            true => resumable(output, &prefix, stamp)?,
+            true => resumable(output, &prefix, stamp, options)?,
             false => None,
         };
         let s = match done {
@@ -278,6 +282,7 @@ fn resumable(
     output: &Path,
     prefix: &str,
     stamp: InputStamp,
+    options: &IngestOptions,
 ) -> Result<Option<InputSummary>, DataError> {
     let read = |path: &Path| -> Option<InputSummary> {
         let s: InputSummary = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
@@ -285,6 +290,19 @@ fn resumable(
     };
     let marker = ParquetSink::marker_path(output, prefix);
     if let Some(s) = read(&marker) {
+        // One directory, one expansion: a resume never mixes outputs.
+        let given = options.multi_hot.as_ref().map(|m| m.describe());
+        if s.multi_hot != given {
+            let say = |m: &Option<String>| m.clone().unwrap_or_else(|| "no multi-hot".into());
+            return Err(DataError::MultiHot(format!(
+                "{}: its output in {} was written with {}, this run asks for {}: \
+                 resume with the same --multi-hot and --multi-hot-rows, or ingest into another directory",
+                s.input.display(),
+                output.display(),
+                say(&s.multi_hot),
+                say(&given)
+            )));
+        }
         return Ok((s.input_stamp == Some(stamp)).then_some(s));
     }
     let legacy = output.join(format!("{prefix}.ingest.json"));
@@ -382,6 +400,7 @@ fn ingest_one(
     let mut sink = ParquetSink::new(output, prefix, builder.schema().clone(), options.sink);
     let mut s = InputSummary {
         input: input.to_path_buf(),
+        multi_hot: options.multi_hot.as_ref().map(|m| m.describe()),
         ..Default::default()
     };
     let mut int_nulls = [0u64; NUM_INT];

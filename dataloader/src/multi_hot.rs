@@ -33,8 +33,9 @@ impl MultiHot {
         if let Some(f) = sizes.iter().position(|&s| s == 0) {
             return bad(format!("feature {f}: a bag of 0 ids"));
         }
-        if let Some(f) = rows.iter().position(|&r| r == 0 || r > 1 << 32) {
-            return bad(format!("feature {f}: {} rows, not 1 to 2^32", rows[f]));
+        // The reference's tables are int32 (`.int()`): ids below 2^31.
+        if let Some(f) = rows.iter().position(|&r| r == 0 || r > 1 << 31) {
+            return bad(format!("feature {f}: {} rows, not 1 to 2^31", rows[f]));
         }
         let mut mt = Mt::new(0);
         let mut extra = Vec::with_capacity(sizes.len());
@@ -56,6 +57,26 @@ impl MultiHot {
             rows: rows.to_vec(),
             extra,
         })
+    }
+
+    /// The sizes and rows, as a marker records them.
+    pub fn describe(&self) -> String {
+        let join = |v: Vec<String>| v.join(",");
+        format!(
+            "multi-hot sizes {} over rows {}",
+            join(self.sizes.iter().map(|s| s.to_string()).collect()),
+            join(self.rows.iter().map(|r| r.to_string()).collect())
+        )
+    }
+
+    /// Bytes the tables of `sizes` and `rows` take (4 a drawn id).
+    pub fn bytes(sizes: &[usize], rows: &[u64]) -> u64 {
+        (sizes.iter().zip(rows))
+            .map(|(&s, &r)| {
+                r.saturating_mul(s.saturating_sub(1) as u64)
+                    .saturating_mul(4)
+            })
+            .sum()
     }
 
     /// Each feature's ids a bag.

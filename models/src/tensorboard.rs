@@ -49,8 +49,10 @@ struct Summary {
 struct SummaryValue {
     #[prost(string, tag = "1")]
     tag: String,
-    #[prost(float, tag = "2")]
-    simple_value: f32,
+    /// In a oneof: always written, 0 included (a plain proto3 float of 0
+    /// would be left off, and TensorBoard would read no value).
+    #[prost(float, optional, tag = "2")]
+    simple_value: Option<f32>,
 }
 
 /// One event file of scalars.
@@ -73,8 +75,23 @@ impl EventWriter {
             now().as_secs(),
             std::process::id()
         );
-        let path = dir.join(name);
-        let file = File::create(&path).map_err(|e| DataError::from_io(&path, e))?;
+        // A new file, never another writer's (two in one second and process).
+        let mut path = dir.join(&name);
+        let mut n = 0;
+        let file = loop {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(file) => break file,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    n += 1;
+                    path = dir.join(format!("{name}.{n}"));
+                }
+                Err(e) => return Err(DataError::from_io(&path, e).into()),
+            }
+        };
         let mut writer = Self {
             out: BufWriter::new(file),
             path,
@@ -100,7 +117,7 @@ impl EventWriter {
             .filter(|(_, v)| v.is_finite())
             .map(|&(tag, v)| SummaryValue {
                 tag: tag.to_string(),
-                simple_value: v as f32,
+                simple_value: Some(v as f32),
             })
             .collect();
         if value.is_empty() {

@@ -123,7 +123,7 @@ fn the_loader_reads_every_user_once_an_epoch_and_buckets_by_length() {
 
 /// DLRMv4's knobs on its model: the first step of a linear warmup over 4
 /// steps from 0.02 is a step at 0.005, the item table's and the dense
-/// layers' alike, bit for bit; clipping and decay take (another result).
+/// layers' alike, bit for bit; clipping and each decay take.
 #[test]
 fn a_warmup_step_is_a_step_at_that_rate() {
     use ember_models::{LrSchedule, Optimization};
@@ -154,7 +154,7 @@ fn a_warmup_step_is_a_step_at_that_rate() {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = model.save_checkpoint(dir.path(), None).unwrap();
-        // Every tensor, by name: the metadata records the configured rates.
+        // Every tensor, by name (the metadata records the config's rates).
         let bytes = std::fs::read(path).unwrap();
         let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let mut tensors: Vec<(String, Vec<u8>)> = (file.tensors().into_iter())
@@ -170,10 +170,22 @@ fn a_warmup_step_is_a_step_at_that_rate() {
         ..Optimization::default()
     };
     assert!(run(0.02, scheduled) == run(0.005, Optimization::default()));
-    let clipped = Optimization {
-        max_grad_norm: Some(1e-3),
-        table_weight_decay: 0.1,
-        ..scheduled
-    };
-    assert!(run(0.02, clipped) != run(0.02, scheduled));
+    // Each knob on its own changes the result.
+    let base = run(0.02, scheduled);
+    for knob in [
+        Optimization {
+            max_grad_norm: Some(1e-3),
+            ..scheduled
+        },
+        Optimization {
+            table_weight_decay: 0.5,
+            ..scheduled
+        },
+        Optimization {
+            dense_weight_decay: ember_dense::WeightDecay::Decoupled(0.5),
+            ..scheduled
+        },
+    ] {
+        assert!(run(0.02, knob) != base, "{knob:?} changed nothing");
+    }
 }

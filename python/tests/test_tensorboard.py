@@ -50,6 +50,15 @@ def test_train_events_read_back_with_tensorboard(tmp_path):
     assert all(v > 0 for _, v in got["train/samples_per_s"])
 
 
+def test_zero_values_are_written(tmp_path):
+    # A rate of 0 is a value (protobuf leaves a plain 0 float unwritten).
+    logdir = tmp_path / "tb"
+    run("bench", "dlrm", "--num-batches", "10", "--print-freq", "5", "--learning-rate", "0",
+        "--tensorboard-dir", str(logdir))
+    got = scalars(logdir)
+    assert got["lr/dense"] == [(5, 0.0), (10, 0.0)], got.get("lr/dense")
+
+
 def test_bench_dlrm_writes_events(tmp_path):
     logdir = tmp_path / "tb"
     run("bench", "dlrm", "--num-batches", "20", "--print-freq", "5", "--test-freq", "10",

@@ -98,7 +98,8 @@ fn multi_hot(args: &CriteoArgs) -> anyhow::Result<Option<std::sync::Arc<MultiHot
         return Ok(None);
     };
     let list = |flag: &str, text: &str| {
-        let sizes = super::parse_sizes(flag, &text.replace(',', "-"))?;
+        let sizes = super::parse_sizes(flag, &text.replace(',', "-"))
+            .with_context(|| format!("{flag} {text}"))?;
         anyhow::ensure!(
             sizes.len() == NUM_CAT,
             "{flag}: {} values; give {NUM_CAT}",
@@ -117,6 +118,16 @@ fn multi_hot(args: &CriteoArgs) -> anyhow::Result<Option<std::sync::Arc<MultiHot
             .map(|&r| r as u64)
             .collect(),
     };
+    // Linux lends memory it may not have: check before drawing the tables.
+    let bytes = MultiHot::bytes(&sizes, &rows);
+    if let Some(free) = ember_sparse::storage::available_memory().filter(|&m| bytes > m) {
+        anyhow::bail!(
+            "--multi-hot: the expansion tables of these sizes over these rows (--multi-hot-rows) \
+             take {:.1} GB of memory, more than the {:.1} GB available",
+            bytes as f64 / 1e9,
+            free as f64 / 1e9
+        );
+    }
     let tables = MultiHot::mlperf(&sizes, &rows).context("--multi-hot")?;
     Ok(Some(std::sync::Arc::new(tables)))
 }

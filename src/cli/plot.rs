@@ -122,8 +122,10 @@ fn read(path: &Path, label: String) -> anyhow::Result<Run> {
         let step = number("steps");
         match (event["event"].as_str(), step) {
             (Some("train"), Some(step)) => {
-                let loss = number("loss").with_context(|| format!("{}: no loss", at()))?;
-                run.loss.push((step, loss));
+                // A NaN loss is null in JSON: left out, as NaN metrics are.
+                if let Some(loss) = number("loss") {
+                    run.loss.push((step, loss));
+                }
             }
             (Some("eval"), Some(step)) => {
                 // NaN metrics (one class) are null in JSON: left out.
@@ -184,7 +186,7 @@ fn chart(title: &str, runs: &[Run]) -> anyhow::Result<String> {
             });
             let (lo, hi) = match lo.is_finite() {
                 true => {
-                    let pad = ((hi - lo) * 0.08).max(1e-3);
+                    let pad = ((hi - lo) * 0.08).max(hi.abs().max(1.0) * 1e-3);
                     (lo - pad, hi + pad)
                 }
                 false => (0.0, 1.0),

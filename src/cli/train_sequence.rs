@@ -416,6 +416,14 @@ fn dlrm_only_flags(args: &TrainArgs) -> Vec<&'static str> {
                 "--mlperf-auc-threshold",
                 args.mlperf_auc_threshold.is_some(),
             ),
+            (
+                "--mlperf-logging (not written for sequence models yet)",
+                args.mlperf.mlperf_logging.is_some(),
+            ),
+            (
+                "--tensorboard-dir (not written for sequence models yet)",
+                args.tensorboard.tensorboard_dir.is_some(),
+            ),
             ("--loader-threads", l.loader_threads != 1),
             ("--prefetch", l.prefetch != 2),
             ("--devices", sh.devices.is_some()),

@@ -511,9 +511,8 @@ impl Model for HstuRanking {
         })
     }
 
-    /// Refused: the model scores each candidate for each task, not one
-    /// logit per sample; [`HstuRanking::candidate_logits`] gives the scores
-    /// and [`HstuRanking::evaluate`] the metrics.
+    /// The item table's rate and decay, the dense rate and decay, and
+    /// the clipping of the dense gradients.
     fn set_optimization(
         &mut self,
         optimization: &crate::Optimization,
@@ -524,6 +523,9 @@ impl Model for HstuRanking {
         Ok(())
     }
 
+    /// Refused: the model scores each candidate for each task, not one
+    /// logit per sample; [`HstuRanking::candidate_logits`] gives the scores
+    /// and [`HstuRanking::evaluate`] the metrics.
     fn predict(&mut self, _: &Backend, _: &Batch) -> Result<&[f32], ModelError> {
         Err(Unsupported::NotPerSample {
             model: "HSTU ranking",

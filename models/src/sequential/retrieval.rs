@@ -351,8 +351,8 @@ impl Model for HstuRetrieval {
         })
     }
 
-    /// Each user's score of its last item (its history's others before
-    /// it): the cosine of query and item over the temperature.
+    /// The item table's rate and decay, the dense rate and decay, and
+    /// the clipping of the dense gradients.
     fn set_optimization(
         &mut self,
         optimization: &crate::Optimization,
@@ -363,6 +363,8 @@ impl Model for HstuRetrieval {
         Ok(())
     }
 
+    /// Each user's score of its last item (its history's others before
+    /// it): the cosine of query and item over the temperature.
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
         let q = self.user_queries(backend.dense(), batch)?;
         let t = Tokens::of(batch)?.cut(self.config.max_sequence_len);

@@ -620,7 +620,8 @@ impl Model for SasRec {
         })
     }
 
-    /// Each user's logit of its last item after the others.
+    /// The item table's rate and decay, the dense rate and decay, and
+    /// the clipping of the dense gradients.
     fn set_optimization(
         &mut self,
         optimization: &crate::Optimization,
@@ -631,6 +632,7 @@ impl Model for SasRec {
         Ok(())
     }
 
+    /// Each user's logit of its last item after the others.
     fn predict(&mut self, backend: &Backend, batch: &Batch) -> Result<&[f32], ModelError> {
         let q = self.user_queries(backend.dense(), batch)?;
         let t = Tokens::of(batch)?.cut(self.config.maxlen);

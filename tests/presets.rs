@@ -10,6 +10,20 @@ use arrow_array::Array;
 use common::{ember, ember_fails, json, s};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+/// The record batches of the one Parquet file an ingest wrote into `dir`.
+fn parquet_batches(
+    dir: &std::path::Path,
+) -> parquet::arrow::arrow_reader::ParquetRecordBatchReader {
+    let path = (std::fs::read_dir(dir).unwrap())
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .unwrap();
+    ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap()
+}
+
 const SIZES: [usize; 26] = [
     3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
 ];
@@ -30,14 +44,7 @@ fn multi_hot_bags_hold_mlperfs_sizes() {
         "--output",
         s(&out),
     ]);
-    let path = (std::fs::read_dir(&out).unwrap())
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
-        .unwrap();
-    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
+    let reader = parquet_batches(&out);
     let mut rows = 0;
     for batch in reader {
         let batch = batch.unwrap();
@@ -135,14 +142,7 @@ fn criteo_rows_expand_as_mlperfs_reference() {
         "--multi-hot-rows",
         &rows,
     ]);
-    let path = (std::fs::read_dir(&out).unwrap())
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
-        .unwrap();
-    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
+    let reader = parquet_batches(&out);
     let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
     // A resume with other options than those that wrote the directory is
     // refused, naming them: one directory never mixes expansions.

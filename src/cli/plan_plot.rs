@@ -24,7 +24,6 @@ fn chart(stats: &PlanStats, title: &str) -> anyhow::Result<String> {
     };
     let gib = |b: u64| b as f64 / per;
     let devices = stats.devices.len().max(1);
-    let x = -0.5f64..devices as f64 - 0.5;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (900, 760)).into_drawing_area();
@@ -35,21 +34,7 @@ fn chart(stats: &PlanStats, title: &str) -> anyhow::Result<String> {
         // Memory: stored bytes (and disk-tier bytes) beside each device's capacity.
         // Headroom above the tallest for the legend.
         let most = gib(largest).max(1e-3) * 1.5;
-        let mut chart = ChartBuilder::on(&top)
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x.clone(), 0f64..most)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(devices.min(32))
-            .x_label_formatter(&|x| format!("{}", x.round() as i64))
-            .x_desc("device")
-            .y_desc(unit)
-            .label_style(("sans-serif", 14))
-            .axis_desc_style(("sans-serif", 16))
-            .draw()?;
+        let mut chart = panel(&top, devices, most, unit)?;
         let bar = |d: usize, from: f64, to: f64, value: f64, color: RGBColor| {
             Rectangle::new(
                 [(d as f64 + from, 0.0), (d as f64 + to, value)],
@@ -82,32 +67,12 @@ fn chart(stats: &PlanStats, title: &str) -> anyhow::Result<String> {
             }))?
             .label("device memory")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(3)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", 14))
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.9))
-            .draw()?;
+        legend(&mut chart)?;
 
         // Time: each device's estimated ms per step.
         let ms = |s: f64| s * 1e3;
         let top_ms = ms(stats.max_cost_s).max(1e-6) * 1.3;
-        let mut chart = ChartBuilder::on(&bottom)
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x, 0f64..top_ms)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(devices.min(32))
-            .x_label_formatter(&|x| format!("{}", x.round() as i64))
-            .x_desc("device")
-            .y_desc("estimated ms per step")
-            .label_style(("sans-serif", 14))
-            .axis_desc_style(("sans-serif", 16))
-            .draw()?;
+        let mut chart = panel(&bottom, devices, top_ms, "estimated ms per step")?;
         chart
             .draw_series(
                 (stats.devices.iter().enumerate())
@@ -115,14 +80,59 @@ fn chart(stats: &PlanStats, title: &str) -> anyhow::Result<String> {
             )?
             .label("lookups and exchanges (the planner's estimate)")
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], blue.filled()));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", 14))
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.9))
-            .draw()?;
+        legend(&mut chart)?;
         root.present()?;
     }
     Ok(svg)
+}
+
+type Chart<'a, 'b> = plotters::chart::ChartContext<
+    'a,
+    plotters::backend::SVGBackend<'b>,
+    plotters::coord::cartesian::Cartesian2d<
+        plotters::coord::types::RangedCoordf64,
+        plotters::coord::types::RangedCoordf64,
+    >,
+>;
+
+/// A panel of one bar slot a device, `0..y_max` up, its axes drawn.
+fn panel<'a, 'b>(
+    area: &'a plotters::drawing::DrawingArea<
+        plotters::backend::SVGBackend<'b>,
+        plotters::coord::Shift,
+    >,
+    devices: usize,
+    y_max: f64,
+    y_desc: &str,
+) -> anyhow::Result<Chart<'a, 'b>> {
+    use plotters::prelude::*;
+    let mut chart = ChartBuilder::on(area)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5f64..devices as f64 - 0.5, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(devices.min(32))
+        .x_label_formatter(&|x| format!("{}", x.round() as i64))
+        .x_desc("device")
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 16))
+        .draw()?;
+    Ok(chart)
+}
+
+/// The series' legend, upper right.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 14))
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()?;
+    Ok(())
 }

@@ -186,6 +186,9 @@ class Trainer:
         checkpoint_every: int = 0,
         log_every: int = 100,
         pipeline: bool = True,
+        optimization_json: Optional[str] = None,
+        eval_every_fraction: Optional[float] = None,
+        stop_at_auc: Optional[float] = None,
     ) -> None: ...
     def fit(
         self,

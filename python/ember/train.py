@@ -228,18 +228,34 @@ class HSTURanking(_SequenceModel):
 
 class Trainer:
     """Ember's training loop (its ``TrainerConfig``): ``epochs``, ``max_steps``,
-    evaluation every ``eval_every`` steps and at epoch ends, checkpoints in
-    ``checkpoint_dir`` every ``checkpoint_every`` steps and at epoch ends, a
-    log event every ``log_every`` batches, the batch pipeline thread."""
+    evaluation every ``eval_every`` steps, every ``eval_every_fraction`` of
+    an epoch and at epoch ends, a stop at the first evaluation whose AUC
+    reaches ``stop_at_auc``, checkpoints in ``checkpoint_dir`` every
+    ``checkpoint_every`` steps and at epoch ends, a log event every
+    ``log_every`` batches, the batch pipeline thread.
+
+    ``optimization`` is Ember's ``Optimization`` as a dict: learning-rate
+    schedules for the tables and the dense layers, weight decay and
+    clipping, e.g. ``{"sparse_schedule": {"type": "policy", "warmup_steps":
+    100, "decay_start_step": 1000, "decay_steps": 500}, "dense_schedule":
+    {"type": "linear_warmup", "steps": 100}, "dense_weight_decay": {"type":
+    "decoupled", "rate": 0.01}, "table_weight_decay": 1e-5,
+    "max_grad_norm": 1.0}`` (fields left out: none). A checkpoint records
+    it; a resume must give the same."""
 
     def __init__(self, epochs: int = 1, *, max_steps: Optional[int] = None, eval_every: int = 0,
                  eval_at_epoch_end: bool = True,
                  checkpoint_dir: Optional[Union[str, os.PathLike]] = None,
-                 checkpoint_every: int = 0, log_every: int = 100, pipeline: bool = True) -> None:
+                 checkpoint_every: int = 0, log_every: int = 100, pipeline: bool = True,
+                 optimization: Optional[dict] = None,
+                 eval_every_fraction: Optional[float] = None,
+                 stop_at_auc: Optional[float] = None) -> None:
         self._native = _native.Trainer(
             epochs, max_steps, eval_every, eval_at_epoch_end,
             None if checkpoint_dir is None else os.fspath(checkpoint_dir),
-            checkpoint_every, log_every, pipeline)
+            checkpoint_every, log_every, pipeline,
+            None if optimization is None else json.dumps(optimization),
+            eval_every_fraction, stop_at_auc)
 
     def fit(self, model: Union[DLRM, _SequenceModel], train: Any,
             eval: Optional[ParquetLoader] = None,
@@ -253,9 +269,11 @@ class Trainer:
         ``on_event`` hears Ember's ``TrainEvent``s as dicts, ``event`` naming
         each: ``start``, ``step`` (``loss``; ``times`` in seconds), ``train``
         (a log line every ``log_every`` batches; its ``ms_per_step`` in
-        milliseconds), ``eval`` (``auc``, ``logloss``, ``accuracy``, ``rows``;
-        NaN arrives as None), ``checkpoint`` (``path``), ``epoch_rest_skipped``,
-        ``batches_left_out``. It runs while the model is training: it may not
+        milliseconds), ``eval_start``, ``eval`` (``auc``, ``logloss``,
+        ``accuracy``, ``ne``, ``calibration``, ``precision``, ``recall``,
+        ``f1``, ``average_precision``, ``rows``; NaN arrives as None),
+        ``target_reached`` (``auc``, ``target``), ``checkpoint`` (``path``),
+        ``epoch_rest_skipped``, ``batches_left_out``. It runs while the model is training: it may not
         use the model. An exception it raises, or Ctrl-C, stops the run
         within two batches (those the pipeline had already taken, which run
         unheard) and is raised. Returns the summary: steps, samples, seconds, first and

@@ -10,7 +10,7 @@ use ember_dataloader::{Batch, DataError, DatasetSpec};
 use ember_dense::{DenseOptimizerConfig, Tensor as DenseTensor};
 use ember_models::{
     evaluate_data, Backend, Dlrm as DlrmModel, DlrmConfig, FitOptions, Metrics, Model, ModelError,
-    TrainData, TrainEvent, TrainState, TrainerConfig,
+    Optimization, TrainData, TrainEvent, TrainState, TrainerConfig,
 };
 use ember_sharding::plan::MAX_DEVICES;
 use ember_sparse::TableOptimizer;
@@ -159,7 +159,7 @@ pub struct Trainer {
 #[pymethods]
 impl Trainer {
     #[new]
-    #[pyo3(signature = (epochs=1, max_steps=None, eval_every=0, eval_at_epoch_end=true, checkpoint_dir=None, checkpoint_every=0, log_every=100, pipeline=true))]
+    #[pyo3(signature = (epochs=1, max_steps=None, eval_every=0, eval_at_epoch_end=true, checkpoint_dir=None, checkpoint_every=0, log_every=100, pipeline=true, optimization_json=None, eval_every_fraction=None, stop_at_auc=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         epochs: u64,
@@ -170,7 +170,17 @@ impl Trainer {
         checkpoint_every: u64,
         log_every: u64,
         pipeline: bool,
-    ) -> Self {
+        optimization_json: Option<&str>,
+        eval_every_fraction: Option<f64>,
+        stop_at_auc: Option<f64>,
+    ) -> PyResult<Self> {
+        let optimization: Optimization = match optimization_json {
+            Some(json) => {
+                serde_json::from_str(json).map_err(|e| errors::json("optimization", e))?
+            }
+            None => Optimization::default(),
+        };
+        optimization.validate().map_err(PyValueError::new_err)?;
         let config = TrainerConfig {
             epochs,
             max_steps,
@@ -180,9 +190,12 @@ impl Trainer {
             checkpoint_every,
             log_every,
             pipeline,
+            optimization,
+            eval_every_fraction,
+            stop_at_auc,
             ..TrainerConfig::default()
         };
-        Self { config }
+        Ok(Self { config })
     }
 
     /// Trains `model` (a `Dlrm` on a `Loader`, or a `SequenceModel` on

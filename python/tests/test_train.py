@@ -88,6 +88,38 @@ def test_a_stopped_run_resumes_bitwise(tmp_path):
     assert torch.equal(resumed.predict(dense, kjt), whole.predict(dense, kjt))
 
 
+def test_schedules_resume_bitwise_and_must_be_given_again(tmp_path):
+    # dlrm_s_pytorch's policy for the tables, DLRMv4's warmup and clipping
+    # for the dense layers: recorded in the checkpoint.
+    optimization = {
+        "sparse_schedule": {"type": "policy", "warmup_steps": 4, "decay_start_step": 8,
+                            "decay_steps": 10},
+        "dense_schedule": {"type": "linear_warmup", "steps": 6},
+        "max_grad_norm": 1.0,
+    }
+    train = ParquetLoader([write_clicks(tmp_path / "train", 4096, 1)], 256, tables=tables(),
+                          shuffle_seed=5)
+    whole = model()
+    Trainer(epochs=2, optimization=optimization).fit(whole, train)
+    plain = model()
+    Trainer(epochs=2).fit(plain, train)
+    dense, kjt, _ = next(iter(train))
+    assert not torch.equal(plain.predict(dense, kjt), whole.predict(dense, kjt))
+    first = Trainer(epochs=2, max_steps=11, checkpoint_dir=tmp_path / "ckpt",
+                    optimization=optimization).fit(model(), train)
+    assert first["steps"] == 11
+    with pytest.raises(Exception, match="resume with the same schedules"):
+        Trainer(epochs=2, checkpoint_dir=tmp_path / "ckpt").fit(model(), train, resume=True)
+    resumed = model(seed=9)
+    rest = Trainer(epochs=2, checkpoint_dir=tmp_path / "ckpt", optimization=optimization).fit(
+        resumed, train, resume=True)
+    assert rest["resumed_at_step"] == 11 and rest["steps"] == 32
+    assert torch.equal(resumed.predict(dense, kjt), whole.predict(dense, kjt))
+    with pytest.raises(ValueError, match="must finish before"):
+        Trainer(optimization={"dense_schedule": {"type": "policy", "warmup_steps": 5,
+                                                 "decay_start_step": 1, "decay_steps": 1}})
+
+
 def test_training_releases_the_gil(tmp_path):
     # With a switch interval this long the interpreter never takes the GIL
     # from a running thread: the ticker runs only while a call releases it.

@@ -5,7 +5,8 @@
 //! checkpoint records them with its position, so a resumed run goes on
 //! with the same rates, bit for bit.
 
-use ember_dense::WeightDecay;
+use ember_dense::{DenseOptimizer, WeightDecay};
+use ember_sparse::{TableOptimizer, TableStepSettings};
 use serde::{Deserialize, Serialize};
 
 /// dlrm_s_pytorch's floor under a decayed rate (`min_lr`).
@@ -165,6 +166,23 @@ impl Optimization {
         *self == Self::default()
     }
 
+    /// What the tables' fused update takes for the step after `step`
+    /// steps, with `table` the optimizer it was built with: the schedule's
+    /// rate (none when constant: the optimizer's own) and the decay.
+    pub fn table_settings(&self, table: &TableOptimizer, step: u64) -> TableStepSettings {
+        TableStepSettings {
+            learning_rate: scheduled(&self.sparse_schedule, table.learning_rate(), step),
+            weight_decay: self.table_weight_decay,
+        }
+    }
+
+    /// Sets `dense`'s rate for the step after `step` steps and its decay.
+    pub fn set_dense(&self, dense: &mut DenseOptimizer<f32>, step: u64) {
+        let base = dense.config().learning_rate();
+        dense.set_learning_rate(scheduled(&self.dense_schedule, base, step));
+        dense.set_weight_decay(self.dense_weight_decay);
+    }
+
     /// Refuses a schedule, decay or norm that no run can use.
     pub fn validate(&self) -> Result<(), String> {
         self.sparse_schedule.validate()?;
@@ -183,6 +201,12 @@ impl Optimization {
             _ => Ok(()),
         }
     }
+}
+
+/// A schedule's rate at `step`; `None` when constant (the optimizer's own
+/// rate, as built).
+fn scheduled(schedule: &LrSchedule, base: f32, step: u64) -> Option<f32> {
+    (!schedule.is_constant()).then(|| schedule.rate(base, step))
 }
 
 #[cfg(test)]

@@ -215,7 +215,7 @@ impl TensorBoardLog {
             } => {
                 self.samples += *samples as u64;
                 self.seconds += (*data_wait + *compute).as_secs_f64();
-                self.phases = add(self.phases, *times);
+                self.phases += *times;
                 self.steps += 1;
             }
             &TrainEvent::Log { steps, loss, .. } => {
@@ -265,16 +265,6 @@ impl TensorBoardLog {
     pub fn finish(mut self) -> Result<PathBuf, ModelError> {
         self.writer.flush()?;
         Ok(self.writer.path().to_path_buf())
-    }
-}
-
-fn add(a: PhaseTimes, b: PhaseTimes) -> PhaseTimes {
-    PhaseTimes {
-        sparse_forward: a.sparse_forward + b.sparse_forward,
-        dense_forward: a.dense_forward + b.dense_forward,
-        dense_backward: a.dense_backward + b.dense_backward,
-        dense_update: a.dense_update + b.dense_update,
-        sparse_backward_update: a.sparse_backward_update + b.sparse_backward_update,
     }
 }
 

@@ -1,6 +1,9 @@
 //! Checkpoints: exact round trips, exact resumption, TorchRec-named files
 //! without Ember metadata, and errors that name the tensor.
 
+mod common;
+use common::weights;
+
 use ember_models::{Backend, ExecMode, Model};
 use std::collections::HashMap;
 use std::path::Path;
@@ -44,16 +47,6 @@ fn optimizers() -> [(TableOptimizer, DenseOptimizerConfig); 3] {
         (TableOptimizer::adam(0.01), DenseOptimizerConfig::adam(0.01)),
         (TableOptimizer::adagrad(0.1), DenseOptimizerConfig::sgd(0.1)),
     ]
-}
-
-fn weights(model: &mut Dlrm) -> Vec<f32> {
-    let mut all: Vec<f32> = (model.sparse_arch().unsharded().unwrap().tables().iter())
-        .flat_map(|t| t.weights().iter().chain(t.optimizer_state()).copied())
-        .collect();
-    for p in model.dense_arch_mut().params() {
-        all.extend_from_slice(p.value);
-    }
-    all
 }
 
 #[test]

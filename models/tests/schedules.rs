@@ -4,37 +4,18 @@
 //! own rates, a scheduled step is a step at that rate, clipping bounds the
 //! dense step, and evaluations on a grid stop the run at an AUC target.
 
+mod common;
+use common::{batches, config, temp_dir, weights};
+
 use std::path::PathBuf;
 
 use ember_dense::{DenseOptimizerConfig, HasParams, WeightDecay};
 use ember_models::{
-    Backend, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InteractionType, LrSchedule,
-    Model, Optimization, SyntheticBatches, SyntheticConfig, SyntheticData, TrainData, TrainError,
+    Backend, Dlrm, ExecMode, FitOptions, LrSchedule, Model, Optimization, TrainData, TrainError,
     TrainEvent, TrainState, Trainer, TrainerConfig,
 };
 use ember_sharding::{PlannerOptions, ShardingPlan, Topology};
 use ember_sparse::TableOptimizer;
-
-fn config() -> DlrmConfig {
-    DlrmConfig {
-        tables: DlrmConfig::criteo_tables(&[50, 80, 30], 4),
-        bottom_mlp: vec![3, 8, 4],
-        top_mlp: vec![6, 1],
-        interaction: InteractionType::Dot,
-    }
-}
-
-fn batches(first: u64, batches: u64) -> SyntheticBatches {
-    let data = SyntheticConfig::for_model(&config(), DataGeneration::Learnable, 3, 5);
-    SyntheticBatches {
-        data: SyntheticData::new(data).unwrap(),
-        first,
-        batches,
-        size: 32,
-        rank: 0,
-        world_size: 1,
-    }
-}
 
 fn model(optimizers: (TableOptimizer, DenseOptimizerConfig), devices: usize) -> Dlrm {
     let plan: Option<ShardingPlan> = (devices > 1).then(|| {
@@ -55,27 +36,10 @@ fn model(optimizers: (TableOptimizer, DenseOptimizerConfig), devices: usize) -> 
         .unwrap()
 }
 
-/// Every table weight and optimizer state, and every dense weight.
-fn weights(model: &mut Dlrm) -> Vec<f32> {
-    let mut all: Vec<f32> = (model.sparse_arch().unsharded().unwrap().tables().iter())
-        .flat_map(|t| t.weights().iter().chain(t.optimizer_state()).copied())
-        .collect();
-    for p in model.dense_arch_mut().params() {
-        all.extend_from_slice(p.value);
-    }
-    all
-}
-
 fn dense_weights(model: &mut Dlrm) -> Vec<f32> {
     (model.dense_arch_mut().params().iter())
         .flat_map(|p| p.value.to_vec())
         .collect()
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ember-schedules-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
 }
 
 /// Everything at once: a policy for the tables, DLRMv4's warmup for the
@@ -113,7 +77,7 @@ fn a_scheduled_run_resumed_is_bitwise_the_run_that_never_stopped() {
     );
     for devices in [1, 2] {
         let train = batches(0, 6);
-        let whole = temp_dir(&format!("whole{devices}"));
+        let whole = temp_dir("schedules", &format!("whole{devices}"));
         let mut straight = model(optimizers, devices);
         let t = trainer(Some(whole.clone()), None, everything());
         let summary = t.fit(&mut straight, &train, FitOptions::default()).unwrap();
@@ -124,7 +88,7 @@ fn a_scheduled_run_resumed_is_bitwise_the_run_that_never_stopped() {
             "recorded in the position"
         );
 
-        let parts = temp_dir(&format!("parts{devices}"));
+        let parts = temp_dir("schedules", &format!("parts{devices}"));
         let mut first = model(optimizers, devices);
         let t = trainer(Some(parts.clone()), Some(7), everything());
         t.fit(&mut first, &train, FitOptions::default()).unwrap();
@@ -327,7 +291,7 @@ fn evaluations_on_a_grid_and_the_auc_target() {
     assert_eq!(events, ["eval 2", "eval 4", "eval 6", "eval 8"]);
     assert_eq!((summary.steps, summary.target_reached_at), (8, None));
 
-    let dir = temp_dir("target");
+    let dir = temp_dir("schedules", "target");
     let (events, summary) = run(Some(0.01), Some(dir.clone()));
     assert_eq!(events, ["eval 2", "target 2", "checkpoint 2"]);
     assert_eq!((summary.steps, summary.target_reached_at), (2, Some(2)));
@@ -335,7 +299,7 @@ fn evaluations_on_a_grid_and_the_auc_target() {
 
     // A target reached at an epoch's last batch: the position is the next
     // epoch's start, checkpointed there, and no second evaluation.
-    let dir = temp_dir("target-at-end");
+    let dir = temp_dir("schedules", "target-at-end");
     let mut m = model(optimizers, 1);
     let t = Trainer::new(
         TrainerConfig {

@@ -3,38 +3,19 @@
 //! (unsharded and sharded over threads), the events come in order, and a
 //! bad run fails with a typed error.
 
+mod common;
+use common::{batches, config, temp_dir, weights};
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ember_dense::{DenseOptimizerConfig, HasParams};
+use ember_dense::DenseOptimizerConfig;
 use ember_models::{
-    Backend, Batch, DataGeneration, Dlrm, DlrmConfig, ExecMode, FitOptions, InMemory,
-    InteractionType, Model, ModelError, StepOutput, SyntheticBatches, SyntheticConfig,
-    SyntheticData, TrainData, TrainError, TrainEvent, TrainState, Trainer, TrainerConfig,
+    Backend, Batch, Dlrm, ExecMode, FitOptions, InMemory, Model, ModelError, StepOutput,
+    SyntheticBatches, TrainData, TrainError, TrainEvent, TrainState, Trainer, TrainerConfig,
 };
 use ember_sharding::{PlannerOptions, ShardingPlan, Topology};
 use ember_sparse::TableOptimizer;
-
-fn config() -> DlrmConfig {
-    DlrmConfig {
-        tables: DlrmConfig::criteo_tables(&[50, 80, 30], 4),
-        bottom_mlp: vec![3, 8, 4],
-        top_mlp: vec![6, 1],
-        interaction: InteractionType::Dot,
-    }
-}
-
-fn batches(first: u64, batches: u64) -> SyntheticBatches {
-    let data = SyntheticConfig::for_model(&config(), DataGeneration::Learnable, 3, 5);
-    SyntheticBatches {
-        data: SyntheticData::new(data).unwrap(),
-        first,
-        batches,
-        size: 32,
-        rank: 0,
-        world_size: 1,
-    }
-}
 
 fn plan(devices: usize) -> Option<ShardingPlan> {
     (devices > 1).then(|| {
@@ -61,17 +42,6 @@ fn model(seed: u64, devices: usize) -> Dlrm {
         .unwrap()
 }
 
-/// Every weight and optimizer state, tables and dense.
-fn weights(model: &mut Dlrm) -> Vec<f32> {
-    let mut all: Vec<f32> = (model.sparse_arch().unsharded().unwrap().tables().iter())
-        .flat_map(|t| t.weights().iter().chain(t.optimizer_state()).copied())
-        .collect();
-    for p in model.dense_arch_mut().params() {
-        all.extend_from_slice(p.value);
-    }
-    all
-}
-
 fn trainer(dir: &Path, max_steps: Option<u64>) -> Trainer {
     let config = TrainerConfig {
         epochs: 2,
@@ -82,12 +52,6 @@ fn trainer(dir: &Path, max_steps: Option<u64>) -> Trainer {
         ..TrainerConfig::default()
     };
     Trainer::new(config, Backend::native())
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ember-trainer-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
 }
 
 /// Trains from `from`, returning each step's loss and the events' kinds.
@@ -127,8 +91,8 @@ fn fit(
 fn a_resumed_run_is_bitwise_the_run_that_never_stopped() {
     for devices in [1, 2] {
         let (whole, parts) = (
-            temp_dir(&format!("whole{devices}")),
-            temp_dir(&format!("parts{devices}")),
+            temp_dir("trainer", &format!("whole{devices}")),
+            temp_dir("trainer", &format!("parts{devices}")),
         );
         let mut uninterrupted = model(3, devices);
         let (all_losses, _, summary) = fit(
@@ -182,7 +146,7 @@ fn the_pipeline_gives_the_bits_of_the_unpipelined_order() {
         (4, ExecMode::Strict),
     ] {
         let run = |pipeline: bool| {
-            let dir = temp_dir(&format!("pipe{devices}{pipeline}"));
+            let dir = temp_dir("trainer", &format!("pipe{devices}{pipeline}"));
             let mut config = trainer(&dir, None).config().clone();
             (config.pipeline, config.mode) = (pipeline, mode);
             let mut m = model(3, devices);
@@ -225,7 +189,7 @@ fn the_pipeline_gives_the_bits_of_the_unpipelined_order() {
 
 #[test]
 fn events_follow_the_cadences_and_no_position_is_saved_twice() {
-    let dir = temp_dir("events");
+    let dir = temp_dir("trainer", "events");
     let (_, kinds, summary) = fit(
         &trainer(&dir, None),
         &mut model(1, 1),

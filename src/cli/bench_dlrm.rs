@@ -283,7 +283,7 @@ impl Timings {
         if *steps > 1 || args.num_batches == 1 {
             self.step_s.push(seconds);
             self.ids += *ids as u64;
-            add_times(&mut self.phases, times);
+            self.phases += *times;
         }
         if *steps == 1 {
             self.loss.0 = *loss;
@@ -717,14 +717,6 @@ fn over_ranks(
         d(slowest[4]),
     );
     Ok((total_ids, (st, bytes)))
-}
-
-fn add_times(sum: &mut PhaseTimes, t: &PhaseTimes) {
-    sum.sparse_forward += t.sparse_forward;
-    sum.dense_forward += t.dense_forward;
-    sum.dense_backward += t.dense_backward;
-    sum.dense_update += t.dense_update;
-    sum.sparse_backward_update += t.sparse_backward_update;
 }
 
 impl std::fmt::Display for DlrmReport {

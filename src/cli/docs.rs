@@ -103,15 +103,22 @@ struct Peer {
     runs: Vec<serde_json::Value>,
 }
 
-/// The results page (one table and one picture per workload, from every
-/// `*.json` of `dir` in name order) and its pictures.
-fn results_pages(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+/// Every `*.json` of `dir`, in name order: the committed results a page
+/// renders.
+pub(super) fn json_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()?;
     files.retain(|p| p.extension().is_some_and(|e| e == "json"));
     files.sort();
+    Ok(files)
+}
+
+/// The results page (one table and one picture per workload, from every
+/// `*.json` of `dir` in name order) and its pictures.
+fn results_pages(dir: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let files = json_files(dir)?;
     let mut page = format!(
         "{GENERATED}\n# Results\n\nEach table is rendered from a committed result in `docs/results/`: \
          Ember's `--json` reports and the peer's, taken in alternating pairs on one machine in one \

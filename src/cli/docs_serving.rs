@@ -22,11 +22,7 @@ pub fn section(results: &Path) -> anyhow::Result<String> {
     if !dir.exists() {
         return Ok(String::new());
     }
-    let mut files: Vec<_> = std::fs::read_dir(&dir)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
-    files.retain(|p| p.extension().is_some_and(|e| e == "json"));
-    files.sort();
+    let files = super::docs::json_files(&dir)?;
     let mut out = String::from(
         "\n## Serving: latency against offered load\n\n\
          `scripts/serve-latency` ([the serving guide](../guides/serving.md#latency-under-load)): \

@@ -52,11 +52,7 @@ pub fn section(results: &Path) -> anyhow::Result<String> {
     if !dir.exists() {
         return Ok(String::new());
     }
-    let mut files: Vec<_> = std::fs::read_dir(&dir)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
-    files.retain(|p| p.extension().is_some_and(|e| e == "json"));
-    files.sort();
+    let files = super::docs::json_files(&dir)?;
     let mut out = String::new();
     for path in files {
         let text = std::fs::read_to_string(&path)?;

@@ -164,40 +164,15 @@ pub struct TrainReport {
     pub per_rank_bytes_sent: Option<Vec<u64>>,
 }
 
+/// An evaluation's metrics as the reports print them; in JSON, [`Metrics`]'s
+/// own fields (`rows` for the count).
 #[derive(Clone, Copy, Debug, Serialize)]
-pub struct MetricsReport {
-    pub auc: f64,
-    pub logloss: f64,
-    pub accuracy: f64,
-    /// Normalized entropy (TorchRec's NE).
-    pub ne: f64,
-    /// Predicted over observed CTR.
-    pub calibration: f64,
-    /// Observed CTR.
-    pub ctr: f64,
-    /// dlrm_s_pytorch's scikit-learn metrics (probabilities above 0.5 predict a click).
-    pub precision: f64,
-    pub recall: f64,
-    pub f1: f64,
-    pub average_precision: f64,
-    pub rows: usize,
-}
+#[serde(transparent)]
+pub struct MetricsReport(pub Metrics);
 
 impl From<Metrics> for MetricsReport {
     fn from(m: Metrics) -> Self {
-        Self {
-            auc: m.auc,
-            logloss: m.logloss,
-            accuracy: m.accuracy,
-            ne: m.ne,
-            calibration: m.calibration,
-            ctr: m.ctr,
-            precision: m.precision,
-            recall: m.recall,
-            f1: m.f1,
-            average_precision: m.average_precision,
-            rows: m.count,
-        }
+        Self(m)
     }
 }
 
@@ -206,12 +181,12 @@ impl std::fmt::Display for MetricsReport {
         write!(
             f,
             "auc {:.4}, logloss {:.6}, accuracy {:.3} %, ne {:.4}, calibration {:.4} ({} rows)",
-            self.auc,
-            self.logloss,
-            self.accuracy * 100.0,
-            self.ne,
-            self.calibration,
-            self.rows
+            self.0.auc,
+            self.0.logloss,
+            self.0.accuracy * 100.0,
+            self.0.ne,
+            self.0.calibration,
+            self.0.count
         )
     }
 }

@@ -18,9 +18,7 @@ use ember_sharding::{
     Collective, InitialRows, InputRouter, RoutedInput, ShardSource, ShardedEmbeddingBagCollection,
     ShardingPlan,
 };
-use ember_sparse::{
-    DiskTierConfig, EmbeddingBagCollection, KeyedTensor, TableOptimizer, TableStepSettings,
-};
+use ember_sparse::{DiskTierConfig, EmbeddingBagCollection, KeyedTensor, TableOptimizer};
 use serde::Serialize;
 
 use crate::model::DataParallel;
@@ -51,6 +49,17 @@ pub struct PhaseTimes {
     pub dense_update: Duration,
     /// The embeddings' backward with the fused table optimizer.
     pub sparse_backward_update: Duration,
+}
+
+impl std::ops::AddAssign for PhaseTimes {
+    /// Phase by phase (a sum over steps).
+    fn add_assign(&mut self, t: Self) {
+        self.sparse_forward += t.sparse_forward;
+        self.dense_forward += t.dense_forward;
+        self.dense_backward += t.dense_backward;
+        self.dense_update += t.dense_update;
+        self.sparse_backward_update += t.sparse_backward_update;
+    }
 }
 
 impl PhaseTimes {
@@ -661,15 +670,9 @@ impl Model for Dlrm {
     fn set_optimization(&mut self, o: &Optimization, step: u64) -> Result<(), ModelError> {
         o.validate().map_err(ModelError::InvalidOptimization)?;
         let table = self.sparse_arch.optimizer();
-        let scheduled =
-            |s: &crate::LrSchedule, base: f32| (!s.is_constant()).then(|| s.rate(base, step));
-        self.sparse_arch.set_step_settings(TableStepSettings {
-            learning_rate: scheduled(&o.sparse_schedule, table.learning_rate()),
-            weight_decay: o.table_weight_decay,
-        })?;
-        let dense = self.dense_optimizer.config().learning_rate();
-        (self.dense_optimizer).set_learning_rate(scheduled(&o.dense_schedule, dense));
-        self.dense_optimizer.set_weight_decay(o.dense_weight_decay);
+        self.sparse_arch
+            .set_step_settings(o.table_settings(&table, step))?;
+        o.set_dense(&mut self.dense_optimizer, step);
         self.max_grad_norm = o.max_grad_norm;
         Ok(())
     }

@@ -89,16 +89,9 @@ pub(crate) fn set_optimization(
 ) -> Result<Option<f32>, crate::ModelError> {
     o.validate()
         .map_err(crate::ModelError::InvalidOptimization)?;
-    let scheduled =
-        |s: &crate::LrSchedule, base: f32| (!s.is_constant()).then(|| s.rate(base, step));
-    let table = items.optimizer().learning_rate();
-    items.set_step_settings(ember_sparse::TableStepSettings {
-        learning_rate: scheduled(&o.sparse_schedule, table),
-        weight_decay: o.table_weight_decay,
-    })?;
-    let base = dense.config().learning_rate();
-    dense.set_learning_rate(scheduled(&o.dense_schedule, base));
-    dense.set_weight_decay(o.dense_weight_decay);
+    let table = *items.optimizer();
+    items.set_step_settings(o.table_settings(&table, step))?;
+    o.set_dense(dense, step);
     Ok(o.max_grad_norm)
 }
 

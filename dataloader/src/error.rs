@@ -20,6 +20,10 @@ pub enum DataError {
     /// MLPerf's multi-hot expansion cannot be made (which way: the message).
     #[error("multi-hot expansion: {0}")]
     MultiHot(String),
+    /// A frequency-thresholded vocabulary cannot be made or used (which
+    /// way: the message).
+    #[error("vocabulary: {0}")]
+    Vocabulary(String),
     /// A write failed because the disk (or the user's quota) is full.
     #[error("{}: the disk is full (no space left on device)", path.display())]
     DiskFull {

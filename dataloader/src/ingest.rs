@@ -23,6 +23,9 @@ use crate::criteo::{parse_line, CriteoRecord, Reject};
 use crate::lock::DirLock;
 use crate::multi_hot::MultiHot;
 use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
+use crate::vocabulary::{
+    Vocabulary, VocabularyInfo, VocabularyOptions, VocabularyStamp, VOCABULARY_DIR, VOCABULARY_FILE,
+};
 use crate::writer::{Bag, CriteoBatchBuilder, ParquetSink, SinkOptions};
 use crate::DataError;
 
@@ -41,6 +44,11 @@ pub struct IngestOptions {
     /// than one id become `list<int64>` columns, and every id is reduced
     /// below its table's rows. `None`: the ids as they are.
     pub multi_hot: Option<std::sync::Arc<MultiHot>>,
+    /// Map each column's ids to contiguous ids over all inputs first
+    /// (TorchRec's `sparse_to_contiguous`: [`Vocabulary`]), writing the
+    /// vocabulary and the table sizes beside the data. Multi-hot expansion,
+    /// if any, draws from the contiguous ids, as MLPerf's does.
+    pub vocabulary: Option<VocabularyOptions>,
     /// File and row-group layout and compression of the output.
     pub sink: SinkOptions,
     /// Stop at the first malformed line instead of skipping it.
@@ -105,6 +113,9 @@ pub struct InputSummary {
     /// ([`MultiHot::describe`]; `None`: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multi_hot: Option<String>,
+    /// The vocabulary the ids were mapped by (`None`: the raw ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocabulary: Option<VocabularyStamp>,
 }
 
 /// What identifies an input file's content without reading it.
@@ -155,6 +166,9 @@ pub struct IngestSummary {
     pub files: Vec<PathBuf>,
     /// Inputs skipped by `resume` (their counts are included above).
     pub resumed_inputs: Vec<PathBuf>,
+    /// The vocabulary, when the ids were mapped by one: the table sizes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocabulary: Option<VocabularyInfo>,
 }
 
 impl IngestSummary {
@@ -194,7 +208,8 @@ pub fn output_prefix(input: &Path) -> String {
 }
 
 /// Ingests `inputs` into `output`; `progress` is called with the input bytes
-/// read so far (of the sum of the inputs' sizes).
+/// read so far (of the sum of the inputs' sizes; twice that with a
+/// vocabulary, whose first pass reads them once more).
 pub fn ingest_criteo(
     inputs: &[PathBuf],
     output: &Path,
@@ -234,12 +249,34 @@ pub fn ingest_criteo(
     let _lock = DirLock::acquire(output, "ember ingest criteo")?;
     let mut summary = IngestSummary::default();
     let mut done_bytes = 0;
+    let vocabulary = match &options.vocabulary {
+        Some(v) => {
+            only_these_inputs(output, &prefixes)?;
+            let spill = output.join(format!("{VOCABULARY_DIR}.spill"));
+            let vocabulary = Vocabulary::build(inputs, &spill, v, options.strict, progress)?;
+            done_bytes = vocabulary.info().bytes_read;
+            vocabulary.write(output)?;
+            summary.vocabulary = Some(vocabulary.info().clone());
+            Some(vocabulary)
+        }
+        None => {
+            let path = output.join(VOCABULARY_FILE);
+            if path.exists() {
+                return Err(DataError::Vocabulary(format!(
+                    "{} holds data numbered by a vocabulary ({}): ingest raw ids into another directory",
+                    output.display(),
+                    path.display()
+                )));
+            }
+            None
+        }
+    };
     for input in inputs {
         let prefix = output_prefix(input);
         let marker = ParquetSink::marker_path(output, &prefix);
         let stamp = InputStamp::of(input)?;
         let done = match options.resume {
-            true => resumable(output, &prefix, stamp, options)?,
+            true => resumable(output, &prefix, stamp, options, vocabulary.as_ref())?,
             false => None,
         };
         let s = match done {
@@ -249,9 +286,14 @@ pub fn ingest_criteo(
             }
             None => {
                 ParquetSink::remove_set(output, &prefix)?;
-                let done = ingest_one(input, output, &prefix, options, &mut |b| {
-                    progress(done_bytes + b)
-                })
+                let done = ingest_one(
+                    input,
+                    output,
+                    &prefix,
+                    options,
+                    vocabulary.as_ref(),
+                    &mut |b| progress(done_bytes + b),
+                )
                 .and_then(|mut s| {
                     s.input_stamp = Some(stamp);
                     check_rejects(&s, max_reject)?;
@@ -274,6 +316,32 @@ pub fn ingest_criteo(
     Ok(summary)
 }
 
+/// A vocabulary numbers the ids of the inputs it counted: `output` may hold
+/// the output of no other input (`prefixes`: this run's), as a train run
+/// reading the directory would read those ids as this numbering.
+fn only_these_inputs(
+    output: &Path,
+    prefixes: &BTreeMap<String, &PathBuf>,
+) -> Result<(), DataError> {
+    let Ok(entries) = std::fs::read_dir(output) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let other = (name.strip_prefix('_'))
+            .and_then(|n| n.strip_suffix(".ingest.json"))
+            .filter(|prefix| !prefixes.contains_key(*prefix));
+        if let Some(prefix) = other {
+            return Err(DataError::Vocabulary(format!(
+                "{} holds the output of another input ({prefix}), which this vocabulary \
+                 would not cover: ingest every day in one call, into a fresh directory",
+                output.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The summary of an input done before, as it is now (`stamp`), with its
 /// files all still there; `None`: redo it. A marker of an earlier version
 /// (`NAME.ingest.json`, no stamp) counts when the input's size is the size
@@ -283,6 +351,7 @@ fn resumable(
     prefix: &str,
     stamp: InputStamp,
     options: &IngestOptions,
+    vocabulary: Option<&Vocabulary>,
 ) -> Result<Option<InputSummary>, DataError> {
     let read = |path: &Path| -> Option<InputSummary> {
         let s: InputSummary = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
@@ -303,7 +372,25 @@ fn resumable(
                 say(&given)
             )));
         }
-        return Ok((s.input_stamp == Some(stamp)).then_some(s));
+        let given = vocabulary.map(|v| v.info().stamp);
+        let threshold = |v: Option<VocabularyStamp>| v.map(|v| v.frequency_threshold);
+        if threshold(s.vocabulary) != threshold(given) {
+            let say = |t: Option<u64>| {
+                t.map_or("no vocabulary".into(), |t| {
+                    format!("--vocabulary-threshold {t}")
+                })
+            };
+            return Err(DataError::Vocabulary(format!(
+                "{}: its output in {} was written with {}, this run asks for {}: \
+                 resume with the same threshold, or ingest into another directory",
+                s.input.display(),
+                output.display(),
+                say(threshold(s.vocabulary)),
+                say(threshold(given))
+            )));
+        }
+        // Another vocabulary (the inputs changed): its ids are redone.
+        return Ok((s.input_stamp == Some(stamp) && s.vocabulary == given).then_some(s));
     }
     let legacy = output.join(format!("{prefix}.ingest.json"));
     match read(&legacy) {
@@ -383,28 +470,17 @@ fn open_lines(path: &Path) -> Result<(Box<dyn BufRead>, ByteCount), DataError> {
     Ok((lines, bytes))
 }
 
-fn ingest_one(
+/// Reads `input`'s lines in order and hands each to `each` with its
+/// 1-based number, parsed or rejected; under `strict` a rejected line is an
+/// error naming it instead. `progress` is called with the input bytes read
+/// now and then. Returns the lines read and the input bytes.
+pub(crate) fn read_records(
     input: &Path,
-    output: &Path,
-    prefix: &str,
-    options: &IngestOptions,
+    strict: bool,
+    mut each: impl FnMut(u64, Result<&mut CriteoRecord, Reject>) -> Result<(), DataError>,
     progress: &mut dyn FnMut(u64),
-) -> Result<InputSummary, DataError> {
+) -> Result<(u64, u64), DataError> {
     let (mut lines, bytes_read) = open_lines(input)?;
-    let multi: [bool; NUM_CAT] = match &options.multi_hot {
-        Some(m) => std::array::from_fn(|i| m.sizes()[i] > 1),
-        None => [false; NUM_CAT],
-    };
-    let mut builder = CriteoBatchBuilder::new(&multi);
-    let mut bags: Vec<Vec<i64>> = vec![Vec::new(); NUM_CAT];
-    let mut sink = ParquetSink::new(output, prefix, builder.schema().clone(), options.sink);
-    let mut s = InputSummary {
-        input: input.to_path_buf(),
-        multi_hot: options.multi_hot.as_ref().map(|m| m.describe()),
-        ..Default::default()
-    };
-    let mut int_nulls = [0u64; NUM_INT];
-    let mut cat_nulls = [0u64; NUM_CAT];
     let mut record = CriteoRecord::default();
     let mut buf = Vec::with_capacity(512);
     let mut line_no = 0u64;
@@ -429,46 +505,93 @@ fn ingest_one(
             parse_line(buf.strip_suffix(b"\n").unwrap_or(&buf), &mut record)
         };
         match parsed {
-            Ok(()) => {
-                count_nulls(&record, &mut int_nulls, &mut cat_nulls);
-                match &options.multi_hot {
-                    None => builder.push_record(&record),
-                    Some(m) => {
-                        for (f, bag) in bags.iter_mut().enumerate() {
-                            match record.cats[f] {
-                                Some(id) => m.expand(f, id, bag),
-                                None => bag.clear(),
-                            }
-                        }
-                        builder.push_row(record.label, &record.ints, |f| match record.cats[f] {
-                            Some(_) => Bag::Many(&bags[f]),
-                            None => Bag::Missing,
-                        });
-                    }
-                }
-                if builder.len() == options.sink.row_group_size {
-                    sink.write(&builder.finish())?;
-                    progress(bytes_read.get());
-                }
-            }
-            Err(reason) if options.strict => {
+            Err(reason) if strict => {
                 return Err(DataError::Malformed {
                     path: input.to_path_buf(),
                     line: line_no,
                     reason,
                 })
             }
-            Err(reason) => note_reject(&mut s, input, line_no, &reason),
+            parsed => each(line_no, parsed.map(|()| &mut record))?,
+        }
+        if line_no.is_multiple_of(PROGRESS_LINES) {
+            progress(bytes_read.get());
         }
     }
+    Ok((line_no, bytes_read.get()))
+}
+
+/// Lines between progress reports.
+const PROGRESS_LINES: u64 = 1 << 16;
+
+fn ingest_one(
+    input: &Path,
+    output: &Path,
+    prefix: &str,
+    options: &IngestOptions,
+    vocabulary: Option<&Vocabulary>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<InputSummary, DataError> {
+    let multi: [bool; NUM_CAT] = match &options.multi_hot {
+        Some(m) => std::array::from_fn(|i| m.sizes()[i] > 1),
+        None => [false; NUM_CAT],
+    };
+    let mut builder = CriteoBatchBuilder::new(&multi);
+    let mut bags: Vec<Vec<i64>> = vec![Vec::new(); NUM_CAT];
+    let mut sink = ParquetSink::new(output, prefix, builder.schema().clone(), options.sink);
+    let mut s = InputSummary {
+        input: input.to_path_buf(),
+        multi_hot: options.multi_hot.as_ref().map(|m| m.describe()),
+        vocabulary: vocabulary.map(|v| v.info().stamp),
+        ..Default::default()
+    };
+    let mut int_nulls = [0u64; NUM_INT];
+    let mut cat_nulls = [0u64; NUM_CAT];
+    let (lines, bytes_in) = read_records(
+        input,
+        options.strict,
+        |line_no, parsed| {
+            match parsed {
+                Ok(record) => {
+                    count_nulls(record, &mut int_nulls, &mut cat_nulls);
+                    if let Some(v) = vocabulary {
+                        v.apply(record);
+                    }
+                    match &options.multi_hot {
+                        None => builder.push_record(record),
+                        Some(m) => {
+                            for (f, bag) in bags.iter_mut().enumerate() {
+                                match record.cats[f] {
+                                    Some(id) => m.expand(f, id, bag),
+                                    None => bag.clear(),
+                                }
+                            }
+                            builder.push_row(record.label, &record.ints, |f| {
+                                match record.cats[f] {
+                                    Some(_) => Bag::Many(&bags[f]),
+                                    None => Bag::Missing,
+                                }
+                            });
+                        }
+                    }
+                    if builder.len() == options.sink.row_group_size {
+                        sink.write(&builder.finish())?;
+                    }
+                }
+                Err(reason) => note_reject(&mut s, input, line_no, &reason),
+            }
+            Ok(())
+        },
+        progress,
+    )?;
     if !builder.is_empty() {
         sink.write(&builder.finish())?;
     }
     let (files, bytes_out) = sink.finish_parts()?;
-    s.rows_written = line_no - s.rejected.values().sum::<u64>();
+    s.rows_written = lines - s.rejected.values().sum::<u64>();
     s.files = files;
     s.bytes_out = bytes_out;
-    s.bytes_in = bytes_read.get();
+    s.bytes_in = bytes_in;
     s.nulls = (0..NUM_INT)
         .map(|i| (int_column(i), int_nulls[i]))
         .chain((0..NUM_CAT).map(|i| (cat_column(i), cat_nulls[i])))

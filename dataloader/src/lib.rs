@@ -27,6 +27,7 @@ pub mod schema;
 pub mod sequences;
 pub mod spec;
 pub mod transform;
+pub mod vocabulary;
 pub mod writer;
 
 pub use dataset::Dataset;

@@ -105,6 +105,11 @@ pub struct ArchArgs {
     pub table_dtype: Option<DataType>,
     #[command(flatten)]
     pub kv: KvArgs,
+    /// The rows the data's vocabulary needs per table
+    /// (`ingest criteo --vocabulary-threshold`), when it has one: the
+    /// tables' rows unless `--arch-embedding-size` gives them.
+    #[arg(skip)]
+    pub data_rows: Option<Vec<usize>>,
 }
 
 impl ArchArgs {
@@ -146,12 +151,23 @@ impl ArchArgs {
     pub fn table_shape(&self) -> anyhow::Result<(usize, Vec<usize>)> {
         let p = self.preset_defaults();
         let dim = self.arch_sparse_feature_size.unwrap_or(p.dim);
-        let mut rows = match &self.arch_embedding_size {
-            Some(s) => parse_sizes("--arch-embedding-size", s)?,
-            None => p.rows,
+        let mut rows = match (&self.arch_embedding_size, &self.data_rows) {
+            (Some(s), _) => parse_sizes("--arch-embedding-size", s)?,
+            (None, Some(data)) => data.clone(),
+            (None, None) => p.rows,
         };
         if let Some(i) = rows.iter().position(|&r| r == 0) {
             bail!("--arch-embedding-size: table {i} has 0 rows");
+        }
+        // Ids beyond a table would be folded by modulo: only when asked.
+        let short = (self.data_rows.iter())
+            .flat_map(|data| rows.iter().zip(data).enumerate())
+            .find(|(_, (r, d))| r < d);
+        if let (Some((i, (r, d))), None) = (short, self.max_ind_range) {
+            bail!(
+                "--arch-embedding-size gives table {i} {r} rows, but the data's vocabulary \
+                 needs {d} rows in it: give at least that many, or --max-ind-range to fold ids by modulo"
+            );
         }
         if let Some(cap) = self.max_ind_range.or(p.cap) {
             anyhow::ensure!(cap > 0, "--max-ind-range must be at least 1");
@@ -402,6 +418,7 @@ impl TableArgs {
             max_ind_range: self.max_ind_range,
             table_dtype: None,
             kv: KvArgs::default(),
+            data_rows: None,
         }
     }
 }

@@ -19,9 +19,10 @@ struct Comparison {
     about: String,
     /// The command every run shares.
     command: String,
-    /// `metrics` (the default: each run's final AUC, log loss, NE) or
+    /// `metrics` (the default: each run's final AUC, log loss, NE),
     /// `throughput` (runs in alternating pairs of two flag sets: samples/s
-    /// and phase ms, medians, and the pairs' ratio).
+    /// and phase ms, medians, and the pairs' ratio) or `vocabulary` (runs
+    /// that are ingest vocabularies, then train runs).
     #[serde(default)]
     kind: Kind,
     /// The CPU (`lscpu`'s model name) and the date.
@@ -36,6 +37,7 @@ enum Kind {
     #[default]
     Metrics,
     Throughput,
+    Vocabulary,
 }
 
 #[derive(Deserialize)]
@@ -64,8 +66,10 @@ pub fn section(results: &Path) -> anyhow::Result<String> {
 }
 
 fn render(c: &Comparison) -> anyhow::Result<String> {
-    if c.kind == Kind::Throughput {
-        return throughput(c);
+    match c.kind {
+        Kind::Throughput => return throughput(c),
+        Kind::Vocabulary => return vocabulary(c),
+        Kind::Metrics => {}
     }
     let mut out = format!(
         "\n## {}\n\n{}\n\n`{}` ({}, {})\n\n| flags | batches | AUC | log loss | NE |\n|---|---|---|---|---|\n",
@@ -173,5 +177,58 @@ fn throughput(c: &Comparison) -> anyhow::Result<String> {
         median(ratios.clone()),
         ratios.len()
     ));
+    Ok(out)
+}
+
+/// The vocabularies' table sizes (runs whose report is a vocabulary, with
+/// a `data` label), then the train runs' evaluation.
+fn vocabulary(c: &Comparison) -> anyhow::Result<String> {
+    let mut out = format!(
+        "\n## {}\n\n{}\n\n| data | flags | rows | distinct ids | table rows | partitions | peak memory |\n|---|---|---|---|---|---|---|\n",
+        c.title, c.about
+    );
+    let (sizes, trained): (Vec<&Run>, Vec<&Run>) =
+        c.runs.iter().partition(|r| r.report.get("data").is_some());
+    for run in sizes {
+        let r = &run.report;
+        let sum = |key: &str| -> anyhow::Result<u64> {
+            (r[key].as_array())
+                .with_context(|| format!("run `{}` has no {key}", run.flags))?
+                .iter()
+                .map(|v| v.as_u64().context("a count"))
+                .sum()
+        };
+        let memory = r["peak_rss_mib"]
+            .as_f64()
+            .map_or("".into(), |m| format!("{m:.0} MiB"));
+        out.push_str(&format!(
+            "| {} | `{}` | {} | {} | {} | {} | {memory} |\n",
+            r["data"].as_str().unwrap_or_default(),
+            run.flags,
+            r["rows"],
+            sum("distinct_ids")?,
+            sum("num_embeddings_per_feature")?,
+            r["partitions"],
+        ));
+    }
+    out.push_str(&format!(
+        "\n`{}` ({}, {})\n\n| ids | AUC | log loss | NE |\n|---|---|---|---|\n",
+        c.command, c.cpu, c.date
+    ));
+    for run in trained {
+        let eval = &run.report["eval"];
+        let number = |key: &str| {
+            eval[key]
+                .as_f64()
+                .with_context(|| format!("run `{}` has no eval {key}", run.flags))
+        };
+        out.push_str(&format!(
+            "| {} | {:.4} | {:.4} | {:.4} |\n",
+            run.flags,
+            number("auc")?,
+            number("logloss")?,
+            number("ne")?
+        ));
+    }
     Ok(out)
 }

@@ -12,6 +12,7 @@ use ember_dataloader::ingest::{ingest_criteo, IngestOptions, IngestSummary};
 use ember_dataloader::lock::DirLock;
 use ember_dataloader::multi_hot::MultiHot;
 use ember_dataloader::schema::NUM_CAT;
+use ember_dataloader::vocabulary::VocabularyOptions;
 use ember_dataloader::writer::{Codec, CriteoBatchBuilder, ParquetSink, SinkOptions, StagedSet};
 use ember_models::{DataGeneration, DriftingConfig, DriftingData, SyntheticConfig, SyntheticData};
 
@@ -88,6 +89,18 @@ pub struct CriteoArgs {
     /// --num_embeddings_per_feature) [default: MLPerf DLRMv2's 26 table sizes].
     #[arg(long, requires = "multi_hot")]
     pub multi_hot_rows: Option<String>,
+    /// Number each column's ids contiguously over all inputs, as TorchRec's
+    /// preprocessing does (`--frequency_threshold`): ids seen fewer than T
+    /// times become 1, the rest 2, 3, ... in order of first appearance. A
+    /// first pass counts them (spilling to disk, so memory stays bounded);
+    /// the vocabulary and the table sizes `train` uses go beside the data.
+    #[arg(long, value_name = "T")]
+    pub vocabulary_threshold: Option<u64>,
+    /// Memory the counting may take, in MiB: past it the ids are spilled
+    /// by hash into that many more partition files (about as large as the
+    /// input) and counted one at a time.
+    #[arg(long, requires = "vocabulary_threshold", default_value_t = ember_dataloader::vocabulary::DEFAULT_COUNT_MEMORY >> 20)]
+    pub vocabulary_memory_mib: u64,
     #[arg(long)]
     pub json: bool,
 }
@@ -144,6 +157,10 @@ pub fn criteo(args: &CriteoArgs) -> anyhow::Result<IngestSummary> {
         resume: args.resume,
         max_reject_fraction: Some(args.max_reject_fraction),
         multi_hot: multi_hot(args)?,
+        vocabulary: args.vocabulary_threshold.map(|t| VocabularyOptions {
+            count_memory: args.vocabulary_memory_mib.max(1) << 20,
+            ..VocabularyOptions::new(t)
+        }),
     };
     let total: u64 = (args.inputs.iter())
         .map(|p| {
@@ -152,7 +169,8 @@ pub fn criteo(args: &CriteoArgs) -> anyhow::Result<IngestSummary> {
                 .with_context(|| p.display().to_string())
         })
         .sum::<anyhow::Result<u64>>()?;
-    let progress = Progress::bytes(total, "ingest", args.json);
+    let passes = 1 + args.vocabulary_threshold.is_some() as u64;
+    let progress = Progress::bytes(total * passes, "ingest", args.json);
     let summary = ingest_criteo(&args.inputs, &args.output, &options, &mut |b| {
         progress.set(b)
     });
@@ -207,6 +225,19 @@ impl std::fmt::Display for IngestReport {
         write!(f, "nulls:")?;
         for n in &s.nulls {
             write!(f, " {}={}", n.column, n.nulls)?;
+        }
+        if let Some(v) = &s.vocabulary {
+            let sizes = &v.num_embeddings_per_feature;
+            writeln!(f)?;
+            writeln!(
+                f,
+                "vocabulary (ids seen at least {} times; counted in {} partitions): {} rows in all",
+                v.frequency_threshold,
+                v.partitions,
+                sizes.iter().sum::<u64>()
+            )?;
+            let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
+            write!(f, "num_embeddings_per_feature: {}", list.join(","))?;
         }
         Ok(())
     }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Serialize;
 
+use ember_dataloader::vocabulary::VocabularyInfo;
 use ember_dataloader::{Dataset, DatasetSpec, Loader};
 use ember_dense::DenseOptimizerConfig;
 use ember_models::{
@@ -632,14 +633,36 @@ fn resolve(
         }
         None => {
             let optimizers = (args.optim.table_optimizer(), args.optim.dense_optimizer());
-            let spec = args.loader.spec(&|| args.arch.table_shape())?;
-            let config = args.arch.resolve_for(spec.as_ref())?.0;
+            let arch = with_vocabulary(args, progress)?;
+            let spec = args.loader.spec(&|| arch.table_shape())?;
+            let config = arch.resolve_for(spec.as_ref())?.0;
             let mut spec = spec.unwrap_or_else(|| args.loader.criteo(&config.tables));
             super::data::with_model_kv(&mut spec, &config.tables);
             let state = args.fresh_state(dataset, &spec);
             (config, spec, optimizers, state)
         }
     })
+}
+
+/// The architecture flags, with the table rows of the data's vocabulary
+/// when it was ingested with one (`ingest criteo --vocabulary-threshold`).
+fn with_vocabulary(args: &TrainArgs, progress: &Progress) -> anyhow::Result<ArchArgs> {
+    let mut arch = args.arch.clone();
+    let data: Vec<_> = args.data.iter().chain(&args.eval_data).cloned().collect();
+    if let Some(v) = VocabularyInfo::of_data(&data)? {
+        let rows: Vec<usize> = (v.num_embeddings_per_feature.iter())
+            .map(|&r| r as usize)
+            .collect();
+        if arch.arch_embedding_size.is_none() {
+            progress.line(&format!(
+                "tables of the data's vocabulary (frequency threshold {}): {} rows in all",
+                v.frequency_threshold,
+                rows.iter().sum::<usize>()
+            ));
+        }
+        arch.data_rows = Some(rows);
+    }
+    Ok(arch)
 }
 
 /// The model as planned and placed: tables sharded by `--devices` (or

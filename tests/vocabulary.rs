@@ -1,0 +1,173 @@
+//! `ember ingest criteo --vocabulary-threshold`: the table sizes reach
+//! `train`, and every way of mixing two numberings is refused by name.
+//! (The ids themselves are checked against TorchRec's preprocessing in
+//! python/tests/test_vocabulary.py, the counting against a plain
+//! reference in the library's tests.)
+
+mod common;
+
+use common::{ember_fails, ember_stderr, json, s};
+
+/// The 200 real rows as two raw Criteo day files in `dir`.
+fn days(dir: &std::path::Path) -> [std::path::PathBuf; 2] {
+    let csv = include_str!("data/criteo_sample.csv");
+    let rows: Vec<String> = (csv.lines().skip(1))
+        .map(|l| {
+            let fields: Vec<&str> = l
+                .split(',')
+                .map(|f| f.strip_suffix(".0").unwrap_or(f))
+                .collect();
+            fields.join("\t") + "\n"
+        })
+        .collect();
+    let day = |k: usize, rows: &[String]| {
+        let path = dir.join(format!("day_{k}"));
+        std::fs::write(&path, rows.concat()).unwrap();
+        path
+    };
+    [day(0, &rows[..120]), day(1, &rows[120..])]
+}
+
+#[test]
+fn train_takes_the_table_sizes_of_the_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    let [d0, d1] = days(dir.path());
+    let out = dir.path().join("out");
+    let args = ["ingest", "criteo", s(&d0), s(&d1), "--output", s(&out)];
+    let v = json(&[&args[..], &["--vocabulary-threshold", "2", "--json"]].concat());
+    assert_eq!(v["rows_written"], 200);
+    let sizes: Vec<u64> = (v["vocabulary"]["num_embeddings_per_feature"]
+        .as_array()
+        .unwrap())
+    .iter()
+    .map(|x| x.as_u64().unwrap())
+    .collect();
+    assert_eq!(sizes.len(), 26);
+    assert!(sizes.iter().all(|&n| n >= 2));
+    let total: u64 = sizes.iter().sum();
+
+    let train = out.join("day_0-00000.parquet");
+    let eval = out.join("day_1-00000.parquet");
+    let base = [
+        "train",
+        "--data",
+        s(&train),
+        "--eval-data",
+        s(&eval),
+        "--preset",
+        "kaggle",
+    ];
+    let err = ember_stderr(&[&base[..], &["--mini-batch-size", "40"]].concat());
+    assert!(
+        err.contains(&format!("threshold 2): {total} rows in all")),
+        "{err}"
+    );
+    // Fewer rows than the vocabulary numbers: refused, unless folding is asked for.
+    let small = vec!["4"; 26].join("-");
+    let err = ember_fails(&[&base[..], &["--arch-embedding-size", &small]].concat());
+    assert!(err.contains("--max-ind-range"), "{err}");
+    ember_stderr(
+        &[
+            &base[..],
+            &["--arch-embedding-size", &small, "--max-ind-range", "4"],
+        ]
+        .concat(),
+    );
+
+    // Data of another numbering beside it is refused, naming both.
+    let raw = dir.path().join("raw");
+    ember_stderr(&["ingest", "criteo", s(&d1), "--output", s(&raw)]);
+    let err = ember_fails(&[
+        "train",
+        "--data",
+        s(&train),
+        "--eval-data",
+        s(&raw),
+        "--preset",
+        "kaggle",
+    ]);
+    assert!(
+        err.contains("has a vocabulary") && err.contains("raw"),
+        "{err}"
+    );
+
+    // Raw ids into the vocabulary's directory, or a day it did not count.
+    let err = ember_fails(&["ingest", "criteo", s(&d0), "--output", s(&out)]);
+    assert!(err.contains("numbered by a vocabulary"), "{err}");
+    let err = ember_fails(&[
+        "ingest",
+        "criteo",
+        s(&d1),
+        "--output",
+        s(&out),
+        "--vocabulary-threshold",
+        "2",
+    ]);
+    assert!(err.contains("another input (day_0)"), "{err}");
+}
+
+#[test]
+fn a_resume_keeps_one_numbering() {
+    let dir = tempfile::tempdir().unwrap();
+    let [d0, d1] = days(dir.path());
+    let out = dir.path().join("out");
+    let args = ["ingest", "criteo", s(&d0), s(&d1), "--output", s(&out)];
+    json(&[&args[..], &["--vocabulary-threshold", "3", "--json"]].concat());
+    let again = json(
+        &[
+            &args[..],
+            &["--vocabulary-threshold", "3", "--resume", "--json"],
+        ]
+        .concat(),
+    );
+    assert_eq!(again["resumed_inputs"].as_array().unwrap().len(), 2);
+    let err = ember_fails(&[&args[..], &["--vocabulary-threshold", "2", "--resume"]].concat());
+    assert!(err.contains("--vocabulary-threshold 3"), "{err}");
+    // A day that changed renumbers the ids: both days are redone.
+    let text = std::fs::read_to_string(&d1).unwrap();
+    std::fs::write(
+        &d1,
+        text.lines()
+            .take(40)
+            .map(|l| format!("{l}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let redone = json(
+        &[
+            &args[..],
+            &["--vocabulary-threshold", "3", "--resume", "--json"],
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        redone["resumed_inputs"].as_array().unwrap().len(),
+        0,
+        "{redone}"
+    );
+    assert_eq!(redone["rows_written"], 160);
+}
+
+#[test]
+fn a_malformed_line_under_strict_names_its_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let [d0, d1] = days(dir.path());
+    let mut text = std::fs::read_to_string(&d1).unwrap();
+    text.push_str("1\tnot a line\n");
+    std::fs::write(&d1, text).unwrap();
+    let out = dir.path().join("out");
+    let err = ember_fails(&[
+        "ingest",
+        "criteo",
+        s(&d0),
+        s(&d1),
+        "--output",
+        s(&out),
+        "--strict",
+        "--vocabulary-threshold",
+        "2",
+    ]);
+    assert!(err.contains("day_1:81"), "{err}");
+    assert!(!out.join("_vocabulary.json").exists());
+    assert!(!out.join("_vocabulary.spill").exists());
+}

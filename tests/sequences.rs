@@ -160,6 +160,44 @@ fn a_stopped_sequence_run_resumes_where_it_stopped() {
 }
 
 #[test]
+fn ranking_evaluates_on_the_data_grid_and_stops_at_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = histories(dir.path());
+    let grid = [
+        "--epochs",
+        "1",
+        "--num-candidates",
+        "3",
+        "--eval-every-data-pct",
+        "20",
+    ];
+    let v = train(&data, "hstu-ranking", &grid);
+    // 20 % of 600 users in batches of 64: ceil(1.875) = every 2 steps, of 10.
+    let steps: Vec<u64> = (v["evals"].as_array().unwrap().iter())
+        .map(|e| e["steps"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [2, 4, 6, 8, 10], "{v}");
+    let v = train(
+        &data,
+        "hstu-ranking",
+        &[&grid[..], &["--mlperf-auc-threshold", "0.01"]].concat(),
+    );
+    assert_eq!(v["steps"], 2, "{v}");
+    assert_eq!(v["evals"].as_array().unwrap().len(), 1, "{v}");
+
+    let base = ["train", "--data", &data, "--model"];
+    let err = ember_fails(&[&base[..], &["sasrec", "--mlperf-logging", "x.log"]].concat());
+    assert!(err.contains("is for --model hstu-ranking"), "{err}");
+    let both = ["--eval-every", "3", "--eval-every-data-pct", "10"];
+    let err = ember_fails(&[&base[..], &["hstu-ranking"], &both[..]].concat());
+    assert!(err.contains("give one evaluation schedule"), "{err}");
+    let err = ember_fails(&[&base[..], &["sasrec", "--adam-betas", "0.9,0.99"]].concat());
+    assert!(err.contains("has no use for --adam-betas"), "{err}");
+    let err = ember_fails(&[&base[..], &["hstu-ranking", "--adam-betas", "0.9,1.5"]].concat());
+    assert!(err.contains("two betas in [0, 1)"), "{err}");
+}
+
+#[test]
 fn flags_that_do_not_fit_a_sequence_model_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let data = histories(dir.path());

@@ -1,8 +1,9 @@
 //! The MLPerf training log: `:::MLLOG {json}` lines, as the `mlperf-logging`
 //! package's `mllog` writes them, with every key the DLRMv2 benchmark's
-//! rules (`dlrm_dcnv2`, training ruleset 6.0.0) require, from a run's
-//! [`TrainEvent`]s. `python -m mlperf_logging.compliance_checker --usage
-//! training --ruleset 6.0.0 LOG` checks it. The log is written beside its
+//! rules (`dlrm_dcnv2`, training ruleset 6.0.0) or DLRMv4's (`dlrmv4`,
+//! ruleset 6.1.0: [`Dlrmv4Facts`]) require, from a run's [`TrainEvent`]s.
+//! `python -m mlperf_logging.compliance_checker --usage training --ruleset
+//! 6.0.0 LOG` (6.1.0 for DLRMv4) checks it. The log is written beside its
 //! path and renamed there when the run ends, with `run_stop`'s status:
 //! `success` when an evaluation reached the target AUC, `aborted`
 //! otherwise (the rules' two outcomes).
@@ -53,6 +54,18 @@ pub struct RunFacts {
     pub dense_optimizer: DenseOptimizerConfig,
     /// Schedules and weight decay.
     pub optimization: Optimization,
+    /// DLRMv4's run (HSTU ranking): its keys instead of DLRMv2's.
+    pub dlrmv4: Option<Dlrmv4Facts>,
+}
+
+/// What DLRMv4's rules (training 6.1.0) ask beyond the optimizers.
+#[derive(Clone, Debug)]
+pub struct Dlrmv4Facts {
+    /// The most tokens a user's sequence holds (`max_sequence_length`).
+    pub max_sequence_length: u64,
+    /// The evaluation grid's step, as a fraction of the training samples
+    /// (`eval_every_data_pct`: 0.001 in the rules, 0.1 %).
+    pub eval_every_fraction: f64,
 }
 
 /// Writes one run's MLPerf log as its events come.
@@ -100,7 +113,11 @@ impl MlperfLog {
             log.point(key, json!(value), json!({}))?;
         }
         log.point("cache_clear", json!(true), json!({}))?;
-        for (key, value) in log.hyperparameters() {
+        let keys = match &log.facts.dlrmv4 {
+            Some(v4) => log.dlrmv4_hyperparameters(v4),
+            None => log.hyperparameters(),
+        };
+        for (key, value) in keys {
             log.point(key, value, json!({}))?;
         }
         Ok(log)
@@ -154,6 +171,79 @@ impl MlperfLog {
             ),
             ("train_samples", json!(f.train_samples)),
             ("eval_samples", json!(f.eval_samples)),
+        ]
+    }
+
+    /// The keys DLRMv4's rules ask: the dense Adam and its clipping, the
+    /// items' sparse optimizer, the linear warmup, the sequence length and
+    /// the evaluation grid; and the disclosures every 6.1 benchmark asks
+    /// (precisions, parallelism, micro batch, config).
+    fn dlrmv4_hyperparameters(&self, v4: &Dlrmv4Facts) -> Vec<(&'static str, Value)> {
+        let f = &self.facts;
+        let o = &f.optimization;
+        let (dense_name, b1, b2, eps) = match f.dense_optimizer {
+            DenseOptimizerConfig::Adam {
+                beta1, beta2, eps, ..
+            } => ("Adam", decimal(beta1), decimal(beta2), decimal(eps)),
+            DenseOptimizerConfig::Sgd { .. } => ("SGD", 0.0, 0.0, 0.0),
+            DenseOptimizerConfig::Adagrad { .. } => ("Adagrad", 0.0, 0.0, 0.0),
+        };
+        let sparse_name = match f.table_optimizer {
+            TableOptimizer::RowWiseAdagrad { .. } => "RowWiseAdagrad",
+            TableOptimizer::Adagrad { .. } => "Adagrad",
+            TableOptimizer::Adam { .. } => "Adam",
+            TableOptimizer::Sgd { .. } => "SGD",
+            TableOptimizer::None => "None",
+        };
+        let warmup = match o.dense_schedule {
+            LrSchedule::LinearWarmup { steps } => steps,
+            LrSchedule::Policy { warmup_steps, .. } => warmup_steps,
+            LrSchedule::Constant => 0,
+        };
+        vec![
+            ("global_batch_size", json!(f.global_batch_size)),
+            ("gradient_accumulation_steps", json!(1)),
+            (
+                "micro_batch_size",
+                json!(f.global_batch_size / f.ranks.max(1)),
+            ),
+            ("seed", json!(f.seed)),
+            ("train_samples", json!(f.train_samples)),
+            ("eval_samples", json!(f.eval_samples)),
+            ("max_sequence_length", json!(v4.max_sequence_length)),
+            ("opt_name", json!(dense_name)),
+            (
+                "opt_base_learning_rate",
+                json!(decimal(f.dense_optimizer.learning_rate())),
+            ),
+            ("opt_adam_beta_1", json!(b1)),
+            ("opt_adam_beta_2", json!(b2)),
+            ("opt_adam_epsilon", json!(eps)),
+            (
+                "opt_weight_decay",
+                json!(decimal(o.dense_weight_decay.rate())),
+            ),
+            (
+                "opt_gradient_clip_norm",
+                json!(o.max_grad_norm.map_or(0.0, decimal)),
+            ),
+            ("opt_sparse_name", json!(sparse_name)),
+            (
+                "opt_sparse_base_learning_rate",
+                json!(decimal(f.table_optimizer.learning_rate())),
+            ),
+            ("opt_learning_rate_warmup_steps", json!(warmup)),
+            // Both warmups (the Policy's and the linear one) start from 0.
+            ("opt_learning_rate_warmup_start_lr", json!(0.0)),
+            ("eval_every_data_pct", json!(v4.eval_every_fraction)),
+            ("lowest_numerical_precision_in_linear", json!("fp32")),
+            ("lowest_numerical_precision_in_attn", json!("fp32")),
+            ("lowest_numerical_precision_in_comm", json!("fp32")),
+            ("tensor_parallelism", json!(1)),
+            ("pipeline_parallelism", json!(1)),
+            ("context_parallelism", json!(1)),
+            ("expert_parallelism", json!(1)),
+            ("config_filename", json!("ember train --model hstu-ranking")),
         ]
     }
 

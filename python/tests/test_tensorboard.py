@@ -66,3 +66,25 @@ def test_bench_dlrm_writes_events(tmp_path):
     got = scalars(logdir)
     assert [s for s, _ in got["train/loss"]] == [5, 10, 15, 20]
     assert [s for s, _ in got["eval/auc"]] == [10, 20]
+
+
+def test_sequence_models_write_events(tmp_path):
+    data = tmp_path / "histories.parquet"
+    run("ingest", "synthetic-histories", "--output", str(data), "--users", "300",
+        "--items", "120", "--topics", "6", "--max-len", "20")
+    for model, extra in (("hstu-ranking", ["--num-candidates", "3"]), ("sasrec", [])):
+        logdir = tmp_path / model
+        out = run("train", "--model", model, "--data", str(data), "--max-seq-len", "20",
+                  "--embedding-dim", "16", "--mini-batch-size", "32", "--epochs", "2",
+                  "--print-freq", "3", "--tensorboard-dir", str(logdir), "--json", *extra)
+        lines = [json.loads(line) for line in out.splitlines()]
+        got = scalars(logdir)
+        losses = [(e["steps"], e["loss"]) for e in lines if e["event"] == "train"]
+        assert [s for s, _ in got["train/loss"]] == [s for s, _ in losses], model
+        assert got.get("lr/dense") and got.get("train/samples_per_s"), (model, sorted(got))
+        if model == "hstu-ranking":
+            # The first task's AUC at each evaluation (epoch ends).
+            evals = [(e["steps"], e["tasks"][0]["auc"]) for e in lines
+                     if e["event"] == "eval"]
+            assert [(s, round(v, 5)) for s, v in got["eval/auc"]] == \
+                [(s, round(a, 5)) for s, a in evals]

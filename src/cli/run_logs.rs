@@ -26,7 +26,8 @@ pub struct TensorBoardArgs {
 #[derive(Args, Clone, Debug)]
 pub struct MlperfArgs {
     /// Write the MLPerf log (`:::MLLOG` lines; DLRMv2's keys, ruleset
-    /// training 6.0.0) to this file, renamed into place when the run ends.
+    /// training 6.0.0, or with --model hstu-ranking DLRMv4's, 6.1.0) to
+    /// this file, renamed into place when the run ends.
     #[arg(long, conflicts_with = "stream_window")]
     pub mlperf_logging: Option<PathBuf>,
     /// The MLPerf log's submission_org.
@@ -38,10 +39,11 @@ pub struct MlperfArgs {
 }
 
 impl MlperfArgs {
-    /// The submission the log names (the platform is the CPU).
-    pub fn submission(&self) -> Submission {
+    /// The submission the log names for `benchmark` (`dlrm_dcnv2` or
+    /// `dlrmv4`; the platform is the CPU).
+    pub fn submission(&self, benchmark: &str) -> Submission {
         Submission {
-            benchmark: "dlrm_dcnv2".into(),
+            benchmark: benchmark.into(),
             org: self.mlperf_submission_org.clone(),
             division: self.mlperf_submission_division.clone(),
             status: "research".into(),

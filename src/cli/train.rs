@@ -573,8 +573,9 @@ fn run_logs(
         table_optimizer: optimizers.0,
         dense_optimizer: optimizers.1,
         optimization,
+        dlrmv4: None,
     };
-    let mlperf = (path.as_path(), args.mlperf.submission(), facts);
+    let mlperf = (path.as_path(), args.mlperf.submission("dlrm_dcnv2"), facts);
     RunLogs::start(Some(mlperf), &args.tensorboard, rates)
 }
 

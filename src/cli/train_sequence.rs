@@ -25,6 +25,10 @@ use ember_models::{
     Backend, ExecMode, FitOptions, Model, TrainData, TrainEvent, TrainState, Trainer, TrainerConfig,
 };
 
+use ember_models::mllog::{Dlrmv4Facts, RunFacts};
+use ember_sparse::TableOptimizer;
+
+use super::run_logs::RunLogs;
 use super::train::TrainArgs;
 use super::Progress;
 
@@ -126,6 +130,26 @@ pub struct SequenceArgs {
     /// 0.907 against 0.833 at 16 on the peer comparison's data).
     #[arg(long, default_value_t = 1)]
     pub bucket_batches: usize,
+    /// Ranking: the dense Adam's betas, `B1,B2` (DLRMv4's: 0.95,0.999)
+    /// [default: 0.9,0.98, HSTU's reference]
+    #[arg(long, value_parser = parse_betas)]
+    pub adam_betas: Option<(f32, f32)>,
+    /// Ranking: the item table's row-wise Adagrad learning rate (DLRMv4
+    /// ramps it with the dense one) [default: 0.05]
+    #[arg(long)]
+    pub sparse_learning_rate: Option<f32>,
+}
+
+/// `B1,B2`: Adam's two decays, each in [0, 1).
+fn parse_betas(text: &str) -> Result<(f32, f32), String> {
+    let parsed: Vec<f32> = (text.split(','))
+        .map(|b| b.trim().parse::<f32>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("'{text}': {e}"))?;
+    match parsed[..] {
+        [b1, b2] if (0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2) => Ok((b1, b2)),
+        _ => Err(format!("'{text}': two betas in [0, 1), as 0.95,0.999")),
+    }
 }
 
 impl SequenceArgs {
@@ -148,6 +172,11 @@ impl SequenceArgs {
             ("--num-candidates", self.num_candidates.is_some()),
             ("--num-tasks", self.num_tasks.is_some()),
             ("--bucket-batches", self.bucket_batches != 1),
+            ("--adam-betas", self.adam_betas.is_some()),
+            (
+                "--sparse-learning-rate",
+                self.sparse_learning_rate.is_some(),
+            ),
         ]
         .into_iter()
         .filter_map(|(flag, given)| given.then_some(flag))
@@ -168,8 +197,16 @@ impl SequenceArgs {
                 "--negative-sampling",
                 "--num-candidates",
                 "--num-tasks",
+                "--adam-betas",
+                "--sparse-learning-rate",
             ],
-            SequenceModel::HstuRetrieval => &["--loss", "--num-candidates", "--num-tasks"],
+            SequenceModel::HstuRetrieval => &[
+                "--loss",
+                "--num-candidates",
+                "--num-tasks",
+                "--adam-betas",
+                "--sparse-learning-rate",
+            ],
             SequenceModel::HstuRanking => &[
                 "--loss",
                 "--negative-sampling",
@@ -279,6 +316,15 @@ enum Built {
 }
 
 impl Built {
+    /// The item table's optimizer and the dense layers'.
+    fn optimizers(&self) -> (TableOptimizer, ember_dense::DenseOptimizerConfig) {
+        match self {
+            Built::SasRec(m) => m.optimizers(),
+            Built::Retrieval(m) => m.optimizers(),
+            Built::Ranking(m) => m.optimizers(),
+        }
+    }
+
     fn model(&mut self) -> &mut dyn Model {
         match self {
             Built::SasRec(m) => m.as_mut(),
@@ -380,6 +426,8 @@ fn build(args: &TrainArgs, kind: SequenceModel, items: usize) -> anyhow::Result<
             })?))
         }
         SequenceModel::HstuRanking => {
+            let defaults = HstuRankingConfig::new(items, max_len);
+            let sparse_lr = defaults.table_optimizer.learning_rate();
             Built::Ranking(Box::new(HstuRanking::new(HstuRankingConfig {
                 embedding_dim: dim,
                 num_blocks: blocks,
@@ -391,11 +439,23 @@ fn build(args: &TrainArgs, kind: SequenceModel, items: usize) -> anyhow::Result<
                 head_hidden: dim,
                 dropout_rate: dropout,
                 learning_rate: lr,
+                adam_betas: s.adam_betas.unwrap_or(defaults.adam_betas),
+                table_optimizer: TableOptimizer::RowWiseAdagrad {
+                    lr: s.sparse_learning_rate.unwrap_or(sparse_lr),
+                    eps: 1e-8,
+                },
                 seed,
-                ..HstuRankingConfig::new(items, max_len)
+                ..defaults
             })?))
         }
     })
+}
+
+/// Steps between evaluations every `pct` % of an epoch of `samples`, as
+/// DLRMv4's reference counts them (`data_pct_to_global_steps`): the
+/// fraction taken in samples and divided once by the batch, rounded up.
+fn grid_steps(pct: f64, samples: u64, batch: u64) -> u64 {
+    ((pct / 100.0 * samples as f64 / batch.max(1) as f64).ceil() as u64).max(1)
 }
 
 /// The flags of a DLRM run that mean nothing to a sequence model.
@@ -411,19 +471,6 @@ fn dlrm_only_flags(args: &TrainArgs) -> Vec<&'static str> {
                 !args.eval_data.is_empty(),
             ),
             ("--drop-last", args.drop_last),
-            ("--eval-every-data-pct", args.eval_every_data_pct.is_some()),
-            (
-                "--mlperf-auc-threshold",
-                args.mlperf_auc_threshold.is_some(),
-            ),
-            (
-                "--mlperf-logging (not written for sequence models yet)",
-                args.mlperf.mlperf_logging.is_some(),
-            ),
-            (
-                "--tensorboard-dir (not written for sequence models yet)",
-                args.tensorboard.tensorboard_dir.is_some(),
-            ),
             ("--loader-threads", l.loader_threads != 1),
             ("--prefetch", l.prefetch != 2),
             ("--devices", sh.devices.is_some()),
@@ -462,6 +509,26 @@ pub fn run(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<SequenceTrai
         ignored.is_empty(),
         "--model {name}: {} apply to DLRM runs only",
         ignored.join(", ")
+    );
+    let ranking_only = [
+        (
+            "--mlperf-logging (DLRMv4's log)",
+            args.mlperf.mlperf_logging.is_some(),
+        ),
+        (
+            "--mlperf-auc-threshold (an AUC)",
+            args.mlperf_auc_threshold.is_some(),
+        ),
+    ];
+    if let (Some((flag, _)), false) = (
+        ranking_only.iter().find(|(_, given)| *given),
+        kind == SequenceModel::HstuRanking,
+    ) {
+        anyhow::bail!("--model {name}: {flag} is for --model hstu-ranking");
+    }
+    anyhow::ensure!(
+        args.eval_every == 0 || args.eval_every_data_pct.is_none(),
+        "--eval-every and --eval-every-data-pct: give one evaluation schedule"
     );
     let unused = args.sequence.unused_by(kind);
     anyhow::ensure!(
@@ -538,13 +605,42 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
     }
     let per_epoch = loader.batches_per_epoch(0);
     let total = (args.epochs.saturating_mul(per_epoch)).min(args.max_steps.unwrap_or(u64::MAX));
-    let every = if args.eval_every > 0 {
-        args.eval_every
-    } else {
-        per_epoch.max(1)
+    let users_per_epoch = loader.users().len() as u64;
+    let every = match (args.eval_every, args.eval_every_data_pct) {
+        (0, Some(pct)) => grid_steps(pct, users_per_epoch, batch as u64),
+        (0, None) => per_epoch.max(1),
+        (steps, _) => steps,
     };
     let optimization = args.optimization.optimization()?;
     let progress = Progress::new(total, "train", args.json);
+    let facts = RunFacts {
+        global_batch_size: batch as u64,
+        train_samples: users_per_epoch,
+        eval_samples: valid.len() as u64,
+        ranks: 1,
+        seed,
+        table_optimizer: built.optimizers().0,
+        dense_optimizer: built.optimizers().1,
+        optimization,
+        dlrmv4: Some(Dlrmv4Facts {
+            max_sequence_length: max_len as u64,
+            eval_every_fraction: match args.eval_every_data_pct {
+                Some(pct) => pct / 100.0,
+                None => (every * batch as u64) as f64 / users_per_epoch.max(1) as f64,
+            },
+        }),
+    };
+    let mlperf = (args.mlperf.mlperf_logging.as_deref())
+        .map(|path| (path, args.mlperf.submission("dlrmv4"), facts.clone()));
+    let rates = (
+        (
+            facts.table_optimizer.learning_rate(),
+            facts.dense_optimizer.learning_rate(),
+        ),
+        optimization,
+    );
+    let mut logs = RunLogs::start(mlperf, &args.tensorboard, rates)?;
+    let mut started = false;
     let mut evals = Vec::new();
     let (mut samples, mut seconds, mut loss_first, mut loss_last) = (0, 0.0, f64::NAN, f64::NAN);
     let mut checkpoint = None;
@@ -566,6 +662,11 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
             Backend::native(),
         );
         let mut listen = |e: &TrainEvent| {
+            // Each stretch between evaluations is one `fit`: the logs see
+            // the run start once.
+            if !matches!(e, TrainEvent::Start { .. }) || !std::mem::replace(&mut started, true) {
+                logs.on_event(e);
+            }
             match e {
             TrainEvent::Step { .. } => progress.inc(),
             TrainEvent::Log { .. } if args.json => {
@@ -596,7 +697,34 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
         loss_last = summary.loss_last;
         checkpoint = summary.checkpoint.or(checkpoint);
         state = summary.state;
+        // At an epoch's end the position is the next epoch's start: the
+        // evaluation is of the epoch that ended, as the Trainer numbers it.
+        let epoch = match state.batches_in_epoch {
+            0 => state.epoch.saturating_sub(1),
+            _ => state.epoch,
+        };
+        let steps = state.steps;
+        logs.on_event(&TrainEvent::EvalStart { epoch, steps });
         let quality = built.evaluate(&backend, &valid, s, max_len)?;
+        // DLRMv4's accuracy is the first task's AUC (the click).
+        let first_task = match &quality {
+            Quality::Ranking(r) => r.tasks.first().copied(),
+            Quality::Retrieval(_) => None,
+        };
+        let mut reached = None;
+        if let Some(metrics) = first_task {
+            logs.on_event(&TrainEvent::Eval {
+                epoch,
+                steps,
+                metrics,
+            });
+            let target = args.mlperf_auc_threshold.filter(|&t| metrics.auc >= t);
+            if let Some(target) = target {
+                let auc = metrics.auc;
+                logs.on_event(&TrainEvent::TargetReached { steps, auc, target });
+                reached = Some(steps);
+            }
+        }
         let record = EvalRecord {
             event: "eval",
             steps: state.steps,
@@ -611,8 +739,15 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
             )),
         }
         evals.push(record);
+        if let Some(steps) = reached {
+            progress.line(&format!(
+                "--mlperf-auc-threshold reached at step {steps}: stopping"
+            ));
+            break;
+        }
     }
     progress.finish();
+    logs.finish(&progress)?;
     let test = built.evaluate(&backend, &test, s, max_len)?;
     let epochs = samples as f64 / loader.users().len().max(1) as f64;
     Ok(SequenceTrainReport {

@@ -23,13 +23,14 @@
 //! loss   = mean over candidates and tasks of BCE(logit_t, bit_t(action))
 //! ```
 //!
-//! Adam (betas 0.9, 0.98) trains the layers, the action rows and the
+//! Adam (betas 0.9, 0.98 unless set) trains the layers, the action rows and the
 //! head; the item table has its own fused optimizer (DLRMv4: row-wise
 //! Adagrad). Quality is reported as AUC per task ([`HstuRanking::evaluate`]).
 
 use ember_dense::jagged::Jagged;
 use ember_dense::{
-    Activation, DenseBackend, DenseOptimizer, HasParams, HstuConfig, HstuInput, Mlp, Param, Tensor,
+    Activation, DenseBackend, DenseOptimizer, DenseOptimizerConfig, HasParams, HstuConfig,
+    HstuInput, Mlp, Param, Tensor,
 };
 use ember_sparse::{
     EmbeddingCollection, EmbeddingConfig, JaggedEmbeddings, KeyedJaggedTensor, TableOptimizer,
@@ -37,7 +38,7 @@ use ember_sparse::{
 use serde::{Deserialize, Serialize};
 
 use super::histories::{history_batches, UserHistory, ACTIONS_FEATURE, HISTORY_FEATURE};
-use super::stack::{reference_adam, strict_only, HstuStack};
+use super::stack::{reference_betas, strict_only, HstuStack};
 use crate::checkpoint::{StateDict, StateFile};
 use crate::metrics::{Metrics, MetricsAccumulator};
 use crate::{Backend, Batch, ExecMode, Model, ModelError, StepOutput, Unsupported};
@@ -70,6 +71,10 @@ pub struct HstuRankingConfig {
     pub dropout_rate: f64,
     /// Adam's learning rate for the dense parts.
     pub learning_rate: f32,
+    /// Adam's two decays (HSTU's reference: 0.9, 0.98; DLRMv4's rules:
+    /// 0.95, 0.999).
+    #[serde(default = "reference_betas")]
+    pub adam_betas: (f32, f32),
     /// The item table's fused optimizer.
     pub table_optimizer: TableOptimizer,
     /// Seeds the weights and the dropout.
@@ -94,6 +99,7 @@ impl HstuRankingConfig {
             head_hidden: 64,
             dropout_rate: 0.2,
             learning_rate: 1e-3,
+            adam_betas: reference_betas(),
             table_optimizer: TableOptimizer::RowWiseAdagrad {
                 lr: 0.05,
                 eps: 1e-8,
@@ -288,13 +294,23 @@ impl HstuRanking {
                 layers,
                 head: Mlp::new(&head_sizes, Activation::None, config.seed ^ 0x4ead),
             },
-            optimizer: DenseOptimizer::new(reference_adam(config.learning_rate)),
+            optimizer: DenseOptimizer::new(DenseOptimizerConfig::Adam {
+                lr: config.learning_rate,
+                beta1: config.adam_betas.0,
+                beta2: config.adam_betas.1,
+                eps: 1e-8,
+            }),
             max_grad_norm: None,
             logits: Vec::new(),
             looked: JaggedEmbeddings::default(),
             items,
             config,
         })
+    }
+
+    /// The item table's fused optimizer and the dense layers' optimizer.
+    pub fn optimizers(&self) -> (TableOptimizer, ember_dense::DenseOptimizerConfig) {
+        (*self.items.optimizer(), self.optimizer.config())
     }
 
     /// The model's shape and options.

@@ -215,6 +215,11 @@ impl HstuRetrieval {
         })
     }
 
+    /// The item table's fused optimizer and the dense layers' optimizer.
+    pub fn optimizers(&self) -> (TableOptimizer, ember_dense::DenseOptimizerConfig) {
+        (*self.items.optimizer(), self.optimizer.config())
+    }
+
     /// The model's shape and options.
     pub fn config(&self) -> &HstuRetrievalConfig {
         &self.config

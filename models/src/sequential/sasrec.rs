@@ -243,6 +243,11 @@ impl SasRec {
         })
     }
 
+    /// The item table's fused optimizer and the dense layers' optimizer.
+    pub fn optimizers(&self) -> (TableOptimizer, ember_dense::DenseOptimizerConfig) {
+        (*self.items.optimizer(), self.optimizer.config())
+    }
+
     /// The model's shape and options.
     pub fn config(&self) -> &SasRecConfig {
         &self.config

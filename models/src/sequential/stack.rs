@@ -12,12 +12,18 @@ use crate::{ExecMode, ModelError, Unsupported};
 /// The reference's optimizer (AdamW without weight decay, betas 0.9 and
 /// 0.98) at `lr`.
 pub(crate) fn reference_adam(lr: f32) -> DenseOptimizerConfig {
+    let (beta1, beta2) = reference_betas();
     DenseOptimizerConfig::Adam {
         lr,
-        beta1: 0.9,
-        beta2: 0.98,
+        beta1,
+        beta2,
         eps: 1e-8,
     }
+}
+
+/// The references' Adam decays (SASRec's and HSTU's).
+pub(crate) fn reference_betas() -> (f32, f32) {
+    (0.9, 0.98)
 }
 
 /// Refuses every mode but strict, naming `model`.

@@ -6,7 +6,11 @@
 
 mod common;
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::Array;
 use common::{ember_fails, ember_stderr, json, s};
+use ember::dataloader::multi_hot::MultiHot;
 
 /// The 200 real rows as two raw Criteo day files in `dir`.
 fn days(dir: &std::path::Path) -> [std::path::PathBuf; 2] {
@@ -170,4 +174,66 @@ fn a_malformed_line_under_strict_names_its_file_and_line() {
     assert!(err.contains("day_1:81"), "{err}");
     assert!(!out.join("_vocabulary.json").exists());
     assert!(!out.join("_vocabulary.spill").exists());
+}
+
+/// Every row's ids of each categorical column of `file` (a scalar as one id).
+fn bags(file: &std::path::Path) -> Vec<Vec<Vec<i64>>> {
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(file).unwrap(),
+    )
+    .unwrap()
+    .build()
+    .unwrap();
+    let mut out = vec![Vec::new(); 26];
+    for batch in reader {
+        let batch = batch.unwrap();
+        for (f, column_bags) in out.iter_mut().enumerate() {
+            let column = batch.column_by_name(&format!("cat_{f}")).unwrap();
+            for r in 0..column.len() {
+                assert!(
+                    !column.is_null(r),
+                    "cat_{f} row {r}: a vocabulary leaves no null"
+                );
+                column_bags.push(match column.as_list_opt::<i32>() {
+                    Some(lists) => lists.value(r).as_primitive::<Int64Type>().values().to_vec(),
+                    None => vec![column.as_primitive::<Int64Type>().value(r)],
+                });
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn multi_hot_expands_the_contiguous_ids_as_mlperf_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let [d0, d1] = days(dir.path());
+    let (voc, mh) = (dir.path().join("voc"), dir.path().join("mh"));
+    let args = [
+        "ingest",
+        "criteo",
+        s(&d0),
+        s(&d1),
+        "--vocabulary-threshold",
+        "2",
+    ];
+    ember_stderr(&[&args[..], &["--output", s(&voc)]].concat());
+    let sizes = "3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1";
+    let rows = vec!["7"; 26].join(",");
+    let expand = ["--multi-hot", sizes, "--multi-hot-rows", &rows];
+    ember_stderr(&[&args[..], &["--output", s(&mh)], &expand[..]].concat());
+    let sizes: Vec<usize> = sizes.split(',').map(|n| n.parse().unwrap()).collect();
+    let tables = MultiHot::mlperf(&sizes, &[7; 26]).unwrap();
+    let mut want = Vec::new();
+    for day in ["day_0-00000.parquet", "day_1-00000.parquet"] {
+        let (ids, got) = (bags(&voc.join(day)), bags(&mh.join(day)));
+        for f in 0..26 {
+            assert_eq!(ids[f].len(), got[f].len());
+            for (id, bag) in ids[f].iter().zip(&got[f]) {
+                // MLPerf's rule on the contiguous id: row `id mod rows`.
+                tables.expand(f, id[0], &mut want);
+                assert_eq!(bag, &want, "{day} cat_{f} id {}", id[0]);
+            }
+        }
+    }
 }

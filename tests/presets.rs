@@ -113,20 +113,7 @@ fn criteo_rows_expand_as_mlperfs_reference() {
             .join(",")
     };
     let (sizes, rows) = (join("sizes"), join("rows"));
-    let csv = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/criteo_sample.csv"
-    ))
-    .unwrap();
-    let tsv: String = (csv.lines().skip(1))
-        .map(|l| {
-            let fields: Vec<&str> = l
-                .split(',')
-                .map(|f| f.strip_suffix(".0").unwrap_or(f))
-                .collect();
-            fields.join("\t") + "\n"
-        })
-        .collect();
+    let tsv = common::criteo_tsv(&common::criteo_sample_rows());
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("day_0");
     std::fs::write(&input, tsv).unwrap();

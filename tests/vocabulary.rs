@@ -14,19 +14,10 @@ use ember::dataloader::multi_hot::MultiHot;
 
 /// The 200 real rows as two raw Criteo day files in `dir`.
 fn days(dir: &std::path::Path) -> [std::path::PathBuf; 2] {
-    let csv = include_str!("data/criteo_sample.csv");
-    let rows: Vec<String> = (csv.lines().skip(1))
-        .map(|l| {
-            let fields: Vec<&str> = l
-                .split(',')
-                .map(|f| f.strip_suffix(".0").unwrap_or(f))
-                .collect();
-            fields.join("\t") + "\n"
-        })
-        .collect();
-    let day = |k: usize, rows: &[String]| {
+    let rows = common::criteo_sample_rows();
+    let day = |k: usize, rows: &[Vec<String>]| {
         let path = dir.join(format!("day_{k}"));
-        std::fs::write(&path, rows.concat()).unwrap();
+        std::fs::write(&path, common::criteo_tsv(rows)).unwrap();
         path
     };
     [day(0, &rows[..120]), day(1, &rows[120..])]

@@ -15,24 +15,8 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 #[test]
 fn real_criteo_rows_ingest_without_loss() {
-    // The sample is comma-separated with a header and "260.0"-style
-    // integers; the day files are tab-separated plain integers.
-    let csv = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/criteo_sample.csv"
-    ))
-    .unwrap();
-    let rows: Vec<Vec<String>> = csv
-        .lines()
-        .skip(1)
-        .map(|l| {
-            l.split(',')
-                .map(|f| f.strip_suffix(".0").unwrap_or(f).to_string())
-                .collect()
-        })
-        .collect();
-    assert_eq!(rows.len(), 200);
-    let tsv: String = rows.iter().map(|r| r.join("\t") + "\n").collect();
+    let rows = common::criteo_sample_rows();
+    let tsv = common::criteo_tsv(&rows);
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("day_0");
     std::fs::write(&input, tsv).unwrap();

@@ -197,3 +197,24 @@ pub fn bucket_plan(tables: &[(&str, usize)], dim: usize, min_rows: usize) -> Str
     }
     .to_json()
 }
+
+/// The 200 real Criteo rows of `tests/data/criteo_sample.csv`, each its
+/// fields as a raw day file writes them (the sample is comma-separated with
+/// a header and writes integers as "260.0").
+pub fn criteo_sample_rows() -> Vec<Vec<String>> {
+    let csv = include_str!("../data/criteo_sample.csv");
+    let rows: Vec<Vec<String>> = (csv.lines().skip(1))
+        .map(|l| {
+            l.split(',')
+                .map(|f| f.strip_suffix(".0").unwrap_or(f).to_string())
+                .collect()
+        })
+        .collect();
+    assert_eq!(rows.len(), 200);
+    rows
+}
+
+/// `rows` as the lines of a raw Criteo day file (tab-separated).
+pub fn criteo_tsv(rows: &[Vec<String>]) -> String {
+    rows.iter().map(|r| r.join("\t") + "\n").collect()
+}

@@ -193,6 +193,11 @@ fn ranking_evaluates_on_the_data_grid_and_stops_at_the_target() {
     assert!(err.contains("give one evaluation schedule"), "{err}");
     let err = ember_fails(&[&base[..], &["sasrec", "--adam-betas", "0.9,0.99"]].concat());
     assert!(err.contains("has no use for --adam-betas"), "{err}");
+    let err = ember_fails(&[&base[..], &["hstu-ranking", "--eval-every-data-pct", "0"]].concat());
+    assert!(
+        err.contains("a percentage of the epoch in (0, 100]"),
+        "{err}"
+    );
     let err = ember_fails(&[&base[..], &["hstu-ranking", "--adam-betas", "0.9,1.5"]].concat());
     assert!(err.contains("two betas in [0, 1)"), "{err}");
 }

@@ -116,8 +116,41 @@ fn a_resume_keeps_one_numbering() {
         .concat(),
     );
     assert_eq!(again["resumed_inputs"].as_array().unwrap().len(), 2);
+    let sizes = std::fs::read(out.join("_vocabulary.json")).unwrap();
     let err = ember_fails(&[&args[..], &["--vocabulary-threshold", "2", "--resume"]].concat());
     assert!(err.contains("--vocabulary-threshold 3"), "{err}");
+    // Refused before anything changed.
+    assert_eq!(std::fs::read(out.join("_vocabulary.json")).unwrap(), sizes);
+    assert!(!out.join("_vocabulary.spill").exists());
+
+    // Table sizes of another numbering beside the parts: the loader refuses them.
+    let other = dir.path().join("other");
+    ember_stderr(
+        &[
+            &args[..4],
+            &["--output", s(&other), "--vocabulary-threshold", "2"],
+        ]
+        .concat(),
+    );
+    std::fs::copy(other.join("_vocabulary.json"), out.join("_vocabulary.json")).unwrap();
+    let err = ember_fails(&["train", "--data", s(&out), "--preset", "kaggle"]);
+    assert!(
+        err.contains("its ids were numbered by a vocabulary of threshold 3"),
+        "{err}"
+    );
+    std::fs::write(out.join("_vocabulary.json"), &sizes).unwrap();
+
+    // A vocabulary reads its inputs twice: a directory (or a pipe) is refused.
+    let err = ember_fails(&[
+        "ingest",
+        "criteo",
+        s(dir.path()),
+        "--output",
+        s(&other),
+        "--vocabulary-threshold",
+        "2",
+    ]);
+    assert!(err.contains("not a regular file"), "{err}");
     // A day that changed renumbers the ids: both days are redone.
     let text = std::fs::read_to_string(&d1).unwrap();
     std::fs::write(

@@ -19,6 +19,7 @@ use crate::decode::{
 pub use crate::decode::{Chunk, FeatureChunk};
 use crate::spec::DatasetSpec;
 use crate::transform::IdTransform;
+use crate::vocabulary::{VocabularyInfo, VocabularyStamp, VOCABULARY_FILE};
 use crate::writer::{ParquetSink, PART_OF_KEY};
 use crate::DataError;
 
@@ -29,10 +30,13 @@ pub struct ParquetFile {
     metadata: ArrowReaderMetadata,
 }
 
-/// The part of a marker file the loader reads: the set's parts.
+/// The part of a marker file the loader reads: the set's parts, and the
+/// vocabulary their ids were numbered by.
 #[derive(serde::Deserialize)]
 struct Marker {
     files: Vec<PathBuf>,
+    #[serde(default)]
+    vocabulary: Option<VocabularyStamp>,
 }
 
 impl ParquetFile {
@@ -103,6 +107,9 @@ impl ParquetFile {
 /// or the part left from an earlier run.
 fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
     let mut markers: std::collections::HashMap<PathBuf, Option<Marker>> = Default::default();
+    // Each directory's vocabulary, whose numbering its parts must share.
+    let mut vocabularies: std::collections::HashMap<PathBuf, Option<VocabularyStamp>> =
+        Default::default();
     for f in files {
         let Some(prefix) = f.part_of() else { continue };
         let dir = f.path.parent().unwrap_or(Path::new("."));
@@ -144,7 +151,25 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
                     ),
                 })
             }
-            Some(_) => {}
+            Some(m) => {
+                let table_sizes = match vocabularies.get(dir) {
+                    Some(v) => *v,
+                    None => {
+                        let v = VocabularyInfo::beside(dir)?.map(|v| v.stamp);
+                        *vocabularies.entry(dir.to_path_buf()).or_insert(v)
+                    }
+                };
+                if m.vocabulary != table_sizes {
+                    return Err(DataError::Vocabulary(format!(
+                        "{}: its ids were numbered by {}, but {} says {}: ingest its \
+                         directory again (every day in one call)",
+                        f.path.display(),
+                        numbering(m.vocabulary),
+                        dir.join(VOCABULARY_FILE).display(),
+                        numbering(table_sizes)
+                    )));
+                }
+            }
         }
     }
     // A marker's parts must all be there: a set missing some (a rewrite
@@ -166,6 +191,17 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
         }
     }
     Ok(())
+}
+
+/// A numbering, as an error names it.
+fn numbering(v: Option<VocabularyStamp>) -> String {
+    match v {
+        Some(v) => format!(
+            "a vocabulary of threshold {} (fingerprint {:016x})",
+            v.frequency_threshold, v.fingerprint
+        ),
+        None => "no vocabulary (raw ids)".into(),
+    }
 }
 
 /// The reader's view of a file with its dictionary-typed columns (pandas'

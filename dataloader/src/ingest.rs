@@ -24,7 +24,8 @@ use crate::lock::DirLock;
 use crate::multi_hot::MultiHot;
 use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
 use crate::vocabulary::{
-    Vocabulary, VocabularyInfo, VocabularyOptions, VocabularyStamp, VOCABULARY_DIR, VOCABULARY_FILE,
+    check_output, Vocabulary, VocabularyInfo, VocabularyOptions, VocabularyStamp, VOCABULARY_DIR,
+    VOCABULARY_FILE,
 };
 use crate::writer::{Bag, CriteoBatchBuilder, ParquetSink, SinkOptions};
 use crate::DataError;
@@ -249,14 +250,23 @@ pub fn ingest_criteo(
     let _lock = DirLock::acquire(output, "ember ingest criteo")?;
     let mut summary = IngestSummary::default();
     let mut done_bytes = 0;
+    // What each input was when the vocabulary counted it.
+    let mut counted = Vec::new();
     let vocabulary = match &options.vocabulary {
         Some(v) => {
-            only_these_inputs(output, &prefixes)?;
+            check_output(output, inputs, &prefixes, options.resume, v.threshold)?;
+            for input in inputs {
+                counted.push(InputStamp::of(input)?);
+            }
             let spill = output.join(format!("{VOCABULARY_DIR}.spill"));
             let vocabulary = Vocabulary::build(inputs, &spill, v, options.strict, progress)?;
             done_bytes = vocabulary.info().bytes_read;
-            vocabulary.write(output)?;
-            summary.vocabulary = Some(vocabulary.info().clone());
+            // The table sizes appear once every input is numbered by them;
+            // until then the markers tell the loader what each part holds.
+            let old = output.join(VOCABULARY_FILE);
+            if old.exists() {
+                std::fs::remove_file(&old).map_err(DataError::io(&old))?;
+            }
             Some(vocabulary)
         }
         None => {
@@ -271,10 +281,16 @@ pub fn ingest_criteo(
             None
         }
     };
-    for input in inputs {
+    for (k, input) in inputs.iter().enumerate() {
         let prefix = output_prefix(input);
         let marker = ParquetSink::marker_path(output, &prefix);
         let stamp = InputStamp::of(input)?;
+        if counted.get(k).is_some_and(|&c| c != stamp) {
+            return Err(DataError::Vocabulary(format!(
+                "{}: changed after its ids were counted; ingest it again",
+                input.display()
+            )));
+        }
         let done = match options.resume {
             true => resumable(output, &prefix, stamp, options, vocabulary.as_ref())?,
             false => None,
@@ -311,35 +327,13 @@ pub fn ingest_criteo(
         progress(done_bytes);
         summary.add(&s);
     }
+    if let Some(v) = &vocabulary {
+        v.write(output)?;
+        summary.vocabulary = Some(v.info().clone());
+    }
     summary.seconds = start.elapsed().as_secs_f64();
     summary.rows_per_s = summary.rows_written as f64 / summary.seconds.max(1e-9);
     Ok(summary)
-}
-
-/// A vocabulary numbers the ids of the inputs it counted: `output` may hold
-/// the output of no other input (`prefixes`: this run's), as a train run
-/// reading the directory would read those ids as this numbering.
-fn only_these_inputs(
-    output: &Path,
-    prefixes: &BTreeMap<String, &PathBuf>,
-) -> Result<(), DataError> {
-    let Ok(entries) = std::fs::read_dir(output) else {
-        return Ok(());
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let other = (name.strip_prefix('_'))
-            .and_then(|n| n.strip_suffix(".ingest.json"))
-            .filter(|prefix| !prefixes.contains_key(*prefix));
-        if let Some(prefix) = other {
-            return Err(DataError::Vocabulary(format!(
-                "{} holds the output of another input ({prefix}), which this vocabulary \
-                 would not cover: ingest every day in one call, into a fresh directory",
-                output.display()
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The summary of an input done before, as it is now (`stamp`), with its
@@ -394,7 +388,10 @@ fn resumable(
     }
     let legacy = output.join(format!("{prefix}.ingest.json"));
     match read(&legacy) {
-        Some(mut s) if s.input_stamp.is_none() && s.bytes_in == stamp.bytes => {
+        // Written before vocabularies: raw ids.
+        Some(mut s)
+            if s.input_stamp.is_none() && s.bytes_in == stamp.bytes && vocabulary.is_none() =>
+        {
             s.input_stamp = Some(stamp);
             let json = serde_json::to_vec_pretty(&s).expect("a summary serialises");
             write_atomic(&marker, &json)?;

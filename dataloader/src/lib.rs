@@ -26,6 +26,7 @@ pub mod multi_hot;
 pub mod schema;
 pub mod sequences;
 pub mod spec;
+mod spill;
 pub mod transform;
 pub mod vocabulary;
 pub mod writer;

@@ -9,14 +9,14 @@
 //!
 //! Memory stays bounded however many distinct ids the inputs hold: the
 //! first pass spills each (column, id, line) by the id's hash into
-//! partition files, and the ids are counted one partition at a time. What
-//! is held at the end is the frequent ids only, which the tables need
-//! anyway. One partition is counted in memory without a spill.
+//! partition files (`spill.rs`), and the ids are counted one
+//! partition at a time. What is held at the end is the frequent ids'
+//! numbering (about 40 bytes an id, twice that while it is built), which
+//! the tables need anyway. One partition is counted in memory without a
+//! spill.
 
-use std::collections::HashMap;
-use std::fs::File;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -26,8 +26,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic::write_atomic;
 use crate::criteo::CriteoRecord;
-use crate::ingest::{read_records, InputStamp};
+use crate::ingest::{read_records, InputSummary};
 use crate::schema::{cat_column, NUM_CAT};
+use crate::spill::{partitions_for, read_part, Spill};
 use crate::writer::AtomicParquet;
 use crate::DataError;
 
@@ -45,10 +46,6 @@ pub const FIRST_ID: i64 = 2;
 
 /// Memory the counting of one partition may take, by default.
 pub const DEFAULT_COUNT_MEMORY: u64 = 2 << 30;
-
-/// Bytes of memory one distinct id takes while counted (the map's entry,
-/// its control byte and spare room).
-const COUNT_BYTES_PER_ID: u64 = 40;
 
 /// How a vocabulary is built.
 #[derive(Clone, Debug)]
@@ -165,6 +162,63 @@ impl VocabularyInfo {
     }
 }
 
+/// What a vocabulary run must find in `output` before it counts anything,
+/// so that a refused run changes nothing: no other input's output (the
+/// vocabulary would not cover its ids; `prefixes` are this run's), on a
+/// `resume` no output of this run's inputs made by another threshold, and
+/// inputs that are regular files (read twice: a pipe would be empty the
+/// second time).
+pub(crate) fn check_output(
+    output: &Path,
+    inputs: &[PathBuf],
+    prefixes: &BTreeMap<String, &PathBuf>,
+    resume: bool,
+    threshold: u64,
+) -> Result<(), DataError> {
+    if let Some(input) = inputs.iter().find(|p| !p.is_file()) {
+        return Err(DataError::Vocabulary(format!(
+            "{}: not a regular file; a vocabulary reads its inputs twice",
+            input.display()
+        )));
+    }
+    let Ok(entries) = std::fs::read_dir(output) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Today's markers `_NAME.ingest.json`, and earlier ones `NAME.ingest.json`.
+        let Some(prefix) = name.strip_suffix(".ingest.json") else {
+            continue;
+        };
+        let prefix = prefix.strip_prefix('_').unwrap_or(prefix);
+        if !prefixes.contains_key(prefix) {
+            return Err(DataError::Vocabulary(format!(
+                "{} holds the output of another input ({prefix}), which this vocabulary \
+                 would not cover: ingest every day in one call, into a fresh directory",
+                output.display()
+            )));
+        }
+        let marker: Option<InputSummary> = std::fs::read(entry.path())
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let made_by = marker.map(|m| m.vocabulary.map(|v| v.frequency_threshold));
+        match made_by {
+            Some(t) if resume && t != Some(threshold.max(1)) => {
+                let say = t.map_or("no vocabulary".into(), |t| {
+                    format!("--vocabulary-threshold {t}")
+                });
+                return Err(DataError::Vocabulary(format!(
+                    "{}: the output of {prefix} was written with {say}: resume with the same \
+                     threshold, or ingest into another directory",
+                    output.display()
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Hashes an id with splitmix64 (std's SipHash is several times slower,
 /// and ids are not chosen by an adversary).
 #[derive(Default)]
@@ -218,17 +272,12 @@ impl Counts {
 
     /// Moves the ids seen at least `threshold` times, with their first line,
     /// into `frequent`, and counts the distinct ids into `distinct`.
-    fn drain(
-        &mut self,
-        threshold: u64,
-        frequent: &mut [Vec<(u64, i64, u64)>],
-        distinct: &mut [u64],
-    ) {
+    fn drain(&mut self, threshold: u64, frequent: &mut [Vec<(u64, i64)>], distinct: &mut [u64]) {
         for (column, ids) in self.0.iter_mut().enumerate() {
             distinct[column] += ids.len() as u64;
             for (id, seen) in ids.drain() {
                 if seen.count >= threshold {
-                    frequent[column].push((seen.first, id, seen.count));
+                    frequent[column].push((seen.first, id));
                 }
             }
         }
@@ -257,8 +306,9 @@ impl Vocabulary {
             Some(p) => p.max(1),
             None => partitions_for(inputs, options.count_memory)?,
         };
+        // 0 and 1 both number every id.
         let threshold = options.threshold.max(1);
-        let mut frequent: Vec<Vec<(u64, i64, u64)>> = vec![Vec::new(); NUM_CAT];
+        let mut frequent: Vec<Vec<(u64, i64)>> = vec![Vec::new(); NUM_CAT];
         let mut distinct = vec![0u64; NUM_CAT];
         let mut counts = Counts::new();
         let mut line = 0u64;
@@ -294,7 +344,7 @@ impl Vocabulary {
             Some(spill) => {
                 let (_dir, parts) = spill.finish()?;
                 for part in parts {
-                    read_part(&part, &mut |column, id, line| counts.add(column, id, line))?;
+                    read_part(&part, &mut |c, id, line| counts.add(c, id, line))?;
                     counts.drain(threshold, &mut frequent, &mut distinct);
                     // Free the disk as the counting goes.
                     std::fs::remove_file(&part).map_err(DataError::io(&part))?;
@@ -306,9 +356,10 @@ impl Vocabulary {
         let mut sizes = Vec::with_capacity(NUM_CAT);
         for column in &mut frequent {
             // Lines are unique within a column: the first appearance orders them.
-            column.sort_unstable_by_key(|&(first, _, _)| first);
+            let mut column = std::mem::take(column);
+            column.sort_unstable_by_key(|&(first, _)| first);
             let mut map = IdMap::with_capacity_and_hasher(column.len(), Default::default());
-            for (k, &(_, id, _)) in column.iter().enumerate() {
+            for (k, &(_, id)) in column.iter().enumerate() {
                 map.insert(id, k as u32);
                 fingerprint = ember_sparse::rng::splitmix(fingerprint ^ id as u64);
             }
@@ -317,7 +368,7 @@ impl Vocabulary {
             ids.push(map);
         }
         let info = VocabularyInfo {
-            frequency_threshold: options.threshold,
+            frequency_threshold: threshold,
             num_embeddings_per_feature: sizes,
             distinct_ids: distinct,
             rows,
@@ -325,7 +376,7 @@ impl Vocabulary {
             inputs: inputs.to_vec(),
             partitions,
             stamp: VocabularyStamp {
-                frequency_threshold: options.threshold,
+                frequency_threshold: threshold,
                 fingerprint,
             },
         };
@@ -382,151 +433,6 @@ impl Vocabulary {
         let json = serde_json::to_vec_pretty(&self.info).expect("a vocabulary serialises");
         write_atomic(&dir.join(VOCABULARY_FILE), &json)
     }
-}
-
-/// Enough partitions that one partition's distinct ids fit `memory`,
-/// taking every id of the inputs as distinct (a gzip input as four times
-/// its size) and a Criteo line as about 10 bytes per id.
-fn partitions_for(inputs: &[PathBuf], memory: u64) -> Result<usize, DataError> {
-    let mut ids = 0u64;
-    for input in inputs {
-        let bytes = InputStamp::of(input)?.bytes;
-        let mut magic = [0u8; 2];
-        let gzip = File::open(input)
-            .and_then(|mut f| f.read_exact(&mut magic))
-            .is_ok()
-            && magic == [0x1f, 0x8b];
-        ids += bytes * if gzip { 4 } else { 1 } / 10;
-    }
-    Ok((ids * COUNT_BYTES_PER_ID)
-        .div_ceil(memory.max(1))
-        .clamp(1, 256) as usize)
-}
-
-/// The partition files of the first pass: `(column, id, line)` records,
-/// written in line order, each id to the partition of its hash.
-struct Spill {
-    dir: SpillDir,
-    files: Vec<BufWriter<File>>,
-    last_line: Vec<u64>,
-}
-
-/// The spill directory, removed when dropped (on success and on every failure).
-struct SpillDir(PathBuf);
-
-impl Drop for SpillDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Spill {
-    fn create(dir: &Path, partitions: usize) -> Result<Self, DataError> {
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir).map_err(DataError::io(dir))?;
-        let guard = SpillDir(dir.to_path_buf());
-        let files = (0..partitions)
-            .map(|p| {
-                let path = dir.join(format!("part-{p}"));
-                File::create(&path)
-                    .map(|f| BufWriter::with_capacity(1 << 16, f))
-                    .map_err(DataError::io(&path))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Self {
-            dir: guard,
-            files,
-            last_line: vec![0; partitions],
-        })
-    }
-
-    fn path(&self, p: usize) -> PathBuf {
-        self.dir.0.join(format!("part-{p}"))
-    }
-
-    /// A record: the column (one byte), the id and the line's distance from
-    /// the partition's last record, both as LEB128 varints (a Criteo id
-    /// takes 5 bytes, the distance one).
-    fn push(&mut self, column: usize, id: i64, line: u64) -> Result<(), DataError> {
-        let p = (ember_sparse::rng::splitmix(id as u64) % self.files.len() as u64) as usize;
-        let mut record = [0u8; MAX_RECORD];
-        record[0] = column as u8;
-        let mut n = 1 + leb128(id as u64, &mut record[1..]);
-        n += leb128(line - self.last_line[p], &mut record[n..]);
-        self.last_line[p] = line;
-        let path = self.path(p);
-        self.files[p]
-            .write_all(&record[..n])
-            .map_err(DataError::io(&path))
-    }
-
-    /// Flushes every partition; returns the directory's guard and the files.
-    fn finish(mut self) -> Result<(SpillDir, Vec<PathBuf>), DataError> {
-        for p in 0..self.files.len() {
-            let path = self.path(p);
-            self.files[p].flush().map_err(DataError::io(&path))?;
-        }
-        let parts = (0..self.files.len()).map(|p| self.path(p)).collect();
-        Ok((self.dir, parts))
-    }
-}
-
-/// Hands each record of a partition file to `each`, in the order written.
-fn read_part(path: &Path, each: &mut dyn FnMut(usize, i64, u64)) -> Result<(), DataError> {
-    let mut file = File::open(path).map_err(DataError::io(path))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let (mut have, mut line) = (0usize, 0u64);
-    loop {
-        let n = file.read(&mut buf[have..]).map_err(DataError::io(path))?;
-        have += n;
-        let mut at = 0;
-        // Whole records only, unless the file has ended.
-        while at < have && (n == 0 || have - at >= MAX_RECORD) {
-            let column = buf[at] as usize;
-            at += 1;
-            let id = leb128_read(&buf[..have], &mut at, path)?;
-            line += leb128_read(&buf[..have], &mut at, path)?;
-            each(column, id as i64, line);
-        }
-        buf.copy_within(at..have, 0);
-        have -= at;
-        if n == 0 {
-            return Ok(());
-        }
-    }
-}
-
-/// The longest record: a column byte and two 10-byte varints.
-const MAX_RECORD: usize = 21;
-
-fn leb128(mut v: u64, out: &mut [u8]) -> usize {
-    let mut n = 0;
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out[n] = byte;
-            return n + 1;
-        }
-        out[n] = byte | 0x80;
-        n += 1;
-    }
-}
-
-fn leb128_read(bytes: &[u8], at: &mut usize, path: &Path) -> Result<u64, DataError> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let Some(&byte) = bytes.get(*at) else { break };
-        *at += 1;
-        v |= ((byte & 0x7f) as u64) << shift;
-        if byte & 0x80 == 0 {
-            return Ok(v);
-        }
-    }
-    Err(DataError::Vocabulary(format!(
-        "{}: a spill file ends mid-record (was it changed while counting?)",
-        path.display()
-    )))
 }
 
 #[cfg(test)]
@@ -656,17 +562,5 @@ mod tests {
         let err = Vocabulary::build(&[input], &spill, &options, true, &mut |_| {}).unwrap_err();
         assert!(err.to_string().contains("day_0:2"), "{err}");
         assert!(!spill.exists());
-    }
-
-    #[test]
-    fn varints_round_trip() {
-        for v in [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX] {
-            let mut out = [0u8; MAX_RECORD];
-            let n = leb128(v, &mut out);
-            let mut at = 0;
-            assert_eq!(leb128_read(&out[..n], &mut at, Path::new("x")).unwrap(), v);
-            assert_eq!(at, n);
-            assert!(leb128_read(&out[..n - 1], &mut 0, Path::new("x")).is_err() || n == 1);
-        }
     }
 }

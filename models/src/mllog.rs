@@ -274,12 +274,16 @@ impl MlperfLog {
                 self.samples_in_epoch += samples as u64 * self.facts.ranks;
                 self.samples += samples as u64 * self.facts.ranks;
             }
-            &TrainEvent::EvalStart { epoch, .. } => {
-                let meta = self.eval_metadata(epoch);
+            &TrainEvent::EvalStart { epoch, steps } => {
+                let meta = self.eval_metadata(epoch, steps);
                 self.interval("eval_start", Value::Null, meta)?;
             }
-            &TrainEvent::Eval { epoch, metrics, .. } => {
-                let mut meta = self.eval_metadata(epoch);
+            &TrainEvent::Eval {
+                epoch,
+                steps,
+                metrics,
+            } => {
+                let mut meta = self.eval_metadata(epoch, steps);
                 let extra = json!({
                     "precision": metrics.precision,
                     "recall": metrics.recall,
@@ -291,7 +295,7 @@ impl MlperfLog {
                 merge(&mut meta, extra);
                 // NaN (one class) is not JSON: serde_json writes null.
                 self.point("eval_accuracy", json!(metrics.auc), meta)?;
-                let meta = self.eval_metadata(epoch);
+                let meta = self.eval_metadata(epoch, steps);
                 self.interval("eval_stop", Value::Null, meta)?;
             }
             TrainEvent::TargetReached { .. } => self.reached = true,
@@ -319,13 +323,19 @@ impl MlperfLog {
     }
 
     /// An evaluation's place: the epoch and the share of it done (as the
-    /// reference logs `epoch_num`), and the samples trained on.
-    fn eval_metadata(&self, epoch: u64) -> Value {
+    /// reference logs `epoch_num`), and the samples trained on. DLRMv4
+    /// counts them as steps times the global batch (its grid's unit), so
+    /// an epoch's short last batch does not move later evaluations off it.
+    fn eval_metadata(&self, epoch: u64, steps: u64) -> Value {
         let per_epoch = self.facts.train_samples.max(1) as f64;
         let done = self.samples_in_epoch as f64;
+        let samples = match self.facts.dlrmv4 {
+            Some(_) => steps * self.facts.global_batch_size,
+            None => self.samples,
+        };
         json!({
             "epoch_num": epoch as f64 + (done / per_epoch).min(1.0),
-            "samples_count": self.samples,
+            "samples_count": samples,
         })
     }
 

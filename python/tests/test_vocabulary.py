@@ -45,13 +45,14 @@ def torchrec_ids(days, tmp_path, threshold):
     return [np.load(npys / f"{day.name}_sparse_contig_freq.npy") for day in days]
 
 
-@pytest.mark.parametrize("threshold", [1, 2, 3])
-def test_contiguous_ids_are_torchrecs(tmp_path, threshold):
+@pytest.mark.parametrize("threshold,partitions", [(1, 1), (2, 1), (3, 1), (2, 5)])
+def test_contiguous_ids_are_torchrecs(tmp_path, threshold, partitions):
+    """Counted in memory, and spilled to partition files (5)."""
     days = day_files(tmp_path)
     want = torchrec_ids(days, tmp_path, threshold)
     out = tmp_path / f"out{threshold}"
     run("ingest", "criteo", *map(str, days), "--output", str(out),
-        "--vocabulary-threshold", str(threshold))
+        "--vocabulary-threshold", str(threshold), "--vocabulary-partitions", str(partitions))
     for day, ids in zip(days, want):
         table = pq.read_table(out / f"{day.name}-00000.parquet")
         got = np.stack([table.column(f"cat_{i}").to_numpy() for i in range(26)], axis=1)
@@ -62,6 +63,7 @@ def test_contiguous_ids_are_torchrecs(tmp_path, threshold):
     largest = np.concatenate(want).max(axis=0)
     assert info["num_embeddings_per_feature"] == [int(m) + 1 for m in largest]
     assert info["rows"] == 200
+    assert info["partitions"] == partitions
     # The vocabulary files list each column's raw ids in contiguous order.
     voc = pq.read_table(out / "_vocabulary" / "cat_0.parquet").to_pydict()
     assert voc["id"] == list(range(2, 2 + len(voc["id"])))

@@ -101,6 +101,10 @@ pub struct CriteoArgs {
     /// input) and counted one at a time.
     #[arg(long, requires = "vocabulary_threshold", default_value_t = ember_dataloader::vocabulary::DEFAULT_COUNT_MEMORY >> 20)]
     pub vocabulary_memory_mib: u64,
+    /// Count in this many partitions whatever the memory (tests compare
+    /// the spilled count with TorchRec's on small inputs).
+    #[arg(long, hide = true, requires = "vocabulary_threshold")]
+    pub vocabulary_partitions: Option<usize>,
     #[arg(long)]
     pub json: bool,
 }
@@ -159,6 +163,7 @@ pub fn criteo(args: &CriteoArgs) -> anyhow::Result<IngestSummary> {
         multi_hot: multi_hot(args)?,
         vocabulary: args.vocabulary_threshold.map(|t| VocabularyOptions {
             count_memory: args.vocabulary_memory_mib.max(1) << 20,
+            partitions: args.vocabulary_partitions,
             ..VocabularyOptions::new(t)
         }),
     };

@@ -322,7 +322,8 @@ impl TrainArgs {
     }
 
     /// What the library's trainer is to do.
-    fn trainer_config(&self) -> anyhow::Result<TrainerConfig> {
+    /// Refuses an evaluation grid or an AUC target out of range (NaN too).
+    pub fn check_eval_flags(&self) -> anyhow::Result<()> {
         if let Some(p) = self
             .eval_every_data_pct
             .filter(|p| !(*p > 0.0 && *p <= 100.0))
@@ -335,6 +336,11 @@ impl TrainArgs {
         {
             anyhow::bail!("--mlperf-auc-threshold {t}: an AUC in (0, 1]");
         }
+        Ok(())
+    }
+
+    fn trainer_config(&self) -> anyhow::Result<TrainerConfig> {
+        self.check_eval_flags()?;
         Ok(TrainerConfig {
             epochs: self.epochs,
             max_steps: self.max_steps,
@@ -604,6 +610,7 @@ fn resolve(
     Ok(match &*resume {
         Some(ckpt) => {
             let config = ckpt.config().clone();
+            warn_if_outgrown(args, &config, progress)?;
             let spec = args.loader.spec_for_checkpoint(ckpt)?;
             anyhow::Context::context(ckpt.check_trainable(), "--resume")?;
             let state = ckpt
@@ -664,6 +671,31 @@ fn with_vocabulary(args: &TrainArgs, progress: &Progress) -> anyhow::Result<Arch
         arch.data_rows = Some(rows);
     }
     Ok(arch)
+}
+
+/// A resumed run keeps its checkpoint's tables: says so when the data's
+/// vocabulary numbers more ids than one holds (they fold by modulo).
+fn warn_if_outgrown(
+    args: &TrainArgs,
+    config: &DlrmConfig,
+    progress: &Progress,
+) -> anyhow::Result<()> {
+    let data: Vec<_> = args.data.iter().chain(&args.eval_data).cloned().collect();
+    let Some(v) = VocabularyInfo::of_data(&data)? else {
+        return Ok(());
+    };
+    for (i, &need) in v.num_embeddings_per_feature.iter().enumerate() {
+        let feature = ember_dataloader::schema::cat_column(i);
+        let table = (config.tables.iter()).find(|t| t.feature_names.contains(&feature));
+        if let Some(t) = table.filter(|t| (t.num_embeddings as u64) < need) {
+            progress.line(&format!(
+                "warning: the checkpoint's table {} has {} rows, the data's vocabulary numbers \
+                 {need} for {feature}: its ids beyond fold by modulo",
+                t.name, t.num_embeddings
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The model as planned and placed: tables sharded by `--devices` (or

@@ -526,6 +526,7 @@ pub fn run(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<SequenceTrai
     ) {
         anyhow::bail!("--model {name}: {flag} is for --model hstu-ranking");
     }
+    args.check_eval_flags()?;
     anyhow::ensure!(
         args.eval_every == 0 || args.eval_every_data_pct.is_none(),
         "--eval-every and --eval-every-data-pct: give one evaluation schedule"

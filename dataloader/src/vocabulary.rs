@@ -314,6 +314,10 @@ impl Vocabulary {
         let mut line = 0u64;
         let mut rows = 0u64;
         let mut done = 0u64;
+        // A spill a killed run left is stale whether or not this one spills.
+        if spill_dir.exists() {
+            std::fs::remove_dir_all(spill_dir).map_err(DataError::io(spill_dir))?;
+        }
         let mut spill = match partitions {
             1 => None,
             n => Some(Spill::create(spill_dir, n)?),

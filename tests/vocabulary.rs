@@ -174,6 +174,33 @@ fn a_resume_keeps_one_numbering() {
         "{redone}"
     );
     assert_eq!(redone["rows_written"], 160);
+
+    // A checkpoint of this numbering does not resume on another.
+    let ckpt = dir.path().join("ckpt");
+    let train = [
+        "train",
+        "--data",
+        s(&out),
+        "--preset",
+        "kaggle",
+        "--checkpoint-dir",
+        s(&ckpt),
+    ];
+    ember_stderr(&[&train[..], &["--mini-batch-size", "50", "--max-steps", "2"]].concat());
+    ember_stderr(&[&args[..], &["--vocabulary-threshold", "2"]].concat());
+    let err = ember_fails(&[&train[..], &["--mini-batch-size", "50", "--resume"]].concat());
+    assert!(err.contains("row groups or vocabulary"), "{err}");
+
+    // A vocabulary run that did not finish: the loader says so, and raw
+    // ids are not ingested beside its parts.
+    std::fs::remove_file(out.join("_vocabulary.json")).unwrap();
+    let err = ember_fails(&["train", "--data", s(&out), "--preset", "kaggle"]);
+    assert!(
+        err.contains("did not finish (run it again with --resume)"),
+        "{err}"
+    );
+    let err = ember_fails(&["ingest", "criteo", s(&d0), "--output", s(&out)]);
+    assert!(err.contains("of an unfinished run"), "{err}");
 }
 
 #[test]

@@ -105,11 +105,13 @@ impl ParquetFile {
 /// Refuses a part of a set (an ingest's input) whose completion marker is
 /// missing or does not list it: the set may be partial (a killed ingest),
 /// or the part left from an earlier run.
-fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
+/// Returns the vocabularies the parts were numbered by, each once.
+fn check_sets_complete(files: &[ParquetFile]) -> Result<Vec<VocabularyStamp>, DataError> {
     let mut markers: std::collections::HashMap<PathBuf, Option<Marker>> = Default::default();
     // Each directory's vocabulary, whose numbering its parts must share.
     let mut vocabularies: std::collections::HashMap<PathBuf, Option<VocabularyStamp>> =
         Default::default();
+    let mut stamps = Vec::new();
     for f in files {
         let Some(prefix) = f.part_of() else { continue };
         let dir = f.path.parent().unwrap_or(Path::new("."));
@@ -159,6 +161,15 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
                         *vocabularies.entry(dir.to_path_buf()).or_insert(v)
                     }
                 };
+                if let (Some(v), None) = (m.vocabulary, &table_sizes) {
+                    return Err(DataError::Vocabulary(format!(
+                        "{}: its ids were numbered by {}, but {} has no {VOCABULARY_FILE}: \
+                         its vocabulary ingest did not finish (run it again with --resume)",
+                        f.path.display(),
+                        numbering(Some(v)),
+                        dir.display()
+                    )));
+                }
                 if m.vocabulary != table_sizes {
                     return Err(DataError::Vocabulary(format!(
                         "{}: its ids were numbered by {}, but {} says {}: ingest its \
@@ -168,6 +179,9 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
                         dir.join(VOCABULARY_FILE).display(),
                         numbering(table_sizes)
                     )));
+                }
+                if let Some(v) = m.vocabulary.filter(|v| !stamps.contains(v)) {
+                    stamps.push(v);
                 }
             }
         }
@@ -190,7 +204,7 @@ fn check_sets_complete(files: &[ParquetFile]) -> Result<(), DataError> {
             });
         }
     }
-    Ok(())
+    Ok(stamps)
 }
 
 /// A numbering, as an error names it.
@@ -245,6 +259,9 @@ pub struct Unit {
 /// Parquet files read in a fixed order.
 pub struct Dataset {
     files: Vec<ParquetFile>,
+    /// The vocabularies the files' ids were numbered by, each once, in the
+    /// files' order (none: raw ids).
+    vocabularies: Vec<VocabularyStamp>,
 }
 
 impl Dataset {
@@ -289,8 +306,11 @@ impl Dataset {
             .iter()
             .map(|p| ParquetFile::open(p))
             .collect::<Result<_, _>>()?;
-        check_sets_complete(&files)?;
-        Ok(Self { files })
+        let vocabularies = check_sets_complete(&files)?;
+        Ok(Self {
+            files,
+            vocabularies,
+        })
     }
 
     /// The files, in the order they are read.
@@ -303,8 +323,9 @@ impl Dataset {
         self.files.iter().map(|f| f.num_rows()).sum()
     }
 
-    /// A hash of the file names (not their directory) and every row group's
-    /// row count: what a resumed run checks to be reading the same data.
+    /// A hash of the file names (not their directory), every row group's
+    /// row count and the vocabularies the ids were numbered by: what a
+    /// resumed run checks to be reading the same data.
     pub fn fingerprint(&self) -> u64 {
         let mut h = 0xcbf2_9ce4_8422_2325u64;
         let mut eat = |bytes: &[u8]| {
@@ -312,6 +333,10 @@ impl Dataset {
                 h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
             }
         };
+        // Re-ingested with another vocabulary, the same files hold other ids.
+        for v in &self.vocabularies {
+            eat(&v.fingerprint.to_le_bytes());
+        }
         for f in &self.files {
             eat(f.path.file_name().map_or(&[][..], |n| n.as_encoded_bytes()));
             for rows in f.row_group_rows() {

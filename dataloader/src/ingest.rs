@@ -24,8 +24,8 @@ use crate::lock::DirLock;
 use crate::multi_hot::MultiHot;
 use crate::schema::{cat_column, int_column, NUM_CAT, NUM_INT};
 use crate::vocabulary::{
-    check_output, Vocabulary, VocabularyInfo, VocabularyOptions, VocabularyStamp, VOCABULARY_DIR,
-    VOCABULARY_FILE,
+    check_output, refuse_raw_into, Vocabulary, VocabularyInfo, VocabularyOptions, VocabularyStamp,
+    VOCABULARY_DIR, VOCABULARY_FILE,
 };
 use crate::writer::{Bag, CriteoBatchBuilder, ParquetSink, SinkOptions};
 use crate::DataError;
@@ -270,14 +270,7 @@ pub fn ingest_criteo(
             Some(vocabulary)
         }
         None => {
-            let path = output.join(VOCABULARY_FILE);
-            if path.exists() {
-                return Err(DataError::Vocabulary(format!(
-                    "{} holds data numbered by a vocabulary ({}): ingest raw ids into another directory",
-                    output.display(),
-                    path.display()
-                )));
-            }
+            refuse_raw_into(output)?;
             None
         }
     };

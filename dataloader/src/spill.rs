@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use crate::ingest::InputStamp;
 use crate::DataError;
 
+/// The most partition files open at once (each with a 64 KiB buffer).
+pub(crate) const MAX_PARTITIONS: usize = 256;
+
 /// Bytes of memory one distinct id takes while counted (the map's entry,
 /// its control byte and spare room).
 const COUNT_BYTES_PER_ID: u64 = 40;
@@ -31,7 +34,7 @@ pub(crate) fn partitions_for(inputs: &[PathBuf], memory: u64) -> Result<usize, D
     }
     Ok((ids * COUNT_BYTES_PER_ID)
         .div_ceil(memory.max(1))
-        .clamp(1, 256) as usize)
+        .clamp(1, MAX_PARTITIONS as u64) as usize)
 }
 
 /// The partition files of the first pass: `(column, id, line)` records,
@@ -88,10 +91,10 @@ impl Spill {
         let mut n = 1 + leb128(id as u64, &mut record[1..]);
         n += leb128(line - self.last_line[p], &mut record[n..]);
         self.last_line[p] = line;
-        let path = self.path(p);
+        // The path is made only for an error: this runs for every id.
         self.files[p]
             .write_all(&record[..n])
-            .map_err(DataError::io(&path))
+            .map_err(|e| DataError::io(&self.path(p))(e))
     }
 
     /// Flushes every partition; returns the directory's guard and the files.

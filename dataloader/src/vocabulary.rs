@@ -28,7 +28,7 @@ use crate::atomic::write_atomic;
 use crate::criteo::CriteoRecord;
 use crate::ingest::{read_records, InputSummary};
 use crate::schema::{cat_column, NUM_CAT};
-use crate::spill::{partitions_for, read_part, Spill};
+use crate::spill::{partitions_for, read_part, Spill, MAX_PARTITIONS};
 use crate::writer::AtomicParquet;
 use crate::DataError;
 
@@ -56,8 +56,8 @@ pub struct VocabularyOptions {
     /// Memory the counting of one partition may take; the number of
     /// partitions follows from the inputs' size.
     pub count_memory: u64,
-    /// The number of partitions, instead of one from `count_memory` (for
-    /// tests and tuning).
+    /// The number of partitions (at most 256), instead of one from
+    /// `count_memory` (for tests and tuning).
     pub partitions: Option<usize>,
 }
 
@@ -219,6 +219,38 @@ pub(crate) fn check_output(
     Ok(())
 }
 
+/// Refuses raw ids into `output` when it holds data numbered by a
+/// vocabulary: its table sizes, or a marker of a vocabulary run that did
+/// not finish.
+pub(crate) fn refuse_raw_into(output: &Path) -> Result<(), DataError> {
+    let refuse = |what: String| {
+        Err(DataError::Vocabulary(format!(
+            "{} holds data numbered by a vocabulary ({what}): ingest raw ids into another directory",
+            output.display()
+        )))
+    };
+    let sizes = output.join(VOCABULARY_FILE);
+    if sizes.exists() {
+        return refuse(sizes.display().to_string());
+    }
+    let Ok(entries) = std::fs::read_dir(output) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".ingest.json") {
+            continue;
+        }
+        let marker: Option<InputSummary> = std::fs::read(entry.path())
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if marker.is_some_and(|m| m.vocabulary.is_some()) {
+            return refuse(format!("{name}, of an unfinished run"));
+        }
+    }
+    Ok(())
+}
+
 /// Hashes an id with splitmix64 (std's SipHash is several times slower,
 /// and ids are not chosen by an adversary).
 #[derive(Default)]
@@ -303,7 +335,7 @@ impl Vocabulary {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self, DataError> {
         let partitions = match options.partitions {
-            Some(p) => p.max(1),
+            Some(p) => p.clamp(1, MAX_PARTITIONS),
             None => partitions_for(inputs, options.count_memory)?,
         };
         // 0 and 1 both number every id.

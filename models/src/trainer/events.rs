@@ -189,7 +189,7 @@ pub enum TrainError {
     #[error("the evaluation data has no batch (no rows, or fewer than one batch holds)")]
     EmptyEval,
     /// Resuming on other data than the run that wrote the checkpoint.
-    #[error("resume: the training data differs from the run the checkpoint continues (other files or row groups); resume on the same data")]
+    #[error("resume: the training data differs from the run the checkpoint continues (other files, row groups or vocabulary); resume on the same data")]
     OtherData,
     /// Resuming with batches made otherwise than the run that wrote the
     /// checkpoint (another batch size, shuffle, or transform).

@@ -181,16 +181,8 @@ pub(crate) fn check_output(
             input.display()
         )));
     }
-    let Ok(entries) = std::fs::read_dir(output) else {
-        return Ok(());
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        // Today's markers `_NAME.ingest.json`, and earlier ones `NAME.ingest.json`.
-        let Some(prefix) = name.strip_suffix(".ingest.json") else {
-            continue;
-        };
-        let prefix = prefix.strip_prefix('_').unwrap_or(prefix);
+    for (prefix, marker) in markers(output) {
+        let prefix = prefix.as_str();
         if !prefixes.contains_key(prefix) {
             return Err(DataError::Vocabulary(format!(
                 "{} holds the output of another input ({prefix}), which this vocabulary \
@@ -198,9 +190,6 @@ pub(crate) fn check_output(
                 output.display()
             )));
         }
-        let marker: Option<InputSummary> = std::fs::read(entry.path())
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
         let made_by = marker.map(|m| m.vocabulary.map(|v| v.frequency_threshold));
         match made_by {
             Some(t) if resume && t != Some(threshold.max(1)) => {
@@ -233,22 +222,31 @@ pub(crate) fn refuse_raw_into(output: &Path) -> Result<(), DataError> {
     if sizes.exists() {
         return refuse(sizes.display().to_string());
     }
-    let Ok(entries) = std::fs::read_dir(output) else {
-        return Ok(());
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.ends_with(".ingest.json") {
-            continue;
-        }
-        let marker: Option<InputSummary> = std::fs::read(entry.path())
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+    for (prefix, marker) in markers(output) {
         if marker.is_some_and(|m| m.vocabulary.is_some()) {
-            return refuse(format!("{name}, of an unfinished run"));
+            return refuse(format!("the marker of {prefix}, of an unfinished run"));
         }
     }
     Ok(())
+}
+
+/// The input markers in `output`: each input's output prefix, and its
+/// summary when it reads as one. Today's markers are `_NAME.ingest.json`,
+/// earlier ones `NAME.ingest.json`.
+fn markers(output: &Path) -> Vec<(String, Option<InputSummary>)> {
+    let Ok(entries) = std::fs::read_dir(output) else {
+        return Vec::new();
+    };
+    (entries.flatten())
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let prefix = name.strip_suffix(".ingest.json")?;
+            let prefix = prefix.strip_prefix('_').unwrap_or(prefix).to_string();
+            let summary =
+                (std::fs::read(entry.path()).ok()).and_then(|b| serde_json::from_slice(&b).ok());
+            Some((prefix, summary))
+        })
+        .collect()
 }
 
 /// Hashes an id with splitmix64 (std's SipHash is several times slower,

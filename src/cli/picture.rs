@@ -17,6 +17,23 @@ pub fn write_png(svg: &str, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Draws `chart`'s series legend at `position`, in the one style every
+/// picture uses.
+pub fn legend<'a, 'b: 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut plotters::chart::ChartContext<'a, plotters::prelude::SVGBackend<'b>, CT>,
+    position: plotters::chart::SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font(("sans-serif", 14))
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()?;
+    Ok(())
+}
+
 /// The SVG as PNG bytes, its text in the first of the usual sans-serif
 /// families the machine has.
 fn rasterise(svg: &str) -> anyhow::Result<Vec<u8>> {

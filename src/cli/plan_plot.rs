@@ -67,7 +67,7 @@ fn chart(stats: &PlanStats, title: &str) -> anyhow::Result<String> {
             }))?
             .label("device memory")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(3)));
-        legend(&mut chart)?;
+        super::picture::legend(&mut chart, SeriesLabelPosition::UpperRight)?;
 
         // Time: each device's estimated ms per step.
         let ms = |s: f64| s * 1e3;
@@ -80,7 +80,7 @@ fn chart(stats: &PlanStats, title: &str) -> anyhow::Result<String> {
             )?
             .label("lookups and exchanges (the planner's estimate)")
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], blue.filled()));
-        legend(&mut chart)?;
+        super::picture::legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         root.present()?;
     }
     Ok(svg)
@@ -122,17 +122,4 @@ fn panel<'a, 'b>(
         .axis_desc_style(("sans-serif", 16))
         .draw()?;
     Ok(chart)
-}
-
-/// The series' legend, upper right.
-fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 14))
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.9))
-        .draw()?;
-    Ok(())
 }

@@ -136,13 +136,7 @@ fn chart(title: &str, tests: &[(String, LoadTest)]) -> anyhow::Result<String> {
                 chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 14))
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.9))
-            .draw()?;
+        super::picture::legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         root.present()?;
     }
     Ok(svg)

@@ -610,7 +610,6 @@ fn resolve(
     Ok(match &*resume {
         Some(ckpt) => {
             let config = ckpt.config().clone();
-            warn_if_outgrown(args, &config, progress)?;
             let spec = args.loader.spec_for_checkpoint(ckpt)?;
             anyhow::Context::context(ckpt.check_trainable(), "--resume")?;
             let state = ckpt
@@ -671,31 +670,6 @@ fn with_vocabulary(args: &TrainArgs, progress: &Progress) -> anyhow::Result<Arch
         arch.data_rows = Some(rows);
     }
     Ok(arch)
-}
-
-/// A resumed run keeps its checkpoint's tables: says so when the data's
-/// vocabulary numbers more ids than one holds (they fold by modulo).
-fn warn_if_outgrown(
-    args: &TrainArgs,
-    config: &DlrmConfig,
-    progress: &Progress,
-) -> anyhow::Result<()> {
-    let data: Vec<_> = args.data.iter().chain(&args.eval_data).cloned().collect();
-    let Some(v) = VocabularyInfo::of_data(&data)? else {
-        return Ok(());
-    };
-    for (i, &need) in v.num_embeddings_per_feature.iter().enumerate() {
-        let feature = ember_dataloader::schema::cat_column(i);
-        let table = (config.tables.iter()).find(|t| t.feature_names.contains(&feature));
-        if let Some(t) = table.filter(|t| (t.num_embeddings as u64) < need) {
-            progress.line(&format!(
-                "warning: the checkpoint's table {} has {} rows, the data's vocabulary numbers \
-                 {need} for {feature}: its ids beyond fold by modulo",
-                t.name, t.num_embeddings
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The model as planned and placed: tables sharded by `--devices` (or

@@ -614,14 +614,15 @@ fn run_in_pool(args: &TrainArgs, kind: SequenceModel) -> anyhow::Result<Sequence
     };
     let optimization = args.optimization.optimization()?;
     let progress = Progress::new(total, "train", args.json);
+    let (table_optimizer, dense_optimizer) = built.optimizers();
     let facts = RunFacts {
         global_batch_size: batch as u64,
         train_samples: users_per_epoch,
         eval_samples: valid.len() as u64,
         ranks: 1,
         seed,
-        table_optimizer: built.optimizers().0,
-        dense_optimizer: built.optimizers().1,
+        table_optimizer,
+        dense_optimizer,
         optimization,
         dlrmv4: Some(Dlrmv4Facts {
             max_sequence_length: max_len as u64,
